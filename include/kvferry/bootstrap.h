@@ -1,0 +1,68 @@
+// Bootstrap service (HTTP/JSON, cpp-httplib): prefill ranks register, decode ranks look them up.
+//
+// HTTP API (JSON bodies):
+//   PUT  /route                 body: a PrefillRankInfo object          -> 200 {"ok":true}
+//                               malformed/missing fields                 -> 400 {"error": "..."}
+//   GET  /route?engine_id=E&dp_rank=D&tp_rank=R                         -> 200 PrefillRankInfo
+//                               not registered (yet)                     -> 404 {"error": "..."}
+//   GET  /route?engine_id=E&dp_rank=D                                   -> 200 [PrefillRankInfo...]
+//   GET  /health                                                        -> 200 {"ok":true,"ranks":N}
+// Re-registering the same (engine_id, dp_rank, tp_rank) replaces the entry (a restarted rank).
+// Thread contract: BootstrapServer runs its own threads; BootstrapClient is not thread-safe.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+
+namespace kvferry {
+
+struct PrefillRankInfo {
+  uint32_t engine_id = 0;
+  uint32_t dp_rank = 0;
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
+  std::string host;              // "127.0.0.1"
+  std::string control_endpoint;  // ZeroMQ endpoint of the rank's ControlSocket
+  uint32_t page_size = 0;        // tokens
+  std::string dtype;             // "bfloat16"
+  std::string model;             // geometry name
+  uint32_t num_layers = 0;
+  uint32_t heads_per_rank = 0;
+  uint32_t first_head = 0;
+};
+
+class BootstrapServer {
+ public:
+  // Starts listening on host:port (port 0 picks a free one). Errors: kInternal if it cannot bind.
+  static Result<std::unique_ptr<BootstrapServer>> start(const std::string& host, uint16_t port);
+  ~BootstrapServer();  // stops and joins
+  uint16_t port() const;
+  size_t registered() const;
+
+ private:
+  BootstrapServer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class BootstrapClient {
+ public:
+  // `address` is "host:port". Each call is bounded by `timeout_ms`.
+  BootstrapClient(std::string address, int timeout_ms = 2000);
+  ~BootstrapClient();
+  Status register_rank(const PrefillRankInfo& info);
+  // kPeerUnreachable: service not reachable; kInvalidArgument with "not registered": not yet there
+  // (callers treat that as Bootstrapping and retry until their deadline).
+  Result<PrefillRankInfo> lookup(uint32_t engine_id, uint32_t dp_rank, uint32_t tp_rank);
+  Result<std::vector<PrefillRankInfo>> lookup_all(uint32_t engine_id, uint32_t dp_rank);
+  Result<size_t> health();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvferry

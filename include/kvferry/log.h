@@ -1,0 +1,44 @@
+// Logging: a named logger per component, one JSON object per line (file sink) and short text
+// lines to stderr for warning and above. Built on spdlog (kept out of this header).
+//
+// JSON line keys: ts (ISO-8601 UTC with microseconds), mono_ns (CLOCK_MONOTONIC), level
+// (trace/debug/info/warning/error/critical), rank ("prefill/tp1", or the process's role name),
+// component, msg, and when given: room (decimal string), code, origin, plus any extra fields.
+// Thread contract: all functions thread-safe after init_logging().
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace kvferry {
+
+enum class LogLevel { kTrace = 0, kDebug, kInfo, kWarning, kError, kCritical };
+std::string_view level_name(LogLevel l);
+
+struct LogConfig {
+  std::string rank;                 // written as "rank" on every line
+  std::string json_path;            // empty: no file sink
+  LogLevel file_level = LogLevel::kDebug;
+  LogLevel stderr_level = LogLevel::kWarning;
+};
+
+void init_logging(const LogConfig& config);
+void flush_logging();
+
+struct LogFields {
+  std::optional<uint64_t> room;
+  std::string code;    // code_name(), empty when none
+  std::string origin;  // RankId::str(), empty when none
+  std::vector<std::pair<std::string, std::string>> extra;  // more string fields
+};
+
+void log_event(LogLevel level, std::string_view component, std::string_view msg,
+               const LogFields& fields = {});
+
+// Number of lines logged above debug since start (for self-checks).
+uint64_t lines_above_debug();
+
+}  // namespace kvferry

@@ -1,0 +1,95 @@
+// The data plane behind one small interface: a registered region per rank, peers, and batched
+// one-sided writes that complete only after the data is visible at the peer (flush).
+//
+// Implementations: UCX (src/transport/ucx; put over shared memory, active messages over TCP) and a
+// fault-injecting decorator (src/transport/fault) for tests and replay.
+//
+// Offsets are bytes from the start of the peer's registered region; a write that does not fit the
+// peer's region is rejected locally (kProtocolError) and, where the receiver copies (TCP), again by
+// the receiver, so a remote peer never makes us write outside a registered region.
+//
+// Thread contract: every method may be called from any thread. Completion callbacks run on the
+// transport's own progress thread: they must be short and must not call back into the transport.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+
+namespace kvferry {
+
+enum class TransportKind { kShm, kTcp };
+std::string_view transport_name(TransportKind k);  // "shm" / "tcp"
+
+struct TransportOptions {
+  TransportKind kind = TransportKind::kShm;
+  std::string ucx_tls_override;  // empty: chosen from kind
+};
+
+// Local registered memory. Owned by the transport; valid until the transport is destroyed.
+struct LocalRegion {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  std::string packed_rkey;  // opaque; ship to peers in the pool registration
+};
+
+// What a peer needs to write into our region.
+struct RemoteRegionInfo {
+  std::string worker_address;  // opaque, from Transport::address()
+  std::string packed_rkey;     // opaque, from LocalRegion::packed_rkey
+  uint64_t base = 0;           // the peer's region base address as the peer sees it
+  uint64_t bytes = 0;          // the peer's region size
+};
+
+using PeerId = uint64_t;
+
+struct WriteOp {
+  uint64_t local_offset = 0;   // in our region
+  uint64_t remote_offset = 0;  // in the peer's region
+  uint64_t length = 0;         // bytes
+};
+
+struct TransportStats {
+  uint64_t bytes_written = 0;
+  uint64_t writes = 0;       // individual put / AM operations
+  uint64_t batches = 0;
+  uint64_t failed_batches = 0;
+  uint64_t peers = 0;        // live peers
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Allocates and registers this rank's region of `bytes` (once per transport).
+  virtual Result<LocalRegion> create_region(uint64_t bytes) = 0;
+  // This worker's address, to be shipped to peers.
+  virtual std::string address() const = 0;
+
+  // Connects to a peer (peer error-handling mode); returns an id for write().
+  virtual Result<PeerId> connect(const RemoteRegionInfo& peer) = 0;
+  // Closes the endpoint; in-flight writes complete with an error.
+  virtual void disconnect(PeerId peer) = 0;
+
+  // Writes every op then flushes; `done` runs exactly once, with ok only when all data is at the
+  // peer. `room` tags the batch (logging and fault injection). Asynchronous.
+  virtual void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
+                     std::function<void(Status)> done) = 0;
+
+  // Called (on the progress thread) when a peer's endpoint fails; the peer id is then dead.
+  virtual void set_peer_error_handler(std::function<void(PeerId, Status)> handler) = 0;
+
+  virtual TransportStats stats() const = 0;
+};
+
+// The UCX implementation. Errors: kInternal if UCX cannot be initialised.
+Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportOptions& options);
+
+// Wraps `inner`; write() batches tagged with a room in the fail set complete with `code` instead of
+// being written (nothing reaches the peer).
+class FaultInjectingTransport;
+
+}  // namespace kvferry
