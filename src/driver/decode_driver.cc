@@ -1,0 +1,281 @@
+#include "driver/decode_driver.h"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "driver/log_policy.h"
+#include "kvferry/content.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "decode.driver";
+}
+
+DecodeDriver::DecodeDriver(EndpointCore& core, DecodeEndpoint& ep)
+    : core_(core), ep_(ep), pages_(core.layout().num_pages), aux_(core.layout().aux_slots),
+      verifier_(core.waker()) {}
+
+DecodeDriver::~DecodeDriver() = default;
+
+void DecodeDriver::apply(const Decision& d) {
+  const RankId self = core_.self();
+  switch (d.op) {
+    case Decision::Op::kNew: {
+      if (rooms_.count(d.room)) return;
+      Room& r = rooms_[d.room];
+      r.req = d.request;
+      r.pages_needed = core_.layout().pages_for(d.request.input_tokens);
+      ep_.add_room(d.room, d.request.input_tokens);
+      if (self.tp_rank == 0) prealloc_.push_back(d.room);
+      log_event(LogLevel::kDebug, kComp, fmt::format("receiver created ({} pages)", r.pages_needed), {.room = d.room});
+      return;
+    }
+    case Decision::Op::kAdmit: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end() || it->second.admitted) return;
+      Room& r = it->second;
+      auto kv = pages_.alloc(r.pages_needed);
+      auto slot = aux_.alloc(1);
+      if (!kv || !slot) {  // the ranks' allocators diverged: a bug, fail the room loudly
+        if (kv) pages_.free(*kv);
+        if (slot) aux_.free(*slot);
+        ep_.fail(d.room, ErrorCode::kInternal, "page allocators of the engine's ranks diverged", self, monotonic_ns());
+        return;
+      }
+      r.admitted = true;
+      r.kv_indices = std::move(*kv);
+      r.aux_slot = (*slot)[0];
+      if (r.req.fault && r.req.fault->kind == "decode_fail" && r.req.fault->at == self.str()) {
+        ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns());
+        return;
+      }
+      Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
+      if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns());
+      return;
+    }
+    case Decision::Op::kFail: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end()) return;
+      auto origin = RankId::parse(d.origin);
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns);
+      if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
+      it->second.failure = d;
+      it->second.fail_decided = true;
+      return;
+    }
+    case Decision::Op::kRelease: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end()) return;
+      Room& r = it->second;
+      log_release(d.room, r);
+      if (r.admitted) {
+        if (d.quarantine) {
+          quarantined_ += r.kv_indices.size();  // a late prefill write may still land there
+        } else {
+          pages_.free(r.kv_indices);
+        }
+        aux_.free({*r.aux_slot});
+      }
+      ep_.release(d.room);
+      rooms_.erase(it);
+      std::erase(prealloc_, d.room);
+      return;
+    }
+    case Decision::Op::kStart:
+      return;  // prefill only
+  }
+}
+
+void DecodeDriver::log_release(uint64_t room, const Room& r) {
+  if (!r.fail_decided) {
+    log_event(LogLevel::kDebug, kComp,
+              fmt::format("room released after success ({} bytes verified)", r.verified), {.room = room});
+    return;
+  }
+  const Decision& f = r.failure;
+  bool from_another = f.origin != core_.self().str();
+  LogLevel level = failure_log_level(Role::kDecode, from_another, f.code);
+  log_event(level, kComp,
+            fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
+            {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
+             .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+}
+
+void DecodeDriver::start_verify(uint64_t room, Room& r) {
+  r.verify_started = true;
+  const PoolLayout* layout = &core_.layout();
+  const uint8_t* base = core_.base();
+  std::vector<uint64_t> kv = r.kv_indices;
+  verifier_.submit([this, layout, base, room, kv = std::move(kv)]() -> JobWorker::Completion {
+    uint64_t checked = 0, bad = 0;
+    const uint32_t nb = layout->num_buffers();
+    for (size_t i = 0; i < kv.size(); ++i) {
+      uint64_t first_token = i * layout->page_size;
+      for (uint32_t b = 0; b < nb; ++b) {
+        bad += verify_page(*layout, room, b, first_token, base + layout->page_offset(b, kv[i]));
+        checked += layout->page_bytes();
+      }
+    }
+    return [this, room, checked, bad] {
+      auto it = rooms_.find(room);
+      if (it == rooms_.end()) return;
+      it->second.verify_done = true;
+      it->second.verified = checked;
+      it->second.mismatched = bad;
+      log_event(bad ? LogLevel::kDebug : LogLevel::kTrace, kComp,
+                fmt::format("verified {} bytes, {} mismatched", checked, bad), {.room = room});
+    };
+  });
+}
+
+void DecodeDriver::pump(int64_t /*now_ns*/) {
+  verifier_.drain();
+  for (auto& [id, r] : rooms_) {
+    if (!r.verify_started && ep_.poll(id) == KVPoll::Success && !core_.registry().get(id)) start_verify(id, r);
+  }
+}
+
+std::vector<RoomReport> DecodeDriver::reports(int64_t now_ns) {
+  std::vector<RoomReport> out;
+  out.reserve(rooms_.size());
+  for (auto& [id, r] : rooms_) {
+    RoomReport rep;
+    rep.room = id;
+    rep.tp_rank = core_.self().tp_rank;
+    const ReceiverRoom* rr = ep_.room(id);
+    auto e = core_.registry().get(id);
+    KVPoll p = ep_.poll(id);
+    if (e) p = KVPoll::Failed;
+    else if (p == KVPoll::Success && !r.verify_done) p = KVPoll::Transferring;
+    rep.poll = p;
+    bool verifying = r.verify_started && !r.verify_done;
+    bool drained = ep_.drained(id, now_ns) && !verifying;
+    rep.drained = drained;
+    if (e) {
+      rep.has_failure = true;
+      rep.code = e->code;
+      rep.origin = e->origin.str();
+      rep.reason = e->failure_reason;
+      rep.first_seen_ns = e->first_seen_ns;
+      rep.failed_ns = rr && rr->failed_ns ? rr->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
+      if (rr && drained) {
+        for (const RankId& src : rr->metadata_sent)
+          if (!rr->terminal.count(src)) rep.quarantine = true;
+      }
+    }
+    if (rr) rep.success_ns = rr->success_ns;
+    rep.verified = r.verified;
+    rep.mismatched = r.mismatched;
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                                           std::vector<RouterRequest> new_requests, int64_t /*now_ns*/,
+                                           std::vector<RoomResult>* results) {
+  std::vector<Decision> out;
+  const RankId self = core_.self();
+  for (RouterRequest& req : new_requests) {
+    Decision d;
+    d.op = Decision::Op::kNew;
+    d.room = req.room;
+    d.request = std::move(req);
+    out.push_back(std::move(d));
+  }
+  for (const auto& [id, reps] : by_room) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end()) continue;
+    Room& r = it->second;
+    RoomReduction red = reduce_room(reps);
+    if (red.any_failure && !r.fail_decided) {
+      Decision d;
+      d.op = Decision::Op::kFail;
+      d.room = id;
+      d.code = red.winner.code;
+      d.origin = red.winner.origin;
+      d.reason = red.winner.reason;
+      d.first_seen_ns = red.winner.first_seen_ns;
+      out.push_back(d);
+      r.fail_decided = true;
+      continue;
+    }
+    bool done_ok = !red.any_failure && red.min_poll == KVPoll::Success && red.all_drained;
+    bool done_failed = r.fail_decided && red.ranks_failed == reps.size() && red.all_drained;
+    if (!done_ok && !done_failed) continue;
+    Decision rel;
+    rel.op = Decision::Op::kRelease;
+    rel.room = id;
+    rel.quarantine = red.any_quarantine;
+    out.push_back(rel);
+    RoomResult res;
+    res.role = Role::kDecode;
+    res.room = id;
+    res.state = done_ok ? KVPoll::Success : KVPoll::Failed;
+    res.success_ns = red.max_success_ns;
+    res.bytes_verified = red.verified;
+    res.bytes_mismatched = red.mismatched;
+    res.ranks_failed = red.ranks_failed;
+    if (done_failed) {
+      res.code = red.winner.code;
+      res.origin = red.winner.origin;
+      res.reason = red.winner.reason;
+      res.first_failed_ns = red.winner.first_seen_ns;
+      res.failed_all_ns = red.max_failed_ns;
+      res.rejected = red.winner.code == ErrorCode::kResourceExhausted && red.winner.origin == self.str();
+    }
+    results->push_back(std::move(res));
+  }
+  // Preallocation queue, FIFO: admit while the head fits; reject what can never fit.
+  uint64_t free_pages = pages_.free_pages();
+  uint64_t free_aux = aux_.free_pages();
+  std::deque<uint64_t> keep;
+  bool blocked = false;
+  for (uint64_t id : prealloc_) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end()) continue;
+    Room& r = it->second;
+    if (r.admitted || r.fail_decided || core_.registry().get(id)) continue;
+    if (r.pages_needed > pages_.total_pages()) {
+      const PoolLayout& l = core_.layout();
+      Decision d;
+      d.op = Decision::Op::kFail;
+      d.room = id;
+      d.code = ErrorCode::kResourceExhausted;
+      d.origin = self.str();
+      d.first_seen_ns = monotonic_ns();
+      d.reason = fmt::format(
+          "request of {} tokens needs {} pages ({:.2f} GiB) per decode rank; the decode pool has {} pages "
+          "({:.2f} GiB) per rank: it can never fit",
+          r.req.input_tokens, r.pages_needed, double(l.bytes_for_pages(r.pages_needed)) / (1u << 30), l.num_pages,
+          double(l.bytes_for_pages(l.num_pages)) / (1u << 30));
+      out.push_back(d);
+      r.fail_decided = true;
+      continue;
+    }
+    if (!blocked && r.pages_needed <= free_pages && free_aux > 0) {
+      free_pages -= r.pages_needed;
+      --free_aux;
+      out.push_back({Decision::Op::kAdmit, id});
+      continue;
+    }
+    blocked = true;
+    keep.push_back(id);
+  }
+  prealloc_ = std::move(keep);
+  return out;
+}
+
+RankLeakStats DecodeDriver::leak_stats() const {
+  RankLeakStats s;
+  s.rank = core_.self().str();
+  s.live_rooms = ep_.live_rooms() + rooms_.size();
+  s.records = core_.registry().records();
+  s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use();
+  s.peers = ep_.peers();
+  return s;
+}
+
+}  // namespace kvferry

@@ -1,0 +1,70 @@
+// DecodeDriver: the scheduler side of a decode rank (DESIGN §1 "driver").
+//   preallocation queue: rooms wait (FIFO) for free pages and an aux slot; the leader admits a
+//                        room when its pages fit (kAdmit) and every rank allocates the same pages in
+//                        lockstep; a room that can never fit the pool is rejected (a failure with
+//                        code resource_exhausted, origin the leader);
+//   transfer queue:      admitted receivers wait for Success; then a worker thread verifies every
+//                        byte of the room against the deterministic content;
+//   release:             when every rank verified (Success) or the room Failed and no prefill write
+//                        can still reach its pages (drained), the leader decides kRelease: pages
+//                        return to the pool (or are quarantined if the drain deadline passed).
+// Thread contract: main thread only (see EngineLoop).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "driver/engine.h"
+#include "driver/job_worker.h"
+#include "endpoint/decode_endpoint.h"
+#include "endpoint/page_allocator.h"
+
+namespace kvferry {
+
+class DecodeDriver : public EngineDriver {
+ public:
+  DecodeDriver(EndpointCore& core, DecodeEndpoint& ep);
+  ~DecodeDriver() override;
+
+  void apply(const Decision& d) override;
+  void pump(int64_t now_ns) override;
+  std::vector<RoomReport> reports(int64_t now_ns) override;
+  std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                               std::vector<RouterRequest> new_requests, int64_t now_ns,
+                               std::vector<RoomResult>* results) override;
+  RankLeakStats leak_stats() const override;
+  bool idle() const override { return rooms_.empty(); }
+
+  uint64_t quarantined_pages() const { return quarantined_; }
+
+ private:
+  struct Room {
+    RouterRequest req;
+    uint64_t pages_needed = 0;
+    bool admitted = false;
+    std::vector<uint64_t> kv_indices;
+    std::optional<uint64_t> aux_slot;
+    bool verify_started = false;
+    bool verify_done = false;
+    uint64_t verified = 0;
+    uint64_t mismatched = 0;
+    int64_t failed_ns = 0;
+    bool fail_decided = false;
+    Decision failure;
+  };
+  void log_release(uint64_t room, const Room& r);
+  void start_verify(uint64_t room, Room& r);
+
+  EndpointCore& core_;
+  DecodeEndpoint& ep_;
+  PageAllocator pages_;
+  PageAllocator aux_;
+  JobWorker verifier_;
+  std::map<uint64_t, Room> rooms_;
+  std::deque<uint64_t> prealloc_;  // leader only: rooms waiting for pages, in arrival order
+  uint64_t quarantined_ = 0;
+};
+
+}  // namespace kvferry

@@ -1,0 +1,91 @@
+// What the ranks of one engine exchange every step to agree on each room's state (DESIGN §3
+// "Propagation, within an engine"): each rank reports its rooms; the leader (tp0) reduces them
+// (MIN over ranks, carrying the winning failure's origin) and decides; every rank applies the
+// decisions in the same order. Decisions that allocate decode pages are applied in lockstep,
+// so the ranks' allocators stay identical.
+// Thread contract: value types; EngineDriver is used from the rank's main thread only.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+#include "kvferry/poll.h"
+#include "replay/router_protocol.h"
+
+namespace kvferry {
+
+// One rank's view of one room in one step.
+struct RoomReport {
+  uint64_t room = 0;
+  uint32_t tp_rank = 0;
+  KVPoll poll = KVPoll::Bootstrapping;
+  bool drained = false;     // no peer write can still reach (decode) / come from (prefill) this room
+  bool quarantine = false;  // decode: drained only because the drain deadline passed
+  bool has_failure = false;
+  ErrorCode code = ErrorCode::kOk;
+  std::string origin;       // RankId::str()
+  std::string reason;
+  int64_t first_seen_ns = 0;
+  int64_t failed_ns = 0;    // when this rank reached Failed
+  int64_t send_ns = 0;      // prefill: first send()
+  int64_t success_ns = 0;   // decode: every source reported Success
+  uint64_t bytes = 0;       // prefill: bytes written
+  uint64_t verified = 0;    // decode: bytes verified
+  uint64_t mismatched = 0;  // decode
+};
+
+struct Decision {
+  enum class Op { kNew, kStart, kAdmit, kFail, kRelease };
+  Op op = Op::kNew;
+  uint64_t room = 0;
+  RouterRequest request;     // kNew
+  ErrorCode code = ErrorCode::kOk;  // kFail
+  std::string origin;        // kFail
+  std::string reason;        // kFail
+  int64_t first_seen_ns = 0; // kFail
+  bool quarantine = false;   // kRelease
+};
+
+// The reduction of one room over all ranks of an engine.
+struct RoomReduction {
+  KVPoll min_poll = KVPoll::Success;
+  bool all_drained = true;
+  bool any_quarantine = false;
+  bool any_failure = false;
+  RoomReport winner;  // the failure with the earliest first_seen_ns (ties: lowest tp_rank)
+  uint32_t ranks_failed = 0;
+  int64_t max_failed_ns = 0;
+  int64_t min_send_ns = 0;
+  int64_t max_success_ns = 0;
+  uint64_t bytes = 0;
+  uint64_t verified = 0;
+  uint64_t mismatched = 0;
+};
+RoomReduction reduce_room(const std::vector<RoomReport>& reports);
+
+class EngineDriver {
+ public:
+  virtual ~EngineDriver() = default;
+  // Applies one decision (every rank, in order).
+  virtual void apply(const Decision& d) = 0;
+  // Local work between steps (completions, scheduling, deadlines).
+  virtual void pump(int64_t now_ns) = 0;
+  // This rank's reports of every live room.
+  virtual std::vector<RoomReport> reports(int64_t now_ns) = 0;
+  // Leader only: decisions for the next step from every rank's reports (by room) and the router's
+  // new requests; results to send to the router for rooms released by these decisions.
+  virtual std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                                       std::vector<RouterRequest> new_requests, int64_t now_ns,
+                                       std::vector<RoomResult>* results) = 0;
+  virtual RankLeakStats leak_stats() const = 0;
+  virtual bool idle() const = 0;  // no live rooms
+};
+
+// JSON codecs for the step frames (see engine_sync.h).
+std::string encode_decision_json(const Decision& d);
+std::string encode_report_json(const RoomReport& r);
+
+}  // namespace kvferry

@@ -1,0 +1,192 @@
+#include "driver/engine_loop.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <utility>
+
+#include "driver/sync_codec.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "engine";
+}
+
+EngineLoop::EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
+                       std::function<void(const Message&)> on_control,
+                       std::function<void(const TransportEvent&)> on_transport)
+    : cfg_(std::move(config)), core_(core), driver_(driver), on_control_(std::move(on_control)),
+      on_transport_(std::move(on_transport)) {}
+
+int EngineLoop::run() {
+  bool leader = cfg_.self.tp_rank == 0;
+  auto sock = ControlSocket::bind(leader ? cfg_.engine_endpoint : "tcp://127.0.0.1:0");
+  if (!sock.ok()) {
+    log_event(LogLevel::kCritical, kComp, "cannot bind engine socket: " + sock.status().str());
+    return 2;
+  }
+  return leader ? run_leader(**sock) : run_follower(**sock);
+}
+
+void EngineLoop::pump_local(ControlSocket& engine, int64_t now) {
+  int fds[3] = {core_.waker().fd(), core_.control().fd(), engine.fd()};
+  wait_readable(fds, 3, 1);
+  core_.waker().drain();
+  for (int i = 0; i < 4096; ++i) {
+    auto frame = core_.control().recv(std::chrono::milliseconds(0));
+    if (!frame) break;
+    auto msg = decode(*frame);
+    if (!msg.ok()) {
+      log_event(LogLevel::kWarning, "control", "rejected control frame: " + msg.status().str(),
+                {.code = std::string(code_name(ErrorCode::kProtocolError))});
+      continue;
+    }
+    on_control_(*msg);
+  }
+  for (const TransportEvent& e : core_.take_events()) on_transport_(e);
+  driver_.pump(now);
+}
+
+void EngineLoop::flush_outbox() {
+  size_t sent = 0;
+  for (; sent < outbox_.size(); ++sent) {
+    if (!core_.control().send(cfg_.router_endpoint, outbox_[sent]).ok()) break;
+  }
+  outbox_.erase(outbox_.begin(), outbox_.begin() + static_cast<long>(sent));
+}
+
+int EngineLoop::run_leader(ControlSocket& engine) {
+  const Role role = cfg_.self.role;
+  std::map<uint32_t, std::string> followers;
+  std::map<uint32_t, std::vector<RoomReport>> replies;
+  std::map<uint32_t, RankLeakStats> follower_stats;
+  std::vector<RouterRequest> pending;
+  bool outstanding = false, shutdown_requested = false, shutdown_sent = false, router_seen = false;
+  uint64_t seq = 0;
+  int64_t last_step = 0, last_ready = 0, outstanding_since = 0;
+  for (;;) {
+    int64_t now = monotonic_ns();
+    pump_local(engine, now);
+    for (int i = 0; i < 4096; ++i) {
+      auto text = engine.recv(std::chrono::milliseconds(0));
+      if (!text) break;
+      auto f = decode_sync_frame(*text);
+      if (!f.ok()) {
+        log_event(LogLevel::kWarning, kComp, f.status().str());
+        continue;
+      }
+      if (f->type == "hello") {
+        followers[f->tp_rank] = f->endpoint;
+      } else if (f->type == "reply") {
+        if (f->seq == seq) {
+          replies[f->tp_rank] = std::move(f->rooms);
+          follower_stats[f->tp_rank] = f->stats;
+        }
+      } else {
+        router_seen = true;
+        auto rf = decode_router_frame(*text);
+        if (!rf.ok()) {
+          log_event(LogLevel::kWarning, kComp, "bad router frame: " + rf.status().str());
+        } else if (rf->request) {
+          pending.push_back(*rf->request);
+        } else if (rf->type == "shutdown") {
+          shutdown_requested = true;
+        }
+      }
+    }
+    flush_outbox();
+    if (followers.size() + 1 < cfg_.tp_size) continue;  // still starting
+    if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
+      outbox_.push_back(encode_ready(role, cfg_.tp_size));
+      last_ready = now;
+    }
+    if (outstanding) {
+      if (replies.size() < followers.size()) {
+        if (now - outstanding_since > cfg_.peer_timeout_ms * 1'000'000) {
+          log_event(LogLevel::kCritical, kComp,
+                    fmt::format("a follower did not answer step {} within {} ms", seq, cfg_.peer_timeout_ms));
+          flush_logging();
+          return 3;
+        }
+        continue;
+      }
+      outstanding = false;
+      if (shutdown_sent) {
+        std::vector<RankLeakStats> stats{driver_.leak_stats()};
+        for (auto& [tp, st] : follower_stats) stats.push_back(st);
+        outbox_.push_back(encode_stats(role, stats));
+        for (int i = 0; i < 200 && !outbox_.empty(); ++i) {
+          flush_outbox();
+          if (!outbox_.empty()) wait_readable(nullptr, 0, 10);
+        }
+        log_event(LogLevel::kDebug, kComp, "shutdown");
+        return 0;
+      }
+    }
+    bool busy = !driver_.idle() || !pending.empty();
+    int64_t interval = (busy ? cfg_.step_interval_us : cfg_.idle_step_interval_us) * 1000;
+    if (now - last_step < interval && !shutdown_requested) continue;
+    // Gather: own reports plus every follower's, by room.
+    std::map<uint64_t, std::vector<RoomReport>> by_room;
+    for (RoomReport& r : driver_.reports(now)) by_room[r.room].push_back(std::move(r));
+    for (auto& [tp, list] : replies)
+      for (RoomReport& r : list) by_room[r.room].push_back(std::move(r));
+    replies.clear();
+    std::vector<RoomResult> results;
+    std::vector<Decision> decisions = driver_.decide(by_room, std::move(pending), now, &results);
+    pending.clear();
+    for (const Decision& d : decisions) driver_.apply(d);
+    for (const RoomResult& r : results) outbox_.push_back(encode_result(r));
+    flush_outbox();
+    ++seq;
+    std::string step = encode_step(seq, shutdown_requested, decisions);
+    for (auto& [tp, ep] : followers) {
+      Status s = engine.send(ep, step);
+      if (!s.ok()) log_event(LogLevel::kWarning, kComp, fmt::format("step to tp{} not queued: {}", tp, s.str()));
+    }
+    shutdown_sent = shutdown_requested;
+    outstanding = true;
+    outstanding_since = now;
+    last_step = now;
+  }
+}
+
+int EngineLoop::run_follower(ControlSocket& engine) {
+  std::string hello = encode_hello(cfg_.self.tp_rank, engine.endpoint());
+  int64_t last_hello = 0, last_step = 0;
+  for (;;) {
+    int64_t now = monotonic_ns();
+    pump_local(engine, now);
+    if (last_step == 0 && now - last_hello > 100'000'000) {
+      (void)engine.send(cfg_.engine_endpoint, hello);
+      last_hello = now;
+    }
+    if (last_step != 0 && now - last_step > cfg_.peer_timeout_ms * 1'000'000) {
+      log_event(LogLevel::kCritical, kComp, fmt::format("no step from the leader for {} ms", cfg_.peer_timeout_ms));
+      flush_logging();
+      return 3;
+    }
+    for (int i = 0; i < 64; ++i) {
+      auto text = engine.recv(std::chrono::milliseconds(0));
+      if (!text) break;
+      auto f = decode_sync_frame(*text);
+      if (!f.ok() || f->type != "step") {
+        log_event(LogLevel::kWarning, kComp, "unexpected engine frame");
+        continue;
+      }
+      last_step = monotonic_ns();
+      for (const Decision& d : f->decisions) driver_.apply(d);
+      driver_.pump(last_step);
+      Status s = engine.send(cfg_.engine_endpoint,
+                             encode_reply(f->seq, cfg_.self.tp_rank, driver_.reports(last_step), driver_.leak_stats()));
+      if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
+      if (f->shutdown) {
+        log_event(LogLevel::kDebug, kComp, "shutdown");
+        return 0;
+      }
+    }
+  }
+}
+
+}  // namespace kvferry

@@ -1,0 +1,53 @@
+// EngineLoop: the main loop of one rank. Every iteration it waits (poll on the waker and the
+// sockets, at most 1 ms), feeds control frames and transport completions to the endpoint, lets
+// the driver do its local work, and runs the engine's step agreement:
+//   leader (tp0): gathers every rank's reports, reduces and decides, applies the decisions itself,
+//                 broadcasts them as the next step; forwards router requests as decisions and sends
+//                 the router one RoomResult per released room;
+//   follower:     applies each step's decisions in order and replies with its reports.
+// Deadlines: a follower that does not reply, or a leader that sends no step, for
+// `peer_timeout_ms` ends the rank with a critical log line and exit code 3.
+// Thread contract: run() on the rank's main thread.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "driver/engine.h"
+#include "endpoint/core.h"
+
+namespace kvferry {
+
+struct EngineLoopConfig {
+  RankId self;
+  uint32_t tp_size = 1;
+  std::string engine_endpoint;  // the leader's; the leader binds it
+  std::string router_endpoint;
+  int64_t step_interval_us = 1000;
+  int64_t idle_step_interval_us = 20000;
+  int64_t peer_timeout_ms = 30000;
+};
+
+class EngineLoop {
+ public:
+  EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
+             std::function<void(const Message&)> on_control,
+             std::function<void(const TransportEvent&)> on_transport);
+  // Runs until shutdown; returns the process exit code.
+  int run();
+
+ private:
+  int run_leader(ControlSocket& engine);
+  int run_follower(ControlSocket& engine);
+  void pump_local(ControlSocket& engine, int64_t now);
+  void flush_outbox();
+
+  EngineLoopConfig cfg_;
+  EndpointCore& core_;
+  EngineDriver& driver_;
+  std::function<void(const Message&)> on_control_;
+  std::function<void(const TransportEvent&)> on_transport_;
+  std::vector<std::string> outbox_;  // frames for the router not yet accepted
+};
+
+}  // namespace kvferry

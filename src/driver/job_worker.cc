@@ -1,0 +1,60 @@
+#include "driver/job_worker.h"
+
+#include <utility>
+
+namespace kvferry {
+
+JobWorker::JobWorker(Waker& waker) : waker_(waker), thread_([this] { run(); }) {}
+
+JobWorker::~JobWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    jobs_.clear();
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void JobWorker::submit(Job job) {
+  ++pending_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+size_t JobWorker::drain() {
+  std::vector<Completion> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done.swap(done_);
+  }
+  for (auto& c : done) {
+    --pending_;
+    if (c) c();
+  }
+  return done.size();
+}
+
+void JobWorker::run() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+      if (stop_) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    Completion c = job();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_.push_back(std::move(c));
+    }
+    waker_.signal();
+  }
+}
+
+}  // namespace kvferry

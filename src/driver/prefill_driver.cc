@@ -1,0 +1,235 @@
+#include "driver/prefill_driver.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "driver/log_policy.h"
+#include "kvferry/content.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "prefill.driver";
+}
+
+PrefillDriver::PrefillDriver(EndpointCore& core, PrefillEndpoint& ep, PrefillDriverConfig config)
+    : core_(core), ep_(ep), cfg_(config), staging_(core.layout().num_pages), filler_(core.waker()) {
+  cfg_.chunk_pages = std::max<uint64_t>(1, std::min<uint64_t>(cfg_.chunk_pages, std::max<uint64_t>(1, staging_.total_pages() / 2)));
+}
+
+PrefillDriver::~PrefillDriver() = default;
+
+void PrefillDriver::apply(const Decision& d) {
+  switch (d.op) {
+    case Decision::Op::kNew: {
+      if (rooms_.count(d.room)) return;
+      Room& r = rooms_[d.room];
+      r.req = d.request;
+      ep_.add_room(d.room, d.request.input_tokens);
+      if (d.request.fault && d.request.fault->kind == "transfer" && d.request.fault->at == core_.self().str())
+        core_.faults().fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
+      return;
+    }
+    case Decision::Op::kStart: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end() || it->second.started) return;
+      it->second.started = true;
+      start_order_.push_back(d.room);
+      return;
+    }
+    case Decision::Op::kFail: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end()) return;
+      auto origin = RankId::parse(d.origin);
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : core_.self(), d.first_seen_ns);
+      if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
+      it->second.failure = d;
+      it->second.fail_decided = true;
+      return;
+    }
+    case Decision::Op::kRelease: {
+      auto it = rooms_.find(d.room);
+      if (it == rooms_.end()) return;
+      log_release(d.room, it->second);
+      ep_.release(d.room);
+      core_.faults().clear_room(d.room);
+      rooms_.erase(it);
+      std::erase(start_order_, d.room);
+      return;
+    }
+    case Decision::Op::kAdmit:
+      return;  // decode only
+  }
+}
+
+void PrefillDriver::log_release(uint64_t room, const Room& r) {
+  if (!r.fail_decided) {
+    log_event(LogLevel::kDebug, kComp, "room released after success", {.room = room});
+    return;
+  }
+  const Decision& f = r.failure;
+  bool from_another = f.origin != core_.self().str();
+  LogLevel level = failure_log_level(Role::kPrefill, from_another, f.code);
+  log_event(level, kComp,
+            fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
+            {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
+             .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+}
+
+void PrefillDriver::on_chunk_done(const ChunkDone& done) {
+  auto it = chunks_.find(done.tag);
+  if (it == chunks_.end()) return;
+  staging_.free(it->second.pages);
+  auto room = rooms_.find(it->second.room);
+  if (room != rooms_.end() && room->second.chunks_out > 0) --room->second.chunks_out;
+  chunks_.erase(it);
+}
+
+void PrefillDriver::schedule_chunks() {
+  for (uint64_t id : start_order_) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end()) continue;
+    Room& r = it->second;
+    const SenderRoom* s = ep_.room(id);
+    if (!s || s->state.terminal() || core_.registry().get(id)) continue;
+    while (r.chunks_out < 2 && r.next_page < s->total_pages) {
+      uint64_t want = std::min(cfg_.chunk_pages, s->total_pages - r.next_page);
+      uint64_t n = std::min(want, staging_.free_pages());
+      if (n == 0) return;  // staging pool full: later rooms wait too (FIFO)
+      std::vector<uint64_t> pages = std::move(*staging_.alloc(n));
+      uint64_t tag = next_tag_++;
+      chunks_[tag] = {id, r.next_page, pages};
+      r.next_page += n;
+      ++r.chunks_out;
+      const PoolLayout* layout = &core_.layout();
+      uint8_t* base = core_.base();
+      uint64_t first_page = chunks_[tag].first_page;
+      filler_.submit([this, layout, base, id, first_page, pages, tag]() -> JobWorker::Completion {
+        const uint32_t nb = layout->num_buffers();
+        for (size_t i = 0; i < pages.size(); ++i) {
+          uint64_t first_token = (first_page + i) * layout->page_size;
+          for (uint32_t b = 0; b < nb; ++b) fill_page(*layout, id, b, first_token, base + layout->page_offset(b, pages[i]));
+        }
+        return [this, tag] {
+          auto c = chunks_.find(tag);
+          if (c == chunks_.end()) return;
+          const Chunk& ch = c->second;
+          Status s = core_.registry().get(ch.room) ? Status(ErrorCode::kAborted, "room failed")
+                                                   : ep_.send(ch.room, ch.first_page, ch.pages, tag);
+          if (!s.ok()) {
+            if (s.code() != ErrorCode::kAborted)
+              ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns());
+            on_chunk_done({ch.room, tag, false});
+          }
+        };
+      });
+    }
+  }
+}
+
+void PrefillDriver::pump(int64_t now_ns) {
+  filler_.drain();
+  schedule_chunks();
+  ep_.tick(now_ns);
+}
+
+std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
+  std::vector<RoomReport> out;
+  out.reserve(rooms_.size());
+  for (auto& [id, r] : rooms_) {
+    RoomReport rep;
+    rep.room = id;
+    rep.tp_rank = core_.self().tp_rank;
+    const SenderRoom* s = ep_.room(id);
+    auto e = core_.registry().get(id);
+    rep.poll = e ? KVPoll::Failed : ep_.poll(id);
+    rep.drained = ep_.drained(id) && r.chunks_out == 0;
+    if (e) {
+      rep.has_failure = true;
+      rep.code = e->code;
+      rep.origin = e->origin.str();
+      rep.reason = e->failure_reason;
+      rep.first_seen_ns = e->first_seen_ns;
+      rep.failed_ns = s && s->failed_ns ? s->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
+    }
+    if (s) {
+      rep.send_ns = s->first_send_ns;
+      rep.bytes = s->bytes;
+    }
+    out.push_back(std::move(rep));
+  }
+  return out;
+}
+
+std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                                            std::vector<RouterRequest> new_requests, int64_t /*now_ns*/,
+                                            std::vector<RoomResult>* results) {
+  std::vector<Decision> out;
+  for (RouterRequest& req : new_requests) {
+    Decision d;
+    d.op = Decision::Op::kNew;
+    d.room = req.room;
+    d.request = std::move(req);
+    out.push_back(std::move(d));
+  }
+  for (const auto& [id, reps] : by_room) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end()) continue;
+    Room& r = it->second;
+    RoomReduction red = reduce_room(reps);
+    if (red.any_failure && !r.fail_decided) {
+      Decision d;
+      d.op = Decision::Op::kFail;
+      d.room = id;
+      d.code = red.winner.code;
+      d.origin = red.winner.origin;
+      d.reason = red.winner.reason;
+      d.first_seen_ns = red.winner.first_seen_ns;
+      out.push_back(d);
+      r.fail_decided = true;  // apply() repeats this on every rank
+      continue;
+    }
+    if (!red.any_failure && !r.start_decided && red.min_poll >= KVPoll::WaitingForInput) {
+      r.start_decided = true;
+      out.push_back({Decision::Op::kStart, id});
+      continue;
+    }
+    bool done_ok = !red.any_failure && red.min_poll == KVPoll::Success && red.all_drained;
+    bool done_failed = r.fail_decided && red.ranks_failed == reps.size() && red.all_drained;
+    if (!done_ok && !done_failed) continue;
+    Decision rel;
+    rel.op = Decision::Op::kRelease;
+    rel.room = id;
+    out.push_back(rel);
+    RoomResult res;
+    res.role = Role::kPrefill;
+    res.room = id;
+    res.state = done_ok ? KVPoll::Success : KVPoll::Failed;
+    res.first_send_ns = red.min_send_ns;
+    res.bytes_transferred = red.bytes;
+    res.ranks_failed = red.ranks_failed;
+    if (done_failed) {
+      res.code = red.winner.code;
+      res.origin = red.winner.origin;
+      res.reason = red.winner.reason;
+      res.first_failed_ns = red.winner.first_seen_ns;
+      res.failed_all_ns = red.max_failed_ns;
+    }
+    results->push_back(std::move(res));
+  }
+  return out;
+}
+
+RankLeakStats PrefillDriver::leak_stats() const {
+  RankLeakStats s;
+  s.rank = core_.self().str();
+  s.live_rooms = ep_.live_rooms() + rooms_.size();
+  s.records = core_.registry().records();
+  s.pages_in_use = staging_.in_use() + ep_.aux_in_use();
+  s.peers = ep_.peers();
+  return s;
+}
+
+}  // namespace kvferry

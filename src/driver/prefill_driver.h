@@ -1,0 +1,79 @@
+// PrefillDriver: the scheduler side of a prefill rank (DESIGN §1 "driver").
+//   bootstrap queue: rooms whose senders wait for decode metadata; when every rank has it (the
+//                    engine's MIN is WaitingForInput) the leader decides kStart;
+//   forward:         started rooms get staging pages chunk by chunk (back-pressure on the staging
+//                    pool), a worker thread fills them with the room's deterministic KV content
+//                    (the simulated forward pass), then send() writes them;
+//   inflight queue:  rooms Transferring until every rank is Success, or Failed and drained; the
+//                    leader then decides kRelease and reports the room to the router.
+// The staging pool is a ring: a chunk's pages return once its writes completed, so a prefill rank
+// needs far less memory than a request's KV (decode holds the whole request).
+// Thread contract: main thread only (see EngineLoop).
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "driver/engine.h"
+#include "driver/job_worker.h"
+#include "endpoint/page_allocator.h"
+#include "endpoint/prefill_endpoint.h"
+
+namespace kvferry {
+
+struct PrefillDriverConfig {
+  uint64_t chunk_pages = 128;  // pages per send() (chunked prefill)
+};
+
+class PrefillDriver : public EngineDriver {
+ public:
+  PrefillDriver(EndpointCore& core, PrefillEndpoint& ep, PrefillDriverConfig config);
+  ~PrefillDriver() override;
+
+  void on_chunk_done(const ChunkDone& done);
+
+  void apply(const Decision& d) override;
+  void pump(int64_t now_ns) override;
+  std::vector<RoomReport> reports(int64_t now_ns) override;
+  std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                               std::vector<RouterRequest> new_requests, int64_t now_ns,
+                               std::vector<RoomResult>* results) override;
+  RankLeakStats leak_stats() const override;
+  bool idle() const override { return rooms_.empty(); }
+
+ private:
+  struct Room {
+    RouterRequest req;
+    bool started = false;
+    uint64_t next_page = 0;
+    uint32_t chunks_out = 0;  // filling or writing
+    int64_t failed_ns = 0;
+    // leader only
+    bool start_decided = false;
+    bool fail_decided = false;
+    Decision failure;  // the engine's agreed failure (kFail) once decided
+  };
+  struct Chunk {
+    uint64_t room;
+    uint64_t first_page;
+    std::vector<uint64_t> pages;
+  };
+  void schedule_chunks();
+  void log_release(uint64_t room, const Room& r);
+
+  EndpointCore& core_;
+  PrefillEndpoint& ep_;
+  PrefillDriverConfig cfg_;
+  PageAllocator staging_;
+  JobWorker filler_;
+  std::map<uint64_t, Room> rooms_;
+  std::deque<uint64_t> start_order_;
+  std::unordered_map<uint64_t, Chunk> chunks_;
+  uint64_t next_tag_ = 1;
+};
+
+}  // namespace kvferry

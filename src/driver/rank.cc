@@ -1,0 +1,104 @@
+#include "driver/rank.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "driver/decode_driver.h"
+#include "driver/engine_loop.h"
+#include "driver/prefill_driver.h"
+#include "endpoint/decode_endpoint.h"
+#include "endpoint/prefill_endpoint.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "rank";
+
+int fail_start(const std::string& what) {
+  log_event(LogLevel::kCritical, kComp, "cannot start: " + what);
+  flush_logging();
+  return 2;
+}
+}  // namespace
+
+int run_rank(const RankOptions& o) {
+  RankId self{o.role, 0, o.tp_rank, 0};
+  init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
+
+  std::ifstream in(o.models_file);
+  if (!in) return fail_start("cannot read models file " + o.models_file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto models = parse_models_json(text.str());
+  if (!models.ok()) return fail_start(models.status().str());
+  auto model = find_model(*models, o.model);
+  if (!model.ok()) return fail_start(model.status().str());
+  if (o.page_size == 0) return fail_start("page size must be at least 1 token");
+  auto layout = make_layout(*model, o.tp_size, o.tp_rank, o.page_size, o.pool_mib << 20, o.aux_slots);
+  if (!layout.ok()) return fail_start(layout.status().str());
+  uint32_t peer_tp = o.peer_tp_size ? o.peer_tp_size : o.tp_size;
+  if (peer_tp != o.tp_size)
+    return fail_start(fmt::format("prefill TP {} != decode TP {}: only equal TP is supported so far",
+                                  o.role == Role::kPrefill ? o.tp_size : peer_tp,
+                                  o.role == Role::kPrefill ? peer_tp : o.tp_size));
+
+  EndpointConfig ec;
+  ec.self = self;
+  ec.layout = *layout;
+  ec.transport = o.transport;
+  ec.drain_timeout_ms = o.drain_timeout_ms;
+  auto core = EndpointCore::create(ec);
+  if (!core.ok()) return fail_start(core.status().str());
+  EndpointCore& c = **core;
+  log_event(LogLevel::kDebug, kComp,
+            fmt::format("pool: {} pages of {} tokens, {} buffers, {} bytes, transport {}", layout->num_pages,
+                        layout->page_size, layout->num_buffers(), layout->total_bytes(), transport_name(o.transport)));
+
+  BootstrapClient bootstrap(o.bootstrap, 2000);
+  EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
+  lc.peer_timeout_ms = o.peer_timeout_ms;
+  int rc = 0;
+  if (o.role == Role::kPrefill) {
+    PrefillRankInfo info;
+    info.tp_rank = o.tp_rank;
+    info.tp_size = o.tp_size;
+    info.host = "127.0.0.1";
+    info.control_endpoint = c.control().endpoint();
+    info.page_size = o.page_size;
+    info.dtype = model->dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", model->dtype_bytes);
+    info.model = model->name;
+    info.num_layers = model->num_layers;
+    info.heads_per_rank = layout->heads_per_rank;
+    info.first_head = layout->first_head;
+    Status s = bootstrap.register_rank(info);
+    for (int64_t deadline = monotonic_ns() + o.bootstrap_wait_ms * 1'000'000; !s.ok() && monotonic_ns() < deadline;) {
+      wait_readable(nullptr, 0, 50);
+      s = bootstrap.register_rank(info);
+    }
+    if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
+    PrefillEndpoint ep(c, peer_tp);
+    PrefillDriver driver(c, ep, {std::max<uint64_t>(1, o.chunk_tokens / o.page_size)});
+    EngineLoop loop(
+        lc, c, driver, [&](const Message& m) { ep.on_message(m); },
+        [&](const TransportEvent& e) {
+          if (auto done = ep.on_transport_event(e)) driver.on_chunk_done(*done);
+        });
+    rc = loop.run();
+  } else {
+    DecodeEndpoint ep(c, peer_tp);
+    Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.bootstrap_wait_ms * 1'000'000);
+    if (!s.ok()) return fail_start(s.str());
+    DecodeDriver driver(c, ep);
+    EngineLoop loop(
+        lc, c, driver, [&](const Message& m) { ep.on_message(m); }, [&](const TransportEvent&) {});
+    rc = loop.run();
+  }
+  flush_logging();
+  return rc;
+}
+
+}  // namespace kvferry

@@ -1,0 +1,37 @@
+// One engine rank as a process: builds the manager (pool, transport, control socket), joins the
+// bootstrap service, and runs the engine loop until the router's shutdown.
+// Thread contract: run_rank() on the process's main thread; returns the exit code
+// (0 clean shutdown, 2 could not start, 3 a peer of the engine stopped answering).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kvferry/error.h"
+#include "kvferry/transport.h"
+
+namespace kvferry {
+
+struct RankOptions {
+  Role role = Role::kPrefill;
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
+  uint32_t peer_tp_size = 0;     // the other engine's TP size (0: same as tp_size)
+  std::string model = "Llama-3.1-8B";
+  std::string models_file;       // data/models.json
+  uint32_t page_size = 64;       // tokens
+  uint64_t pool_mib = 1024;      // this rank's pool, MiB
+  uint32_t aux_slots = 1024;
+  uint64_t chunk_tokens = 8192;  // prefill: tokens per send()
+  std::string bootstrap = "127.0.0.1:8998";
+  std::string engine_endpoint;   // the engine leader's endpoint
+  std::string router_endpoint;
+  TransportKind transport = TransportKind::kShm;
+  std::string log_file;
+  int64_t bootstrap_wait_ms = 60000;
+  int64_t drain_timeout_ms = 10000;
+  int64_t peer_timeout_ms = 30000;
+};
+
+int run_rank(const RankOptions& options);
+
+}  // namespace kvferry

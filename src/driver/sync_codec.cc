@@ -1,0 +1,158 @@
+#include "driver/sync_codec.h"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace kvferry {
+namespace {
+using nlohmann::json;
+
+std::string room_str(uint64_t room) { return std::to_string(room); }
+uint64_t room_of(const json& j) { return std::stoull(j.at("room").get<std::string>()); }
+
+json to_json(const Decision& d) {
+  json j{{"op", static_cast<int>(d.op)}, {"room", room_str(d.room)}};
+  switch (d.op) {
+    case Decision::Op::kNew: {
+      j["input_tokens"] = d.request.input_tokens;
+      j["output_tokens"] = d.request.output_tokens;
+      j["arrival_ms"] = d.request.arrival_ms;
+      if (d.request.fault) j["fault"] = {{"kind", d.request.fault->kind}, {"at", d.request.fault->at}};
+      break;
+    }
+    case Decision::Op::kFail:
+      j["code"] = static_cast<int>(d.code);
+      j["origin"] = d.origin;
+      j["reason"] = d.reason;
+      j["first_seen_ns"] = d.first_seen_ns;
+      break;
+    case Decision::Op::kRelease:
+      j["quarantine"] = d.quarantine;
+      break;
+    default:
+      break;
+  }
+  return j;
+}
+
+Decision decision_from(const json& j) {
+  Decision d;
+  int op = j.at("op").get<int>();
+  if (op < 0 || op > static_cast<int>(Decision::Op::kRelease)) throw std::runtime_error("bad op");
+  d.op = static_cast<Decision::Op>(op);
+  d.room = room_of(j);
+  d.request.room = d.room;
+  if (d.op == Decision::Op::kNew) {
+    d.request.input_tokens = j.at("input_tokens").get<uint64_t>();
+    d.request.output_tokens = j.at("output_tokens").get<uint64_t>();
+    d.request.arrival_ms = j.at("arrival_ms").get<uint64_t>();
+    if (j.contains("fault")) d.request.fault = FaultSpec{j["fault"].at("kind"), j["fault"].at("at")};
+  } else if (d.op == Decision::Op::kFail) {
+    auto c = code_from_int(j.at("code").get<int>());
+    if (!c) throw std::runtime_error("bad code");
+    d.code = *c;
+    d.origin = j.at("origin").get<std::string>();
+    d.reason = j.at("reason").get<std::string>();
+    d.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
+  } else if (d.op == Decision::Op::kRelease) {
+    d.quarantine = j.at("quarantine").get<bool>();
+  }
+  return d;
+}
+
+json to_json(const RoomReport& r) {
+  json j{{"room", room_str(r.room)}, {"tp", r.tp_rank}, {"poll", static_cast<int>(r.poll)},
+         {"drained", r.drained}, {"q", r.quarantine}, {"failed_ns", r.failed_ns}, {"send_ns", r.send_ns},
+         {"success_ns", r.success_ns}, {"bytes", r.bytes}, {"verified", r.verified}, {"mismatched", r.mismatched}};
+  if (r.has_failure) {
+    j["code"] = static_cast<int>(r.code);
+    j["origin"] = r.origin;
+    j["reason"] = r.reason;
+    j["first_seen_ns"] = r.first_seen_ns;
+  }
+  return j;
+}
+
+RoomReport report_from(const json& j) {
+  RoomReport r;
+  r.room = room_of(j);
+  r.tp_rank = j.at("tp").get<uint32_t>();
+  auto p = poll_from_int(j.at("poll").get<int>());
+  if (!p) throw std::runtime_error("bad poll");
+  r.poll = *p;
+  r.drained = j.at("drained").get<bool>();
+  r.quarantine = j.at("q").get<bool>();
+  r.failed_ns = j.at("failed_ns").get<int64_t>();
+  r.send_ns = j.at("send_ns").get<int64_t>();
+  r.success_ns = j.at("success_ns").get<int64_t>();
+  r.bytes = j.at("bytes").get<uint64_t>();
+  r.verified = j.at("verified").get<uint64_t>();
+  r.mismatched = j.at("mismatched").get<uint64_t>();
+  if (j.contains("code")) {
+    auto c = code_from_int(j.at("code").get<int>());
+    if (!c) throw std::runtime_error("bad code");
+    r.has_failure = true;
+    r.code = *c;
+    r.origin = j.at("origin").get<std::string>();
+    r.reason = j.at("reason").get<std::string>();
+    r.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string encode_decision_json(const Decision& d) { return to_json(d).dump(); }
+std::string encode_report_json(const RoomReport& r) { return to_json(r).dump(); }
+
+std::string encode_hello(uint32_t tp_rank, const std::string& endpoint) {
+  return json{{"type", "hello"}, {"tp_rank", tp_rank}, {"endpoint", endpoint}}.dump();
+}
+
+std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions) {
+  json arr = json::array();
+  for (const Decision& d : decisions) arr.push_back(to_json(d));
+  return json{{"type", "step"}, {"seq", seq}, {"shutdown", shutdown}, {"decisions", std::move(arr)}}.dump();
+}
+
+std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
+                         const RankLeakStats& stats) {
+  json arr = json::array();
+  for (const RoomReport& r : rooms) arr.push_back(to_json(r));
+  json st{{"rank", stats.rank}, {"live_rooms", stats.live_rooms}, {"records", stats.records},
+          {"pages_in_use", stats.pages_in_use}, {"peers", stats.peers}};
+  return json{{"type", "reply"}, {"seq", seq}, {"tp_rank", tp_rank}, {"rooms", std::move(arr)}, {"stats", st}}.dump();
+}
+
+Result<SyncFrame> decode_sync_frame(const std::string& text) {
+  try {
+    json j = json::parse(text);
+    SyncFrame f;
+    f.type = j.at("type").get<std::string>();
+    f.raw = text;
+    if (f.type == "hello") {
+      f.tp_rank = j.at("tp_rank").get<uint32_t>();
+      f.endpoint = j.at("endpoint").get<std::string>();
+    } else if (f.type == "step") {
+      f.seq = j.at("seq").get<uint64_t>();
+      f.shutdown = j.at("shutdown").get<bool>();
+      for (const json& d : j.at("decisions")) f.decisions.push_back(decision_from(d));
+    } else if (f.type == "reply") {
+      f.seq = j.at("seq").get<uint64_t>();
+      f.tp_rank = j.at("tp_rank").get<uint32_t>();
+      for (const json& r : j.at("rooms")) f.rooms.push_back(report_from(r));
+      const json& st = j.at("stats");
+      f.stats.rank = st.at("rank").get<std::string>();
+      f.stats.live_rooms = st.at("live_rooms").get<uint64_t>();
+      f.stats.records = st.at("records").get<uint64_t>();
+      f.stats.pages_in_use = st.at("pages_in_use").get<uint64_t>();
+      f.stats.peers = st.at("peers").get<uint64_t>();
+    }
+    return f;
+  } catch (const std::exception& e) {
+    return Status(ErrorCode::kProtocolError, std::string("bad engine frame: ") + e.what());
+  }
+}
+
+}  // namespace kvferry

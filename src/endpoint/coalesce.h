@@ -1,0 +1,32 @@
+// Coalescing (src page, dst page) pairs into runs where both advance by one (DESIGN §2 step 5),
+// then into one write per run per layer buffer.
+// Thread contract: pure functions.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kvferry/transport.h"
+
+namespace kvferry {
+
+struct PageRun {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+  uint64_t pages = 0;
+};
+
+// Pairs src[i] -> dst[i]; sizes must match (the caller checks).
+std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst);
+
+// Geometry of one side's pool for offset computation: buffer b, page p is at
+// b * buffer_stride + p * page_bytes.
+struct PoolStrides {
+  uint64_t page_bytes = 0;
+  uint64_t buffer_stride = 0;
+};
+
+// One WriteOp per run per buffer, buffers [0, num_buffers).
+std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
+                                    const PoolStrides& local, const PoolStrides& remote);
+
+}  // namespace kvferry

@@ -1,0 +1,44 @@
+#include "endpoint/core.h"
+
+#include <utility>
+
+namespace kvferry {
+
+EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.self) {}
+
+Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
+  std::unique_ptr<EndpointCore> core(new EndpointCore(config));
+  TransportOptions topt;
+  topt.kind = config.transport;
+  auto t = make_ucx_transport(topt);
+  if (!t.ok()) return t.status();
+  core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());
+  auto region = core->faults_->create_region(config.layout.total_bytes());
+  if (!region.ok()) return region.status();
+  core->region_ = *region;
+  auto sock = ControlSocket::bind(config.control_bind);
+  if (!sock.ok()) return sock.status();
+  core->control_ = std::move(sock).value();
+  return core;
+}
+
+Status EndpointCore::send(const std::string& endpoint, const Message& m) {
+  return control_->send(endpoint, encode(m));
+}
+
+void EndpointCore::post(TransportEvent e) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(e));
+  }
+  waker_.signal();
+}
+
+std::vector<TransportEvent> EndpointCore::take_events() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TransportEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+}  // namespace kvferry

@@ -1,0 +1,198 @@
+#include "endpoint/decode_endpoint.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "decode.endpoint";
+}
+
+DecodeEndpoint::DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp) : core_(core), prefill_tp_(prefill_tp) {}
+
+const ReceiverRoom* DecodeEndpoint::room(uint64_t room) const {
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? nullptr : &it->second;
+}
+
+KVPoll DecodeEndpoint::poll(uint64_t room) const {
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? KVPoll::Failed : it->second.state.get();
+}
+
+Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns) {
+  const RankId self = core_.self();
+  // Equal TP: decode rank r reads from prefill rank r.
+  std::vector<uint32_t> wanted{self.tp_rank};
+  const PoolLayout& l = core_.layout();
+  for (uint32_t tp : wanted) {
+    Result<PrefillRankInfo> info = bootstrap.lookup(0, self.dp_rank, tp);
+    while (!info.ok()) {
+      if (monotonic_ns() > deadline_ns)
+        return {ErrorCode::kBootstrapTimeout,
+                fmt::format("prefill tp{} not found at the bootstrap service: {}", tp, info.status().str())};
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      info = bootstrap.lookup(0, self.dp_rank, tp);
+    }
+    if (info->page_size != l.page_size || info->heads_per_rank != l.heads_per_rank ||
+        info->first_head != l.first_head || info->num_layers != l.model.num_layers)
+      return {ErrorCode::kProtocolError,
+              fmt::format("prefill tp{} geometry differs (page_size {}, heads {}+{}, layers {})", tp,
+                          info->page_size, info->first_head, info->heads_per_rank, info->num_layers)};
+    RankId pr{Role::kPrefill, 0, tp, self.dp_rank};
+    peers_[pr] = {pr, info->control_endpoint};
+    PoolRegistration reg;
+    reg.sender = self;
+    reg.control_endpoint = core_.control().endpoint();
+    reg.worker_address = core_.transport().address();
+    reg.packed_rkey = core_.region().packed_rkey;
+    reg.region_base = reinterpret_cast<uint64_t>(core_.base());
+    reg.region_bytes = core_.region().bytes;
+    reg.page_size = l.page_size;
+    reg.page_bytes = l.page_bytes();
+    reg.num_pages = l.num_pages;
+    reg.num_buffers = l.num_buffers();
+    reg.aux_slots = l.aux_slots;
+    reg.heads_per_rank = l.heads_per_rank;
+    reg.first_head = l.first_head;
+    Status s = core_.send(info->control_endpoint, reg);
+    if (!s.ok()) return s;
+    log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {}", pr.str()));
+  }
+  return Status::Ok();
+}
+
+void DecodeEndpoint::on_message(const Message& m) {
+  if (auto* st = std::get_if<RoomStatus>(&m)) return on_status(*st);
+  log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
+}
+
+void DecodeEndpoint::on_status(const RoomStatus& st) {
+  auto it = rooms_.find(st.room);
+  if (it == rooms_.end()) {
+    log_event(LogLevel::kDebug, kComp, "status for an unknown room dropped", {.room = st.room});
+    return;
+  }
+  ReceiverRoom& r = it->second;
+  bool is_source = false;
+  for (const RankId& s : r.sources) is_source |= (s == st.sender);
+  if (!is_source) {
+    log_event(LogLevel::kDebug, kComp, fmt::format("status from {} which is not a source", st.sender.str()),
+              {.room = st.room});
+    return;
+  }
+  r.terminal.insert(st.sender);
+  if (st.state == KVPoll::Failed) {
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns);
+    return;
+  }
+  if (st.state != KVPoll::Success || r.state.terminal()) return;
+  r.succeeded.insert(st.sender);
+  if (r.succeeded.size() < r.sources.size()) return;
+  // Every source is done: the aux guard must hold this room.
+  AuxRecord rec;
+  std::memcpy(&rec, core_.base() + core_.layout().aux_offset(r.aux_slot), sizeof rec);
+  if (rec.room != r.room || rec.cached_tokens != r.input_tokens || rec.num_pages != r.total_pages) {
+    fail(r.room, ErrorCode::kProtocolError,
+         fmt::format("aux guard mismatch in slot {}: holds room {} ({} tokens, {} pages)", r.aux_slot, rec.room,
+                     rec.cached_tokens, rec.num_pages),
+         core_.self(), monotonic_ns());
+    return;
+  }
+  r.success_ns = monotonic_ns();
+  r.state.advance(KVPoll::Success);
+  log_event(LogLevel::kDebug, kComp, "all sources reported success", {.room = r.room});
+}
+
+void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
+  if (rooms_.count(room)) return;
+  ReceiverRoom& r = rooms_[room];
+  r.room = room;
+  r.input_tokens = input_tokens;
+  r.total_pages = core_.layout().pages_for(input_tokens);
+  r.sources.push_back({Role::kPrefill, 0, core_.self().tp_rank, core_.self().dp_rank});
+  core_.registry().open(room);
+}
+
+Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint32_t aux_slot) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "init() for an unknown room"};
+  ReceiverRoom& r = it->second;
+  if (r.state.get() != KVPoll::Bootstrapping) return {ErrorCode::kInvalidArgument, "init() twice or after failure"};
+  if (kv_indices.size() != r.total_pages) return {ErrorCode::kInvalidArgument, "kv_indices size != room pages"};
+  r.kv_indices = kv_indices;
+  r.aux_slot = aux_slot;
+  std::memset(core_.base() + core_.layout().aux_offset(aux_slot), 0, kAuxSlotBytes);
+  for (const RankId& src : r.sources) {
+    auto peer = peers_.find(src);
+    if (peer == peers_.end()) {
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("no connection to {}", src.str()), src, monotonic_ns());
+      return Status::Ok();
+    }
+    RoomMetadata md{room, core_.self(), kv_indices, aux_slot, 1};
+    Status s = core_.send(peer->second.control_endpoint, md);
+    if (!s.ok()) {
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()),
+           src, monotonic_ns());
+      return Status::Ok();
+    }
+    r.metadata_sent.insert(src);
+  }
+  r.state.advance(KVPoll::WaitingForInput);
+  return Status::Ok();
+}
+
+void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
+  if (r.failure_told) return;
+  r.failure_told = true;
+  RoomStatus st{r.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
+  for (const RankId& src : r.sources) {
+    if (r.terminal.count(src)) continue;  // it told us, or already finished
+    auto peer = peers_.find(src);
+    if (peer == peers_.end()) continue;
+    Status s = core_.send(peer->second.control_endpoint, st);
+    if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = r.room});
+  }
+}
+
+void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
+                          int64_t first_seen_ns) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  ReceiverRoom& r = it->second;
+  core_.registry().record(room, code, reason, origin, first_seen_ns);
+  // A room that already succeeded here can still fail on another rank of the engine: its sources
+  // are done with it, the registry holds the cause and the driver reports it; Success stays.
+  if (r.state.terminal()) return;
+  r.state.advance(KVPoll::Failed);
+  r.failed_ns = monotonic_ns();
+  log_event(LogLevel::kDebug, kComp,
+            fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
+            {.room = room, .code = std::string(code_name(code)), .origin = origin.str()});
+  auto e = core_.registry().get(room);
+  if (e) tell_sources(r, *e);
+}
+
+bool DecodeEndpoint::drained(uint64_t room, int64_t now_ns) const {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return true;
+  const ReceiverRoom& r = it->second;
+  if (!r.state.terminal()) return false;
+  for (const RankId& src : r.metadata_sent)
+    if (!r.terminal.count(src)) return r.failed_ns != 0 && now_ns - r.failed_ns > core_.config().drain_timeout_ms * 1'000'000;
+  return true;
+}
+
+void DecodeEndpoint::release(uint64_t room) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  core_.registry().release(room);
+  rooms_.erase(it);
+}
+
+}  // namespace kvferry

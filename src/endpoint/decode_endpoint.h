@@ -1,0 +1,85 @@
+// DecodeEndpoint: the decode side of the manager: finds its prefill peers through the bootstrap
+// service, registers its pool with each, and keeps one receiver per room.
+//
+// Per room (KVReceiver semantics): Bootstrapping until init() sent the metadata (destination
+// kv_indices and aux slot) to every source, WaitingForInput until every source reported Success
+// and the aux guard holds this room, then Success. A failure (local, from a source, or from the
+// engine's agreement) makes it Failed and is told once to every source that did not itself report
+// it. drained(): no source can still write into the room's pages (each source we sent metadata to
+// has sent a terminal status, or the drain deadline passed — then the pages must be quarantined).
+// Thread contract: main thread only.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "endpoint/core.h"
+#include "kvferry/state.h"
+#include "kvferry/bootstrap.h"
+
+namespace kvferry {
+
+struct PrefillPeer {
+  RankId rank;
+  std::string control_endpoint;
+};
+
+struct ReceiverRoom {
+  uint64_t room = 0;
+  uint64_t input_tokens = 0;
+  uint64_t total_pages = 0;
+  RoomState state;
+  std::vector<RankId> sources;
+  std::set<RankId> metadata_sent;
+  std::set<RankId> succeeded;
+  std::set<RankId> terminal;  // sources whose terminal status arrived
+  std::vector<uint64_t> kv_indices;
+  uint32_t aux_slot = 0;
+  bool failure_told = false;
+  int64_t success_ns = 0;
+  int64_t failed_ns = 0;
+};
+
+class DecodeEndpoint {
+ public:
+  DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp);
+
+  // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
+  // registration. Errors: kBootstrapTimeout if a peer never registered, kPeerUnreachable if the
+  // service cannot be reached.
+  Status connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns);
+
+  void on_message(const Message& m);
+
+  void add_room(uint64_t room, uint64_t input_tokens);
+  bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
+  const ReceiverRoom* room(uint64_t room) const;
+  KVPoll poll(uint64_t room) const;
+
+  // Clears the aux slot and sends the metadata to every source. kv_indices.size() must equal the
+  // room's page count.
+  Status init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint32_t aux_slot);
+
+  void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
+            int64_t first_seen_ns);
+  bool drained(uint64_t room, int64_t now_ns) const;
+  void release(uint64_t room);
+
+  size_t live_rooms() const { return rooms_.size(); }
+  size_t peers() const { return peers_.size(); }
+
+ private:
+  void on_status(const RoomStatus& st);
+  void tell_sources(ReceiverRoom& r, const KVTransferError& e);
+
+  EndpointCore& core_;
+  uint32_t prefill_tp_;
+  std::map<RankId, PrefillPeer> peers_;
+  std::unordered_map<uint64_t, ReceiverRoom> rooms_;
+};
+
+}  // namespace kvferry

@@ -1,0 +1,337 @@
+#include "endpoint/prefill_endpoint.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <utility>
+
+#include "endpoint/coalesce.h"
+#include "kvferry/content.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr int64_t kPendingTtlNs = 120'000'000'000;  // frames for rooms not added yet
+constexpr int64_t kTombstoneTtlNs = 300'000'000'000;
+constexpr uint32_t kStagingAuxSlots = 4096;
+constexpr std::string_view kComp = "prefill.endpoint";
+
+LogFields room_fields(uint64_t room) {
+  LogFields f;
+  f.room = room;
+  return f;
+}
+}  // namespace
+
+PrefillEndpoint::PrefillEndpoint(EndpointCore& core, uint32_t decode_tp)
+    : core_(core), decode_tp_(decode_tp), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {}
+
+const SenderRoom* PrefillEndpoint::room(uint64_t room) const {
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? nullptr : &it->second;
+}
+
+KVPoll PrefillEndpoint::poll(uint64_t room) const {
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? KVPoll::Failed : it->second.state.get();
+}
+
+void PrefillEndpoint::on_message(const Message& m) {
+  if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
+  if (auto* md = std::get_if<RoomMetadata>(&m)) return on_metadata(*md);
+  if (auto* st = std::get_if<RoomStatus>(&m)) return on_status(*st);
+}
+
+void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  const PoolLayout& l = core_.layout();
+  std::string bad;
+  if (r.sender.role != Role::kDecode) bad = "sender is not a decode rank";
+  else if (r.page_size != l.page_size) bad = fmt::format("page_size {} != ours {}", r.page_size, l.page_size);
+  else if (r.page_bytes != l.page_bytes()) bad = fmt::format("page_bytes {} != ours {}", r.page_bytes, l.page_bytes());
+  else if (r.num_buffers != l.num_buffers()) bad = fmt::format("num_buffers {} != ours {}", r.num_buffers, l.num_buffers());
+  else if (r.first_head != l.first_head || r.heads_per_rank != l.heads_per_rank) bad = "head slice differs";
+  else if (r.region_bytes < r.num_buffers * r.page_bytes * r.num_pages + uint64_t(r.aux_slots) * kAuxSlotBytes)
+    bad = "region smaller than its declared layout";
+  if (!bad.empty()) {
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
+              {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
+    return;
+  }
+  auto old = peers_.find(r.sender);
+  if (old != peers_.end()) {  // a restarted decode rank: replace its endpoint
+    core_.transport().disconnect(old->second.peer);
+    core_.control().forget(old->second.reg.control_endpoint);
+    peers_.erase(old);
+  }
+  auto peer = core_.transport().connect({r.worker_address, r.packed_rkey, r.region_base, r.region_bytes});
+  if (!peer.ok()) {
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("cannot connect to {}: {}", r.sender.str(), peer.status().str()),
+              {.code = std::string(code_name(peer.status().code())), .origin = r.sender.str()});
+    return;
+  }
+  peers_[r.sender] = {r, *peer};
+  log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
+}
+
+void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
+  auto it = rooms_.find(md.room);
+  if (it != rooms_.end()) return apply_metadata(it->second, md);
+  auto tomb = tombstones_.find(md.room);
+  if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
+    const KVTransferError& e = tomb->second.second;
+    auto peer = peers_.find(md.sender);
+    if (peer != peers_.end()) {
+      RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
+      (void)core_.send(peer->second.reg.control_endpoint, st);
+    }
+    log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
+    return;
+  }
+  pending_meta_[md.room].push_back({monotonic_ns(), md});
+}
+
+void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  if (r.state.terminal()) return;
+  auto peer = peers_.find(md.sender);
+  bool expected = false;
+  for (const RankId& d : r.dests) expected |= (d == md.sender);
+  std::string bad;
+  if (!expected) bad = fmt::format("metadata from {} which is not a destination of this rank", md.sender.str());
+  else if (peer == peers_.end()) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
+  else if (md.kv_indices.size() != r.total_pages)
+    bad = fmt::format("{} kv_indices for a room of {} pages", md.kv_indices.size(), r.total_pages);
+  else if (md.aux_slot >= peer->second.reg.aux_slots)
+    bad = fmt::format("aux slot {} out of range ({} slots)", md.aux_slot, peer->second.reg.aux_slots);
+  else {
+    for (uint64_t p : md.kv_indices) {
+      if (p >= peer->second.reg.num_pages) {
+        bad = fmt::format("page index {} out of range ({} pages)", p, peer->second.reg.num_pages);
+        break;
+      }
+    }
+  }
+  if (!bad.empty()) {
+    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns());
+    return;
+  }
+  r.meta[md.sender] = md;
+  if (r.meta.size() == r.dests.size() && r.state.get() == KVPoll::Bootstrapping) {
+    r.state.advance(KVPoll::WaitingForInput);
+    log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
+  }
+}
+
+void PrefillEndpoint::on_status(const RoomStatus& st) {
+  if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
+  auto it = rooms_.find(st.room);
+  if (it != rooms_.end()) {
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns);
+    return;
+  }
+  if (tombstones_.count(st.room)) return;
+  pending_fail_[st.room] = {monotonic_ns(), st};
+}
+
+void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
+  if (rooms_.count(room)) return;
+  tombstones_.erase(room);
+  SenderRoom& r = rooms_[room];
+  r.room = room;
+  r.input_tokens = input_tokens;
+  r.total_pages = core_.layout().pages_for(input_tokens);
+  // Equal TP: prefill rank r writes to decode rank r (the only layout supported so far).
+  RankId d{Role::kDecode, 0, core_.self().tp_rank, core_.self().dp_rank};
+  r.dests.push_back(d);
+  core_.registry().open(room);
+  log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));
+  auto pf = pending_fail_.find(room);
+  if (pf != pending_fail_.end()) {
+    RoomStatus st = pf->second.second;
+    pending_fail_.erase(pf);
+    pending_meta_.erase(room);
+    fail(room, st.code, st.reason, st.origin, st.first_seen_ns);
+    return;
+  }
+  auto pm = pending_meta_.find(room);
+  if (pm != pending_meta_.end()) {
+    auto list = std::move(pm->second);
+    pending_meta_.erase(pm);
+    for (auto& [ts, md] : list) apply_metadata(r, md);
+  }
+}
+
+Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages,
+                             uint64_t tag) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "send() for an unknown room"};
+  SenderRoom& r = it->second;
+  KVPoll s = r.state.get();
+  if (s != KVPoll::WaitingForInput && s != KVPoll::Transferring)
+    return {ErrorCode::kInvalidArgument, fmt::format("send() in state {}", to_string(s))};
+  if (first_page + src_pages.size() > r.total_pages)
+    return {ErrorCode::kInvalidArgument, "send() past the room's last page"};
+  if (r.first_send_ns == 0) r.first_send_ns = monotonic_ns();
+  r.state.advance(KVPoll::Transferring);
+  const PoolLayout& l = core_.layout();
+  ChunkState& cs = chunks_[tag];
+  cs = {room, 0, true, src_pages.size()};
+  for (const RankId& d : r.dests) {
+    const DecodePeer& peer = peers_.at(d);
+    const RoomMetadata& md = r.meta.at(d);
+    std::vector<uint64_t> dst(md.kv_indices.begin() + first_page,
+                              md.kv_indices.begin() + first_page + src_pages.size());
+    auto ops = runs_to_writes(coalesce_pages(src_pages, dst), l.num_buffers(),
+                              {l.page_bytes(), l.buffer_bytes()},
+                              {peer.reg.page_bytes, peer.reg.page_bytes * peer.reg.num_pages});
+    uint64_t bytes = 0;
+    for (const WriteOp& op : ops) bytes += op.length;
+    ++cs.remaining;
+    ++r.inflight;
+    EndpointCore* core = &core_;
+    core_.transport().write(peer.peer, room, std::move(ops), [core, room, tag, bytes](Status st) {
+      core->post({room, tag, std::move(st), bytes});
+    });
+  }
+  r.pages_submitted += src_pages.size();
+  return Status::Ok();
+}
+
+std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEvent& e) {
+  auto room_it = rooms_.find(e.room);
+  SenderRoom* r = room_it == rooms_.end() ? nullptr : &room_it->second;
+  if (r && r->inflight > 0) --r->inflight;
+  if (!e.status.ok() && r) {
+    fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns());
+  }
+  auto aux = aux_tags_.find(e.tag);
+  if (aux != aux_tags_.end()) {
+    aux_tags_.erase(aux);
+    if (r && e.status.ok() && !r->state.terminal()) {
+      r->bytes += e.bytes;
+      send_status(*r, KVPoll::Success);
+      r->state.advance(KVPoll::Success);
+      log_event(LogLevel::kDebug, kComp, "transfer complete", room_fields(e.room));
+    }
+    if (r) maybe_send_terminal(*r);
+    return std::nullopt;
+  }
+  auto ch = chunks_.find(e.tag);
+  if (ch == chunks_.end()) return std::nullopt;
+  ChunkState& cs = ch->second;
+  cs.ok = cs.ok && e.status.ok();
+  if (r && e.status.ok()) r->bytes += e.bytes;
+  if (--cs.remaining > 0) return std::nullopt;
+  ChunkDone done{cs.room, e.tag, cs.ok};
+  uint64_t chunk_pages = cs.pages;
+  chunks_.erase(ch);
+  if (r) {
+    if (done.ok) {
+      r->pages_done += chunk_pages;  // once every destination has them
+      maybe_finish(*r);
+    }
+    maybe_send_terminal(*r);
+  }
+  return done;
+}
+
+void PrefillEndpoint::maybe_finish(SenderRoom& r) {
+  if (r.state.get() != KVPoll::Transferring || r.aux_submitted || r.inflight != 0 ||
+      r.pages_done != r.total_pages)
+    return;
+  auto slot = aux_alloc_.alloc(1);
+  if (!slot) return;  // retried from tick()
+  r.aux_submitted = true;
+  r.aux_staging = (*slot)[0];
+  const PoolLayout& l = core_.layout();
+  AuxRecord rec = make_aux(r.room, r.input_tokens, r.total_pages);
+  uint64_t local_off = l.aux_offset(static_cast<uint32_t>(*r.aux_staging));
+  std::memcpy(core_.base() + local_off, &rec, sizeof rec);
+  for (const RankId& d : r.dests) {
+    const DecodePeer& peer = peers_.at(d);
+    const RoomMetadata& md = r.meta.at(d);
+    uint64_t remote_off = uint64_t(peer.reg.num_buffers) * peer.reg.page_bytes * peer.reg.num_pages +
+                          uint64_t(md.aux_slot) * kAuxSlotBytes;
+    uint64_t tag = next_aux_tag_++;
+    aux_tags_[tag] = r.room;
+    ++r.inflight;
+    EndpointCore* core = &core_;
+    uint64_t room = r.room;
+    core_.transport().write(peer.peer, room, {{local_off, remote_off, sizeof(AuxRecord)}},
+                            [core, room, tag](Status st) { core->post({room, tag, std::move(st), sizeof(AuxRecord)}); });
+  }
+}
+
+void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state) {
+  RoomStatus st{r.room, core_.self(), state, ErrorCode::kOk, core_.self(), 0, ""};
+  if (state == KVPoll::Failed) {
+    auto e = core_.registry().get(r.room);
+    if (e) {
+      st.code = e->code;
+      st.origin = e->origin;
+      st.first_seen_ns = e->first_seen_ns;
+      st.reason = e->failure_reason;
+    }
+  }
+  for (const RankId& d : r.dests) {
+    auto peer = peers_.find(d);
+    if (peer == peers_.end()) continue;  // never registered: it cannot be waiting for our writes
+    Status s = core_.send(peer->second.reg.control_endpoint, st);
+    if (!s.ok())
+      log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
+  }
+  r.terminal_sent = true;
+}
+
+void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
+  if (r.state.get() == KVPoll::Failed && !r.terminal_sent && r.inflight == 0) send_status(r, KVPoll::Failed);
+}
+
+void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
+                           int64_t first_seen_ns) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  SenderRoom& r = it->second;
+  core_.registry().record(room, code, reason, origin, first_seen_ns);
+  if (r.state.terminal()) return;
+  r.state.advance(KVPoll::Failed);
+  r.failed_ns = monotonic_ns();
+  log_event(LogLevel::kDebug, kComp,
+            fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
+            {.room = room, .code = std::string(code_name(code)), .origin = origin.str()});
+  maybe_send_terminal(r);
+}
+
+bool PrefillEndpoint::drained(uint64_t room) const {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return true;
+  const SenderRoom& r = it->second;
+  return r.inflight == 0 && (r.state.get() == KVPoll::Success || r.terminal_sent);
+}
+
+void PrefillEndpoint::release(uint64_t room) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
+  if (it->second.state.get() == KVPoll::Failed) {
+    auto e = core_.registry().get(room);
+    if (e) tombstones_[room] = {monotonic_ns(), *e};
+  }
+  core_.registry().release(room);
+  rooms_.erase(it);
+}
+
+void PrefillEndpoint::tick(int64_t now_ns) {
+  for (auto& [id, r] : rooms_) {
+    maybe_finish(r);
+    maybe_send_terminal(r);
+  }
+  std::erase_if(pending_fail_, [&](const auto& kv) { return now_ns - kv.second.first > kPendingTtlNs; });
+  std::erase_if(pending_meta_, [&](const auto& kv) {
+    return kv.second.empty() || now_ns - kv.second.front().first > kPendingTtlNs;
+  });
+  std::erase_if(tombstones_, [&](const auto& kv) { return now_ns - kv.second.first > kTombstoneTtlNs; });
+}
+
+}  // namespace kvferry

@@ -1,0 +1,122 @@
+// PrefillEndpoint: the prefill side of the manager: decode pool registrations (peers), one
+// sender per room, chunked writes, aux last, terminal status to every destination.
+//
+// Per room (KVSender semantics, SGLang-style): Bootstrapping until metadata from every expected
+// decode rank arrived, WaitingForInput until the first send(), Transferring until every chunk and
+// then the aux record were written and flushed, Success once the Success status went out. A
+// failure (local, or learned from a peer or from the engine's agreement) makes it Failed; once no
+// write of the room is in flight a Failed status with the root cause goes to every destination, which
+// is also decode's signal that its pages are no longer written ("drained").
+// Metadata or failures for a room that does not exist yet are kept (bounded, with a TTL) and
+// applied when it is added; anything for a room that was released is answered with its failure
+// and never brings it back.
+// Thread contract: main thread only.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "endpoint/core.h"
+#include "kvferry/state.h"
+#include "endpoint/page_allocator.h"
+
+namespace kvferry {
+
+struct DecodePeer {
+  PoolRegistration reg;
+  PeerId peer = 0;
+};
+
+struct SenderRoom {
+  uint64_t room = 0;
+  uint64_t input_tokens = 0;
+  uint64_t total_pages = 0;
+  RoomState state;
+  std::vector<RankId> dests;
+  std::map<RankId, RoomMetadata> meta;
+  uint64_t pages_submitted = 0;  // pages handed to send()
+  uint64_t pages_done = 0;       // pages whose writes completed
+  uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
+  bool aux_submitted = false;
+  bool terminal_sent = false;
+  int64_t first_send_ns = 0;
+  int64_t failed_ns = 0;
+  uint64_t bytes = 0;
+  std::optional<uint64_t> aux_staging;  // local aux slot holding the record being written
+};
+
+// A chunk's writes finished (all destinations); the driver frees its staging pages.
+struct ChunkDone {
+  uint64_t room = 0;
+  uint64_t tag = 0;
+  bool ok = false;
+};
+
+class PrefillEndpoint {
+ public:
+  PrefillEndpoint(EndpointCore& core, uint32_t decode_tp);
+
+  void on_message(const Message& m);
+  // Consumes a transport completion; returns the chunk that completed, if any.
+  std::optional<ChunkDone> on_transport_event(const TransportEvent& e);
+
+  void add_room(uint64_t room, uint64_t input_tokens);
+  bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
+  const SenderRoom* room(uint64_t room) const;
+  KVPoll poll(uint64_t room) const;
+
+  // Writes the room's pages [first_page, first_page + src_pages.size()) from the local staging
+  // pages `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone.
+  // Errors: the room is not WaitingForInput/Transferring, or pages out of range.
+  Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag);
+
+  // Records a failure (local when origin == self) and makes the room Failed.
+  void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
+            int64_t first_seen_ns);
+  // No write of the room is in flight and the terminal status went out.
+  bool drained(uint64_t room) const;
+  void release(uint64_t room);
+
+  // Periodic work: terminal statuses of drained failed rooms, expiry of pending/tombstones.
+  void tick(int64_t now_ns);
+
+  size_t live_rooms() const { return rooms_.size(); }
+  size_t peers() const { return peers_.size(); }
+  uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
+
+ private:
+  struct ChunkState {
+    uint64_t room;
+    uint32_t remaining;
+    bool ok;
+    uint64_t pages;
+  };
+  void on_registration(const PoolRegistration& r);
+  void on_metadata(const RoomMetadata& md);
+  void on_status(const RoomStatus& st);
+  void apply_metadata(SenderRoom& r, const RoomMetadata& md);
+  void maybe_finish(SenderRoom& r);
+  void maybe_send_terminal(SenderRoom& r);
+  void send_status(SenderRoom& r, KVPoll state);
+
+  EndpointCore& core_;
+  uint32_t decode_tp_;
+  std::map<RankId, DecodePeer> peers_;
+  std::unordered_map<uint64_t, SenderRoom> rooms_;
+  std::unordered_map<uint64_t, ChunkState> chunks_;
+  PageAllocator aux_alloc_;
+  uint64_t next_aux_tag_ = 1ull << 62;
+  std::unordered_map<uint64_t, uint64_t> aux_tags_;  // tag -> room
+  // Frames for rooms not added yet (arrival ns kept for expiry).
+  std::unordered_map<uint64_t, std::vector<std::pair<int64_t, RoomMetadata>>> pending_meta_;
+  std::unordered_map<uint64_t, std::pair<int64_t, RoomStatus>> pending_fail_;
+  // Released failed rooms: late frames are answered with this cause, never resurrect the room.
+  std::unordered_map<uint64_t, std::pair<int64_t, KVTransferError>> tombstones_;
+};
+
+}  // namespace kvferry
