@@ -1,0 +1,198 @@
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "bootstrap/rank_info_json.h"
+#include "kvferry/bootstrap.h"
+
+namespace kvferry {
+namespace {
+
+PrefillRankInfo rank(uint32_t tp, const std::string& endpoint) {
+  PrefillRankInfo r;
+  r.engine_id = 1;
+  r.dp_rank = 0;
+  r.tp_rank = tp;
+  r.tp_size = 2;
+  r.host = "127.0.0.1";
+  r.control_endpoint = endpoint;
+  r.page_size = 16;
+  r.dtype = "bfloat16";
+  r.model = "llama3-8b";
+  r.num_layers = 32;
+  r.heads_per_rank = 4;
+  r.first_head = 4 * tp;
+  return r;
+}
+
+void expect_same(const PrefillRankInfo& a, const PrefillRankInfo& b) {
+  EXPECT_EQ(a.engine_id, b.engine_id);
+  EXPECT_EQ(a.dp_rank, b.dp_rank);
+  EXPECT_EQ(a.tp_rank, b.tp_rank);
+  EXPECT_EQ(a.tp_size, b.tp_size);
+  EXPECT_EQ(a.host, b.host);
+  EXPECT_EQ(a.control_endpoint, b.control_endpoint);
+  EXPECT_EQ(a.page_size, b.page_size);
+  EXPECT_EQ(a.dtype, b.dtype);
+  EXPECT_EQ(a.model, b.model);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.heads_per_rank, b.heads_per_rank);
+  EXPECT_EQ(a.first_head, b.first_head);
+}
+
+class Bootstrap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = BootstrapServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(s.ok()) << s.status().str();
+    server_ = std::move(s).value();
+    ASSERT_GT(server_->port(), 0);
+    address_ = "127.0.0.1:" + std::to_string(server_->port());
+  }
+  std::unique_ptr<BootstrapServer> server_;
+  std::string address_;
+};
+
+TEST_F(Bootstrap, RegisterLookupHealth) {
+  BootstrapClient c(address_, 2000);
+  ASSERT_EQ(c.health().value(), 0u);
+  ASSERT_TRUE(c.register_rank(rank(0, "tcp://127.0.0.1:5600")).ok());
+  ASSERT_TRUE(c.register_rank(rank(1, "tcp://127.0.0.1:5601")).ok());
+  EXPECT_EQ(server_->registered(), 2u);
+  EXPECT_EQ(c.health().value(), 2u);
+
+  auto r0 = c.lookup(1, 0, 0);
+  ASSERT_TRUE(r0.ok()) << r0.status().str();
+  expect_same(*r0, rank(0, "tcp://127.0.0.1:5600"));
+  auto r1 = c.lookup(1, 0, 1);
+  ASSERT_TRUE(r1.ok()) << r1.status().str();
+  expect_same(*r1, rank(1, "tcp://127.0.0.1:5601"));
+
+  auto all = c.lookup_all(1, 0);
+  ASSERT_TRUE(all.ok()) << all.status().str();
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].tp_rank, 0u);
+  EXPECT_EQ((*all)[1].tp_rank, 1u);
+  // Other engines and dp ranks see nothing.
+  EXPECT_EQ(c.lookup_all(0, 0).value().size(), 0u);
+  EXPECT_EQ(c.lookup_all(1, 1).value().size(), 0u);
+}
+
+TEST_F(Bootstrap, MissingRankIsNotRegistered) {
+  BootstrapClient c(address_);
+  ASSERT_TRUE(c.register_rank(rank(0, "tcp://127.0.0.1:5600")).ok());
+  auto r = c.lookup(1, 0, 1);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("not registered"), std::string::npos) << r.status().str();
+}
+
+TEST_F(Bootstrap, ReRegisterReplaces) {
+  BootstrapClient c(address_);
+  ASSERT_TRUE(c.register_rank(rank(0, "tcp://127.0.0.1:5600")).ok());
+  ASSERT_TRUE(c.register_rank(rank(0, "tcp://127.0.0.1:7777")).ok());  // restarted rank
+  EXPECT_EQ(c.health().value(), 1u);
+  EXPECT_EQ(c.lookup(1, 0, 0).value().control_endpoint, "tcp://127.0.0.1:7777");
+}
+
+TEST_F(Bootstrap, ClientRejectsInvalidRankInfo) {
+  BootstrapClient c(address_);
+  PrefillRankInfo bad = rank(2, "tcp://127.0.0.1:5602");  // tp_rank 2 with tp_size 2
+  Status s = c.register_rank(bad);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
+  EXPECT_NE(s.message().find("tp_rank"), std::string::npos) << s.str();
+  EXPECT_EQ(server_->registered(), 0u);
+}
+
+TEST(BootstrapClientErrors, UnreachableAndBadAddress) {
+  uint16_t port = 0;
+  {
+    auto s = BootstrapServer::start("127.0.0.1", 0);
+    ASSERT_TRUE(s.ok());
+    port = (*s)->port();
+  }  // stopped: nothing listens on `port` now
+  BootstrapClient c("127.0.0.1:" + std::to_string(port), 500);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto h = c.health();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), ErrorCode::kPeerUnreachable) << h.status().str();
+
+  BootstrapClient bad("no-port-here");
+  EXPECT_EQ(bad.lookup(0, 0, 0).status().code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(BootstrapServerErrors, PortInUse) {
+  auto a = BootstrapServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(a.ok());
+  auto b = BootstrapServer::start("127.0.0.1", (*a)->port());
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), ErrorCode::kInternal);
+}
+
+// Raw HTTP: bad payloads get 400 {"error": ...} naming the problem, and the server keeps serving.
+TEST_F(Bootstrap, RawBadPayloadsGet400) {
+  httplib::Client http("127.0.0.1", server_->port());
+  http.set_read_timeout(std::chrono::seconds(2));
+  const nlohmann::json good = bootstrap::rank_info_to_json(rank(0, "tcp://127.0.0.1:5600"));
+
+  auto expect_400 = [&](const httplib::Result& res, const std::string& mentions) {
+    ASSERT_TRUE(res) << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 400) << res->body;
+    auto j = nlohmann::json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << res->body;
+    ASSERT_TRUE(j.contains("error")) << res->body;
+    EXPECT_NE(j["error"].get<std::string>().find(mentions), std::string::npos) << res->body;
+  };
+
+  expect_400(http.Put("/route", "{not json", "application/json"), "invalid JSON");
+  expect_400(http.Put("/route", "", "application/json"), "invalid JSON");
+  expect_400(http.Put("/route", "[1,2]", "application/json"), "object");
+  nlohmann::json missing = good;
+  missing.erase("control_endpoint");
+  expect_400(http.Put("/route", missing.dump(), "application/json"), "control_endpoint");
+  nlohmann::json wrong = good;
+  wrong["tp_rank"] = "zero";
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "tp_rank");
+  wrong = good;
+  wrong["page_size"] = -16;
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "page_size");
+  wrong = good;
+  wrong["num_layers"] = 1.5;
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "num_layers");
+  wrong = good;
+  wrong["engine_id"] = 1ull << 32;
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "engine_id");
+  wrong = good;
+  wrong["host"] = 7;
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "host");
+
+  expect_400(http.Get("/route?engine_id=abc&dp_rank=0"), "engine_id");
+  expect_400(http.Get("/route?engine_id=1&dp_rank=0&tp_rank=1x"), "tp_rank");
+  expect_400(http.Get("/route?engine_id=1&dp_rank=-1"), "dp_rank");
+  expect_400(http.Get("/route?engine_id=1&dp_rank=99999999999"), "dp_rank");
+  expect_400(http.Get("/route?engine_id=1"), "dp_rank");
+
+  // An oversized body is refused without being stored.
+  auto big = http.Put("/route", std::string(128 * 1024, ' '), "application/json");
+  ASSERT_TRUE(big) << httplib::to_string(big.error());
+  EXPECT_EQ(big->status, 413);
+
+  EXPECT_EQ(server_->registered(), 0u);
+  // Still serving: a good registration works.
+  auto ok = http.Put("/route", good.dump(), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(ok->body), (nlohmann::json{{"ok", true}}));
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(nlohmann::json::parse(health->body)["ranks"], 1);
+  auto none = http.Get("/route?engine_id=1&dp_rank=0&tp_rank=1");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -1,0 +1,151 @@
+// BootstrapClient (include/kvferry/bootstrap.h): one cpp-httplib client per BootstrapClient, every
+// call bounded by the constructor's timeout (connect, read and write each).
+//   no HTTP answer          -> kPeerUnreachable
+//   404                     -> kInvalidArgument "not registered: ..." (callers retry)
+//   400                     -> kInvalidArgument with the server's reason
+//   other status, bad JSON  -> kProtocolError
+#include <httplib.h>
+
+#include <charconv>
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "bootstrap/rank_info_json.h"
+#include "kvferry/bootstrap.h"
+
+namespace kvferry {
+namespace {
+
+// The server's {"error": ...} text, or the raw body when it is not that shape.
+std::string server_reason(const std::string& body) {
+  auto j = nlohmann::json::parse(body, nullptr, false);
+  if (j.is_object()) {
+    auto it = j.find("error");
+    if (it != j.end() && it->is_string()) return it->get<std::string>();
+  }
+  return body.substr(0, 256);
+}
+
+}  // namespace
+
+struct BootstrapClient::Impl {
+  std::string address;
+  std::unique_ptr<httplib::Client> http;  // null when `address` is not "host:port"
+
+  // GET/PUT and map transport failures and non-200 statuses; on 200 returns the parsed body.
+  Result<nlohmann::json> call(const char* method, const std::string& path,
+                              const std::string& body) {
+    if (!http) {
+      return Status(ErrorCode::kInvalidArgument,
+                    "bootstrap: address '" + address + "' is not host:port");
+    }
+    try {
+      httplib::Result res = std::string_view(method) == "PUT"
+                                ? http->Put(path.c_str(), body, "application/json")
+                                : http->Get(path.c_str());
+      if (!res) {
+        return Status(ErrorCode::kPeerUnreachable, "bootstrap " + address + " unreachable (" +
+                                                       httplib::to_string(res.error()) + ")");
+      }
+      const std::string what = std::string(method) + " " + path;
+      if (res->status == 404) {
+        return Status(ErrorCode::kInvalidArgument, server_reason(res->body));
+      }
+      if (res->status == 400) {
+        return Status(ErrorCode::kInvalidArgument,
+                      "bootstrap rejected " + what + ": " + server_reason(res->body));
+      }
+      if (res->status != 200) {
+        return Status(ErrorCode::kProtocolError, "bootstrap " + what + ": HTTP " +
+                                                     std::to_string(res->status) + ": " +
+                                                     server_reason(res->body));
+      }
+      auto j = nlohmann::json::parse(res->body, nullptr, false);
+      if (j.is_discarded()) {
+        return Status(ErrorCode::kProtocolError, "bootstrap " + what + ": invalid JSON reply");
+      }
+      return j;
+    } catch (const std::exception& e) {
+      return Status(ErrorCode::kInternal, std::string("bootstrap client: ") + e.what());
+    }
+  }
+};
+
+BootstrapClient::BootstrapClient(std::string address, int timeout_ms)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->address = std::move(address);
+  std::string_view a = impl_->address;
+  if (a.substr(0, 7) == "http://") a.remove_prefix(7);
+  const size_t colon = a.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return;
+  int port = 0;
+  const std::string_view p = a.substr(colon + 1);
+  auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
+  if (p.empty() || ec != std::errc() || end != p.data() + p.size() || port <= 0 || port > 65535) {
+    return;
+  }
+  try {
+    impl_->http = std::make_unique<httplib::Client>(std::string(a.substr(0, colon)), port);
+    const auto t = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1);
+    impl_->http->set_connection_timeout(t);
+    impl_->http->set_read_timeout(t);
+    impl_->http->set_write_timeout(t);
+  } catch (const std::exception&) {
+    impl_->http.reset();
+  }
+}
+
+BootstrapClient::~BootstrapClient() = default;
+
+Status BootstrapClient::register_rank(const PrefillRankInfo& info) {
+  auto r = impl_->call("PUT", "/route", bootstrap::dump(bootstrap::rank_info_to_json(info)));
+  return r.status();
+}
+
+Result<PrefillRankInfo> BootstrapClient::lookup(uint32_t engine_id, uint32_t dp_rank,
+                                                uint32_t tp_rank) {
+  auto r = impl_->call("GET",
+                       "/route?engine_id=" + std::to_string(engine_id) +
+                           "&dp_rank=" + std::to_string(dp_rank) +
+                           "&tp_rank=" + std::to_string(tp_rank),
+                       "");
+  if (!r.ok()) return r.status();
+  auto info = bootstrap::rank_info_from_json(*r);
+  if (!info.ok()) {
+    return Status(ErrorCode::kProtocolError, "bootstrap reply: " + info.status().message());
+  }
+  return info;
+}
+
+Result<std::vector<PrefillRankInfo>> BootstrapClient::lookup_all(uint32_t engine_id,
+                                                                 uint32_t dp_rank) {
+  auto r = impl_->call("GET",
+                       "/route?engine_id=" + std::to_string(engine_id) +
+                           "&dp_rank=" + std::to_string(dp_rank),
+                       "");
+  if (!r.ok()) return r.status();
+  if (!r->is_array()) {
+    return Status(ErrorCode::kProtocolError, "bootstrap reply: expected a JSON array");
+  }
+  std::vector<PrefillRankInfo> out;
+  for (const auto& j : *r) {
+    auto info = bootstrap::rank_info_from_json(j);
+    if (!info.ok()) {
+      return Status(ErrorCode::kProtocolError, "bootstrap reply: " + info.status().message());
+    }
+    out.push_back(std::move(info).value());
+  }
+  return out;
+}
+
+Result<size_t> BootstrapClient::health() {
+  auto r = impl_->call("GET", "/health", "");
+  if (!r.ok()) return r.status();
+  auto it = r->find("ranks");
+  if (!r->is_object() || it == r->end() || !it->is_number_unsigned()) {
+    return Status(ErrorCode::kProtocolError, "bootstrap reply: field 'ranks' missing or not a count");
+  }
+  return static_cast<size_t>(it->get<uint64_t>());
+}
+
+}  // namespace kvferry

@@ -1,0 +1,94 @@
+#include "bootstrap/rank_info_json.h"
+
+#include <cstdint>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace kvferry::bootstrap {
+namespace {
+
+Status field_error(const char* name, const std::string& why) {
+  return Status(ErrorCode::kInvalidArgument, "field '" + std::string(name) + "': " + why);
+}
+
+Status get_u32(const nlohmann::json& j, const char* name, uint32_t* out) {
+  auto it = j.find(name);
+  if (it == j.end()) return field_error(name, "missing");
+  if (!it->is_number_unsigned() ||
+      it->get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+    return field_error(name, "expected an unsigned 32-bit integer");
+  }
+  *out = static_cast<uint32_t>(it->get<uint64_t>());
+  return Status::Ok();
+}
+
+Status get_string(const nlohmann::json& j, const char* name, std::string* out) {
+  auto it = j.find(name);
+  if (it == j.end()) return field_error(name, "missing");
+  if (!it->is_string()) return field_error(name, "expected a string");
+  const auto& s = it->get_ref<const std::string&>();
+  if (s.size() > kMaxRankInfoString) {
+    return field_error(name, "longer than " + std::to_string(kMaxRankInfoString) + " bytes");
+  }
+  *out = s;
+  return Status::Ok();
+}
+
+}  // namespace
+
+nlohmann::json rank_info_to_json(const PrefillRankInfo& info) {
+  return nlohmann::json{
+      {"engine_id", info.engine_id},
+      {"dp_rank", info.dp_rank},
+      {"tp_rank", info.tp_rank},
+      {"tp_size", info.tp_size},
+      {"host", info.host},
+      {"control_endpoint", info.control_endpoint},
+      {"page_size", info.page_size},
+      {"dtype", info.dtype},
+      {"model", info.model},
+      {"num_layers", info.num_layers},
+      {"heads_per_rank", info.heads_per_rank},
+      {"first_head", info.first_head},
+  };
+}
+
+Result<PrefillRankInfo> rank_info_from_json(const nlohmann::json& j) {
+  if (!j.is_object()) {
+    return Status(ErrorCode::kInvalidArgument, "rank info: expected a JSON object");
+  }
+  PrefillRankInfo info;
+  for (const Status& s : {
+           get_u32(j, "engine_id", &info.engine_id),
+           get_u32(j, "dp_rank", &info.dp_rank),
+           get_u32(j, "tp_rank", &info.tp_rank),
+           get_u32(j, "tp_size", &info.tp_size),
+           get_string(j, "host", &info.host),
+           get_string(j, "control_endpoint", &info.control_endpoint),
+           get_u32(j, "page_size", &info.page_size),
+           get_string(j, "dtype", &info.dtype),
+           get_string(j, "model", &info.model),
+           get_u32(j, "num_layers", &info.num_layers),
+           get_u32(j, "heads_per_rank", &info.heads_per_rank),
+           get_u32(j, "first_head", &info.first_head),
+       }) {
+    if (!s.ok()) return s;
+  }
+  if (info.tp_size == 0) return field_error("tp_size", "must be at least 1");
+  if (info.tp_rank >= info.tp_size) {
+    return field_error("tp_rank", std::to_string(info.tp_rank) + " is not below tp_size " +
+                                      std::to_string(info.tp_size));
+  }
+  if (info.control_endpoint.empty()) return field_error("control_endpoint", "must not be empty");
+  return info;
+}
+
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string error_body(const std::string& message) {
+  return dump(nlohmann::json{{"error", message}});
+}
+
+}  // namespace kvferry::bootstrap

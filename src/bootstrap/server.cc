@@ -1,0 +1,208 @@
+// BootstrapServer (include/kvferry/bootstrap.h): cpp-httplib server on its own threads, a map of
+// registered prefill ranks behind a mutex. Every handler validates its input and answers 400 with
+// {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <charconv>
+#include <chrono>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+#include <tuple>
+
+#include "bootstrap/rank_info_json.h"
+#include "kvferry/bootstrap.h"
+
+namespace kvferry {
+namespace {
+
+constexpr size_t kMaxBodyBytes = 64 * 1024;
+constexpr size_t kHttpThreads = 4;
+constexpr auto kStartTimeout = std::chrono::seconds(5);
+constexpr const char* kJson = "application/json";
+
+using Key = std::tuple<uint32_t, uint32_t, uint32_t>;  // engine_id, dp_rank, tp_rank
+
+void reply(httplib::Response& res, int status, const nlohmann::json& body) {
+  res.status = status;
+  res.set_content(bootstrap::dump(body), kJson);
+}
+
+void reply_error(httplib::Response& res, int status, const std::string& message) {
+  res.status = status;
+  res.set_content(bootstrap::error_body(message), kJson);
+}
+
+// A required (or optional) u32 query parameter. Sets a 400 reply and returns false when invalid.
+bool query_u32(const httplib::Request& req, httplib::Response& res, const char* name,
+               bool required, std::optional<uint32_t>* out) {
+  if (!req.has_param(name)) {
+    if (required) reply_error(res, 400, "query parameter '" + std::string(name) + "': missing");
+    return !required;
+  }
+  const std::string v = req.get_param_value(name);
+  uint32_t x = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
+    reply_error(res, 400,
+                "query parameter '" + std::string(name) + "': expected an unsigned 32-bit integer");
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+}  // namespace
+
+struct BootstrapServer::Impl {
+  httplib::Server http;
+  std::thread thread;
+  std::atomic<bool> listen_returned{false};
+  uint16_t port = 0;
+  mutable std::mutex mu;
+  std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
+
+  void handle_put(const httplib::Request& req, httplib::Response& res) {
+    auto j = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
+    auto info = bootstrap::rank_info_from_json(j);
+    if (!info.ok()) return reply_error(res, 400, info.status().message());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ranks[Key{info->engine_id, info->dp_rank, info->tp_rank}] = *info;
+    }
+    reply(res, 200, {{"ok", true}});
+  }
+
+  void handle_get(const httplib::Request& req, httplib::Response& res) {
+    std::optional<uint32_t> engine, dp, tp;
+    if (!query_u32(req, res, "engine_id", true, &engine) ||
+        !query_u32(req, res, "dp_rank", true, &dp) || !query_u32(req, res, "tp_rank", false, &tp)) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (tp) {
+      auto it = ranks.find(Key{*engine, *dp, *tp});
+      if (it == ranks.end()) {
+        return reply_error(res, 404,
+                           "not registered: engine_id " + std::to_string(*engine) + " dp_rank " +
+                               std::to_string(*dp) + " tp_rank " + std::to_string(*tp));
+      }
+      return reply(res, 200, bootstrap::rank_info_to_json(it->second));
+    }
+    auto all = nlohmann::json::array();
+    for (auto it = ranks.lower_bound(Key{*engine, *dp, 0});
+         it != ranks.end() && std::get<0>(it->first) == *engine && std::get<1>(it->first) == *dp;
+         ++it) {
+      all.push_back(bootstrap::rank_info_to_json(it->second));
+    }
+    reply(res, 200, all);
+  }
+
+  void handle_health(httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(mu);
+    reply(res, 200, {{"ok", true}, {"ranks", ranks.size()}});
+  }
+
+  // Wraps a handler so nothing escapes into httplib.
+  template <typename F>
+  httplib::Server::Handler guarded(F f) {
+    return [f](const httplib::Request& req, httplib::Response& res) {
+      try {
+        f(req, res);
+      } catch (const std::exception& e) {
+        reply_error(res, 500, std::string("internal error: ") + e.what());
+      } catch (...) {
+        reply_error(res, 500, "internal error");
+      }
+    };
+  }
+
+  void install() {
+    http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
+    http.set_payload_max_length(kMaxBodyBytes);
+    // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+    // silently take half the registrations. Reuse TIME_WAIT addresses only.
+    http.set_socket_options([](socket_t sock) {
+      int yes = 1;
+      ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    http.Put("/route", guarded([this](const auto& req, auto& res) { handle_put(req, res); }));
+    http.Get("/route", guarded([this](const auto& req, auto& res) { handle_get(req, res); }));
+    http.Get("/health", guarded([this](const auto&, auto& res) { handle_health(res); }));
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (res.body.empty()) {
+        reply_error(res, res.status,
+                    "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path);
+      }
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+          reply_error(res, 500, "internal error");
+        });
+  }
+};
+
+BootstrapServer::BootstrapServer() : impl_(std::make_unique<Impl>()) {}
+
+BootstrapServer::~BootstrapServer() {
+  if (!impl_->thread.joinable()) return;
+  // stop() only acts on a running accept loop: wait for it to run (or to have failed), stop once.
+  while (!impl_->listen_returned) {
+    if (impl_->http.is_running()) {
+      impl_->http.stop();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  impl_->thread.join();
+}
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::string& host,
+                                                                uint16_t port) {
+  std::unique_ptr<BootstrapServer> s(new BootstrapServer());
+  Impl& impl = *s->impl_;
+  try {
+    impl.install();
+    int bound = -1;
+    if (port == 0) {
+      bound = impl.http.bind_to_any_port(host);
+    } else if (impl.http.bind_to_port(host, port)) {
+      bound = port;
+    }
+    if (bound <= 0) {
+      return Status(ErrorCode::kInternal,
+                    "bootstrap: cannot bind " + host + ":" + std::to_string(port));
+    }
+    impl.port = static_cast<uint16_t>(bound);
+    impl.thread = std::thread([&impl] {
+      impl.http.listen_after_bind();
+      impl.listen_returned = true;
+    });
+  } catch (const std::exception& e) {
+    return Status(ErrorCode::kInternal, std::string("bootstrap: cannot start: ") + e.what());
+  }
+  // stop() is a no-op until the accept loop runs, so wait for it before handing the server out.
+  const auto deadline = std::chrono::steady_clock::now() + kStartTimeout;
+  while (!impl.http.is_running()) {
+    if (impl.listen_returned || std::chrono::steady_clock::now() > deadline) {
+      return Status(ErrorCode::kInternal, "bootstrap: HTTP server on port " +
+                                              std::to_string(impl.port) + " did not start");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return s;
+}
+
+uint16_t BootstrapServer::port() const { return impl_->port; }
+
+size_t BootstrapServer::registered() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->ranks.size();
+}
+
+}  // namespace kvferry

@@ -1,0 +1,62 @@
+// `kvferry bootstrap`: the stand-alone bootstrap service, until SIGTERM or SIGINT.
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <string.h>
+
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/log.h"
+
+namespace kvferry::cli {
+namespace {
+
+struct BootstrapOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string log_file;
+};
+
+int run_bootstrap(const BootstrapOptions& o) {
+  init_logging(LogConfig{.rank = "bootstrap", .json_path = o.log_file});
+  // Block the stop signals before any thread starts, then wait for one of them here.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  auto server = BootstrapServer::start(o.host, o.port);
+  if (!server.ok()) {
+    log_event(LogLevel::kError, "bootstrap", "cannot start: " + server.status().str());
+    flush_logging();
+    std::cerr << "kvferry bootstrap: " << server.status().str() << "\n";
+    return 1;
+  }
+  std::cout << (*server)->port() << std::endl;
+  log_event(LogLevel::kInfo, "bootstrap",
+            "listening on " + o.host + ":" + std::to_string((*server)->port()));
+  int sig = 0;
+  sigwait(&stop, &sig);
+  log_event(LogLevel::kInfo, "bootstrap", std::string("stopping on ") + strsignal(sig));
+  server->reset();
+  flush_logging();
+  return 0;
+}
+
+}  // namespace
+
+void add_bootstrap_command(CLI::App& app) {
+  auto o = std::make_shared<BootstrapOptions>();
+  CLI::App* cmd = app.add_subcommand("bootstrap", "Run the bootstrap service until SIGTERM/SIGINT");
+  cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->port, "port (0: any free port, printed)")->capture_default_str();
+  cmd->add_option("--log-file", o->log_file, "JSON log file");
+  cmd->callback([o] {
+    const int rc = run_bootstrap(*o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace kvferry::cli

@@ -1,0 +1,54 @@
+// `kvferry replay`: the main job (src/replay/orchestrator.h does the work; docs/report.md).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "replay/orchestrator.h"
+
+namespace kvferry::cli {
+
+void add_replay_command(CLI::App& app) {
+  auto cfg = std::make_shared<replay::ReplayConfig>();
+  cfg->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Replay a request trace through real prefill/decode ranks and write a report");
+  cmd->add_option("--trace", cfg->trace, "Mooncake JSONL or Azure CSV trace (detected)")->required();
+  cmd->add_option("--model", cfg->model, "model geometry name from --models-file")->capture_default_str();
+  cmd->add_option("--models-file", cfg->models_file, "model geometry JSON")->capture_default_str();
+  cmd->add_option("--prefill-tp", cfg->prefill_tp, "prefill engine TP size")->capture_default_str();
+  cmd->add_option("--decode-tp", cfg->decode_tp, "decode engine TP size")->capture_default_str();
+  cmd->add_option("--page-size", cfg->page_size, "tokens per KV page")->capture_default_str();
+  cmd->add_option("--pool-mib", cfg->pool_mib,
+                  "decode KV pool per rank in MiB (default: min(7168, (60% of MemAvailable - "
+                  "prefill staging) / decode TP))");
+  cmd->add_option("--prefill-pool-mib", cfg->prefill_pool_mib, "prefill staging pool per rank in MiB")
+      ->capture_default_str();
+  cmd->add_option("--chunk-tokens", cfg->chunk_tokens, "tokens per prefill send() chunk")
+      ->capture_default_str();
+  cmd->add_option("--max-requests", cfg->max_requests, "first N requests of the trace (0: all)")
+      ->capture_default_str();
+  cmd->add_option("--time-scale", cfg->time_scale, "0: as fast as possible, 1: real time")
+      ->capture_default_str();
+  cmd->add_option("--fault-rate", cfg->fault_rate, "probability of an injected fault per request")
+      ->capture_default_str();
+  cmd->add_option("--seed", cfg->seed, "seed of rooms and faults")->capture_default_str();
+  cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  cmd->add_option("--max-inflight", cfg->max_inflight, "requests dispatched and unfinished at most")
+      ->capture_default_str();
+  cmd->add_option("--out", cfg->out, "output directory (report.json, logs/)")->capture_default_str();
+  cmd->add_option("--ready-timeout-s", cfg->ready_timeout_s, "engines must be up within this")
+      ->capture_default_str();
+  cmd->add_option("--request-timeout-s", cfg->request_timeout_s,
+                  "the router gives up on a request after this")
+      ->capture_default_str();
+  cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
+      ->capture_default_str();
+  cmd->callback([cfg] {
+    const int rc = replay::run_replay(*cfg, std::cout, std::cerr);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace kvferry::cli

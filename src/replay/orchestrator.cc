@@ -1,0 +1,451 @@
+// `kvferry replay` orchestration (orchestrator.h): validate, spawn, supervise, report.
+#include "replay/orchestrator.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kvferry/geometry.h"
+#include "kvferry/trace.h"
+#include "replay/process.h"
+#include "replay/report.h"
+#include "replay/results.h"
+
+#ifndef KVFERRY_SOURCE_DIR
+#define KVFERRY_SOURCE_DIR "."
+#endif
+
+namespace kvferry::replay {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+volatile std::sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+// SIGINT/SIGTERM set g_signal while alive; the previous handlers come back on destruction.
+class SignalGuard {
+ public:
+  SignalGuard() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalGuard() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+Status invalid(std::string msg) { return {ErrorCode::kInvalidArgument, std::move(msg)}; }
+
+std::string read_file(const std::string& path, bool& ok) {
+  std::ifstream in(path, std::ios::binary);
+  ok = static_cast<bool>(in);
+  std::stringstream ss;
+  if (ok) ss << in.rdbuf();
+  return ss.str();
+}
+
+Status write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return {ErrorCode::kInternal, "cannot write " + path};
+  out << text << "\n";
+  if (!out.flush()) return {ErrorCode::kInternal, "cannot write " + path};
+  return Status::Ok();
+}
+
+std::string num(double v) { return fmt::format("{}", v); }
+
+std::string logs_dir(const ReplayConfig& c) { return c.out + "/logs"; }
+
+// One child process: file name (logs/<file>.stderr) and the name users read.
+struct ChildInfo {
+  std::string file;     // "decode-tp1"
+  std::string display;  // "decode/tp1"
+};
+
+std::string display_name(const std::vector<ChildInfo>& kids, const std::string& file) {
+  for (const auto& k : kids) {
+    if (k.file == file) return k.display;
+  }
+  return file;
+}
+
+// Removes what a previous replay into the same directory left (logs are counted by glob).
+void clean_previous(const ReplayConfig& c) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(logs_dir(c), ec)) {
+    const auto ext = e.path().extension();
+    if (ext == ".jsonl" || ext == ".stderr") fs::remove(e.path(), ec);
+  }
+  fs::remove(c.out + "/report.json", ec);
+  fs::remove(c.out + "/results.json", ec);
+}
+
+}  // namespace
+
+std::string ReplayConfig::to_json() const {
+  nlohmann::json j = {{"trace", trace},
+                      {"model", model},
+                      {"models_file", models_file},
+                      {"prefill_tp", prefill_tp},
+                      {"decode_tp", decode_tp},
+                      {"page_size", page_size},
+                      {"pool_mib", pool_mib},
+                      {"pool_mib_auto", pool_mib_auto},
+                      {"prefill_pool_mib", prefill_pool_mib},
+                      {"chunk_tokens", chunk_tokens},
+                      {"max_requests", max_requests},
+                      {"time_scale", time_scale},
+                      {"fault_rate", fault_rate},
+                      {"seed", seed},
+                      {"transport", transport},
+                      {"max_inflight", max_inflight},
+                      {"out", out},
+                      {"ready_timeout_s", ready_timeout_s},
+                      {"request_timeout_s", request_timeout_s},
+                      {"timeout_s", timeout_s}};
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
+                          uint64_t prefill_pool_mib, uint32_t decode_tp) {
+  const uint64_t budget_mib = mem_available_bytes / (1024 * 1024) * 6 / 10;
+  const uint64_t staging = uint64_t(prefill_tp) * prefill_pool_mib;
+  const uint64_t left = budget_mib > staging ? budget_mib - staging : 0;
+  const uint64_t per_rank = left / std::max<uint32_t>(1, decode_tp);
+  return std::clamp<uint64_t>(per_rank, 64, 7168);
+}
+
+uint64_t mem_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+Status validate(ReplayConfig& c) {
+  if (c.trace.empty()) return invalid("--trace is required");
+  if (c.prefill_tp < 1 || c.prefill_tp > 64) return invalid("--prefill-tp must be in 1..64");
+  if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
+  if (c.prefill_tp != c.decode_tp) {
+    return invalid(fmt::format("--prefill-tp ({}) and --decode-tp ({}) must be equal: unequal TP "
+                               "is not supported yet",
+                               c.prefill_tp, c.decode_tp));
+  }
+  if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
+  if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
+  if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
+  if (!(c.time_scale >= 0)) return invalid("--time-scale must be >= 0");
+  if (!(c.fault_rate >= 0 && c.fault_rate <= 1)) return invalid("--fault-rate must be in [0, 1]");
+  if (c.transport != "shm" && c.transport != "tcp") {
+    return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
+  }
+  if (c.max_inflight < 1) return invalid("--max-inflight must be >= 1");
+  if (c.out.empty()) return invalid("--out must not be empty");
+  if (!(c.ready_timeout_s > 0) || !(c.request_timeout_s > 0) || !(c.timeout_s > 0)) {
+    return invalid("timeouts must be > 0");
+  }
+
+  auto trace = load_trace(c.trace, c.max_requests);
+  if (!trace.ok()) return invalid("trace " + c.trace + ": " + trace.status().message());
+  if (trace->empty()) return invalid("trace " + c.trace + " has no requests");
+
+  if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  bool ok = false;
+  const std::string models_text = read_file(c.models_file, ok);
+  if (!ok) return invalid("cannot read the models file " + c.models_file);
+  auto models = parse_models_json(models_text);
+  if (!models.ok()) return invalid("models file " + c.models_file + ": " + models.status().message());
+  auto model = find_model(*models, c.model);
+  if (!model.ok()) return invalid(model.status().message());
+
+  if (c.pool_mib == 0) {
+    c.pool_mib = default_pool_mib(mem_available_bytes(), c.prefill_tp, c.prefill_pool_mib,
+                                  c.decode_tp);
+    c.pool_mib_auto = true;
+  }
+  // The same layout check the ranks make: each pool must hold at least one page per buffer.
+  for (auto [tp, mib, what] : {std::tuple{c.prefill_tp, c.prefill_pool_mib, "--prefill-pool-mib"},
+                               std::tuple{c.decode_tp, c.pool_mib, "--pool-mib"}}) {
+    auto layout = make_layout(*model, tp, 0, c.page_size, mib * 1024 * 1024, 1);
+    if (!layout.ok()) {
+      return invalid(fmt::format("{} {} with --page-size {} for {} at TP {}: {}", what, mib,
+                                 c.page_size, c.model, tp, layout.status().message()));
+    }
+  }
+  if (c.exe.empty()) c.exe = self_exe();
+  std::error_code ec;
+  c.out = fs::absolute(c.out, ec).lexically_normal().string();
+  if (!c.out.empty() && c.out.back() == '/') c.out.pop_back();
+  return Status::Ok();
+}
+
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
+  return {c.exe,  "bootstrap", "--host", "127.0.0.1", "--port", std::to_string(p.bootstrap),
+          "--log-file", logs_dir(c) + "/bootstrap.jsonl"};
+}
+
+std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
+                                   uint32_t tp_rank) {
+  const std::string role = prefill ? "prefill" : "decode";
+  const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
+  const uint16_t engine_port = prefill ? p.prefill_engine : p.decode_engine;
+  return {c.exe,
+          "rank",
+          "--role", role,
+          "--tp-rank", std::to_string(tp_rank),
+          "--tp-size", std::to_string(tp),
+          "--model", c.model,
+          "--models-file", c.models_file,
+          "--page-size", std::to_string(c.page_size),
+          "--pool-mib", std::to_string(prefill ? c.prefill_pool_mib : c.pool_mib),
+          "--bootstrap", "127.0.0.1:" + std::to_string(p.bootstrap),
+          "--engine-endpoint", "tcp://127.0.0.1:" + std::to_string(engine_port),
+          "--router-endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
+          "--transport", c.transport,
+          "--log-file", fmt::format("{}/{}-tp{}.jsonl", logs_dir(c), role, tp_rank),
+          "--chunk-tokens", std::to_string(c.chunk_tokens)};
+}
+
+std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
+  return {c.exe,
+          "router",
+          "--trace", c.trace,
+          "--max-requests", std::to_string(c.max_requests),
+          "--time-scale", num(c.time_scale),
+          "--fault-rate", num(c.fault_rate),
+          "--seed", std::to_string(c.seed),
+          "--prefill-tp", std::to_string(c.prefill_tp),
+          "--decode-tp", std::to_string(c.decode_tp),
+          "--endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
+          "--prefill-leader", "tcp://127.0.0.1:" + std::to_string(p.prefill_engine),
+          "--decode-leader", "tcp://127.0.0.1:" + std::to_string(p.decode_engine),
+          "--max-inflight", std::to_string(c.max_inflight),
+          "--results", c.out + "/results.json",
+          "--log-file", logs_dir(c) + "/router.jsonl",
+          "--ready-timeout-s", num(c.ready_timeout_s),
+          "--request-timeout-s", num(c.request_timeout_s)};
+}
+
+namespace {
+
+// One replay run after validation; owns the children.
+class Run {
+ public:
+  Run(const ReplayConfig& c, std::ostream& out, std::ostream& err)
+      : c_(c), out_(out), err_(err), t0_(Clock::now()) {}
+
+  int go() {
+    std::error_code ec;
+    fs::create_directories(logs_dir(c_), ec);
+    if (ec) return early_error("cannot create " + logs_dir(c_) + ": " + ec.message(), false);
+    clean_previous(c_);
+    SignalGuard signals;
+    auto ports = pick_free_ports(4);
+    if (!ports.ok()) return early_error("cannot pick free ports: " + ports.status().str(), false);
+    Ports p{(*ports)[0], (*ports)[1], (*ports)[2], (*ports)[3]};
+
+    out_ << fmt::format("replay: {} requests of {} at prefill TP {} / decode TP {}, {} transport, "
+                        "decode pool {} MiB/rank{}\n",
+                        c_.max_requests == 0 ? std::string("all") : std::to_string(c_.max_requests),
+                        c_.model, c_.prefill_tp, c_.decode_tp, c_.transport, c_.pool_mib,
+                        c_.pool_mib_auto ? " (automatic)" : "");
+    out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
+
+    // The bootstrap service and the router listen before any rank starts, so the ranks' first
+    // registration and "ready" frame find them.
+    if (int rc = spawn("bootstrap", "bootstrap", bootstrap_args(c_, p)); rc != 0) return rc;
+    if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
+    if (int rc = wait_listening("bootstrap", p.bootstrap); rc != 0) return rc;
+    if (int rc = wait_listening("router", p.router); rc != 0) return rc;
+    for (bool prefill : {true, false}) {
+      const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
+      for (uint32_t r = 0; r < tp; ++r) {
+        const std::string role = prefill ? "prefill" : "decode";
+        if (int rc = spawn(fmt::format("{}-tp{}", role, r), fmt::format("{}/tp{}", role, r),
+                           rank_args(c_, p, prefill, r));
+            rc != 0) {
+          return rc;
+        }
+      }
+    }
+    if (int rc = supervise(); rc != 0) return rc;
+    finish_processes();
+    return report();
+  }
+
+ private:
+  double elapsed_s() const {
+    return std::chrono::duration<double>(Clock::now() - t0_).count();
+  }
+
+  int spawn(const std::string& file, const std::string& display, std::vector<std::string> args) {
+    kids_.push_back({file, display});
+    auto pid = group_.spawn(file, c_.exe, args, logs_dir(c_) + "/" + file + ".stderr");
+    if (!pid.ok()) return early_error("cannot start " + display + ": " + pid.status().str(), true);
+    return 0;
+  }
+
+  // Stops everything, writes the partial report, prints `msg`; returns 1.
+  int early_error(const std::string& msg, bool have_children) {
+    if (have_children) group_.stop_all(std::chrono::milliseconds(2000));
+    err_ << "kvferry replay: " << msg << "\n";
+    const std::string path = c_.out + "/report.json";
+    if (write_file(path, partial_report_json(c_.to_json(), elapsed_s(), msg)).ok()) {
+      err_ << "kvferry replay: partial report: " << path << "\n";
+    }
+    return 1;
+  }
+
+  // A child exited or failed: name it, show its stderr tail, stop everything.
+  int child_failed(const ChildExit& e, const std::string& when) {
+    const std::string display = display_name(kids_, e.name);
+    const std::string log = logs_dir(c_) + "/" + e.name + ".stderr";
+    std::string msg = fmt::format("{} (pid {}) {} {}", display, e.pid, e.describe(), when);
+    const std::string tail = tail_file(log, 15);
+    msg += tail.empty() ? fmt::format("; {} is empty", log)
+                        : fmt::format("; last lines of {}:\n{}", log, tail);
+    return early_error(msg, true);
+  }
+
+  int wait_listening(const std::string& name, uint16_t port) {
+    const auto deadline = Clock::now() + std::chrono::seconds(15);
+    while (!port_accepts(port)) {
+      for (const auto& e : group_.reap()) return child_failed(e, "before it was listening");
+      if (g_signal != 0) return stopped_by_signal();
+      if (Clock::now() > deadline) {
+        return early_error(fmt::format("the {} did not listen on port {} within 15 s", name, port),
+                           true);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return 0;
+  }
+
+  int stopped_by_signal() {
+    const int sig = g_signal;
+    early_error(fmt::format("stopped by signal {} ({}); every child process was stopped", sig,
+                            strsignal(sig)),
+                true);
+    return 128 + sig;
+  }
+
+  // Until the router exits 0. Any other exit first is fatal.
+  int supervise() {
+    const auto deadline = t0_ + std::chrono::duration<double>(c_.timeout_s);
+    auto next_note = Clock::now() + std::chrono::seconds(30);
+    while (true) {
+      for (const auto& e : group_.reap()) {
+        if (e.name == "router") {
+          if (e.ok()) return 0;
+          return child_failed(e, "(the router failed)");
+        }
+        return child_failed(e, "before the replay finished");
+      }
+      if (g_signal != 0) return stopped_by_signal();
+      if (Clock::now() > deadline) {
+        return early_error(fmt::format("the replay did not finish within --timeout-s {}",
+                                       c_.timeout_s),
+                           true);
+      }
+      if (Clock::now() > next_note) {
+        out_ << fmt::format("replay: running for {:.0f} s\n", elapsed_s()) << std::flush;
+        next_note += std::chrono::seconds(30);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  // Ranks exit on the router's shutdown; give them 30 s, then stop the bootstrap service.
+  void finish_processes() {
+    const auto deadline = Clock::now() + std::chrono::seconds(30);
+    auto note = [&](const ChildExit& e) {
+      if (!e.ok() && e.name != "bootstrap") {
+        process_problems_.push_back(fmt::format("{} {} after the shutdown",
+                                                display_name(kids_, e.name), e.describe()));
+      }
+    };
+    while (group_.running_count() > (group_.running("bootstrap") ? 1u : 0u) &&
+           Clock::now() < deadline && g_signal == 0) {
+      for (const auto& e : group_.reap()) note(e);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    for (const auto& k : kids_) {
+      if (k.file != "bootstrap" && group_.running(k.file)) {
+        process_problems_.push_back(k.display + " did not exit within 30 s of the shutdown");
+      }
+    }
+    for (const auto& e : group_.stop_all(std::chrono::milliseconds(5000))) note(e);
+  }
+
+  int report() {
+    const std::string results_path = c_.out + "/results.json";
+    bool ok = false;
+    const std::string text = read_file(results_path, ok);
+    if (!ok) return early_error("the router exited 0 but wrote no " + results_path, false);
+    auto results = decode_results(text);
+    if (!results.ok()) return early_error(results.status().str(), false);
+    Report rep = build_report(*results, scan_log_files(logs_dir(c_)));
+    rep.process_problems = process_problems_;
+    const double wall = elapsed_s();
+    const std::string path = c_.out + "/report.json";
+    Status st = write_file(path, report_json(rep, *results, c_.to_json(), wall, ""));
+    if (!st.ok()) {
+      err_ << "kvferry replay: " << st.message() << "\n";
+      return 1;
+    }
+    out_ << summary_text(rep, wall);
+    out_ << "report: " << path << "\n";
+    const auto problems = rep.problems();
+    if (problems.empty()) return 0;
+    err_ << "kvferry replay: the replay ran but is not clean:\n";
+    for (const auto& p : problems) err_ << "  - " << p << "\n";
+    return 1;
+  }
+
+  const ReplayConfig& c_;
+  std::ostream& out_;
+  std::ostream& err_;
+  Clock::time_point t0_;
+  ProcessGroup group_;
+  std::vector<ChildInfo> kids_;
+  std::vector<std::string> process_problems_;
+};
+
+}  // namespace
+
+int run_replay(ReplayConfig config, std::ostream& out, std::ostream& err) {
+  Status st = validate(config);
+  if (!st.ok()) {
+    err << "kvferry replay: " << st.message() << "\n";
+    return 2;
+  }
+  Run run(config, out, err);
+  return run.go();
+}
+
+}  // namespace kvferry::replay

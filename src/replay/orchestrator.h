@@ -1,0 +1,77 @@
+// `kvferry replay`: the main job. Validates the options, starts the bootstrap service, every
+// prefill and decode rank and the router as separate processes of one process group (loopback
+// sockets only), supervises them, and writes DIR/report.json (docs/report.md).
+//
+// Processes (argv[1] is the subcommand of the same executable):
+//   bootstrap  kvferry bootstrap --host 127.0.0.1 --port P --log-file DIR/logs/bootstrap.jsonl
+//   ranks      kvferry rank --role prefill|decode --tp-rank R ... (see rank_args())
+//   router     kvferry router ... --results DIR/results.json
+// Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ..., router).
+// Supervision: any rank or the bootstrap exiting before the router finished, or a failed router,
+// kills the whole group, prints the process and its stderr tail, writes a partial report and
+// returns non-zero. SIGINT/SIGTERM to the orchestrator do the same. No child outlives it
+// (process group + PR_SET_PDEATHSIG).
+// Thread contract: run_replay() on the main thread (it installs SIGINT/SIGTERM handlers).
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+
+namespace kvferry::replay {
+
+struct ReplayConfig {
+  std::string trace;
+  std::string model = "Llama-3.1-8B";
+  std::string models_file;  // default: <source dir>/data/models.json
+  uint32_t prefill_tp = 1;
+  uint32_t decode_tp = 1;
+  uint32_t page_size = 64;         // tokens
+  uint64_t pool_mib = 0;           // decode pool per rank; 0: automatic (default_pool_mib)
+  bool pool_mib_auto = false;      // set by validate() when pool_mib was chosen automatically
+  uint64_t prefill_pool_mib = 1024;  // prefill staging per rank
+  uint64_t chunk_tokens = 8192;
+  uint64_t max_requests = 0;       // 0: whole trace
+  double time_scale = 0;
+  double fault_rate = 0;
+  uint64_t seed = 1;
+  std::string transport = "shm";   // shm | tcp
+  uint32_t max_inflight = 16;
+  std::string out = "out/replay";
+  double ready_timeout_s = 180;    // engines up
+  double request_timeout_s = 300;  // router gives up on a request
+  double timeout_s = 3600;         // the whole replay
+  std::string exe;                 // kvferry executable for children; default: this process's
+
+  // All options as a JSON object (the report's `config`).
+  std::string to_json() const;
+};
+
+// Default decode pool per rank in MiB: 60% of MemAvailable minus the prefill staging
+// (prefill_tp x prefill_pool_mib), split over the decode ranks, capped at 7168 and at least 64.
+uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
+                          uint64_t prefill_pool_mib, uint32_t decode_tp);
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+uint64_t mem_available_bytes();
+
+// Checks every option, the trace (every line) and the model; fills defaults (models_file,
+// pool_mib). kInvalidArgument with a message for the user.
+Status validate(ReplayConfig& config);
+
+// argv of each child process (exposed for tests).
+struct Ports {
+  uint16_t bootstrap = 0, prefill_engine = 0, decode_engine = 0, router = 0;
+};
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
+std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
+                                   uint32_t tp_rank);
+std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
+
+// Runs the replay; prints progress/summary to `out`, errors to `err`. Returns the exit code:
+// 0 replay ran and is clean; 1 replay ran with problems (mismatched bytes, misattributed faults,
+// unexpected failures, ...) or stopped early; 2 invalid options; 128+N stopped by signal N.
+int run_replay(ReplayConfig config, std::ostream& out, std::ostream& err);
+
+}  // namespace kvferry::replay

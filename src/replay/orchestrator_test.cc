@@ -1,0 +1,217 @@
+#include "replay/orchestrator.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace kvferry::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+class Validate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvferry_orch_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream t(dir_ / "ok.csv");
+    t << "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+      << "2023-11-16 18:17:03.9799600,4808,10\r\n"
+      << "2023-11-16 18:17:04.0319600,3180,8\r\n";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  ReplayConfig good() {
+    ReplayConfig c;
+    c.trace = (dir_ / "ok.csv").string();
+    c.model = "Llama-3.1-8B";
+    c.prefill_tp = 2;
+    c.decode_tp = 2;
+    c.pool_mib = 256;
+    c.prefill_pool_mib = 64;
+    c.out = (dir_ / "out").string();
+    return c;
+  }
+  std::string error_of(ReplayConfig c) {
+    Status st = validate(c);
+    EXPECT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
+    return st.message();
+  }
+  fs::path dir_;
+};
+
+TEST_F(Validate, AcceptsAndFillsDefaults) {
+  ReplayConfig c = good();
+  c.models_file.clear();
+  c.pool_mib = 0;
+  c.out = "relative/out/";
+  ASSERT_TRUE(validate(c).ok());
+  EXPECT_EQ(c.models_file, KVFERRY_SOURCE_DIR "/data/models.json");
+  EXPECT_TRUE(c.pool_mib_auto);
+  EXPECT_GE(c.pool_mib, 64u);
+  EXPECT_LE(c.pool_mib, 7168u);
+  EXPECT_TRUE(fs::path(c.out).is_absolute());
+  EXPECT_NE(c.out.back(), '/');
+  EXPECT_FALSE(c.exe.empty());
+  const auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["prefill_tp"], 2);
+  EXPECT_EQ(j["model"], "Llama-3.1-8B");
+  EXPECT_EQ(j["pool_mib_auto"], true);
+  EXPECT_EQ(j["transport"], "shm");
+}
+
+TEST_F(Validate, MalformedTraceNamesTheLine) {
+  std::ofstream t(dir_ / "bad.jsonl");
+  t << "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": []}\n"
+    << "{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": []}\n"
+    << "{\"timestamp\": 2, \"input_length\": \n";
+  t.close();
+  ReplayConfig c = good();
+  c.trace = (dir_ / "bad.jsonl").string();
+  const std::string msg = error_of(c);
+  EXPECT_NE(msg.find("line 3"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("bad.jsonl"), std::string::npos) << msg;
+}
+
+TEST_F(Validate, UnknownModelListsKnownOnes) {
+  ReplayConfig c = good();
+  c.model = "GPT-5";
+  const std::string msg = error_of(c);
+  EXPECT_NE(msg.find("GPT-5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Llama-3.1-8B"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Qwen2.5-7B"), std::string::npos) << msg;
+}
+
+TEST_F(Validate, RejectsBadOptions) {
+  ReplayConfig c = good();
+  c.page_size = 0;
+  EXPECT_NE(error_of(c).find("--page-size"), std::string::npos);
+  c = good();
+  c.transport = "rdma";
+  EXPECT_NE(error_of(c).find("shm or tcp"), std::string::npos);
+  c = good();
+  c.fault_rate = 1.5;
+  EXPECT_NE(error_of(c).find("--fault-rate"), std::string::npos);
+  c = good();
+  c.time_scale = -1;
+  EXPECT_NE(error_of(c).find("--time-scale"), std::string::npos);
+  c = good();
+  c.decode_tp = 0;
+  EXPECT_NE(error_of(c).find("--decode-tp"), std::string::npos);
+  c = good();
+  c.trace = (dir_ / "missing.csv").string();
+  EXPECT_NE(error_of(c).find("missing.csv"), std::string::npos);
+  c = good();
+  c.pool_mib = 1;  // a 64-token page of Llama-3.1-8B at TP2 is 64 x 32 x 2 x 4 x 128 x 2 = 8 MiB
+  EXPECT_NE(error_of(c).find("--pool-mib 1"), std::string::npos);
+  c = good();
+  c.models_file = (dir_ / "none.json").string();
+  EXPECT_NE(error_of(c).find("none.json"), std::string::npos);
+}
+
+TEST(DefaultPool, RuleAndBounds) {
+  const uint64_t gib = 1ull << 30;
+  // 24 GiB available: 60% = 14745 MiB; minus 2 x 1024 staging = 12697; / 2 = 6348.
+  EXPECT_EQ(default_pool_mib(24 * gib, 2, 1024, 2), 6348u);
+  EXPECT_EQ(default_pool_mib(100 * gib, 1, 1024, 1), 7168u);  // capped
+  EXPECT_EQ(default_pool_mib(1 * gib, 4, 1024, 4), 64u);      // floor
+  EXPECT_EQ(default_pool_mib(0, 1, 1024, 1), 64u);
+  EXPECT_GT(mem_available_bytes(), 0u);
+}
+
+TEST(ChildArgs, RankRouterBootstrap) {
+  ReplayConfig c;
+  c.exe = "/x/kvferry";
+  c.trace = "/t.csv";
+  c.models_file = "/m.json";
+  c.model = "Qwen2.5-7B";
+  c.prefill_tp = 2;
+  c.decode_tp = 2;
+  c.page_size = 16;
+  c.pool_mib = 256;
+  c.prefill_pool_mib = 64;
+  c.chunk_tokens = 4096;
+  c.transport = "tcp";
+  c.out = "/o";
+  c.time_scale = 0.5;
+  c.fault_rate = 0.2;
+  Ports p{1001, 1002, 1003, 1004};
+  auto join = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
+    return s;
+  };
+  EXPECT_EQ(join(rank_args(c, p, false, 1)),
+            "/x/kvferry rank --role decode --tp-rank 1 --tp-size 2 --model Qwen2.5-7B "
+            "--models-file /m.json --page-size 16 --pool-mib 256 --bootstrap 127.0.0.1:1001 "
+            "--engine-endpoint tcp://127.0.0.1:1003 --router-endpoint tcp://127.0.0.1:1004 "
+            "--transport tcp --log-file /o/logs/decode-tp1.jsonl --chunk-tokens 4096");
+  const std::string prefill = join(rank_args(c, p, true, 0));
+  EXPECT_NE(prefill.find("--role prefill --tp-rank 0"), std::string::npos);
+  EXPECT_NE(prefill.find("--pool-mib 64 "), std::string::npos);
+  EXPECT_NE(prefill.find("--engine-endpoint tcp://127.0.0.1:1002"), std::string::npos);
+  EXPECT_NE(prefill.find("/o/logs/prefill-tp0.jsonl"), std::string::npos);
+  const std::string router = join(router_args(c, p));
+  EXPECT_NE(router.find("router --trace /t.csv"), std::string::npos) << router;
+  EXPECT_NE(router.find("--time-scale 0.5 --fault-rate 0.2"), std::string::npos) << router;
+  EXPECT_NE(router.find("--endpoint tcp://127.0.0.1:1004"), std::string::npos);
+  EXPECT_NE(router.find("--prefill-leader tcp://127.0.0.1:1002"), std::string::npos);
+  EXPECT_NE(router.find("--decode-leader tcp://127.0.0.1:1003"), std::string::npos);
+  EXPECT_NE(router.find("--results /o/results.json"), std::string::npos);
+  EXPECT_NE(router.find("--log-file /o/logs/router.jsonl"), std::string::npos);
+  EXPECT_EQ(join(bootstrap_args(c, p)),
+            "/x/kvferry bootstrap --host 127.0.0.1 --port 1001 --log-file /o/logs/bootstrap.jsonl");
+}
+
+// The supervision path end to end with a stand-in executable: a "rank" that cannot start stops
+// the replay, names itself, and nothing it started survives.
+TEST_F(Validate, ChildThatCannotStartStopsTheReplay) {
+  const fs::path fake = dir_ / "fake_kvferry.sh";
+  {
+    std::ofstream f(fake);
+    f << "#!/bin/sh\n"
+         "case \"$1\" in\n"
+         "  bootstrap) shift; while [ \"$1\" != --port ]; do shift; done;\n"
+         "             python3 -c \"import socket,time;s=socket.socket();"
+         "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',$2));"
+         "s.listen();time.sleep(60)\" ;;\n"
+         "  router) shift; while [ \"$1\" != --endpoint ]; do shift; done;\n"
+         "          port=${2##*:}; python3 -c \"import socket,time;s=socket.socket();"
+         "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',$port));"
+         "s.listen();time.sleep(60)\" ;;\n"
+         "  rank) case \"$*\" in *'--role decode --tp-rank 1'*) echo 'cannot map the pool' >&2; "
+         "exit 4;; esac; sleep 60 ;;\n"
+         "esac\n";
+  }
+  fs::permissions(fake, fs::perms::owner_all);
+  ReplayConfig c = good();
+  c.exe = fake.string();
+  std::ostringstream out, err;
+  const int rc = run_replay(c, out, err);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.str().find("decode/tp1"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("exited with code 4"), std::string::npos) << err.str();
+  EXPECT_NE(err.str().find("cannot map the pool"), std::string::npos) << err.str();
+  // No process whose command line names our directory survives.
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (!std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string line((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(line.find(dir_.string()), std::string::npos) << "survivor pid " << name;
+  }
+  std::ifstream rep(dir_ / "out" / "report.json");
+  ASSERT_TRUE(rep.good());
+  const auto j = nlohmann::json::parse(rep);
+  EXPECT_EQ(j["status"], "failed");
+  EXPECT_NE(j["error"].get<std::string>().find("decode/tp1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -1,0 +1,392 @@
+// Report building (report.h): classification, percentiles, log scanning, report.json text.
+#include "replay/report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kvferry::replay {
+namespace {
+
+using json = nlohmann::json;
+
+bool known_level(const std::string& l) {
+  return l == "trace" || l == "debug" || l == "info" || l == "warning" || l == "error" ||
+         l == "critical";
+}
+
+// Rounds to `digits` decimals (JSON readability; the values are measurements anyway).
+double round_to(double v, int digits) {
+  const double f = std::pow(10.0, digits);
+  return std::round(v * f) / f;
+}
+
+std::string origin_of(const RequestOutcome& q) {
+  const bool pf = q.prefill && q.prefill->state == KVPoll::Failed;
+  const bool df = q.decode && q.decode->state == KVPoll::Failed;
+  if (df && pf && !q.prefill->origin.empty() && !q.decode->origin.empty() &&
+      q.prefill->origin != q.decode->origin) {
+    return "prefill says " + q.prefill->origin + ", decode says " + q.decode->origin;
+  }
+  if (df && !q.decode->origin.empty()) return q.decode->origin;
+  if (pf && !q.prefill->origin.empty()) return q.prefill->origin;
+  if (!q.router_failure.empty()) return "router";
+  return "unknown";
+}
+
+// The failure's code and reason as the engines report it (decode first: it is the request's end).
+const RoomResult* failed_result(const RequestOutcome& q) {
+  if (q.decode && q.decode->state == KVPoll::Failed) return &*q.decode;
+  if (q.prefill && q.prefill->state == KVPoll::Failed) return &*q.prefill;
+  return nullptr;
+}
+
+double time_to_all_failed_ms(const RequestOutcome& q) {
+  int64_t first = 0;
+  int64_t all = 0;
+  for (const auto* r : {&q.prefill, &q.decode}) {
+    if (!*r || (*r)->state != KVPoll::Failed) continue;
+    if ((*r)->first_failed_ns > 0 && (first == 0 || (*r)->first_failed_ns < first)) {
+      first = (*r)->first_failed_ns;
+    }
+    all = std::max(all, (*r)->failed_all_ns);
+  }
+  if (first == 0 || all < first) return 0;
+  return double(all - first) / 1e6;
+}
+
+json fault_json(const FaultEntry& f, bool applied) {
+  json j = {{"room", f.room},
+            {"kind", f.kind},
+            {"injected_at", f.injected_at},
+            {"observed_origin", f.observed_origin},
+            {"code", f.code},
+            {"reason", f.reason},
+            {"lines_above_debug", f.lines_above_debug},
+            {"ranks_failed", f.ranks_failed},
+            {"time_to_all_failed_ms", round_to(f.time_to_all_failed_ms, 3)},
+            {"applied", applied}};
+  if (!applied) j["outcome"] = f.outcome;
+  return j;
+}
+
+json failure_json(const FailureEntry& f) {
+  return {{"room", f.room}, {"origin", f.origin}, {"code", f.code}, {"reason", f.reason}};
+}
+
+json stats_json(const std::optional<std::vector<RankLeakStats>>& s) {
+  if (!s) return nullptr;
+  json arr = json::array();
+  for (const auto& r : *s) {
+    arr.push_back({{"rank", r.rank},
+                   {"live_rooms", r.live_rooms},
+                   {"records", r.records},
+                   {"pages_in_use", r.pages_in_use},
+                   {"peers", r.peers}});
+  }
+  return arr;
+}
+
+json config_object(const std::string& config_json) {
+  json c = json::parse(config_json, nullptr, false);
+  if (c.is_discarded()) return json::object();
+  return c;
+}
+
+std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+void scan_log_text(std::string_view text, const std::string& file, LogScan& scan) {
+  size_t pos = 0;
+  uint64_t line_no = 0;
+  auto invalid = [&](const std::string& why) {
+    ++scan.invalid_lines;
+    if (scan.first_invalid.empty()) {
+      scan.first_invalid = fmt::format("{}:{}: {}", file, line_no, why);
+    }
+  };
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    std::string_view line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (line.empty()) continue;
+    ++scan.lines;
+    const json o = json::parse(line, nullptr, false);
+    if (o.is_discarded() || !o.is_object()) {
+      invalid("not a JSON object");
+      continue;
+    }
+    bool ok = true;
+    for (const char* key : {"ts", "level", "rank", "msg"}) {
+      auto it = o.find(key);
+      if (it == o.end() || !it->is_string()) {
+        invalid(std::string("missing string field '") + key + "'");
+        ok = false;
+        break;
+      }
+    }
+    if (!ok) continue;
+    const std::string level = o["level"].get<std::string>();
+    if (!known_level(level)) {
+      invalid("unknown level '" + level + "'");
+      continue;
+    }
+    auto room = o.find("room");
+    if (room == o.end() || room->is_null()) continue;
+    std::string room_str;
+    if (room->is_string()) {
+      room_str = room->get<std::string>();
+    } else if (room->is_number_unsigned()) {
+      room_str = std::to_string(room->get<uint64_t>());
+      invalid("room is a number, not a decimal string");
+    } else {
+      invalid("room is neither a string nor a number");
+      continue;
+    }
+    if (level != "trace" && level != "debug") ++scan.above_debug_by_room[room_str];
+  }
+}
+
+LogScan scan_log_files(const std::string& dir) {
+  LogScan scan;
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".jsonl") files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const auto& p : files) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    ++scan.files;
+    scan_log_text(ss.str(), p.filename().string(), scan);
+  }
+  return scan;
+}
+
+Percentiles percentiles(std::vector<double> values) {
+  Percentiles p;
+  p.count = values.size();
+  if (values.empty()) return p;
+  std::sort(values.begin(), values.end());
+  auto at = [&](double q) {
+    const double rank = std::ceil(q / 100.0 * double(values.size()));
+    const size_t idx = rank < 1 ? 0 : std::min(values.size() - 1, size_t(rank) - 1);
+    return values[idx];
+  };
+  p.p50 = at(50);
+  p.p90 = at(90);
+  p.p99 = at(99);
+  p.max = values.back();
+  return p;
+}
+
+uint64_t Report::faults_misattributed() const {
+  return uint64_t(std::count_if(faults.begin(), faults.end(),
+                                [](const FaultEntry& f) { return !f.attributed(); }));
+}
+
+uint64_t Report::faults_not_one_line() const {
+  return uint64_t(std::count_if(faults.begin(), faults.end(),
+                                [](const FaultEntry& f) { return f.lines_above_debug != 1; }));
+}
+
+std::vector<std::string> Report::problems() const {
+  std::vector<std::string> p;
+  if (bytes_mismatched > 0) p.push_back(fmt::format("{} mismatched bytes", bytes_mismatched));
+  if (succeeded > 0 && bytes_verified == 0) p.push_back("no byte was verified");
+  if (uint64_t n = faults_misattributed()) {
+    const auto& f = *std::find_if(faults.begin(), faults.end(),
+                                  [](const FaultEntry& e) { return !e.attributed(); });
+    p.push_back(fmt::format("{} faults misattributed (first: room {} injected at {}, observed {})",
+                            n, f.room, f.injected_at, f.observed_origin));
+  }
+  if (uint64_t n = faults_not_one_line()) {
+    const auto& f = *std::find_if(faults.begin(), faults.end(),
+                                  [](const FaultEntry& e) { return e.lines_above_debug != 1; });
+    p.push_back(fmt::format("{} faults without exactly one log line above debug (first: room {} "
+                            "has {})",
+                            n, f.room, f.lines_above_debug));
+  }
+  if (!unexpected_failures.empty()) {
+    const auto& u = unexpected_failures.front();
+    p.push_back(fmt::format("{} unexpected failures (first: room {} {} at {}: {})",
+                            unexpected_failures.size(), u.room, u.code, u.origin, u.reason));
+  }
+  if (logs.invalid_lines > 0) {
+    p.push_back(fmt::format("{} invalid log lines (first: {})", logs.invalid_lines,
+                            logs.first_invalid));
+  }
+  if (logs.lines == 0) p.push_back("no log lines found");
+  p.insert(p.end(), process_problems.begin(), process_problems.end());
+  return p;
+}
+
+Report build_report(const ReplayResults& results, const LogScan& logs) {
+  Report rep;
+  rep.logs = logs;
+  rep.total = results.requests.size();
+  std::vector<double> latencies;
+  auto lines_for = [&](const std::string& room) -> uint64_t {
+    auto it = logs.above_debug_by_room.find(room);
+    return it == logs.above_debug_by_room.end() ? 0 : it->second;
+  };
+  for (const auto& q : results.requests) {
+    const std::string room = std::to_string(q.room);
+    if (q.prefill) rep.bytes_transferred += q.prefill->bytes_transferred;
+    if (q.decode) {
+      rep.bytes_verified += q.decode->bytes_verified;
+      rep.bytes_mismatched += q.decode->bytes_mismatched;
+    }
+    const bool rejected = q.decode && q.decode->rejected;
+    const bool succeeded = !rejected && q.router_failure.empty() && q.prefill && q.decode &&
+                           q.prefill->state == KVPoll::Success &&
+                           q.decode->state == KVPoll::Success;
+    std::string outcome;
+    if (rejected) {
+      ++rep.rejected;
+      rep.rejected_requests.push_back({room, q.input_tokens, q.decode->reason});
+      outcome = "rejected";
+    } else if (succeeded) {
+      ++rep.succeeded;
+      outcome = "succeeded";
+      if (q.prefill->first_send_ns > 0 && q.decode->success_ns >= q.prefill->first_send_ns) {
+        latencies.push_back(double(q.decode->success_ns - q.prefill->first_send_ns) / 1e6);
+      }
+    } else {
+      ++rep.failed;
+      outcome = "failed";
+    }
+    const RoomResult* fr = failed_result(q);
+    const std::string code = fr ? std::string(code_name(fr->code))
+                                : (q.router_failure.empty() ? "unknown" : "internal");
+    const std::string reason = !q.router_failure.empty() ? q.router_failure
+                               : fr                      ? fr->reason
+                                                         : "engines disagree on the outcome";
+    if (q.fault) {
+      FaultEntry f;
+      f.room = room;
+      f.kind = q.fault->kind;
+      f.injected_at = q.fault->at;
+      f.outcome = outcome;
+      f.lines_above_debug = lines_for(room);
+      if (outcome == "failed") {
+        f.observed_origin = origin_of(q);
+        f.code = code;
+        f.reason = reason;
+        f.ranks_failed = (q.prefill ? q.prefill->ranks_failed : 0) +
+                         (q.decode ? q.decode->ranks_failed : 0);
+        f.time_to_all_failed_ms = time_to_all_failed_ms(q);
+        rep.faults.push_back(std::move(f));
+      } else {
+        if (rejected) {
+          f.code = code;
+          f.reason = q.decode->reason;
+          f.observed_origin = q.decode->origin;
+        }
+        rep.faults_not_applied.push_back(std::move(f));
+      }
+    } else if (outcome == "failed") {
+      rep.unexpected_failures.push_back({room, origin_of(q), code, reason});
+    }
+  }
+  rep.transfer_latency_ms = percentiles(std::move(latencies));
+  if (results.last_result_ns > results.dispatch_start_ns && results.dispatch_start_ns > 0) {
+    rep.transfer_seconds = double(results.last_result_ns - results.dispatch_start_ns) / 1e9;
+    rep.throughput_gb_per_s = double(rep.bytes_transferred) / rep.transfer_seconds / 1e9;
+  }
+  return rep;
+}
+
+std::string report_json(const Report& r, const ReplayResults& results,
+                        const std::string& config_json, double wall_s, const std::string& error) {
+  json rejected = json::array();
+  for (const auto& e : r.rejected_requests) {
+    rejected.push_back({{"room", e.room}, {"input_tokens", e.input_tokens}, {"reason", e.reason}});
+  }
+  json faults = json::array();
+  for (const auto& f : r.faults) faults.push_back(fault_json(f, true));
+  json not_applied = json::array();
+  for (const auto& f : r.faults_not_applied) not_applied.push_back(fault_json(f, false));
+  json unexpected = json::array();
+  for (const auto& u : r.unexpected_failures) unexpected.push_back(failure_json(u));
+  const auto problems = r.problems();
+  const uint64_t attributed = r.faults.size() - r.faults_misattributed();
+  json j = {
+      {"status", error.empty() ? "ok" : "failed"},
+      {"error", error},
+      {"config", config_object(config_json)},
+      {"requests",
+       {{"total", r.total}, {"succeeded", r.succeeded}, {"failed", r.failed},
+        {"rejected", r.rejected}}},
+      {"rejected_requests", rejected},
+      {"bytes",
+       {{"transferred", r.bytes_transferred},
+        {"verified", r.bytes_verified},
+        {"mismatched", r.bytes_mismatched}}},
+      {"throughput_gb_per_s", round_to(r.throughput_gb_per_s, 4)},
+      {"transfer_seconds", round_to(r.transfer_seconds, 3)},
+      {"transfer_latency_ms",
+       {{"p50", round_to(r.transfer_latency_ms.p50, 3)},
+        {"p90", round_to(r.transfer_latency_ms.p90, 3)},
+        {"p99", round_to(r.transfer_latency_ms.p99, 3)},
+        {"max", round_to(r.transfer_latency_ms.max, 3)},
+        {"count", r.transfer_latency_ms.count}}},
+      {"wall_s", round_to(wall_s, 3)},
+      {"faults", faults},
+      {"faults_not_applied", not_applied},
+      {"faults_summary",
+       {{"injected", r.faults.size() + r.faults_not_applied.size()},
+        {"applied", r.faults.size()},
+        {"attributed", attributed},
+        {"misattributed", r.faults_misattributed()},
+        {"not_exactly_one_line", r.faults_not_one_line()}}},
+      {"unexpected_failures", unexpected},
+      {"leaks", {{"prefill", stats_json(results.prefill_stats)},
+                 {"decode", stats_json(results.decode_stats)}}},
+      {"logs",
+       {{"files", r.logs.files},
+        {"lines", r.logs.lines},
+        {"invalid_lines", r.logs.invalid_lines},
+        {"first_invalid", r.logs.first_invalid}}},
+      {"problems", problems},
+  };
+  return dump(j);
+}
+
+std::string partial_report_json(const std::string& config_json, double wall_s,
+                                const std::string& error) {
+  json j = {{"status", "failed"},
+            {"error", error},
+            {"config", config_object(config_json)},
+            {"wall_s", round_to(wall_s, 3)}};
+  return dump(j);
+}
+
+std::string summary_text(const Report& r, double wall_s) {
+  std::string s;
+  s += fmt::format("requests {}: ok {}, failed {}, rejected {}\n", r.total, r.succeeded, r.failed,
+                   r.rejected);
+  s += fmt::format("moved {:.2f} GB in {:.1f} s: {:.3f} GB/s (wall {:.1f} s)\n",
+                   double(r.bytes_transferred) / 1e9, r.transfer_seconds, r.throughput_gb_per_s,
+                   wall_s);
+  s += fmt::format("transfer latency p50 {:.1f} ms, p99 {:.1f} ms\n", r.transfer_latency_ms.p50,
+                   r.transfer_latency_ms.p99);
+  s += fmt::format("faults attributed correctly {}/{} ({} not applied)\n",
+                   r.faults.size() - r.faults_misattributed(), r.faults.size(),
+                   r.faults_not_applied.size());
+  s += fmt::format("bytes verified {}, mismatched {}\n", r.bytes_verified, r.bytes_mismatched);
+  return s;
+}
+
+}  // namespace kvferry::replay

@@ -1,0 +1,307 @@
+#include "replay/report.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace kvferry::replay {
+namespace {
+
+RoomResult ok_result(Role role, uint64_t room) {
+  RoomResult r;
+  r.role = role;
+  r.room = room;
+  r.state = KVPoll::Success;
+  r.code = ErrorCode::kOk;
+  return r;
+}
+
+RoomResult failed_result(Role role, uint64_t room, ErrorCode code, const std::string& origin) {
+  RoomResult r;
+  r.role = role;
+  r.room = room;
+  r.state = KVPoll::Failed;
+  r.code = code;
+  r.origin = origin;
+  r.reason = "because " + origin;
+  return r;
+}
+
+RequestOutcome success(uint64_t room, int64_t send_ns, int64_t done_ns, uint64_t bytes) {
+  RequestOutcome q;
+  q.room = room;
+  q.input_tokens = 100;
+  q.prefill = ok_result(Role::kPrefill, room);
+  q.prefill->first_send_ns = send_ns;
+  q.prefill->bytes_transferred = bytes;
+  q.decode = ok_result(Role::kDecode, room);
+  q.decode->success_ns = done_ns;
+  q.decode->bytes_verified = bytes;
+  return q;
+}
+
+TEST(Percentiles, NearestRank) {
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);  // unsorted input
+  Percentiles p = percentiles(v);
+  EXPECT_EQ(p.count, 100u);
+  EXPECT_DOUBLE_EQ(p.p50, 50);
+  EXPECT_DOUBLE_EQ(p.p90, 90);
+  EXPECT_DOUBLE_EQ(p.p99, 99);
+  EXPECT_DOUBLE_EQ(p.max, 100);
+  Percentiles one = percentiles({7.5});
+  EXPECT_DOUBLE_EQ(one.p50, 7.5);
+  EXPECT_DOUBLE_EQ(one.p99, 7.5);
+  Percentiles three = percentiles({3, 1, 2});
+  EXPECT_DOUBLE_EQ(three.p50, 2);
+  EXPECT_DOUBLE_EQ(three.p90, 3);
+  Percentiles none = percentiles({});
+  EXPECT_EQ(none.count, 0u);
+  EXPECT_DOUBLE_EQ(none.max, 0);
+}
+
+TEST(LogScan, CountsLinesAboveDebugPerRoomAndValidates) {
+  LogScan scan;
+  const std::string a =
+      R"({"ts":"t","level":"debug","rank":"decode/tp0","msg":"m","room":"11"})" "\n"
+      R"({"ts":"t","level":"error","rank":"decode/tp0","msg":"m","room":"11"})" "\n"
+      "\n"
+      R"({"ts":"t","level":"info","rank":"decode/tp0","msg":"no room"})" "\r\n"
+      R"({"ts":"t","level":"warning","rank":"prefill/tp1","msg":"m","room":"12"})" "\n";
+  scan_log_text(a, "a.jsonl", scan);
+  EXPECT_EQ(scan.lines, 4u);
+  EXPECT_EQ(scan.invalid_lines, 0u);
+  EXPECT_EQ(scan.above_debug_by_room.at("11"), 1u);
+  EXPECT_EQ(scan.above_debug_by_room.at("12"), 1u);
+  const std::string b =
+      R"({"ts":"t","level":"critical","rank":"decode/tp1","msg":"m","room":"11"})" "\n"
+      "not json\n"
+      R"({"ts":"t","level":"loud","rank":"x","msg":"m"})" "\n"
+      R"({"ts":"t","level":"info","msg":"m"})" "\n"
+      R"({"ts":"t","level":"trace","rank":"r","msg":"m","room":"13"})";
+  scan_log_text(b, "b.jsonl", scan);
+  EXPECT_EQ(scan.lines, 9u);
+  EXPECT_EQ(scan.invalid_lines, 3u);
+  EXPECT_EQ(scan.first_invalid, "b.jsonl:2: not a JSON object");
+  EXPECT_EQ(scan.above_debug_by_room.at("11"), 2u);
+  EXPECT_EQ(scan.above_debug_by_room.count("13"), 0u);
+}
+
+TEST(LogScan, NumericRoomIsCountedButFlagged) {
+  LogScan scan;
+  scan_log_text(R"({"ts":"t","level":"error","rank":"r","msg":"m","room":5})", "c.jsonl", scan);
+  EXPECT_EQ(scan.above_debug_by_room.at("5"), 1u);
+  EXPECT_EQ(scan.invalid_lines, 1u);
+}
+
+TEST(BuildReport, ClassifiesAndSums) {
+  ReplayResults res;
+  res.dispatch_start_ns = 1'000'000'000;
+  res.last_result_ns = 3'000'000'000;  // 2 s
+  res.requests.push_back(success(1, 100'000'000, 110'000'000, 3'000'000'000));  // 10 ms
+  res.requests.push_back(success(2, 200'000'000, 230'000'000, 1'000'000'000));  // 30 ms
+  // Rejected by decode (resource exhausted), prefill failed as a consequence.
+  RequestOutcome rej;
+  rej.room = 3;
+  rej.input_tokens = 999999;
+  rej.decode = failed_result(Role::kDecode, 3, ErrorCode::kResourceExhausted, "decode/tp0");
+  rej.decode->rejected = true;
+  rej.decode->reason = "needs 9000 pages, pool has 100";
+  rej.prefill = failed_result(Role::kPrefill, 3, ErrorCode::kResourceExhausted, "decode/tp0");
+  res.requests.push_back(rej);
+  // Unexpected failure.
+  RequestOutcome bad;
+  bad.room = 4;
+  bad.prefill = failed_result(Role::kPrefill, 4, ErrorCode::kPeerUnreachable, "prefill/tp1");
+  bad.decode = failed_result(Role::kDecode, 4, ErrorCode::kPeerUnreachable, "prefill/tp1");
+  bad.decode->bytes_mismatched = 0;
+  res.requests.push_back(bad);
+
+  LogScan logs;
+  logs.lines = 10;
+  Report r = build_report(res, logs);
+  EXPECT_EQ(r.total, 4u);
+  EXPECT_EQ(r.succeeded, 2u);
+  EXPECT_EQ(r.rejected, 1u);
+  EXPECT_EQ(r.failed, 1u);
+  EXPECT_EQ(r.succeeded + r.failed + r.rejected, r.total);
+  EXPECT_EQ(r.bytes_transferred, 4'000'000'000u);
+  EXPECT_EQ(r.bytes_verified, 4'000'000'000u);
+  EXPECT_DOUBLE_EQ(r.transfer_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(r.throughput_gb_per_s, 2.0);
+  EXPECT_EQ(r.transfer_latency_ms.count, 2u);
+  EXPECT_DOUBLE_EQ(r.transfer_latency_ms.p50, 10.0);
+  EXPECT_DOUBLE_EQ(r.transfer_latency_ms.max, 30.0);
+  ASSERT_EQ(r.rejected_requests.size(), 1u);
+  EXPECT_EQ(r.rejected_requests[0].room, "3");
+  EXPECT_EQ(r.rejected_requests[0].input_tokens, 999999u);
+  EXPECT_EQ(r.rejected_requests[0].reason, "needs 9000 pages, pool has 100");
+  ASSERT_EQ(r.unexpected_failures.size(), 1u);
+  EXPECT_EQ(r.unexpected_failures[0].room, "4");
+  EXPECT_EQ(r.unexpected_failures[0].origin, "prefill/tp1");
+  EXPECT_EQ(r.unexpected_failures[0].code, "peer_unreachable");
+  EXPECT_TRUE(r.faults.empty());
+  auto problems = r.problems();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("1 unexpected failures"), std::string::npos) << problems[0];
+}
+
+TEST(BuildReport, FaultAttributionAndLineCounts) {
+  ReplayResults res;
+  // Fault 1: transfer at prefill/tp1, both engines agree, one line above debug.
+  RequestOutcome f1;
+  f1.room = 77;
+  f1.fault = FaultSpec{"transfer", "prefill/tp1"};
+  f1.prefill = failed_result(Role::kPrefill, 77, ErrorCode::kTransferError, "prefill/tp1");
+  f1.prefill->first_failed_ns = 1'000'000;
+  f1.prefill->failed_all_ns = 3'000'000;
+  f1.prefill->ranks_failed = 2;
+  f1.decode = failed_result(Role::kDecode, 77, ErrorCode::kTransferError, "prefill/tp1");
+  f1.decode->first_failed_ns = 1'000'000;
+  f1.decode->failed_all_ns = 5'500'000;
+  f1.decode->ranks_failed = 2;
+  res.requests.push_back(f1);
+  // Fault 2: decode_fail at decode/tp0 but the engines disagree: misattributed.
+  RequestOutcome f2;
+  f2.room = 78;
+  f2.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  f2.prefill = failed_result(Role::kPrefill, 78, ErrorCode::kWaitingTimeout, "prefill/tp0");
+  f2.decode = failed_result(Role::kDecode, 78, ErrorCode::kInjected, "decode/tp0");
+  res.requests.push_back(f2);
+  // Fault 3: the room succeeded anyway: not applied.
+  RequestOutcome f3 = success(79, 1, 2, 10);
+  f3.fault = FaultSpec{"transfer", "prefill/tp0"};
+  res.requests.push_back(f3);
+  // Fault 4: the router gave up: failed, origin "router", misattributed.
+  RequestOutcome f4;
+  f4.room = 80;
+  f4.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  f4.router_failure = "router: no result within 300 s";
+  res.requests.push_back(f4);
+
+  LogScan logs;
+  logs.lines = 20;
+  logs.above_debug_by_room = {{"77", 1}, {"78", 2}};
+  Report r = build_report(res, logs);
+  EXPECT_EQ(r.failed, 3u);
+  EXPECT_EQ(r.succeeded, 1u);
+  ASSERT_EQ(r.faults.size(), 3u);
+  ASSERT_EQ(r.faults_not_applied.size(), 1u);
+  EXPECT_EQ(r.faults_not_applied[0].room, "79");
+  EXPECT_EQ(r.faults_not_applied[0].outcome, "succeeded");
+
+  const FaultEntry& a = r.faults[0];
+  EXPECT_EQ(a.room, "77");
+  EXPECT_EQ(a.kind, "transfer");
+  EXPECT_EQ(a.injected_at, "prefill/tp1");
+  EXPECT_EQ(a.observed_origin, "prefill/tp1");
+  EXPECT_TRUE(a.attributed());
+  EXPECT_EQ(a.code, "transfer_error");
+  EXPECT_EQ(a.reason, "because prefill/tp1");
+  EXPECT_EQ(a.lines_above_debug, 1u);
+  EXPECT_EQ(a.ranks_failed, 4u);
+  EXPECT_DOUBLE_EQ(a.time_to_all_failed_ms, 4.5);
+
+  const FaultEntry& b = r.faults[1];
+  EXPECT_FALSE(b.attributed());
+  EXPECT_NE(b.observed_origin.find("prefill/tp0"), std::string::npos);
+  EXPECT_NE(b.observed_origin.find("decode/tp0"), std::string::npos);
+  EXPECT_EQ(b.lines_above_debug, 2u);
+
+  const FaultEntry& c = r.faults[2];
+  EXPECT_EQ(c.observed_origin, "router");
+  EXPECT_EQ(c.reason, "router: no result within 300 s");
+  EXPECT_EQ(c.lines_above_debug, 0u);
+
+  EXPECT_EQ(r.faults_misattributed(), 2u);
+  EXPECT_EQ(r.faults_not_one_line(), 2u);
+  EXPECT_TRUE(r.unexpected_failures.empty());
+  EXPECT_EQ(r.problems().size(), 2u);
+}
+
+TEST(BuildReport, RejectedFaultIsNotApplied) {
+  ReplayResults res;
+  RequestOutcome q;
+  q.room = 5;
+  q.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  q.decode = failed_result(Role::kDecode, 5, ErrorCode::kResourceExhausted, "decode/tp0");
+  q.decode->rejected = true;
+  res.requests.push_back(q);
+  Report r = build_report(res, LogScan{});
+  EXPECT_EQ(r.rejected, 1u);
+  EXPECT_TRUE(r.faults.empty());
+  ASSERT_EQ(r.faults_not_applied.size(), 1u);
+  EXPECT_EQ(r.faults_not_applied[0].outcome, "rejected");
+  EXPECT_EQ(r.faults_not_applied[0].code, "resource_exhausted");
+  // No log lines at all is itself a problem.
+  auto p = r.problems();
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_EQ(p[0], "no log lines found");
+}
+
+TEST(BuildReport, MismatchAndProcessProblems) {
+  ReplayResults res;
+  res.requests.push_back(success(1, 1, 2, 100));
+  res.requests[0].decode->bytes_mismatched = 3;
+  LogScan logs;
+  logs.lines = 1;
+  Report r = build_report(res, logs);
+  r.process_problems.push_back("decode/tp1 exited with code 3 after the shutdown");
+  auto p = r.problems();
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0], "3 mismatched bytes");
+  EXPECT_EQ(p[1], "decode/tp1 exited with code 3 after the shutdown");
+}
+
+TEST(ReportJson, HasEveryDocumentedField) {
+  ReplayResults res;
+  res.dispatch_start_ns = 1;
+  res.last_result_ns = 1'000'000'001;
+  res.requests.push_back(success(9, 10, 20, 5));
+  RequestOutcome f;
+  f.room = 10;
+  f.fault = FaultSpec{"transfer", "prefill/tp0"};
+  f.prefill = failed_result(Role::kPrefill, 10, ErrorCode::kTransferError, "prefill/tp0");
+  f.decode = failed_result(Role::kDecode, 10, ErrorCode::kTransferError, "prefill/tp0");
+  res.requests.push_back(f);
+  res.decode_stats = std::vector<RankLeakStats>{{"decode/tp0", 0, 0, 0, 1}};
+  LogScan logs;
+  logs.lines = 3;
+  logs.files = 2;
+  logs.above_debug_by_room = {{"10", 1}};
+  Report r = build_report(res, logs);
+  const auto j = nlohmann::json::parse(
+      report_json(r, res, R"({"trace":"x.csv","seed":3})", 12.5, ""));
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_EQ(j["config"]["seed"], 3);
+  EXPECT_EQ(j["requests"]["total"], 2);
+  EXPECT_EQ(j["requests"]["succeeded"], 1);
+  EXPECT_EQ(j["requests"]["failed"], 1);
+  EXPECT_EQ(j["requests"]["rejected"], 0);
+  EXPECT_EQ(j["bytes"]["transferred"], 5);
+  EXPECT_EQ(j["bytes"]["verified"], 5);
+  EXPECT_EQ(j["bytes"]["mismatched"], 0);
+  EXPECT_DOUBLE_EQ(j["wall_s"].get<double>(), 12.5);
+  EXPECT_DOUBLE_EQ(j["transfer_latency_ms"]["p50"].get<double>(), 0.0);
+  EXPECT_TRUE(j["throughput_gb_per_s"].is_number());
+  ASSERT_EQ(j["faults"].size(), 1u);
+  EXPECT_EQ(j["faults"][0]["room"], "10");
+  EXPECT_EQ(j["faults"][0]["injected_at"], "prefill/tp0");
+  EXPECT_EQ(j["faults"][0]["observed_origin"], "prefill/tp0");
+  EXPECT_EQ(j["faults"][0]["lines_above_debug"], 1);
+  EXPECT_EQ(j["faults"][0]["applied"], true);
+  EXPECT_TRUE(j["faults_not_applied"].is_array());
+  EXPECT_EQ(j["faults_summary"]["attributed"], 1);
+  EXPECT_TRUE(j["unexpected_failures"].empty());
+  EXPECT_TRUE(j["rejected_requests"].empty());
+  EXPECT_TRUE(j["leaks"]["prefill"].is_null());
+  EXPECT_EQ(j["leaks"]["decode"][0]["rank"], "decode/tp0");
+  EXPECT_EQ(j["logs"]["files"], 2);
+  EXPECT_TRUE(j["problems"].empty());
+
+  const auto partial = nlohmann::json::parse(partial_report_json("{}", 1.0, "decode/tp0 died"));
+  EXPECT_EQ(partial["status"], "failed");
+  EXPECT_EQ(partial["error"], "decode/tp0 died");
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -1,0 +1,149 @@
+// ReplayResults <-> JSON (results.h). RoomResults reuse the router protocol's codec so both
+// files and frames are validated by one decoder.
+#include "replay/results.h"
+
+#include <charconv>
+
+#include <nlohmann/json.hpp>
+
+namespace kvferry::replay {
+namespace {
+
+using json = nlohmann::json;
+
+Status bad(const std::string& what) { return {ErrorCode::kProtocolError, "results file: " + what}; }
+
+json stats_json(const std::optional<std::vector<RankLeakStats>>& s, Role role) {
+  if (!s) return nullptr;
+  return json::parse(encode_stats(role, *s))["ranks"];
+}
+
+bool get_u64(const json& o, const char* k, uint64_t& v) {
+  auto it = o.find(k);
+  if (it == o.end() || !it->is_number_unsigned()) return false;
+  v = it->get<uint64_t>();
+  return true;
+}
+
+bool get_i64(const json& o, const char* k, int64_t& v) {
+  auto it = o.find(k);
+  if (it == o.end() || !it->is_number_integer()) return false;
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX)) return false;
+  v = it->get<int64_t>();
+  return true;
+}
+
+Result<std::optional<RoomResult>> result_from(const json& o, const char* key) {
+  auto it = o.find(key);
+  if (it == o.end()) return bad(std::string("missing '") + key + "'");
+  if (it->is_null()) return std::optional<RoomResult>();
+  if (!it->is_object()) return bad(std::string("'") + key + "' must be an object");
+  json frame = *it;
+  frame["type"] = "result";
+  auto f = decode_router_frame(frame.dump());
+  if (!f.ok()) return bad(std::string(key) + ": " + f.status().message());
+  return std::optional<RoomResult>(*f->result);
+}
+
+Result<std::optional<std::vector<RankLeakStats>>> stats_from(const json& stats, const char* key) {
+  auto it = stats.find(key);
+  if (it == stats.end() || it->is_null()) return std::optional<std::vector<RankLeakStats>>();
+  json frame = {{"type", "stats"}, {"role", key}, {"ranks", *it}};
+  auto f = decode_router_frame(frame.dump());
+  if (!f.ok()) return bad(std::string("stats.") + key + ": " + f.status().message());
+  return std::optional<std::vector<RankLeakStats>>(*f->stats);
+}
+
+}  // namespace
+
+std::string encode_results(const ReplayResults& r) {
+  json reqs = json::array();
+  for (const auto& q : r.requests) {
+    json o = {{"room", std::to_string(q.room)},
+              {"input_tokens", q.input_tokens},
+              {"output_tokens", q.output_tokens},
+              {"arrival_ms", q.arrival_ms},
+              {"dispatched_ns", q.dispatched_ns},
+              {"router_failure", q.router_failure}};
+    o["fault"] = q.fault ? json{{"kind", q.fault->kind}, {"at", q.fault->at}} : json(nullptr);
+    for (auto [key, res] : {std::pair{"prefill", &q.prefill}, std::pair{"decode", &q.decode}}) {
+      if (*res) {
+        json j = json::parse(encode_result(**res));
+        j.erase("type");
+        o[key] = std::move(j);
+      } else {
+        o[key] = nullptr;
+      }
+    }
+    reqs.push_back(std::move(o));
+  }
+  json out = {{"version", 1},
+              {"dispatch_start_ns", r.dispatch_start_ns},
+              {"dispatch_end_ns", r.dispatch_end_ns},
+              {"last_result_ns", r.last_result_ns},
+              {"requests", std::move(reqs)},
+              {"stats",
+               {{"prefill", stats_json(r.prefill_stats, Role::kPrefill)},
+                {"decode", stats_json(r.decode_stats, Role::kDecode)}}}};
+  return out.dump(1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<ReplayResults> decode_results(const std::string& text) {
+  const json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  ReplayResults r;
+  uint64_t version = 0;
+  if (!get_u64(j, "version", version) || version != 1) return bad("missing or unknown version");
+  if (!get_i64(j, "dispatch_start_ns", r.dispatch_start_ns) ||
+      !get_i64(j, "dispatch_end_ns", r.dispatch_end_ns) ||
+      !get_i64(j, "last_result_ns", r.last_result_ns)) {
+    return bad("missing dispatch times");
+  }
+  auto reqs = j.find("requests");
+  if (reqs == j.end() || !reqs->is_array()) return bad("'requests' must be an array");
+  for (const json& o : *reqs) {
+    if (!o.is_object()) return bad("request entry must be an object");
+    RequestOutcome q;
+    auto room = o.find("room");
+    if (room == o.end() || !room->is_string()) return bad("request without room");
+    const std::string rs = room->get<std::string>();
+    auto [ptr, ec] = std::from_chars(rs.data(), rs.data() + rs.size(), q.room);
+    if (rs.empty() || ec != std::errc() || ptr != rs.data() + rs.size()) {
+      return bad("bad room '" + rs + "'");
+    }
+    if (!get_u64(o, "input_tokens", q.input_tokens) ||
+        !get_u64(o, "output_tokens", q.output_tokens) ||
+        !get_u64(o, "arrival_ms", q.arrival_ms) || !get_i64(o, "dispatched_ns", q.dispatched_ns)) {
+      return bad("request " + rs + ": missing numeric field");
+    }
+    auto rf = o.find("router_failure");
+    if (rf == o.end() || !rf->is_string()) return bad("request " + rs + ": missing router_failure");
+    q.router_failure = rf->get<std::string>();
+    auto f = o.find("fault");
+    if (f != o.end() && !f->is_null()) {
+      if (!f->is_object() || !f->contains("kind") || !f->contains("at") ||
+          !(*f)["kind"].is_string() || !(*f)["at"].is_string()) {
+        return bad("request " + rs + ": bad fault");
+      }
+      q.fault = FaultSpec{(*f)["kind"].get<std::string>(), (*f)["at"].get<std::string>()};
+    }
+    auto p = result_from(o, "prefill");
+    if (!p.ok()) return p.status();
+    q.prefill = *p;
+    auto d = result_from(o, "decode");
+    if (!d.ok()) return d.status();
+    q.decode = *d;
+    r.requests.push_back(std::move(q));
+  }
+  auto stats = j.find("stats");
+  if (stats == j.end() || !stats->is_object()) return bad("'stats' must be an object");
+  auto ps = stats_from(*stats, "prefill");
+  if (!ps.ok()) return ps.status();
+  r.prefill_stats = *ps;
+  auto ds = stats_from(*stats, "decode");
+  if (!ds.ok()) return ds.status();
+  r.decode_stats = *ds;
+  return r;
+}
+
+}  // namespace kvferry::replay

@@ -1,0 +1,49 @@
+// What the router hands to the orchestrator: every request's outcome from both engines, the
+// engines' leak statistics and the dispatch timeline. Written by `kvferry router --results FILE`
+// as JSON, read back by `kvferry replay` to build the report.
+//
+// File shape (JSON object):
+//   {"version":1, "dispatch_start_ns":N, "dispatch_end_ns":N, "last_result_ns":N,
+//    "requests":[{"room":"<u64>","input_tokens":N,"output_tokens":N,"arrival_ms":N,
+//                 "dispatched_ns":N, "fault":null|{"kind":..,"at":..},
+//                 "prefill":null|<RoomResult as in router_protocol>, "decode":null|<RoomResult>,
+//                 "router_failure":"" | "router: no result within 300 s"}...],
+//    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}}
+// Times are CLOCK_MONOTONIC ns (kvferry::monotonic_ns), comparable with the engines' times.
+// Thread contract: pure functions. Errors: kProtocolError for a malformed file.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+#include "replay/router_protocol.h"
+
+namespace kvferry::replay {
+
+struct RequestOutcome {
+  uint64_t room = 0;
+  uint64_t input_tokens = 0;
+  uint64_t output_tokens = 0;
+  uint64_t arrival_ms = 0;
+  int64_t dispatched_ns = 0;  // 0: never dispatched
+  std::optional<FaultSpec> fault;
+  std::optional<RoomResult> prefill;
+  std::optional<RoomResult> decode;
+  std::string router_failure;  // set when the router gave up on the request
+};
+
+struct ReplayResults {
+  int64_t dispatch_start_ns = 0;  // router's time zero (both engines ready)
+  int64_t dispatch_end_ns = 0;    // last request sent
+  int64_t last_result_ns = 0;     // last RoomResult received
+  std::vector<RequestOutcome> requests;
+  std::optional<std::vector<RankLeakStats>> prefill_stats;
+  std::optional<std::vector<RankLeakStats>> decode_stats;
+};
+
+std::string encode_results(const ReplayResults& r);
+Result<ReplayResults> decode_results(const std::string& text);
+
+}  // namespace kvferry::replay

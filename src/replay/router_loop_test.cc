@@ -1,0 +1,243 @@
+// run_router against fake engine leaders (one thread, two ControlSockets): back-pressure,
+// results, fault specs in both engines' requests, the per-request deadline, stats and shutdown.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "kvferry/control.h"
+#include "replay/process.h"
+#include "replay/results.h"
+#include "replay/router.h"
+
+namespace kvferry::replay {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct FakeEngines {
+  size_t max_outstanding_seen = 0;      // per engine, requests without a result yet
+  size_t requests_seen = 0;             // prefill side
+  size_t faults_seen = 0;
+  bool fault_specs_match = true;        // both engines got the same fault for every room
+  bool got_shutdown = false;
+  uint64_t never_answer_room = 0;       // 0: answer everything
+};
+
+// Answers requests once `hold` are outstanding (or nothing new came for 30 ms), oldest first.
+void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& router,
+              size_t hold, FakeEngines& f, std::atomic<bool>& stop) {
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    while (!stop && !(role == Role::kPrefill ? prefill : decode)
+                         .send(router, encode_ready(role, 2)).ok()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  std::deque<RouterRequest> pending;  // prefill side's view; decode mirrors it
+  std::map<uint64_t, std::optional<FaultSpec>> prefill_faults;
+  size_t shutdowns = 0;
+  while (!stop && shutdowns < 2) {
+    bool got = false;
+    for (ControlSocket* s : {&prefill, &decode}) {
+      auto text = s->recv(std::chrono::milliseconds(s == &prefill ? 15 : 15));
+      if (!text) continue;
+      got = true;
+      auto fr = decode_router_frame(*text);
+      ASSERT_TRUE(fr.ok()) << fr.status().str();
+      const Role role = s == &prefill ? Role::kPrefill : Role::kDecode;
+      if (fr->type == "shutdown") {
+        ++shutdowns;
+        s->send(router, encode_stats(role, {{std::string(role_name(role)) + "/tp0", 0, 0, 0, 1}}));
+        continue;
+      }
+      ASSERT_TRUE(fr->request.has_value());
+      if (role == Role::kPrefill) {
+        pending.push_back(*fr->request);
+        ++f.requests_seen;
+        if (fr->request->fault) ++f.faults_seen;
+        prefill_faults[fr->request->room] = fr->request->fault;
+      } else {
+        auto it = prefill_faults.find(fr->request->room);
+        const auto& pf = it == prefill_faults.end() ? std::optional<FaultSpec>() : it->second;
+        const auto& df = fr->request->fault;
+        if (pf.has_value() != df.has_value() || (pf && (pf->kind != df->kind || pf->at != df->at))) {
+          f.fault_specs_match = false;
+        }
+      }
+    }
+    f.max_outstanding_seen = std::max(f.max_outstanding_seen, pending.size());
+    if (!pending.empty() && (pending.size() >= hold || !got)) {
+      RouterRequest q = pending.front();
+      pending.pop_front();
+      if (q.room == f.never_answer_room) continue;
+      for (Role role : {Role::kPrefill, Role::kDecode}) {
+        RoomResult r;
+        r.role = role;
+        r.room = q.room;
+        if (q.fault) {
+          r.state = KVPoll::Failed;
+          r.code = ErrorCode::kInjected;
+          r.origin = q.fault->at;
+          r.reason = "fake fault";
+          r.ranks_failed = 2;
+        } else {
+          r.state = KVPoll::Success;
+          r.code = ErrorCode::kOk;
+          r.first_send_ns = 100;
+          r.success_ns = 200;
+          r.bytes_transferred = role == Role::kPrefill ? q.input_tokens : 0;
+          r.bytes_verified = role == Role::kDecode ? q.input_tokens : 0;
+        }
+        (role == Role::kPrefill ? prefill : decode).send(router, encode_result(r));
+      }
+    }
+  }
+  f.got_shutdown = shutdowns == 2;
+}
+
+class RouterLoop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("kvferry_router_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    std::ofstream t(dir_ / "trace.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      t << "{\"timestamp\": " << i << ", \"input_length\": " << 1000 + i
+        << ", \"output_length\": 5, \"hash_ids\": [1]}\n";
+    }
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  RouterConfig config(ControlSocket& p, ControlSocket& d) {
+    auto ports = pick_free_ports(1);
+    EXPECT_TRUE(ports.ok());
+    RouterConfig c;
+    c.trace_path = (dir_ / "trace.jsonl").string();
+    c.fault_rate = 0.25;
+    c.seed = 9;
+    c.prefill_tp = 2;
+    c.decode_tp = 2;
+    c.endpoint = "tcp://127.0.0.1:" + std::to_string((*ports)[0]);
+    c.prefill_leader = p.endpoint();
+    c.decode_leader = d.endpoint();
+    c.max_inflight = 4;
+    c.results_path = (dir_ / "results.json").string();
+    c.ready_timeout_s = 10;
+    c.stats_timeout_s = 5;
+    return c;
+  }
+
+  ReplayResults read_results() {
+    std::ifstream in(dir_ / "results.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    auto r = decode_results(ss.str());
+    EXPECT_TRUE(r.ok()) << r.status().str();
+    return r.ok() ? *r : ReplayResults{};
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(RouterLoop, BackPressureResultsAndShutdown) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok());
+  RouterConfig c = config(**p, **d);
+  FakeEngines fake;
+  std::atomic<bool> stop{false};
+  std::thread engines([&] { run_fake(**p, **d, c.endpoint, 4, fake, stop); });
+  const int rc = run_router(c);
+  stop = true;
+  engines.join();
+  ASSERT_EQ(rc, 0);
+  EXPECT_TRUE(fake.got_shutdown);
+  EXPECT_EQ(fake.requests_seen, 40u);
+  EXPECT_EQ(fake.max_outstanding_seen, 4u);  // reached, never exceeded
+  EXPECT_TRUE(fake.fault_specs_match);
+  EXPECT_GT(fake.faults_seen, 0u);
+
+  ReplayResults r = read_results();
+  ASSERT_EQ(r.requests.size(), 40u);
+  size_t faults = 0;
+  for (const auto& q : r.requests) {
+    ASSERT_TRUE(q.prefill.has_value());
+    ASSERT_TRUE(q.decode.has_value());
+    EXPECT_TRUE(q.router_failure.empty());
+    EXPECT_GT(q.dispatched_ns, 0);
+    if (q.fault) {
+      ++faults;
+      EXPECT_EQ(q.decode->state, KVPoll::Failed);
+      EXPECT_EQ(q.decode->origin, q.fault->at);
+    } else {
+      EXPECT_EQ(q.decode->bytes_verified, q.input_tokens);
+    }
+  }
+  EXPECT_EQ(faults, fake.faults_seen);
+  EXPECT_GT(r.dispatch_start_ns, 0);
+  EXPECT_GE(r.last_result_ns, r.dispatch_end_ns);
+  ASSERT_TRUE(r.prefill_stats.has_value());
+  ASSERT_TRUE(r.decode_stats.has_value());
+  EXPECT_EQ((*r.decode_stats)[0].rank, "decode/tp0");
+}
+
+TEST_F(RouterLoop, GivesUpOnARequestAfterItsDeadline) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok());
+  RouterConfig c = config(**p, **d);
+  c.max_requests = 6;
+  c.fault_rate = 0;
+  c.request_timeout_s = 0.5;
+  const uint64_t victim = plan_requests({{.arrival_ms = 0, .input_tokens = 1000}}, c.seed, 0, 2, 2)[0].room;
+  FakeEngines fake;
+  fake.never_answer_room = victim;
+  std::atomic<bool> stop{false};
+  std::thread engines([&] { run_fake(**p, **d, c.endpoint, 1, fake, stop); });
+  const int rc = run_router(c);
+  stop = true;
+  engines.join();
+  ASSERT_EQ(rc, 0);
+  ReplayResults r = read_results();
+  ASSERT_EQ(r.requests.size(), 6u);
+  size_t given_up = 0;
+  for (const auto& q : r.requests) {
+    if (q.room == victim) {
+      EXPECT_EQ(q.router_failure, "router: no result within 0.5 s");
+      EXPECT_FALSE(q.decode.has_value());
+      ++given_up;
+    } else {
+      EXPECT_TRUE(q.router_failure.empty());
+      EXPECT_TRUE(q.decode.has_value());
+    }
+  }
+  EXPECT_EQ(given_up, 1u);
+}
+
+TEST_F(RouterLoop, FailsWhenEnginesNeverReady) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok());
+  RouterConfig c = config(**p, **d);
+  c.ready_timeout_s = 0.3;
+  EXPECT_NE(run_router(c), 0);
+  EXPECT_FALSE(fs::exists(dir_ / "results.json"));
+}
+
+TEST_F(RouterLoop, FailsOnABadTrace) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok());
+  RouterConfig c = config(**p, **d);
+  c.trace_path = (dir_ / "missing.jsonl").string();
+  EXPECT_NE(run_router(c), 0);
+}
+
+}  // namespace
+}  // namespace kvferry::replay

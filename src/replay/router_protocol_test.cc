@@ -1,0 +1,179 @@
+#include "replay/router_protocol.h"
+
+#include <gtest/gtest.h>
+
+namespace kvferry {
+namespace {
+
+TEST(RouterProtocol, RequestRoundTripWithFault) {
+  RouterRequest q;
+  q.room = 0x7fffffffffffffffULL;
+  q.input_tokens = 12345;
+  q.output_tokens = 17;
+  q.arrival_ms = 9000;
+  q.fault = FaultSpec{"transfer", "prefill/tp1"};
+  const std::string text = encode_request(q);
+  EXPECT_NE(text.find("\"room\":\"9223372036854775807\""), std::string::npos) << text;
+  auto f = decode_router_frame(text);
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_EQ(f->type, "request");
+  ASSERT_TRUE(f->request.has_value());
+  EXPECT_FALSE(f->result.has_value());
+  EXPECT_EQ(f->request->room, q.room);
+  EXPECT_EQ(f->request->input_tokens, 12345u);
+  EXPECT_EQ(f->request->output_tokens, 17u);
+  EXPECT_EQ(f->request->arrival_ms, 9000u);
+  ASSERT_TRUE(f->request->fault.has_value());
+  EXPECT_EQ(f->request->fault->kind, "transfer");
+  EXPECT_EQ(f->request->fault->at, "prefill/tp1");
+}
+
+TEST(RouterProtocol, RequestWithoutFault) {
+  RouterRequest q;
+  q.room = 0;
+  q.input_tokens = 1;
+  auto f = decode_router_frame(encode_request(q));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_EQ(f->request->room, 0u);
+  EXPECT_FALSE(f->request->fault.has_value());
+}
+
+TEST(RouterProtocol, ResultRoundTrip) {
+  RoomResult r;
+  r.role = Role::kDecode;
+  r.room = 42;
+  r.state = KVPoll::Failed;
+  r.rejected = true;
+  r.code = ErrorCode::kResourceExhausted;
+  r.origin = "decode/tp0";
+  r.reason = "needs 300 pages, pool has 200";
+  r.first_send_ns = -5;
+  r.success_ns = 7;
+  r.failed_all_ns = 123456789012345;
+  r.first_failed_ns = 123456789000000;
+  r.bytes_transferred = 1ULL << 40;
+  r.bytes_verified = 3;
+  r.bytes_mismatched = 2;
+  r.ranks_failed = 2;
+  auto f = decode_router_frame(encode_result(r));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  ASSERT_TRUE(f->result.has_value());
+  const RoomResult& d = *f->result;
+  EXPECT_EQ(d.role, Role::kDecode);
+  EXPECT_EQ(d.room, 42u);
+  EXPECT_EQ(d.state, KVPoll::Failed);
+  EXPECT_TRUE(d.rejected);
+  EXPECT_EQ(d.code, ErrorCode::kResourceExhausted);
+  EXPECT_EQ(d.origin, "decode/tp0");
+  EXPECT_EQ(d.reason, r.reason);
+  EXPECT_EQ(d.first_send_ns, -5);
+  EXPECT_EQ(d.success_ns, 7);
+  EXPECT_EQ(d.failed_all_ns, 123456789012345);
+  EXPECT_EQ(d.first_failed_ns, 123456789000000);
+  EXPECT_EQ(d.bytes_transferred, 1ULL << 40);
+  EXPECT_EQ(d.bytes_verified, 3u);
+  EXPECT_EQ(d.bytes_mismatched, 2u);
+  EXPECT_EQ(d.ranks_failed, 2u);
+}
+
+TEST(RouterProtocol, ReadyShutdownStats) {
+  auto r = decode_router_frame(encode_ready(Role::kDecode, 4));
+  ASSERT_TRUE(r.ok()) << r.status().str();
+  EXPECT_EQ(r->type, "ready");
+  ASSERT_TRUE(r->ready_role.has_value());
+  EXPECT_EQ(*r->ready_role, Role::kDecode);
+  EXPECT_EQ(r->ready_tp_size, 4u);
+
+  auto s = decode_router_frame(encode_shutdown());
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->type, "shutdown");
+
+  std::vector<RankLeakStats> ranks = {{"prefill/tp0", 1, 2, 3, 4}, {"prefill/tp1", 0, 0, 0, 1}};
+  auto st = decode_router_frame(encode_stats(Role::kPrefill, ranks));
+  ASSERT_TRUE(st.ok()) << st.status().str();
+  EXPECT_EQ(st->stats_role, Role::kPrefill);
+  ASSERT_TRUE(st->stats.has_value());
+  ASSERT_EQ(st->stats->size(), 2u);
+  EXPECT_EQ((*st->stats)[0].rank, "prefill/tp0");
+  EXPECT_EQ((*st->stats)[0].live_rooms, 1u);
+  EXPECT_EQ((*st->stats)[0].records, 2u);
+  EXPECT_EQ((*st->stats)[0].pages_in_use, 3u);
+  EXPECT_EQ((*st->stats)[0].peers, 4u);
+  EXPECT_EQ((*st->stats)[1].peers, 1u);
+}
+
+TEST(RouterProtocol, InvalidUtf8ReasonStillEncodes) {
+  RoomResult r;
+  r.state = KVPoll::Failed;
+  r.code = ErrorCode::kInternal;
+  r.reason = std::string("bad \xff byte");
+  auto f = decode_router_frame(encode_result(r));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_NE(f->result->reason.find("bad "), std::string::npos);
+}
+
+void expect_rejected(const std::string& text, const std::string& needle) {
+  auto f = decode_router_frame(text);
+  ASSERT_FALSE(f.ok()) << text;
+  EXPECT_EQ(f.status().code(), ErrorCode::kProtocolError) << text;
+  EXPECT_NE(f.status().message().find(needle), std::string::npos)
+      << text << " -> " << f.status().message();
+}
+
+TEST(RouterProtocol, RejectsBadFrames) {
+  expect_rejected("", "not valid JSON");
+  expect_rejected("{\"type\":", "not valid JSON");
+  expect_rejected("[1,2]", "not a JSON object");
+  expect_rejected("{}", "type");
+  expect_rejected("{\"type\":7}", "type");
+  expect_rejected("{\"type\":\"hello\"}", "unknown type");
+  const std::string ok_req =
+      R"({"type":"request","room":"5","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":null})";
+  ASSERT_TRUE(decode_router_frame(ok_req).ok());
+  expect_rejected(R"({"type":"request","room":5,"input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "room");
+  expect_rejected(R"({"type":"request","room":"-5","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "room");
+  expect_rejected(R"({"type":"request","room":"18446744073709551616","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "room");
+  expect_rejected(R"({"type":"request","room":"05","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "room");
+  expect_rejected(R"({"type":"request","room":"5","input_tokens":-1,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "input_tokens");
+  expect_rejected(R"({"type":"request","room":"5","input_tokens":0,"output_tokens":1,"arrival_ms":0,"fault":null})",
+                  "input_tokens");
+  expect_rejected(R"({"type":"request","room":"5","input_tokens":10,"output_tokens":1,"arrival_ms":0})",
+                  "fault");
+  expect_rejected(R"({"type":"request","room":"5","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":{"kind":"boom","at":"prefill/tp0"}})",
+                  "kind");
+  expect_rejected(R"({"type":"request","room":"5","input_tokens":10,"output_tokens":1,"arrival_ms":0,"fault":{"kind":"transfer","at":"nowhere"}})",
+                  "at");
+  expect_rejected(R"({"type":"ready","role":"middle","tp_size":2})", "role");
+  expect_rejected(R"({"type":"ready","role":"decode","tp_size":0})", "tp_size");
+  expect_rejected(R"({"type":"stats","role":"decode","ranks":{}})", "ranks");
+  expect_rejected(R"({"type":"stats","role":"decode","ranks":[{"rank":"decode/tp0"}]})", "live_rooms");
+}
+
+TEST(RouterProtocol, RejectsInconsistentResults) {
+  RoomResult r;
+  r.room = 9;
+  r.state = KVPoll::Success;
+  r.code = ErrorCode::kOk;
+  std::string good = encode_result(r);
+  ASSERT_TRUE(decode_router_frame(good).ok());
+  auto replace = [](std::string s, const std::string& from, const std::string& to) {
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  expect_rejected(replace(good, "\"code\":\"ok\"", "\"code\":\"transfer_error\""), "code ok");
+  expect_rejected(replace(good, "\"state\":\"Success\"", "\"state\":\"Failed\""), "failure code");
+  expect_rejected(replace(good, "\"state\":\"Success\"", "\"state\":\"Transferring\""), "state");
+  expect_rejected(replace(good, "\"code\":\"ok\"", "\"code\":\"nope\""), "unknown code");
+  expect_rejected(replace(good, "\"origin\":\"\"", "\"origin\":\"x/tp\""), "origin");
+  expect_rejected(replace(good, "\"rejected\":false", "\"rejected\":true"), "rejected");
+  expect_rejected(replace(good, "\"ranks_failed\":0", "\"ranks_failed\":4294967296"), "ranks_failed");
+  expect_rejected(replace(good, "\"success_ns\":0", "\"success_ns\":1.5"), "success_ns");
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -1,0 +1,47 @@
+// Wire format of the active-message write path (TCP): a write AM carries one op's data with a
+// fixed header; the receiver validates the header against ITS OWN registered region, places the
+// data and answers with an ack AM (status code per op). Both sides run on the same machine
+// architecture (loopback or one cluster), so headers are host-endian PODs with a magic/version.
+// Thread contract: pure functions.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kvferry/error.h"
+
+namespace kvferry::ucx {
+
+inline constexpr unsigned kAmWriteId = 0x4b31;  // ucp AM ids used by this transport
+inline constexpr unsigned kAmAckId = 0x4b32;
+inline constexpr uint32_t kAmMagic = 0x6b766631;  // "kvf1"
+
+struct AmWriteHeader {
+  uint32_t magic = kAmMagic;
+  uint32_t op_index = 0;
+  uint64_t batch_id = 0;
+  uint64_t offset = 0;  // bytes from the start of the receiver's region
+  uint64_t length = 0;  // bytes; must equal the AM payload length
+};
+
+struct AmAck {
+  uint32_t magic = kAmMagic;
+  uint16_t code = 0;  // ErrorCode wire value; 0 = placed
+  uint16_t reserved = 0;
+  uint64_t batch_id = 0;
+};
+
+// True when [offset, offset + length) lies inside a region of `bytes` bytes (overflow-safe).
+constexpr bool range_fits(uint64_t offset, uint64_t length, uint64_t bytes) {
+  return offset <= bytes && length <= bytes - offset;
+}
+
+// Parses and validates a write header against the receiver's region. On success fills *out.
+// Errors (kProtocolError): wrong size or magic, length != payload_length, range outside region.
+// *out.batch_id is filled whenever the header was readable, so the sender can be told.
+Status parse_write_header(const void* header, size_t header_length, size_t payload_length,
+                          uint64_t region_bytes, AmWriteHeader* out);
+
+// Parses an ack; false when malformed.
+bool parse_ack(const void* data, size_t length, AmAck* out);
+
+}  // namespace kvferry::ucx

@@ -1,0 +1,73 @@
+// Helpers shared by the UCX transport tests (header-only, test code only).
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "kvferry/transport.h"
+
+namespace kvferry::ucx::testing {
+
+inline uint8_t pattern_byte(uint64_t i) {
+  return static_cast<uint8_t>((i * 131 + 7) ^ (i >> 11));
+}
+
+inline void fill_pattern(uint8_t* base, uint64_t bytes) {
+  for (uint64_t i = 0; i < bytes; ++i) base[i] = pattern_byte(i);
+}
+
+// The image a destination region filled with `fill` must hold after `ops` copied from a source
+// region holding pattern_byte().
+inline std::vector<uint8_t> expected_image(uint64_t bytes, uint8_t fill,
+                                           const std::vector<WriteOp>& ops) {
+  std::vector<uint8_t> img(bytes, fill);
+  for (const WriteOp& op : ops) {
+    for (uint64_t k = 0; k < op.length; ++k) {
+      img[op.remote_offset + k] = pattern_byte(op.local_offset + k);
+    }
+  }
+  return img;
+}
+
+// Waits for one batch's completion and counts how often `done` ran.
+struct Completion {
+  std::shared_ptr<std::promise<Status>> promise = std::make_shared<std::promise<Status>>();
+  std::shared_ptr<std::atomic<int>> calls = std::make_shared<std::atomic<int>>(0);
+  std::future<Status> future = promise->get_future();
+
+  std::function<void(Status)> callback() {
+    return [p = promise, c = calls](Status s) {
+      if (c->fetch_add(1) == 0) p->set_value(std::move(s));
+    };
+  }
+  // Status, or kInternal "timeout" when nothing came within `timeout`.
+  Status wait(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    if (future.wait_for(timeout) != std::future_status::ready) {
+      return Status(ErrorCode::kInternal, "timeout");
+    }
+    return future.get();
+  }
+};
+
+inline Status write_and_wait(Transport& t, PeerId peer, uint64_t room, std::vector<WriteOp> ops,
+                             std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  Completion c;
+  t.write(peer, room, std::move(ops), c.callback());
+  return c.wait(timeout);
+}
+
+inline RemoteRegionInfo remote_info(const Transport& t, const LocalRegion& r) {
+  RemoteRegionInfo info;
+  info.worker_address = t.address();
+  info.packed_rkey = r.packed_rkey;
+  info.base = reinterpret_cast<uint64_t>(r.base);
+  info.bytes = r.bytes;
+  return info;
+}
+
+}  // namespace kvferry::ucx::testing

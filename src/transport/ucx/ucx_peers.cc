@@ -1,0 +1,193 @@
+// UcxTransport: peers. connect (endpoint + remote key + wire-up flush), disconnect, endpoint
+// errors (peer error-handling mode) and endpoint close. Progress thread except the public entries.
+#include <future>
+
+#include "transport/ucx/ucx_config.h"
+#include "transport/ucx/ucx_transport.h"
+
+namespace kvferry::ucx {
+
+Result<PeerId> UcxTransport::connect(const RemoteRegionInfo& info) {
+  if (on_progress_thread()) {
+    return Result<PeerId>(ErrorCode::kInternal, "connect called from a completion callback");
+  }
+  auto answer = std::make_shared<std::promise<Result<PeerId>>>();
+  auto result = answer->get_future();
+  bool posted = post([this, info, answer] {
+    start_connect(info, [answer](Result<PeerId> r) { answer->set_value(std::move(r)); });
+  });
+  if (!posted) return Result<PeerId>(ErrorCode::kInternal, "transport is shut down");
+  return result.get();
+}
+
+void UcxTransport::start_connect(const RemoteRegionInfo& info,
+                                 std::function<void(Result<PeerId>)> reply) {
+  if (shutting_down_) return reply(Result<PeerId>(ErrorCode::kInternal, "shutting down"));
+  if (info.worker_address.empty()) {
+    return reply(Result<PeerId>(ErrorCode::kInvalidArgument, "connect: empty worker address"));
+  }
+  if (mode_ == WriteMode::kPut && info.packed_rkey.empty()) {
+    return reply(Result<PeerId>(ErrorCode::kInvalidArgument, "connect: empty remote key"));
+  }
+  auto owned = std::make_unique<Peer>();
+  Peer& peer = *owned;
+  peer.owner = this;
+  peer.id = next_peer_id_++;
+  peer.remote_base = info.base;
+  peer.remote_bytes = info.bytes;
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(info.worker_address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = &UcxTransport::on_ep_error;
+  ep.err_handler.arg = &peer;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &peer.ep);
+  if (s != UCS_OK) {
+    return reply(ucx_error(ErrorCode::kPeerUnreachable, peer_name(peer.id) + ": ucp_ep_create", s));
+  }
+  PeerId id = peer.id;
+  peers_.emplace(id, std::move(owned));
+  live_peers_++;
+  if (mode_ == WriteMode::kPut) {
+    s = ucp_ep_rkey_unpack(peer.ep, info.packed_rkey.data(), &peer.rkey);
+    if (s != UCS_OK) {
+      do_disconnect(id);
+      return reply(ucx_error(ErrorCode::kProtocolError, peer_name(id) + ": remote key rejected", s));
+    }
+  }
+  // Wait for wire-up before answering: the peer is known reachable, and no wire-up reply is left
+  // pending in the peer's worker (UCX 1.13 asserts when it destroys a worker holding one).
+  auto* ctx = new ConnectCtx{this, id, std::chrono::steady_clock::now() + kConnectTimeout,
+                             std::move(reply)};
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  prm.cb.send = &UcxTransport::on_connect_flushed;
+  prm.user_data = ctx;
+  void* req = ucp_ep_flush_nbx(peer.ep, &prm);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
+    complete_connect(*ctx, req == nullptr ? Status::Ok() : ucx_failure("wire-up", UCS_PTR_STATUS(req)));
+    delete ctx;
+  } else {
+    connects_.insert(ctx);
+  }
+}
+
+void UcxTransport::on_connect_flushed(void* request, ucs_status_t status, void* user_data) {
+  ucp_request_free(request);
+  auto* ctx = static_cast<ConnectCtx*>(user_data);
+  UcxTransport* self = ctx->owner;
+  self->connects_.erase(ctx);
+  self->complete_connect(*ctx, status == UCS_OK ? Status::Ok() : ucx_failure("wire-up", status));
+  delete ctx;
+}
+
+void UcxTransport::complete_connect(ConnectCtx& ctx, const Status& status) {
+  auto reply = std::move(ctx.reply);
+  ctx.reply = nullptr;
+  if (!reply) return;  // answered already (timed out)
+  auto it = peers_.find(ctx.id);
+  Peer* peer = it == peers_.end() ? nullptr : it->second.get();
+  if (peer != nullptr) peer->connecting = false;
+  if (status.ok() && peer != nullptr && peer->state == Peer::State::kLive) return reply(ctx.id);
+  Status why = !status.ok() ? status : peer != nullptr ? peer->error : Status();
+  reply(Status(ErrorCode::kPeerUnreachable,
+               peer_name(ctx.id) + ": connect failed: " + why.message()));
+  if (peer != nullptr && !shutting_down_) {
+    PeerId id = ctx.id;
+    post([this, id] { do_disconnect(id); });  // not from inside a UCX callback
+  }
+}
+
+void UcxTransport::check_connect_deadlines() {
+  auto now = std::chrono::steady_clock::now();
+  std::vector<ConnectCtx*> expired;
+  for (ConnectCtx* c : connects_) {
+    if (c->reply && now >= c->deadline) expired.push_back(c);
+  }
+  for (ConnectCtx* c : expired) {
+    // The flush stays registered: the disconnect's close completes it and frees the context.
+    complete_connect(*c, {ErrorCode::kPeerUnreachable, "wire-up timed out"});
+  }
+}
+
+void UcxTransport::disconnect(PeerId id) {
+  post([this, id] { do_disconnect(id); });
+}
+
+void UcxTransport::do_disconnect(PeerId id) {
+  auto it = peers_.find(id);
+  if (it == peers_.end()) return;
+  Peer& p = *it->second;
+  bool failed = p.state == Peer::State::kFailed;
+  if (p.state == Peer::State::kLive) live_peers_--;
+  if (!failed) p.error = Status(ErrorCode::kPeerUnreachable, "disconnected");
+  p.state = Peer::State::kDisconnected;
+  fail_peer_batches(p, {ErrorCode::kTransferError, "disconnected with the write in flight"});
+  p.erase_when_closed = true;
+  if (p.ep == nullptr) {
+    peers_.erase(it);
+  } else if (!p.closing) {
+    close_peer(p, /*force=*/failed || p.connecting);  // may erase p
+  }
+}
+
+void UcxTransport::on_ep_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* peer = static_cast<Peer*>(arg);
+  peer->owner->handle_ep_error(*peer, status);
+}
+
+void UcxTransport::handle_ep_error(Peer& peer, ucs_status_t status) {
+  if (peer.state != Peer::State::kLive || shutting_down_) return;
+  peer.state = Peer::State::kFailed;
+  live_peers_--;
+  peer.error = ucx_error(ErrorCode::kPeerUnreachable, "endpoint failed", status);
+  fail_peer_batches(peer, peer.error);
+  if (peer_error_handler_ && !peer.connecting) {  // a pending connect() reports it instead
+    try {
+      peer_error_handler_(peer.id, Status(ErrorCode::kPeerUnreachable,
+                                          peer_name(peer.id) + ": " + peer.error.message()));
+    } catch (...) {
+    }
+  }
+  // UCX wants a failed endpoint closed (force), but not from inside its own error callback.
+  PeerId id = peer.id;
+  post([this, id] {
+    auto it = peers_.find(id);
+    if (it != peers_.end() && it->second->ep != nullptr && !it->second->closing) {
+      close_peer(*it->second, /*force=*/true);
+    }
+  });
+}
+
+void UcxTransport::close_peer(Peer& peer, bool force) {
+  peer.closing = true;
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  prm.cb.send = &UcxTransport::on_close_done;
+  prm.user_data = &peer;
+  void* req = ucp_ep_close_nbx(peer.ep, &prm);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) finish_close(peer);
+}
+
+void UcxTransport::on_close_done(void* request, ucs_status_t /*status*/, void* user_data) {
+  ucp_request_free(request);
+  auto* peer = static_cast<Peer*>(user_data);
+  peer->owner->finish_close(*peer);
+}
+
+void UcxTransport::finish_close(Peer& peer) {
+  peer.ep = nullptr;
+  peer.closing = false;
+  if (peer.rkey != nullptr) ucp_rkey_destroy(peer.rkey);
+  peer.rkey = nullptr;
+  if (peer.erase_when_closed && !shutting_down_) peers_.erase(peer.id);  // last use of peer
+}
+
+void UcxTransport::set_peer_error_handler(std::function<void(PeerId, Status)> handler) {
+  post([this, handler = std::move(handler)] { peer_error_handler_ = handler; });
+}
+
+}  // namespace kvferry::ucx

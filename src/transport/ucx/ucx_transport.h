@@ -1,0 +1,207 @@
+// The UCX transport (internal header; the public face is make_ucx_transport in transport.h).
+//
+// One ucp context and one worker, both owned by a progress thread: every UCX call happens on that
+// thread. Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
+// the thread's answer. The thread sleeps in poll() on the command eventfd and the worker's event
+// fd (UCP_FEATURE_WAKEUP + ucp_worker_arm), waking at least every kIdleWakeMs so UCX keepalive
+// (dead shared-memory peers) runs.
+//
+// Write path per kind (measurements in docs/transport.md):
+//   kShm  one ucp_put_nbx per op into the peer's ucp_mem_map(ALLOCATE)'d region (posix/sysv:
+//         a memcpy into the peer's mapping), then ucp_ep_flush_nbx; done after the flush.
+//   kTcp  one ucp_am_send_nbx per op (header = AmWriteHeader); the receiver checks the header
+//         against its own region, places the data and replies with an AmAck; done after all acks.
+#pragma once
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kvferry/transport.h"
+#include "transport/ucx/am_wire.h"
+#include "transport/ucx/command_queue.h"
+
+namespace kvferry::ucx {
+
+// Test and measurement knobs; defaults are the production behaviour.
+struct UcxTestHooks {
+  bool skip_local_bounds_check = false;  // sender: forge out-of-range remote offsets (AM only)
+  bool suppress_acks = false;            // receiver: place data but never acknowledge it
+  bool plain_mmap_region = false;        // register an mmap'd buffer instead of ALLOCATE
+  uint32_t am_send_flags = 0;            // extra ucp_am_send flags (UCP_AM_SEND_FLAG_EAGER/RNDV)
+};
+
+enum class WriteMode { kPut, kActiveMessage };
+
+class UcxTransport final : public Transport {
+ public:
+  static Result<std::unique_ptr<UcxTransport>> create(const TransportOptions& options,
+                                                      const UcxTestHooks& hooks = {});
+  ~UcxTransport() override;
+
+  Result<LocalRegion> create_region(uint64_t bytes) override;
+  std::string address() const override { return address_; }
+  Result<PeerId> connect(const RemoteRegionInfo& peer) override;
+  void disconnect(PeerId peer) override;
+  void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
+             std::function<void(Status)> done) override;
+  void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
+  TransportStats stats() const override;
+
+  WriteMode mode() const { return mode_; }
+  // ucp_ep_print_info() of a peer's endpoint (which lanes/transports UCX chose); "" if unknown.
+  std::string describe_peer(PeerId peer);
+  // Incoming AM writes this transport refused (header outside its region or malformed).
+  uint64_t rejected_incoming() const { return rejected_incoming_.load(); }
+
+  static constexpr int kIdleWakeMs = 100;
+  // connect() returns once UCX wire-up with the peer completed (an ep flush), or fails after this.
+  static constexpr std::chrono::milliseconds kConnectTimeout{5000};
+
+ private:
+  struct Peer;
+  struct Batch;
+  struct RecvCtx;
+  struct AckMsg;
+  struct ConnectCtx;
+
+  UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks);
+  Status start();
+  void run(std::function<void(Status)> started);
+  Status init_ucx();
+  void teardown();
+  bool post(std::function<void()> fn);
+  template <typename T>
+  Result<T> call(std::function<Result<T>()> fn);
+  bool on_progress_thread() const;
+
+  // Progress-thread only (ucx_transport.cc).
+  Result<LocalRegion> do_create_region(uint64_t bytes);
+
+  // Progress-thread only (ucx_peers.cc).
+  void start_connect(const RemoteRegionInfo& info, std::function<void(Result<PeerId>)> reply);
+  void complete_connect(ConnectCtx& ctx, const Status& status);
+  void check_connect_deadlines();
+  static void on_connect_flushed(void* request, ucs_status_t status, void* user_data);
+  void do_disconnect(PeerId id);
+  void handle_ep_error(Peer& peer, ucs_status_t status);
+  void close_peer(Peer& peer, bool force);
+  void finish_close(Peer& peer);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void on_close_done(void* request, ucs_status_t status, void* user_data);
+
+  // Progress-thread only (ucx_write.cc).
+  void do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
+                std::function<void(Status)> done);
+  Status validate_ops(const Peer& peer, const std::vector<WriteOp>& ops) const;
+  void issue_puts(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops);
+  void issue_am_writes(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops);
+  void finish(Batch& batch, Status status);
+  void release_if_idle(Batch& batch);
+  void fail_peer_batches(Peer& peer, const Status& status);
+  Status register_am_handlers();
+  void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code);
+  ucs_status_t handle_am_write(const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  void handle_am_ack(const void* data, size_t length);
+  std::string peer_name(PeerId id) const;
+  static void on_flush_done(void* request, ucs_status_t status, void* user_data);
+  static void on_am_sent(void* request, ucs_status_t status, void* user_data);
+  static void on_ack_sent(void* request, ucs_status_t status, void* user_data);
+  static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user_data);
+  static ucs_status_t am_write_cb(void* arg, const void* header, size_t header_length, void* data,
+                                  size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_ack_cb(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param);
+
+  const TransportOptions options_;
+  const UcxTestHooks hooks_;
+  const WriteMode mode_;
+  std::string address_;  // set before start() returns, immutable afterwards
+  CommandQueue commands_;
+  std::thread thread_;
+
+  // Owned by the progress thread.
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_efd_ = -1;
+  ucp_mem_h memh_ = nullptr;
+  void* plain_mmap_ = nullptr;
+  uint8_t* region_base_ = nullptr;
+  uint64_t region_bytes_ = 0;
+  bool stop_ = false;
+  bool shutting_down_ = false;
+  PeerId next_peer_id_ = 1;
+  uint64_t next_batch_id_ = 1;
+  std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
+  std::unordered_set<RecvCtx*> recvs_;
+  std::unordered_set<AckMsg*> acks_in_flight_;
+  std::unordered_set<ConnectCtx*> connects_;  // wire-up flushes in flight
+  std::function<void(PeerId, Status)> peer_error_handler_;
+
+  std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
+      live_peers_{0}, rejected_incoming_{0};
+  std::atomic<std::thread::id> thread_id_{};
+};
+
+struct UcxTransport::Peer {
+  enum class State { kLive, kFailed, kDisconnected };
+  UcxTransport* owner = nullptr;
+  PeerId id = 0;
+  ucp_ep_h ep = nullptr;       // null once the close completed
+  ucp_rkey_h rkey = nullptr;   // put mode only
+  uint64_t remote_base = 0;
+  uint64_t remote_bytes = 0;
+  State state = State::kLive;
+  Status error;                // why the peer is no longer live
+  bool closing = false;
+  bool erase_when_closed = false;
+  bool connecting = true;      // until the wire-up flush completed
+  std::unordered_set<uint64_t> batches;  // unfinished batch ids
+};
+
+// One write() call. Lives until finished and every UCX request that points at it has returned.
+struct UcxTransport::Batch {
+  UcxTransport* owner = nullptr;
+  uint64_t id = 0;
+  PeerId peer = 0;
+  uint64_t room = 0;
+  std::function<void(Status)> done;
+  uint64_t bytes = 0;
+  uint32_t requests = 0;  // outstanding UCX requests carrying this batch as user_data
+  uint64_t acks = 0;      // AM mode: acks still expected
+  bool finished = false;
+  std::vector<AmWriteHeader> headers;  // AM mode: kept alive until the sends complete
+};
+
+// A rendezvous AM receive in progress (receiver side).
+struct UcxTransport::RecvCtx {
+  UcxTransport* owner = nullptr;
+  ucp_ep_h reply_ep = nullptr;
+  uint64_t batch_id = 0;
+};
+
+// A connect() waiting for its wire-up flush. Freed by the flush callback (or at teardown).
+struct UcxTransport::ConnectCtx {
+  UcxTransport* owner = nullptr;
+  PeerId id = 0;
+  std::chrono::steady_clock::time_point deadline;
+  std::function<void(Result<PeerId>)> reply;  // empty once answered
+};
+
+// An ack being sent (receiver side); freed when the send completes.
+struct UcxTransport::AckMsg {
+  UcxTransport* owner = nullptr;
+  AmAck ack;
+};
+
+}  // namespace kvferry::ucx
