@@ -32,8 +32,8 @@ build: deps $(BUILD)/CMakeCache.txt
 
 run: build
 	$(BUILD)/kvferry replay --trace data/traces/conversation_trace.jsonl --model Llama-3.1-8B \
-	  --prefill-tp 2 --decode-tp 2 --max-requests 200 --time-scale 0 --fault-rate 0.02 --seed 1 \
-	  --out $(RUN_OUT)
+	  --prefill-tp 2 --decode-tp 2 --pool-mib 6656 --prefill-pool-mib 1024 --page-size 64 \
+	  --max-requests 200 --time-scale 0 --fault-rate 0.02 --seed 1 --transport shm --out $(RUN_OUT)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
