@@ -24,7 +24,11 @@ class ControlSocket {
   // The endpoint peers connect to (port resolved).
   const std::string& endpoint() const;
 
-  // Queues `frame` to `dest_endpoint`. Errors: kPeerUnreachable when it cannot be queued.
+  // Queues `frame` to `dest_endpoint`. Errors: kPeerUnreachable when it cannot be queued;
+  // kInvalidArgument for a malformed endpoint. Ok means queued, not delivered.
+  // First contact: while the connection to a new destination is being set up (its first 1 s),
+  // send() waits at most 20 ms once, then holds frames (in order, bounded) and later send()/recv()
+  // calls flush them; frames still held when that window ends are dropped.
   Status send(const std::string& dest_endpoint, const std::string& frame);
 
   // Next received frame, waiting at most `timeout` (0: do not wait). nullopt when none arrived.
@@ -34,7 +38,8 @@ class ControlSocket {
   // the same endpoint gets a fresh connection.
   void forget(const std::string& dest_endpoint);
 
-  // The file descriptor that becomes readable when frames may be waiting (ZMQ_FD semantics).
+  // The file descriptor that becomes readable when frames may be waiting (ZMQ_FD semantics:
+  // edge-like, drain with recv(0) until nullopt). It does not signal held outgoing frames.
   int fd() const;
 
   size_t open_connections() const;

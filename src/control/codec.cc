@@ -15,7 +15,6 @@
 // Success with kOk, or Failed with a non-ok code. encode() truncates an over-long RoomStatus
 // reason to kMaxStringBytes (free text; the status itself must reach the peer).
 #include <string>
-#include <type_traits>
 
 #include "control/wire.h"
 #include "kvferry/messages.h"

@@ -1,13 +1,17 @@
 // ControlSocket over ZeroMQ (include/kvferry/control.h): one bound PULL socket, PUSH sockets per
 // destination created on first send.
 //
-// PUSH sockets use ZMQ_IMMEDIATE=1: frames are queued only on a completed connection, so a send to
-// a dead or never-started peer fails at once (kPeerUnreachable) instead of piling up. A PUSH
-// socket that has just been created has not finished its TCP connect yet, so during its first
-// kConnectGrace a send that would block waits (bounded) for the connection; after that, sends
-// never wait. All sockets have ZMQ_LINGER 0: closing never blocks on unsent frames.
+// PUSH sockets use ZMQ_IMMEDIATE=1: ZeroMQ queues frames only on a completed connection, so a
+// send to a dead or never-started peer fails at once (kPeerUnreachable) instead of piling up.
+// A new PUSH socket has not finished its TCP connect and handshake yet, so during its first
+// kConnectWindow a frame that cannot be queued is held here (at most kMaxHeld frames) and flushed,
+// in order, by later send()/recv() calls; send() itself waits at most kConnectWait, once, for the
+// connection. When the window ends with frames still held, they are dropped and the peer is
+// unreachable. All sockets have ZMQ_LINGER 0: closing never blocks on unsent frames.
 #include <chrono>
+#include <deque>
 #include <unordered_map>
+#include <vector>
 #include <zmq.hpp>
 
 #include "kvferry/control.h"
@@ -16,8 +20,13 @@
 namespace kvferry {
 namespace {
 
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
 constexpr int kSendHighWaterMark = 10000;
-constexpr auto kConnectGrace = std::chrono::milliseconds(50);
+constexpr auto kConnectWait = milliseconds(20);
+constexpr auto kConnectWindow = milliseconds(1000);
+constexpr size_t kMaxHeld = 1024;
 // The largest frame decode() can accept, plus slack: bigger frames drop the sending connection.
 constexpr int64_t kMaxFrameBytes = 8ll * kMaxKvIndices + (1ll << 20);
 
@@ -39,9 +48,27 @@ ErrorCode code_for(const zmq::error_t& e) {
   }
 }
 
+milliseconds until(Clock::time_point t) {
+  auto d = std::chrono::ceil<milliseconds>(t - Clock::now());
+  return d.count() > 0 ? d : milliseconds(0);
+}
+
 struct Push {
   zmq::socket_t socket;
-  std::chrono::steady_clock::time_point created;
+  Clock::time_point created;
+  std::deque<std::string> held;  // frames waiting for the first connection, oldest first
+
+  bool in_window() const { return Clock::now() - created < kConnectWindow; }
+  bool try_send(const std::string& frame) {
+    return socket.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
+  }
+  // Sends held frames in order while ZeroMQ accepts them; drops them once the window is over.
+  // Returns true when nothing is held any more.
+  bool flush() {
+    while (!held.empty() && try_send(held.front())) held.pop_front();
+    if (!held.empty() && !in_window()) held.clear();
+    return held.empty();
+  }
 };
 
 }  // namespace
@@ -51,17 +78,29 @@ struct ControlSocket::Impl {
   std::string endpoint;
   std::unordered_map<std::string, Push> pushes;
 
-  // Sends without blocking; on a fresh socket waits up to the rest of kConnectGrace for the
-  // connection. Returns false when the frame could not be queued.
-  static bool send_on(Push& p, const std::string& frame) {
-    if (p.socket.send(zmq::buffer(frame), zmq::send_flags::dontwait)) return true;
-    const auto left = kConnectGrace - (std::chrono::steady_clock::now() - p.created);
-    if (left <= std::chrono::milliseconds(0)) return false;
-    zmq::pollitem_t item{p.socket.handle(), 0, ZMQ_POLLOUT, 0};
-    zmq::poll(&item, 1, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
-                            std::chrono::milliseconds(1));
-    if (!(item.revents & ZMQ_POLLOUT)) return false;
-    return p.socket.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
+  void flush_all() {
+    for (auto& [dest, p] : pushes) {
+      if (!p.held.empty()) p.flush();
+    }
+  }
+
+  Status queue(const std::string& dest, Push& p, const std::string& frame) {
+    if (p.flush()) {
+      if (p.try_send(frame)) return Status::Ok();
+      const auto wait_until = p.created + kConnectWait;
+      if (Clock::now() < wait_until) {
+        zmq::pollitem_t item{p.socket.handle(), 0, ZMQ_POLLOUT, 0};
+        zmq::poll(&item, 1, until(wait_until));
+        if ((item.revents & ZMQ_POLLOUT) && p.try_send(frame)) return Status::Ok();
+      }
+    }
+    if (p.in_window() && p.held.size() < kMaxHeld) {
+      p.held.push_back(frame);
+      return Status::Ok();
+    }
+    p.held.clear();
+    return Status(ErrorCode::kPeerUnreachable,
+                  "control socket: " + dest + " is not connected or its queue is full");
   }
 };
 
@@ -94,34 +133,37 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
       push.set(zmq::sockopt::sndhwm, kSendHighWaterMark);
       push.set(zmq::sockopt::immediate, true);
       push.connect(dest_endpoint);
-      it = impl_->pushes
-               .emplace(dest_endpoint, Push{std::move(push), std::chrono::steady_clock::now()})
-               .first;
+      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), {}}).first;
     } catch (const zmq::error_t& e) {
       return Status(code_for(e),
                     "control socket: cannot connect to " + dest_endpoint + ": " + e.what());
     }
   }
   try {
-    if (Impl::send_on(it->second, frame)) return Status::Ok();
+    return impl_->queue(dest_endpoint, it->second, frame);
   } catch (const zmq::error_t& e) {
     return Status(ErrorCode::kPeerUnreachable,
                   "control socket: send to " + dest_endpoint + " failed: " + e.what());
   }
-  return Status(ErrorCode::kPeerUnreachable,
-                "control socket: " + dest_endpoint + " is not connected or its queue is full");
 }
 
-std::optional<std::string> ControlSocket::recv(std::chrono::milliseconds timeout) {
+std::optional<std::string> ControlSocket::recv(milliseconds timeout) {
   try {
+    const auto deadline = Clock::now() + timeout;
     zmq::message_t msg;
-    auto got = impl_->pull.recv(msg, zmq::recv_flags::dontwait);
-    if (!got && timeout.count() > 0) {
-      zmq::pollitem_t item{impl_->pull.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, timeout);
-      if (item.revents & ZMQ_POLLIN) got = impl_->pull.recv(msg, zmq::recv_flags::dontwait);
+    std::vector<zmq::pollitem_t> items;
+    for (;;) {
+      impl_->flush_all();
+      if (impl_->pull.recv(msg, zmq::recv_flags::dontwait)) break;
+      const milliseconds left = until(deadline);
+      if (left.count() == 0) return std::nullopt;
+      // Wait for a frame, or for a held frame's connection to come up (then flush and go on).
+      items.assign(1, zmq::pollitem_t{impl_->pull.handle(), 0, ZMQ_POLLIN, 0});
+      for (auto& [dest, p] : impl_->pushes) {
+        if (!p.held.empty()) items.push_back({p.socket.handle(), 0, ZMQ_POLLOUT, 0});
+      }
+      zmq::poll(items, left);
     }
-    if (!got) return std::nullopt;
     std::string frame = msg.to_string();
     // Frames are single-part; drop any further parts so they cannot pose as frames.
     while (msg.more()) {
