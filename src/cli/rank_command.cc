@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "driver/rank.h"
+#include "kvferry/deadlines.h"
 
 namespace kvferry::cli {
 
@@ -29,8 +30,9 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();
   cmd->add_option("--transport", *transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
-  cmd->add_option("--drain-timeout-ms", opts->drain_timeout_ms, "decode: wait for prefill writes to drain");
-  cmd->add_option("--peer-timeout-ms", opts->peer_timeout_ms, "engine ranks: silence before giving up");
+  opts->deadlines = deadlines_from_env();
+  for (const DeadlineField& f : deadline_fields())
+    cmd->add_option(f.option, opts->deadlines.*f.member, std::string(f.help) + " (env " + f.env + ")");
   cmd->callback([opts, role, transport] {
     opts->role = *role == "prefill" ? Role::kPrefill : Role::kDecode;
     opts->transport = *transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;

@@ -27,6 +27,7 @@ void DecodeDriver::apply(const Decision& d) {
       Room& r = rooms_[d.room];
       r.req = d.request;
       r.pages_needed = core_.layout().pages_for(d.request.input_tokens);
+      r.created_ns = monotonic_ns();
       ep_.add_room(d.room, d.request.input_tokens);
       if (self.tp_rank == 0) prealloc_.push_back(d.room);
       log_event(LogLevel::kDebug, kComp, fmt::format("receiver created ({} pages)", r.pages_needed), {.room = d.room});
@@ -47,12 +48,15 @@ void DecodeDriver::apply(const Decision& d) {
       r.admitted = true;
       r.kv_indices = std::move(*kv);
       r.aux_slot = (*slot)[0];
-      if (r.req.fault && r.req.fault->kind == "decode_fail" && r.req.fault->at == self.str()) {
+      if (fault_at(r.req, "decode_fail", self)) {
         ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns());
         return;
       }
+      if (fault_at_peer(r.req, "timeout", self)) return;  // stay silent: our prefill peer times out
       Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
       if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns());
+      if (fault_at(r.req, "timeout", self))
+        ep_.set_waiting_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
       return;
     }
     case Decision::Op::kFail: {
@@ -130,10 +134,18 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
   });
 }
 
-void DecodeDriver::pump(int64_t /*now_ns*/) {
+void DecodeDriver::pump(int64_t now_ns) {
   verifier_.drain();
+  ep_.tick(now_ns);
+  const RankId self = core_.self();
   for (auto& [id, r] : rooms_) {
-    if (!r.verify_started && ep_.poll(id) == KVPoll::Success && !core_.registry().get(id)) start_verify(id, r);
+    if (r.verify_started || ep_.poll(id) != KVPoll::Success || core_.registry().get(id)) continue;
+    if (fault_at(r.req, "transfer", self)) {
+      ep_.fail(id, ErrorCode::kTransferError, "injected transfer error at the receiver (replay fault plan)", self,
+               now_ns);
+      continue;
+    }
+    start_verify(id, r);
   }
 }
 
@@ -174,7 +186,7 @@ std::vector<RoomReport> DecodeDriver::reports(int64_t now_ns) {
 }
 
 std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
-                                           std::vector<RouterRequest> new_requests, int64_t /*now_ns*/,
+                                           std::vector<RouterRequest> new_requests, int64_t now_ns,
                                            std::vector<RoomResult>* results) {
   std::vector<Decision> out;
   const RankId self = core_.self();
@@ -185,6 +197,13 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     d.request = std::move(req);
     out.push_back(std::move(d));
   }
+  for (uint64_t id : aborts_) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end() || it->second.fail_decided) continue;
+    out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", self));
+    it->second.fail_decided = true;
+  }
+  aborts_.clear();
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
@@ -238,6 +257,15 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     if (it == rooms_.end()) continue;
     Room& r = it->second;
     if (r.admitted || r.fail_decided || core_.registry().get(id)) continue;
+    if (now_ns - r.created_ns > core_.config().deadlines.prealloc_timeout_ms * 1'000'000) {
+      out.push_back(local_failure(
+          id, ErrorCode::kPreallocTimeout,
+          fmt::format("{} pages did not become free within {} ms ({} of {} free)", r.pages_needed,
+                      core_.config().deadlines.prealloc_timeout_ms, pages_.free_pages(), pages_.total_pages()),
+          self));
+      r.fail_decided = true;
+      continue;
+    }
     if (r.pages_needed > pages_.total_pages()) {
       const PoolLayout& l = core_.layout();
       Decision d;

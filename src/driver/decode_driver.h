@@ -43,6 +43,7 @@ class DecodeDriver : public EngineDriver {
   struct Room {
     RouterRequest req;
     uint64_t pages_needed = 0;
+    int64_t created_ns = 0;
     bool admitted = false;
     std::vector<uint64_t> kv_indices;
     std::optional<uint64_t> aux_slot;

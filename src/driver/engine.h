@@ -80,9 +80,22 @@ class EngineDriver {
   virtual std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
                                        std::vector<RouterRequest> new_requests, int64_t now_ns,
                                        std::vector<RoomResult>* results) = 0;
+  // Leader only: the router aborted `room` (the client went away); the next decide() fails it with
+  // code aborted and this rank as origin.
+  virtual void on_abort(uint64_t room) { aborts_.push_back(room); }
   virtual RankLeakStats leak_stats() const = 0;
   virtual bool idle() const = 0;  // no live rooms
+
+ protected:
+  std::vector<uint64_t> aborts_;
 };
+
+// A kFail decision for a failure the leader observed itself (origin = the leader).
+Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const RankId& self);
+// True if the fault targets this rank ("at" equals self.str()).
+bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& self);
+// True if the fault targets this rank's peer in the other engine (equal TP: same tp_rank).
+bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self);
 
 // JSON codecs for the step frames (see engine_sync.h).
 std::string encode_decision_json(const Decision& d);

@@ -83,6 +83,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           replies[f->tp_rank] = std::move(f->rooms);
           follower_stats[f->tp_rank] = f->stats;
         }
+      } else if (f->type == "abort") {
+        router_seen = true;
+        driver_.on_abort(f->room);
       } else {
         router_seen = true;
         auto rf = decode_router_frame(*text);

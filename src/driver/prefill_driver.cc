@@ -28,8 +28,12 @@ void PrefillDriver::apply(const Decision& d) {
       Room& r = rooms_[d.room];
       r.req = d.request;
       ep_.add_room(d.room, d.request.input_tokens);
-      if (d.request.fault && d.request.fault->kind == "transfer" && d.request.fault->at == core_.self().str())
+      const RankId self = core_.self();
+      if (fault_at(d.request, "transfer", self))
         core_.faults().fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
+      if (fault_at(d.request, "timeout", self))  // our decode peer stays silent: bootstrap timeout here
+        ep_.set_bootstrap_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
+      r.silent = fault_at_peer(d.request, "timeout", self);  // our peer must time out waiting for us
       return;
     }
     case Decision::Op::kStart: {
@@ -93,7 +97,7 @@ void PrefillDriver::schedule_chunks() {
     if (it == rooms_.end()) continue;
     Room& r = it->second;
     const SenderRoom* s = ep_.room(id);
-    if (!s || s->state.terminal() || core_.registry().get(id)) continue;
+    if (!s || s->state.terminal() || core_.registry().get(id) || r.silent) continue;
     while (r.chunks_out < 2 && r.next_page < s->total_pages) {
       uint64_t want = std::min(cfg_.chunk_pages, s->total_pages - r.next_page);
       uint64_t n = std::min(want, staging_.free_pages());
@@ -174,6 +178,13 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
     d.request = std::move(req);
     out.push_back(std::move(d));
   }
+  for (uint64_t id : aborts_) {
+    auto it = rooms_.find(id);
+    if (it == rooms_.end() || it->second.fail_decided) continue;
+    out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", core_.self()));
+    it->second.fail_decided = true;
+  }
+  aborts_.clear();
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;

@@ -49,6 +49,7 @@ class PrefillDriver : public EngineDriver {
   struct Room {
     RouterRequest req;
     bool started = false;
+    bool silent = false;  // replay timeout fault: never send, so the decode peer times out
     uint64_t next_page = 0;
     uint32_t chunks_out = 0;  // filling or writing
     int64_t failed_ns = 0;

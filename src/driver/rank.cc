@@ -18,6 +18,17 @@ namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "rank";
 
+// MemAvailable from /proc/meminfo in bytes (0 if unknown).
+uint64_t mem_available() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
+
 int fail_start(const std::string& what) {
   log_event(LogLevel::kCritical, kComp, "cannot start: " + what);
   flush_logging();
@@ -46,11 +57,16 @@ int run_rank(const RankOptions& o) {
                                   o.role == Role::kPrefill ? o.tp_size : peer_tp,
                                   o.role == Role::kPrefill ? peer_tp : o.tp_size));
 
+  uint64_t avail = mem_available();
+  if (avail != 0 && layout->total_bytes() > avail)
+    return fail_start(fmt::format("a pool of {} MiB does not fit this machine ({} MiB available)", o.pool_mib,
+                                  avail >> 20));
+
   EndpointConfig ec;
   ec.self = self;
   ec.layout = *layout;
   ec.transport = o.transport;
-  ec.drain_timeout_ms = o.drain_timeout_ms;
+  ec.deadlines = o.deadlines;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return fail_start(core.status().str());
   EndpointCore& c = **core;
@@ -60,7 +76,7 @@ int run_rank(const RankOptions& o) {
 
   BootstrapClient bootstrap(o.bootstrap, 2000);
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
-  lc.peer_timeout_ms = o.peer_timeout_ms;
+  lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   int rc = 0;
   if (o.role == Role::kPrefill) {
     PrefillRankInfo info;
@@ -75,7 +91,7 @@ int run_rank(const RankOptions& o) {
     info.heads_per_rank = layout->heads_per_rank;
     info.first_head = layout->first_head;
     Status s = bootstrap.register_rank(info);
-    for (int64_t deadline = monotonic_ns() + o.bootstrap_wait_ms * 1'000'000; !s.ok() && monotonic_ns() < deadline;) {
+    for (int64_t deadline = monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000; !s.ok() && monotonic_ns() < deadline;) {
       wait_readable(nullptr, 0, 50);
       s = bootstrap.register_rank(info);
     }
@@ -90,7 +106,7 @@ int run_rank(const RankOptions& o) {
     rc = loop.run();
   } else {
     DecodeEndpoint ep(c, peer_tp);
-    Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.bootstrap_wait_ms * 1'000'000);
+    Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000);
     if (!s.ok()) return fail_start(s.str());
     DecodeDriver driver(c, ep);
     EngineLoop loop(

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "kvferry/transport.h"
 
@@ -27,9 +28,7 @@ struct RankOptions {
   std::string router_endpoint;
   TransportKind transport = TransportKind::kShm;
   std::string log_file;
-  int64_t bootstrap_wait_ms = 60000;
-  int64_t drain_timeout_ms = 10000;
-  int64_t peer_timeout_ms = 30000;
+  Deadlines deadlines;
 };
 
 int run_rank(const RankOptions& options);

@@ -1,8 +1,31 @@
 #include "driver/engine.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 namespace kvferry {
+
+Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const RankId& self) {
+  Decision d;
+  d.op = Decision::Op::kFail;
+  d.room = room;
+  d.code = code;
+  d.origin = self.str();
+  d.reason = std::move(reason);
+  d.first_seen_ns = monotonic_ns();
+  return d;
+}
+
+bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& self) {
+  return req.fault && req.fault->kind == kind && req.fault->at == self.str();
+}
+
+bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self) {
+  RankId peer = self;
+  peer.role = self.role == Role::kPrefill ? Role::kDecode : Role::kPrefill;
+  return req.fault && req.fault->kind == kind && req.fault->at == peer.str();
+}
 
 RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
   RoomReduction out;

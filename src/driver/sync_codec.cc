@@ -138,6 +138,8 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.seq = j.at("seq").get<uint64_t>();
       f.shutdown = j.at("shutdown").get<bool>();
       for (const json& d : j.at("decisions")) f.decisions.push_back(decision_from(d));
+    } else if (f.type == "abort") {
+      f.room = room_of(j);
     } else if (f.type == "reply") {
       f.seq = j.at("seq").get<uint64_t>();
       f.tp_rank = j.at("tp_rank").get<uint32_t>();

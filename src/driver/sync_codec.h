@@ -2,6 +2,7 @@
 //   {"type":"hello","tp_rank":R,"endpoint":"tcp://..."}                       follower -> leader
 //   {"type":"step","seq":K,"shutdown":false,"decisions":[Decision...]}       leader -> followers
 //   {"type":"reply","seq":K,"tp_rank":R,"rooms":[RoomReport...],"stats":{}}  follower -> leader
+//   {"type":"abort","room":"<u64>"}                                         router -> leader
 // Room ids are decimal strings. Parsing never throws: malformed frames give kProtocolError.
 #pragma once
 #include <string>
@@ -16,6 +17,7 @@ struct SyncFrame {
   uint32_t tp_rank = 0;
   std::string endpoint;
   uint64_t seq = 0;
+  uint64_t room = 0;  // abort
   bool shutdown = false;
   std::vector<Decision> decisions;
   std::vector<RoomReport> rooms;

@@ -14,6 +14,7 @@
 
 #include "endpoint/waker.h"
 #include "kvferry/control.h"
+#include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "kvferry/fault_transport.h"
 #include "kvferry/geometry.h"
@@ -28,7 +29,7 @@ struct EndpointConfig {
   PoolLayout layout;
   TransportKind transport = TransportKind::kShm;
   std::string control_bind = "tcp://127.0.0.1:0";
-  int64_t drain_timeout_ms = 10000;  // decode: wait this long for prefill writes to drain
+  Deadlines deadlines;
 };
 
 // A write batch completed (on the progress thread), handed to the main thread.

@@ -144,6 +144,8 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
     r.metadata_sent.insert(src);
   }
   r.state.advance(KVPoll::WaitingForInput);
+  r.init_ns = monotonic_ns();
+  r.waiting_deadline_ns = r.init_ns + core_.config().deadlines.waiting_timeout_ms * 1'000'000;
   return Status::Ok();
 }
 
@@ -184,8 +186,29 @@ bool DecodeEndpoint::drained(uint64_t room, int64_t now_ns) const {
   const ReceiverRoom& r = it->second;
   if (!r.state.terminal()) return false;
   for (const RankId& src : r.metadata_sent)
-    if (!r.terminal.count(src)) return r.failed_ns != 0 && now_ns - r.failed_ns > core_.config().drain_timeout_ms * 1'000'000;
+    if (!r.terminal.count(src)) return r.failed_ns != 0 && now_ns - r.failed_ns > core_.config().deadlines.drain_timeout_ms * 1'000'000;
   return true;
+}
+
+void DecodeEndpoint::set_waiting_deadline(uint64_t room, int64_t deadline_ns) {
+  auto it = rooms_.find(room);
+  if (it != rooms_.end()) it->second.waiting_deadline_ns = deadline_ns;
+}
+
+void DecodeEndpoint::tick(int64_t now_ns) {
+  std::vector<uint64_t> expired;
+  for (auto& [id, r] : rooms_)
+    if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);
+  for (uint64_t id : expired) {
+    ReceiverRoom& r = rooms_.at(id);
+    std::string missing;
+    for (const RankId& s : r.sources)
+      if (!r.succeeded.count(s)) missing += (missing.empty() ? "" : ", ") + s.str();
+    fail(id, ErrorCode::kWaitingTimeout,
+         fmt::format("no data from {} within {} ms of sending the metadata", missing,
+                     (r.waiting_deadline_ns - r.init_ns) / 1'000'000),
+         core_.self(), now_ns);
+  }
 }
 
 void DecodeEndpoint::release(uint64_t room) {

@@ -40,6 +40,8 @@ struct ReceiverRoom {
   std::vector<uint64_t> kv_indices;
   uint32_t aux_slot = 0;
   bool failure_told = false;
+  int64_t init_ns = 0;
+  int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
   int64_t failed_ns = 0;
 };
@@ -67,6 +69,10 @@ class DecodeEndpoint {
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
             int64_t first_seen_ns);
   bool drained(uint64_t room, int64_t now_ns) const;
+  // Overrides the room's waiting deadline (replay's timeout faults).
+  void set_waiting_deadline(uint64_t room, int64_t deadline_ns);
+  // Deadlines: a room WaitingForInput past its deadline fails with waiting_timeout.
+  void tick(int64_t now_ns);
   void release(uint64_t room);
 
   size_t live_rooms() const { return rooms_.size(); }

@@ -141,6 +141,8 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.room = room;
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
+  r.created_ns = monotonic_ns();
+  r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
   // Equal TP: prefill rank r writes to decode rank r (the only layout supported so far).
   RankId d{Role::kDecode, 0, core_.self().tp_rank, core_.self().dp_rank};
   r.dests.push_back(d);
@@ -322,10 +324,27 @@ void PrefillEndpoint::release(uint64_t room) {
   rooms_.erase(it);
 }
 
+void PrefillEndpoint::set_bootstrap_deadline(uint64_t room, int64_t deadline_ns) {
+  auto it = rooms_.find(room);
+  if (it != rooms_.end()) it->second.bootstrap_deadline_ns = deadline_ns;
+}
+
 void PrefillEndpoint::tick(int64_t now_ns) {
+  std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
+    if (r.state.get() == KVPoll::Bootstrapping && now_ns > r.bootstrap_deadline_ns) expired.push_back(id);
     maybe_finish(r);
     maybe_send_terminal(r);
+  }
+  for (uint64_t id : expired) {
+    SenderRoom& r = rooms_.at(id);
+    std::string missing;
+    for (const RankId& d : r.dests)
+      if (!r.meta.count(d)) missing += (missing.empty() ? "" : ", ") + d.str();
+    fail(id, ErrorCode::kBootstrapTimeout,
+         fmt::format("metadata from {} did not come within {} ms", missing,
+                     (r.bootstrap_deadline_ns - r.created_ns) / 1'000'000),
+         core_.self(), now_ns);
   }
   std::erase_if(pending_fail_, [&](const auto& kv) { return now_ns - kv.second.first > kPendingTtlNs; });
   std::erase_if(pending_meta_, [&](const auto& kv) {

@@ -44,6 +44,8 @@ struct SenderRoom {
   uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
   bool aux_submitted = false;
   bool terminal_sent = false;
+  int64_t created_ns = 0;
+  int64_t bootstrap_deadline_ns = 0;  // Bootstrapping past this fails with bootstrap_timeout
   int64_t first_send_ns = 0;
   int64_t failed_ns = 0;
   uint64_t bytes = 0;
@@ -78,11 +80,13 @@ class PrefillEndpoint {
   // Records a failure (local when origin == self) and makes the room Failed.
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
             int64_t first_seen_ns);
+  // Overrides the room's bootstrap deadline (replay's timeout faults).
+  void set_bootstrap_deadline(uint64_t room, int64_t deadline_ns);
   // No write of the room is in flight and the terminal status went out.
   bool drained(uint64_t room) const;
   void release(uint64_t room);
 
-  // Periodic work: terminal statuses of drained failed rooms, expiry of pending/tombstones.
+  // Periodic work: deadlines, terminal statuses of drained failed rooms, expiry of pending frames.
   void tick(int64_t now_ns);
 
   size_t live_rooms() const { return rooms_.size(); }

@@ -1,0 +1,54 @@
+// Every deadline of kvferry in one place (DESIGN §2: "Every state has a deadline").
+//
+// Each has a default, a KVFERRY_* environment variable, and a CLI option of `kvferry replay` and
+// `kvferry rank` (the option wins over the variable, the variable over the default). All in ms.
+//
+//   field                 env variable                     default  what times out (code)
+//   bootstrap_timeout     KVFERRY_BOOTSTRAP_TIMEOUT_MS     300000   prefill: a room's metadata never came (bootstrap_timeout)
+//   waiting_timeout       KVFERRY_WAITING_TIMEOUT_MS       300000   decode: metadata sent, data never came (waiting_timeout)
+//   prealloc_timeout      KVFERRY_PREALLOC_TIMEOUT_MS      300000   decode: pages never became free (prealloc_timeout)
+//   heartbeat_interval    KVFERRY_HEARTBEAT_INTERVAL_MS    100      period of control-plane heartbeats between peer ranks
+//   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     600      silence after which a peer rank is dead (peer_unreachable)
+//   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
+//   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service
+//   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        1000     an engine rank stopped answering the per-step agreement
+//   fault_timeout         KVFERRY_FAULT_TIMEOUT_MS         1000     replay only: the deadline of a room given a timeout fault
+//
+// The first three defaults are SGLang's (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
+// SGLANG_DISAGGREGATION_WAITING_TIMEOUT are 300 s in python/sglang/srt/disaggregation/).
+// Thread contract: value type.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvferry {
+
+struct Deadlines {
+  int64_t bootstrap_timeout_ms = 300000;
+  int64_t waiting_timeout_ms = 300000;
+  int64_t prealloc_timeout_ms = 300000;
+  int64_t heartbeat_interval_ms = 100;
+  int64_t heartbeat_timeout_ms = 600;
+  int64_t drain_timeout_ms = 10000;
+  int64_t lookup_timeout_ms = 60000;
+  int64_t engine_timeout_ms = 1000;
+  int64_t fault_timeout_ms = 1000;
+};
+
+struct DeadlineField {
+  const char* option;  // CLI option, e.g. "--bootstrap-timeout-ms"
+  const char* env;     // e.g. "KVFERRY_BOOTSTRAP_TIMEOUT_MS"
+  int64_t Deadlines::*member;
+  const char* help;
+};
+const std::vector<DeadlineField>& deadline_fields();
+
+// Defaults overridden by any KVFERRY_* variable set in the environment (a value that is not a
+// positive integer is ignored and named in *bad, if given).
+Deadlines deadlines_from_env(std::vector<std::string>* bad = nullptr);
+
+// "--bootstrap-timeout-ms 300000 --waiting-timeout-ms ..." for passing to a child process.
+std::vector<std::string> deadline_args(const Deadlines& d);
+
+}  // namespace kvferry
