@@ -208,6 +208,13 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
     Room& r = it->second;
+    if (!r.fail_decided) {
+      if (auto d = down_rank_failure(id)) {
+        out.push_back(*d);
+        r.fail_decided = true;
+        continue;
+      }
+    }
     RoomReduction red = reduce_room(reps);
     if (red.any_failure && !r.fail_decided) {
       Decision d;

@@ -83,11 +83,33 @@ class EngineDriver {
   // Leader only: the router aborted `room` (the client went away); the next decide() fails it with
   // code aborted and this rank as origin.
   virtual void on_abort(uint64_t room) { aborts_.push_back(room); }
+  // Leader only: a rank of this engine stopped answering (dead) / answers again (restarted).
+  // While a rank is down, every room not yet failed fails with origin = that rank and code
+  // peer_unreachable (a TP engine cannot serve a room without all its ranks).
+  void on_rank_down(const RankId& rank, std::string reason) {
+    down_ranks_[rank.str()] = {std::move(reason), monotonic_ns()};
+  }
+  void on_rank_up(const RankId& rank) { down_ranks_.erase(rank.str()); }
   virtual RankLeakStats leak_stats() const = 0;
   virtual bool idle() const = 0;  // no live rooms
 
  protected:
+  // A kFail for `room` if a rank of this engine is down.
+  std::optional<Decision> down_rank_failure(uint64_t room) const {
+    if (down_ranks_.empty()) return std::nullopt;
+    const auto& [rank, why] = *down_ranks_.begin();
+    Decision d;
+    d.op = Decision::Op::kFail;
+    d.room = room;
+    d.code = ErrorCode::kPeerUnreachable;
+    d.origin = rank;
+    d.reason = why.first;
+    d.first_seen_ns = why.second;
+    return d;
+  }
+
   std::vector<uint64_t> aborts_;
+  std::map<std::string, std::pair<std::string, int64_t>> down_ranks_;  // rank -> (reason, seen ns)
 };
 
 // A kFail decision for a failure the leader observed itself (origin = the leader).

@@ -3,8 +3,10 @@
 #include <fmt/format.h>
 
 #include <map>
+#include <set>
 #include <utility>
 
+#include "driver/log_policy.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
 
@@ -59,6 +61,7 @@ void EngineLoop::flush_outbox() {
 int EngineLoop::run_leader(ControlSocket& engine) {
   const Role role = cfg_.self.role;
   std::map<uint32_t, std::string> followers;
+  std::set<uint32_t> down;  // followers declared dead, until they say hello again
   std::map<uint32_t, std::vector<RoomReport>> replies;
   std::map<uint32_t, RankLeakStats> follower_stats;
   std::vector<RouterRequest> pending;
@@ -77,7 +80,14 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         continue;
       }
       if (f->type == "hello") {
+        auto old = followers.find(f->tp_rank);
+        if (old != followers.end() && old->second != f->endpoint) engine.forget(old->second);
         followers[f->tp_rank] = f->endpoint;
+        RankId r{role, 0, f->tp_rank, 0};
+        if (down.erase(f->tp_rank)) {
+          driver_.on_rank_up(r);
+          log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
+        }
       } else if (f->type == "reply") {
         if (f->seq == seq) {
           replies[f->tp_rank] = std::move(f->rooms);
@@ -99,20 +109,32 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       }
     }
     flush_outbox();
-    if (followers.size() + 1 < cfg_.tp_size) continue;  // still starting
+    if (followers.size() + down.size() + 1 < cfg_.tp_size) continue;  // still starting
     if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
       outbox_.push_back(encode_ready(role, cfg_.tp_size));
       last_ready = now;
     }
     if (outstanding) {
       if (replies.size() < followers.size()) {
-        if (now - outstanding_since > cfg_.peer_timeout_ms * 1'000'000) {
-          log_event(LogLevel::kCritical, kComp,
-                    fmt::format("a follower did not answer step {} within {} ms", seq, cfg_.peer_timeout_ms));
-          flush_logging();
-          return 3;
+        if (now - outstanding_since <= cfg_.peer_timeout_ms * 1'000'000) continue;
+        // Followers that did not answer are dead: the engine fails their rooms and goes on.
+        for (auto it = followers.begin(); it != followers.end();) {
+          if (replies.count(it->first)) {
+            ++it;
+            continue;
+          }
+          RankId dead{role, 0, it->first, 0};
+          std::string why = fmt::format("{} stopped answering the engine's per-step agreement for {} ms",
+                                        dead.str(), (now - outstanding_since) / 1'000'000);
+          log_event(failure_log_level(role, false, ErrorCode::kPeerUnreachable), kComp,
+                    why + "; its rooms fail",
+                    {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
+                     .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
+          driver_.on_rank_down(dead, why);
+          engine.forget(it->second);
+          down.insert(it->first);
+          it = followers.erase(it);
         }
-        continue;
       }
       outstanding = false;
       if (shutdown_sent) {
@@ -158,17 +180,51 @@ int EngineLoop::run_leader(ControlSocket& engine) {
 int EngineLoop::run_follower(ControlSocket& engine) {
   std::string hello = encode_hello(cfg_.self.tp_rank, engine.endpoint());
   int64_t last_hello = 0, last_step = 0;
+  std::set<uint64_t> orphans;  // rooms failed because the leader died, not yet released
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
-    if (last_step == 0 && now - last_hello > 100'000'000) {
+    if (last_step == 0 && orphans.empty() && now - last_hello > 100'000'000) {
       (void)engine.send(cfg_.engine_endpoint, hello);
       last_hello = now;
     }
     if (last_step != 0 && now - last_step > cfg_.peer_timeout_ms * 1'000'000) {
-      log_event(LogLevel::kCritical, kComp, fmt::format("no step from the leader for {} ms", cfg_.peer_timeout_ms));
-      flush_logging();
-      return 3;
+      // The leader is dead: no agreement is possible, so every room fails here with the leader as
+      // origin and is released locally; then wait for a (restarted) leader to take us back.
+      RankId leader{cfg_.self.role, 0, 0, 0};
+      std::string why = fmt::format("{} stopped sending the engine's per-step agreement for {} ms", leader.str(),
+                                    (now - last_step) / 1'000'000);
+      // One line per detecting engine: the lowest follower speaks for it.
+      LogLevel level = cfg_.self.tp_rank == 1 ? failure_log_level(cfg_.self.role, false, ErrorCode::kPeerUnreachable)
+                                              : LogLevel::kDebug;
+      log_event(level, kComp, why + "; its rooms fail",
+                {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = leader.str(),
+                 .extra = {{"peer", leader.str()}, {"event", "peer_dead"}}});
+      for (const RoomReport& r : driver_.reports(now)) {
+        Decision f;
+        f.op = Decision::Op::kFail;
+        f.room = r.room;
+        f.code = ErrorCode::kPeerUnreachable;
+        f.origin = leader.str();
+        f.reason = why;
+        f.first_seen_ns = now;
+        driver_.apply(f);
+        orphans.insert(r.room);
+      }
+      engine.forget(cfg_.engine_endpoint);
+      last_step = 0;
+      last_hello = 0;
+      continue;
+    }
+    // Rooms of a dead leader are released here once no peer write can reach them (or the drain
+    // deadline passed); only then does this rank rejoin, so a new leader finds it empty.
+    if (!orphans.empty()) {
+      for (const RoomReport& r : driver_.reports(now))
+        if (orphans.count(r.room) && r.drained) {
+          driver_.apply({Decision::Op::kRelease, r.room});
+          orphans.erase(r.room);
+        }
+      continue;
     }
     for (int i = 0; i < 64; ++i) {
       auto text = engine.recv(std::chrono::milliseconds(0));

@@ -105,7 +105,7 @@ int run_rank(const RankOptions& o) {
         });
     rc = loop.run();
   } else {
-    DecodeEndpoint ep(c, peer_tp);
+    DecodeEndpoint ep(c, peer_tp, o.bootstrap);
     Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000);
     if (!s.ok()) return fail_start(s.str());
     DecodeDriver driver(c, ep);

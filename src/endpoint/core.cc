@@ -6,6 +6,11 @@ namespace kvferry {
 
 EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.self) {}
 
+EndpointCore::~EndpointCore() {
+  monitor_.reset();
+  faults_.reset();
+}
+
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
@@ -19,6 +24,15 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   auto sock = ControlSocket::bind(config.control_bind);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
+  EndpointCore* raw = core.get();
+  core->faults_->set_peer_error_handler([raw](PeerId peer, Status st) {
+    {
+      std::lock_guard<std::mutex> lock(raw->mu_);
+      raw->peer_errors_.push_back({peer, std::move(st)});
+    }
+    raw->waker_.signal();
+  });
+  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines);
   return core;
 }
 
@@ -32,6 +46,13 @@ void EndpointCore::post(TransportEvent e) {
     events_.push_back(std::move(e));
   }
   waker_.signal();
+}
+
+std::vector<PeerError> EndpointCore::take_peer_errors() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PeerError> out;
+  out.swap(peer_errors_);
+  return out;
 }
 
 std::vector<TransportEvent> EndpointCore::take_events() {

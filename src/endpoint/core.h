@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "endpoint/peer_monitor.h"
 #include "endpoint/waker.h"
 #include "kvferry/control.h"
 #include "kvferry/deadlines.h"
@@ -38,11 +39,20 @@ struct TransportEvent {
   uint64_t tag = 0;
   Status status;
   uint64_t bytes = 0;
+  PeerId peer = 0;
+};
+
+// The transport declared a peer's endpoint failed.
+struct PeerError {
+  PeerId peer = 0;
+  Status status;
 };
 
 class EndpointCore {
  public:
   static Result<std::unique_ptr<EndpointCore>> create(const EndpointConfig& config);
+  // Stops the transport first: its last completions still find the queues alive.
+  ~EndpointCore();
 
   const EndpointConfig& config() const { return config_; }
   const RankId& self() const { return config_.self; }
@@ -54,6 +64,7 @@ class EndpointCore {
   ControlSocket& control() { return *control_; }
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
+  PeerMonitor& monitor() { return *monitor_; }
 
   // Encodes and sends a control message; a failure is returned (the caller decides).
   Status send(const std::string& endpoint, const Message& m);
@@ -61,6 +72,7 @@ class EndpointCore {
   // Thread-safe: queue a completion for the main thread and wake it.
   void post(TransportEvent e);
   std::vector<TransportEvent> take_events();
+  std::vector<PeerError> take_peer_errors();
 
  private:
   explicit EndpointCore(const EndpointConfig& c);
@@ -72,6 +84,8 @@ class EndpointCore {
   Waker waker_;
   std::mutex mu_;
   std::vector<TransportEvent> events_;
+  std::vector<PeerError> peer_errors_;
+  std::unique_ptr<PeerMonitor> monitor_;
 };
 
 }  // namespace kvferry

@@ -13,7 +13,92 @@ namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 }
 
-DecodeEndpoint::DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp) : core_(core), prefill_tp_(prefill_tp) {}
+DecodeEndpoint::DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp, std::string bootstrap_address)
+    : core_(core), prefill_tp_(prefill_tp), bootstrap_address_(std::move(bootstrap_address)) {}
+
+DecodeEndpoint::~DecodeEndpoint() {
+  for (auto& [rank, r] : rediscovery_) {
+    {
+      std::lock_guard<std::mutex> lock(r->mu);
+      r->stop = true;
+    }
+    r->thread.join();
+  }
+}
+
+Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& endpoint) {
+  const PoolLayout& l = core_.layout();
+  PoolRegistration reg;
+  reg.sender = core_.self();
+  reg.control_endpoint = core_.control().endpoint();
+  reg.worker_address = core_.transport().address();
+  reg.packed_rkey = core_.region().packed_rkey;
+  reg.region_base = reinterpret_cast<uint64_t>(core_.base());
+  reg.region_bytes = core_.region().bytes;
+  reg.page_size = l.page_size;
+  reg.page_bytes = l.page_bytes();
+  reg.num_pages = l.num_pages;
+  reg.num_buffers = l.num_buffers();
+  reg.aux_slots = l.aux_slots;
+  reg.heads_per_rank = l.heads_per_rank;
+  reg.first_head = l.first_head;
+  Status s = core_.send(endpoint, reg);
+  if (!s.ok()) return s;
+  peers_[peer] = {peer, endpoint};
+  dead_peers_.erase(peer);
+  core_.monitor().watch(peer, endpoint);
+  log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
+  return Status::Ok();
+}
+
+void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpoint) {
+  if (rediscovery_.count(peer)) return;
+  auto r = std::make_unique<Rediscovery>();
+  Rediscovery* raw = r.get();
+  std::string address = bootstrap_address_;
+  Waker* waker = &core_.waker();
+  r->thread = std::thread([raw, address, peer, old_endpoint, waker] {
+    BootstrapClient client(address, 500);
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        if (raw->stop) return;
+      }
+      auto info = client.lookup(peer.engine_id, peer.dp_rank, peer.tp_rank);
+      if (info.ok() && info->control_endpoint != old_endpoint) {
+        std::lock_guard<std::mutex> lock(raw->mu);
+        raw->found = info->control_endpoint;
+        waker->signal();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  rediscovery_[peer] = std::move(r);
+}
+
+void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end() || dead_peers_.count(peer)) return;
+  int64_t now = monotonic_ns();
+  size_t failed = 0;
+  for (auto& [id, r] : rooms_) {
+    bool fed = false;
+    for (const RankId& s : r.sources) fed |= (s == peer);
+    if (!fed) continue;
+    r.terminal.insert(peer);  // a dead process writes nothing more
+    if (r.state.terminal()) continue;
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now);
+    ++failed;
+  }
+  log_event(LogLevel::kError, kComp,
+            fmt::format("prefill peer {} unreachable: {}; {} rooms failed", peer.str(), reason, failed),
+            {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
+             .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
+  core_.control().forget(it->second.control_endpoint);
+  dead_peers_.insert(peer);
+  rediscover(peer, it->second.control_endpoint);
+}
 
 const ReceiverRoom* DecodeEndpoint::room(uint64_t room) const {
   auto it = rooms_.find(room);
@@ -45,30 +130,19 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
               fmt::format("prefill tp{} geometry differs (page_size {}, heads {}+{}, layers {})", tp,
                           info->page_size, info->first_head, info->heads_per_rank, info->num_layers)};
     RankId pr{Role::kPrefill, 0, tp, self.dp_rank};
-    peers_[pr] = {pr, info->control_endpoint};
-    PoolRegistration reg;
-    reg.sender = self;
-    reg.control_endpoint = core_.control().endpoint();
-    reg.worker_address = core_.transport().address();
-    reg.packed_rkey = core_.region().packed_rkey;
-    reg.region_base = reinterpret_cast<uint64_t>(core_.base());
-    reg.region_bytes = core_.region().bytes;
-    reg.page_size = l.page_size;
-    reg.page_bytes = l.page_bytes();
-    reg.num_pages = l.num_pages;
-    reg.num_buffers = l.num_buffers();
-    reg.aux_slots = l.aux_slots;
-    reg.heads_per_rank = l.heads_per_rank;
-    reg.first_head = l.first_head;
-    Status s = core_.send(info->control_endpoint, reg);
+    Status s = send_registration(pr, info->control_endpoint);
     if (!s.ok()) return s;
-    log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {}", pr.str()));
   }
   return Status::Ok();
 }
 
 void DecodeEndpoint::on_message(const Message& m) {
-  if (auto* st = std::get_if<RoomStatus>(&m)) return on_status(*st);
+  int64_t now = monotonic_ns();
+  if (auto* hb = std::get_if<Heartbeat>(&m)) return core_.monitor().heard(hb->sender, now);
+  if (auto* st = std::get_if<RoomStatus>(&m)) {
+    core_.monitor().heard(st->sender, now);
+    return on_status(*st);
+  }
   log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
 }
 
@@ -117,6 +191,13 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.total_pages = core_.layout().pages_for(input_tokens);
   r.sources.push_back({Role::kPrefill, 0, core_.self().tp_rank, core_.self().dp_rank});
   core_.registry().open(room);
+  for (const RankId& src : r.sources) {
+    if (dead_peers_.count(src)) {
+      r.terminal.insert(src);
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", src.str()), src, monotonic_ns());
+      return;
+    }
+  }
 }
 
 Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint32_t aux_slot) {
@@ -196,6 +277,36 @@ void DecodeEndpoint::set_waiting_deadline(uint64_t room, int64_t deadline_ns) {
 }
 
 void DecodeEndpoint::tick(int64_t now_ns) {
+  for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
+    on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
+  for (const RankId& peer : core_.monitor().take_revived()) {  // a long silence, not a death
+    auto it = peers_.find(peer);
+    if (it != peers_.end() && dead_peers_.count(peer)) {
+      log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again", peer.str()));
+      (void)send_registration(peer, it->second.control_endpoint);
+    }
+  }
+  for (auto it = rediscovery_.begin(); it != rediscovery_.end();) {
+    std::string found;
+    {
+      std::lock_guard<std::mutex> lock(it->second->mu);
+      found = it->second->found;
+    }
+    if (found.empty() && dead_peers_.count(it->first)) {
+      ++it;
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> lock(it->second->mu);
+      it->second->stop = true;
+    }
+    it->second->thread.join();
+    if (!found.empty() && dead_peers_.count(it->first)) {
+      log_event(LogLevel::kDebug, kComp, fmt::format("{} restarted at {}", it->first.str(), found));
+      (void)send_registration(it->first, found);
+    }
+    it = rediscovery_.erase(it);
+  }
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);

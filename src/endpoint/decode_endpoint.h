@@ -11,6 +11,9 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <set>
 #include <string>
@@ -48,7 +51,9 @@ struct ReceiverRoom {
 
 class DecodeEndpoint {
  public:
-  DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp);
+  // `bootstrap_address` ("host:port") is used again to find a prefill peer that restarted.
+  DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp, std::string bootstrap_address);
+  ~DecodeEndpoint();
 
   // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
   // registration. Errors: kBootstrapTimeout if a peer never registered, kPeerUnreachable if the
@@ -71,8 +76,14 @@ class DecodeEndpoint {
   bool drained(uint64_t room, int64_t now_ns) const;
   // Overrides the room's waiting deadline (replay's timeout faults).
   void set_waiting_deadline(uint64_t room, int64_t deadline_ns);
-  // Deadlines: a room WaitingForInput past its deadline fails with waiting_timeout.
+  // Deadlines (a room WaitingForInput past its deadline fails with waiting_timeout), dead and
+  // revived peers, restarted peers found again at the bootstrap service.
   void tick(int64_t now_ns);
+
+  // A prefill peer is dead: every room it feeds fails with origin = the peer and code
+  // peer_unreachable (a dead process writes nothing more, so those rooms are drained); one line
+  // above debug. The peer is looked up again until it re-registers.
+  void on_peer_dead(const RankId& peer, const std::string& reason);
   void release(uint64_t room);
 
   size_t live_rooms() const { return rooms_.size(); }
@@ -81,10 +92,23 @@ class DecodeEndpoint {
  private:
   void on_status(const RoomStatus& st);
   void tell_sources(ReceiverRoom& r, const KVTransferError& e);
+  Status send_registration(const RankId& peer, const std::string& endpoint);
+  void rediscover(const RankId& peer, const std::string& old_endpoint);
+
+  // A background lookup of a dead prefill peer at the bootstrap service.
+  struct Rediscovery {
+    std::thread thread;
+    std::mutex mu;
+    bool stop = false;
+    std::string found;  // new control endpoint, once seen
+  };
 
   EndpointCore& core_;
   uint32_t prefill_tp_;
+  std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
+  std::set<RankId> dead_peers_;
+  std::map<RankId, std::unique_ptr<Rediscovery>> rediscovery_;
   std::unordered_map<uint64_t, ReceiverRoom> rooms_;
 };
 

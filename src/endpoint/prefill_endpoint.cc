@@ -37,9 +37,41 @@ KVPoll PrefillEndpoint::poll(uint64_t room) const {
 }
 
 void PrefillEndpoint::on_message(const Message& m) {
+  int64_t now = monotonic_ns();
+  if (auto* hb = std::get_if<Heartbeat>(&m)) return core_.monitor().heard(hb->sender, now);
   if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
-  if (auto* md = std::get_if<RoomMetadata>(&m)) return on_metadata(*md);
-  if (auto* st = std::get_if<RoomStatus>(&m)) return on_status(*st);
+  if (auto* md = std::get_if<RoomMetadata>(&m)) {
+    core_.monitor().heard(md->sender, now);
+    return on_metadata(*md);
+  }
+  if (auto* st = std::get_if<RoomStatus>(&m)) {
+    core_.monitor().heard(st->sender, now);
+    return on_status(*st);
+  }
+}
+
+void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  int64_t now = monotonic_ns();
+  size_t failed = 0;
+  for (auto& [id, r] : rooms_) {
+    if (r.state.terminal()) continue;
+    bool bound = false;
+    for (const RankId& d : r.dests) bound |= (d == peer);
+    if (!bound) continue;
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now);
+    ++failed;
+  }
+  log_event(LogLevel::kWarning, kComp,
+            fmt::format("decode peer {} unreachable: {}; {} rooms failed", peer.str(), reason, failed),
+            {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
+             .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
+  core_.transport().disconnect(it->second.peer);
+  core_.control().forget(it->second.reg.control_endpoint);
+  core_.monitor().unwatch(peer);
+  peers_.erase(it);
+  dead_peers_.insert(peer);
 }
 
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {
@@ -72,6 +104,8 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     return;
   }
   peers_[r.sender] = {r, *peer};
+  dead_peers_.erase(r.sender);
+  core_.monitor().watch(r.sender, r.control_endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
 }
 
@@ -148,6 +182,12 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.dests.push_back(d);
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));
+  for (const RankId& dst : r.dests) {
+    if (dead_peers_.count(dst)) {
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", dst.str()), dst, monotonic_ns());
+      return;
+    }
+  }
   auto pf = pending_fail_.find(room);
   if (pf != pending_fail_.end()) {
     RoomStatus st = pf->second.second;
@@ -192,8 +232,9 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     ++cs.remaining;
     ++r.inflight;
     EndpointCore* core = &core_;
-    core_.transport().write(peer.peer, room, std::move(ops), [core, room, tag, bytes](Status st) {
-      core->post({room, tag, std::move(st), bytes});
+    PeerId pid = peer.peer;
+    core_.transport().write(peer.peer, room, std::move(ops), [core, room, tag, bytes, pid](Status st) {
+      core->post({room, tag, std::move(st), bytes, pid});
     });
   }
   r.pages_submitted += src_pages.size();
@@ -204,6 +245,14 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   auto room_it = rooms_.find(e.room);
   SenderRoom* r = room_it == rooms_.end() ? nullptr : &room_it->second;
   if (r && r->inflight > 0) --r->inflight;
+  if (e.status.code() == ErrorCode::kPeerUnreachable) {  // the peer died: attribute it to the peer
+    for (auto& [rank, p] : peers_) {
+      if (p.peer == e.peer) {
+        on_peer_dead(rank, "transport: " + e.status.message());
+        break;
+      }
+    }
+  }
   if (!e.status.ok() && r) {
     fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns());
   }
@@ -260,8 +309,11 @@ void PrefillEndpoint::maybe_finish(SenderRoom& r) {
     ++r.inflight;
     EndpointCore* core = &core_;
     uint64_t room = r.room;
+    PeerId pid = peer.peer;
     core_.transport().write(peer.peer, room, {{local_off, remote_off, sizeof(AuxRecord)}},
-                            [core, room, tag](Status st) { core->post({room, tag, std::move(st), sizeof(AuxRecord)}); });
+                            [core, room, tag, pid](Status st) {
+                              core->post({room, tag, std::move(st), sizeof(AuxRecord), pid});
+                            });
   }
 }
 
@@ -330,6 +382,16 @@ void PrefillEndpoint::set_bootstrap_deadline(uint64_t room, int64_t deadline_ns)
 }
 
 void PrefillEndpoint::tick(int64_t now_ns) {
+  for (const PeerError& pe : core_.take_peer_errors()) {
+    for (auto& [rank, p] : peers_) {
+      if (p.peer == pe.peer) {
+        on_peer_dead(rank, "transport: " + pe.status.message());
+        break;
+      }
+    }
+  }
+  for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
+    on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
     if (r.state.get() == KVPoll::Bootstrapping && now_ns > r.bootstrap_deadline_ns) expired.push_back(id);

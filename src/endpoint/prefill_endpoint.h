@@ -89,6 +89,10 @@ class PrefillEndpoint {
   // Periodic work: deadlines, terminal statuses of drained failed rooms, expiry of pending frames.
   void tick(int64_t now_ns);
 
+  // A decode peer is dead (heartbeats stopped, or the transport failed its endpoint): every room
+  // bound for it fails with origin = the peer and code peer_unreachable; one line above debug.
+  void on_peer_dead(const RankId& peer, const std::string& reason);
+
   size_t live_rooms() const { return rooms_.size(); }
   size_t peers() const { return peers_.size(); }
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
@@ -111,6 +115,7 @@ class PrefillEndpoint {
   EndpointCore& core_;
   uint32_t decode_tp_;
   std::map<RankId, DecodePeer> peers_;
+  std::set<RankId> dead_peers_;  // until they register again
   std::unordered_map<uint64_t, SenderRoom> rooms_;
   std::unordered_map<uint64_t, ChunkState> chunks_;
   PageAllocator aux_alloc_;

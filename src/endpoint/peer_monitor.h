@@ -1,0 +1,65 @@
+// PeerMonitor: control-plane heartbeats between peer ranks of the two engines (DESIGN §4 defect 8:
+// detect a dead peer in well under a second, and never declare a busy one dead).
+//
+// A dedicated thread sends a Heartbeat to every watched peer's control endpoint each
+// heartbeat_interval, through its own ZeroMQ socket, so a busy main loop never delays them. The
+// main thread records every frame it receives from a peer (heard()); ZeroMQ queues frames while
+// the main thread is busy, and they are drained before take_dead() is asked, so a busy receiver
+// does not misjudge a live peer either. A peer silent for heartbeat_timeout is reported once by
+// take_dead(), until it is heard from again (take_revived()) or watched again (e.g. after it
+// restarted and re-registered); heartbeats keep going to a peer reported dead.
+// Thread contract: watch/unwatch/heard/take_dead from the main thread; the sender thread is internal.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvferry/deadlines.h"
+#include "kvferry/error.h"
+
+namespace kvferry {
+
+struct DeadPeer {
+  RankId peer;
+  int64_t silent_ms = 0;
+};
+
+class PeerMonitor {
+ public:
+  PeerMonitor(RankId self, const Deadlines& deadlines);
+  ~PeerMonitor();
+  PeerMonitor(const PeerMonitor&) = delete;
+  PeerMonitor& operator=(const PeerMonitor&) = delete;
+
+  void watch(const RankId& peer, const std::string& control_endpoint);
+  void unwatch(const RankId& peer);
+  void heard(const RankId& peer, int64_t now_ns);
+  std::vector<DeadPeer> take_dead(int64_t now_ns);
+  // Peers reported dead that were heard from again since (a transient silence, not a death).
+  std::vector<RankId> take_revived();
+  size_t watched() const;
+
+ private:
+  struct Peer {
+    std::string endpoint;
+    int64_t last_heard_ns = 0;
+    bool reported = false;
+    bool revived = false;
+  };
+  void run();
+
+  RankId self_;
+  Deadlines deadlines_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<RankId, Peer> peers_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvferry
