@@ -131,6 +131,11 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
       log_event(bad ? LogLevel::kDebug : LogLevel::kTrace, kComp,
                 fmt::format("verified {} bytes, {} mismatched", checked, bad), {.room = room});
     };
+  }, [this, room](const std::string& what) {
+    auto it = rooms_.find(room);
+    if (it == rooms_.end()) return;
+    it->second.verify_done = true;
+    ep_.fail(room, ErrorCode::kInternal, "verify worker: " + what, core_.self(), monotonic_ns());
   });
 }
 

@@ -16,11 +16,11 @@ JobWorker::~JobWorker() {
   thread_.join();
 }
 
-void JobWorker::submit(Job job) {
+void JobWorker::submit(Job job, OnError on_error) {
   ++pending_;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    jobs_.push_back(std::move(job));
+    jobs_.emplace_back(std::move(job), std::move(on_error));
   }
   cv_.notify_one();
 }
@@ -40,15 +40,22 @@ size_t JobWorker::drain() {
 
 void JobWorker::run() {
   for (;;) {
-    Job job;
+    std::pair<Job, OnError> item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
       if (stop_) return;
-      job = std::move(jobs_.front());
+      item = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    Completion c = job();
+    Completion c;
+    try {
+      c = item.first();
+    } catch (const std::exception& e) {
+      c = [on_error = std::move(item.second), what = std::string(e.what())] { if (on_error) on_error(what); };
+    } catch (...) {
+      c = [on_error = std::move(item.second)] { if (on_error) on_error("unknown exception"); };
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
       done_.push_back(std::move(c));

@@ -7,6 +7,8 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <thread>
 #include <vector>
 
@@ -18,10 +20,12 @@ class JobWorker {
  public:
   using Completion = std::function<void()>;
   using Job = std::function<Completion()>;
+  // Runs on the main thread when a job threw; the worker itself keeps going (DESIGN §4 defect 6).
+  using OnError = std::function<void(const std::string& what)>;
 
   explicit JobWorker(Waker& waker);
   ~JobWorker();  // finishes queued jobs' threads without running completions
-  void submit(Job job);
+  void submit(Job job, OnError on_error);
   // Runs completions of finished jobs; returns how many ran.
   size_t drain();
   size_t pending() const { return pending_; }
@@ -31,7 +35,7 @@ class JobWorker {
   Waker& waker_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Job> jobs_;
+  std::deque<std::pair<Job, OnError>> jobs_;
   std::vector<Completion> done_;
   size_t pending_ = 0;  // submitted, completion not yet run (main thread only)
   bool stop_ = false;

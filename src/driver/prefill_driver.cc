@@ -128,6 +128,9 @@ void PrefillDriver::schedule_chunks() {
             on_chunk_done({ch.room, tag, false});
           }
         };
+      }, [this, id, tag](const std::string& what) {
+        ep_.fail(id, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns());
+        on_chunk_done({id, tag, false});
       });
     }
   }
