@@ -13,6 +13,7 @@ namespace kvferry::ucx {
 
 inline constexpr unsigned kAmWriteId = 0x4b31;  // ucp AM ids used by this transport
 inline constexpr unsigned kAmAckId = 0x4b32;
+inline constexpr unsigned kAmPingId = 0x4b33;  // payload AmAck{batch_id = token}; acked
 inline constexpr uint32_t kAmMagic = 0x6b766631;  // "kvf1"
 
 struct AmWriteHeader {

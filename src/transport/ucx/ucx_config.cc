@@ -12,7 +12,7 @@ std::string_view transport_name(TransportKind k) {
 namespace ucx {
 
 std::string default_tls(TransportKind kind) {
-  return kind == TransportKind::kShm ? "posix,sysv,cma,self" : "tcp,self";
+  return kind == TransportKind::kShm ? "posix,sysv,self" : "tcp,self";
 }
 
 void enable_shm_error_handling_env() {

@@ -10,7 +10,7 @@
 namespace kvferry::ucx {
 
 // UCX_TLS used for `kind` unless TransportOptions::ucx_tls_override is set.
-//   kShm: "posix,sysv,cma,self"   kTcp: "tcp,self"
+//   kShm: "posix,sysv,self"   kTcp: "tcp,self"   (cma is never chosen in peer error mode)
 std::string default_tls(TransportKind kind);
 
 // UCX 1.13 hides shared-memory transports from peer error-handling mode unless

@@ -53,39 +53,68 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
     s = ucp_ep_rkey_unpack(peer.ep, info.packed_rkey.data(), &peer.rkey);
     if (s != UCS_OK) {
       do_disconnect(id);
-      return reply(ucx_error(ErrorCode::kProtocolError, peer_name(id) + ": remote key rejected", s));
+      return reply(
+          ucx_error(ErrorCode::kProtocolError, peer_name(id) + ": remote key rejected", s));
     }
   }
   // Wait for wire-up before answering: the peer is known reachable, and no wire-up reply is left
-  // pending in the peer's worker (UCX 1.13 asserts when it destroys a worker holding one).
-  auto* ctx = new ConnectCtx{this, id, std::chrono::steady_clock::now() + kConnectTimeout,
-                             std::move(reply)};
+  // pending in the peer's worker (UCX 1.13 aborts on an assertion when it purges one, e.g. when
+  // this side disappears right after connecting).
+  auto* ctx = new ConnectCtx{};
+  ctx->owner = this;
+  ctx->id = id;
+  ctx->deadline = std::chrono::steady_clock::now() + kConnectTimeout;
+  ctx->reply = std::move(reply);
+  connects_.insert(ctx);
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   prm.cb.send = &UcxTransport::on_connect_flushed;
   prm.user_data = ctx;
-  void* req = ucp_ep_flush_nbx(peer.ep, &prm);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    complete_connect(*ctx, req == nullptr ? Status::Ok() : ucx_failure("wire-up", UCS_PTR_STATUS(req)));
-    delete ctx;
+  void* req = nullptr;
+  if (mode_ == WriteMode::kPut) {
+    req = ucp_ep_flush_nbx(peer.ep, &prm);
   } else {
-    connects_.insert(ctx);
+    ctx->ping_token = next_batch_id_++;
+    ctx->ping.batch_id = ctx->ping_token;
+    pings_.emplace(ctx->ping_token, ctx);
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    req = ucp_am_send_nbx(peer.ep, kAmPingId, nullptr, 0, &ctx->ping, sizeof(ctx->ping), &prm);
   }
+  if (UCS_PTR_IS_ERR(req)) {
+    complete_connect(*ctx, ucx_failure("wire-up", UCS_PTR_STATUS(req)));
+  } else if (req != nullptr) {
+    ctx->requests++;
+  } else if (mode_ == WriteMode::kPut) {
+    complete_connect(*ctx, Status::Ok());  // flushed at once
+  }
+  release_connect_if_idle(*ctx);
 }
 
 void UcxTransport::on_connect_flushed(void* request, ucs_status_t status, void* user_data) {
   ucp_request_free(request);
   auto* ctx = static_cast<ConnectCtx*>(user_data);
   UcxTransport* self = ctx->owner;
-  self->connects_.erase(ctx);
-  self->complete_connect(*ctx, status == UCS_OK ? Status::Ok() : ucx_failure("wire-up", status));
-  delete ctx;
+  ctx->requests--;
+  if (status != UCS_OK) {
+    self->complete_connect(*ctx, ucx_failure("wire-up", status));
+  } else if (self->mode_ == WriteMode::kPut) {
+    self->complete_connect(*ctx, Status::Ok());
+  }  // AM mode: the ping was sent; the peer's ack completes the connect
+  self->release_connect_if_idle(*ctx);
+}
+
+void UcxTransport::release_connect_if_idle(ConnectCtx& ctx) {
+  if (ctx.reply || ctx.requests != 0 || shutting_down_) return;
+  connects_.erase(&ctx);
+  delete &ctx;
 }
 
 void UcxTransport::complete_connect(ConnectCtx& ctx, const Status& status) {
   auto reply = std::move(ctx.reply);
   ctx.reply = nullptr;
   if (!reply) return;  // answered already (timed out)
+  if (ctx.ping_token != 0) pings_.erase(ctx.ping_token);
   auto it = peers_.find(ctx.id);
   Peer* peer = it == peers_.end() ? nullptr : it->second.get();
   if (peer != nullptr) peer->connecting = false;
@@ -106,8 +135,9 @@ void UcxTransport::check_connect_deadlines() {
     if (c->reply && now >= c->deadline) expired.push_back(c);
   }
   for (ConnectCtx* c : expired) {
-    // The flush stays registered: the disconnect's close completes it and frees the context.
+    // A request still holding c completes when the disconnect force-closes the endpoint.
     complete_connect(*c, {ErrorCode::kPeerUnreachable, "wire-up timed out"});
+    release_connect_if_idle(*c);
   }
 }
 

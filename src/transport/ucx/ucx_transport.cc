@@ -25,7 +25,8 @@ namespace ucx {
 UcxTransport::UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks)
     : options_(options),
       hooks_(hooks),
-      mode_(options.kind == TransportKind::kShm ? WriteMode::kPut : WriteMode::kActiveMessage) {}
+      mode_(options.kind == TransportKind::kShm || hooks.force_put ? WriteMode::kPut
+                                                                    : WriteMode::kActiveMessage) {}
 
 Result<std::unique_ptr<UcxTransport>> UcxTransport::create(const TransportOptions& options,
                                                            const UcxTestHooks& hooks) {
@@ -174,12 +175,12 @@ void UcxTransport::teardown() {
     if (p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
     p->rkey = nullptr;
   }
-  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);  // may still run request callbacks
+  worker_ = nullptr;
+  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);  // no receive can target it any more
   memh_ = nullptr;
   if (plain_mmap_ != nullptr) munmap(plain_mmap_, region_bytes_);
   plain_mmap_ = nullptr;
-  if (worker_ != nullptr) ucp_worker_destroy(worker_);  // may still run request callbacks
-  worker_ = nullptr;
   peers_.clear();
   batches_.clear();
   for (RecvCtx* r : recvs_) delete r;

@@ -37,6 +37,7 @@ struct UcxTestHooks {
   bool suppress_acks = false;            // receiver: place data but never acknowledge it
   bool plain_mmap_region = false;        // register an mmap'd buffer instead of ALLOCATE
   uint32_t am_send_flags = 0;            // extra ucp_am_send flags (UCP_AM_SEND_FLAG_EAGER/RNDV)
+  bool force_put = false;                // put + flush whatever the kind (measurements)
 };
 
 enum class WriteMode { kPut, kActiveMessage };
@@ -63,7 +64,8 @@ class UcxTransport final : public Transport {
   uint64_t rejected_incoming() const { return rejected_incoming_.load(); }
 
   static constexpr int kIdleWakeMs = 100;
-  // connect() returns once UCX wire-up with the peer completed (an ep flush), or fails after this.
+  // connect() returns once wire-up with the peer completed (shm: ep flush; tcp: ping + ack round
+  // trip), or fails with kPeerUnreachable after this.
   static constexpr std::chrono::milliseconds kConnectTimeout{5000};
 
  private:
@@ -90,6 +92,7 @@ class UcxTransport final : public Transport {
   void start_connect(const RemoteRegionInfo& info, std::function<void(Result<PeerId>)> reply);
   void complete_connect(ConnectCtx& ctx, const Status& status);
   void check_connect_deadlines();
+  void release_connect_if_idle(ConnectCtx& ctx);
   static void on_connect_flushed(void* request, ucs_status_t status, void* user_data);
   void do_disconnect(PeerId id);
   void handle_ep_error(Peer& peer, ucs_status_t status);
@@ -108,7 +111,7 @@ class UcxTransport final : public Transport {
   void release_if_idle(Batch& batch);
   void fail_peer_batches(Peer& peer, const Status& status);
   Status register_am_handlers();
-  void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code);
+  void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping = false);
   ucs_status_t handle_am_write(const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
   void handle_am_ack(const void* data, size_t length);
@@ -119,6 +122,8 @@ class UcxTransport final : public Transport {
   static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user_data);
   static ucs_status_t am_write_cb(void* arg, const void* header, size_t header_length, void* data,
                                   size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_ping_cb(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t am_ack_cb(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param);
 
@@ -145,7 +150,8 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unordered_set<RecvCtx*> recvs_;
   std::unordered_set<AckMsg*> acks_in_flight_;
-  std::unordered_set<ConnectCtx*> connects_;  // wire-up flushes in flight
+  std::unordered_set<ConnectCtx*> connects_;               // connect() calls in progress
+  std::unordered_map<uint64_t, ConnectCtx*> pings_;        // AM mode: ping token -> connect
   std::function<void(PeerId, Status)> peer_error_handler_;
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
@@ -190,12 +196,17 @@ struct UcxTransport::RecvCtx {
   uint64_t batch_id = 0;
 };
 
-// A connect() waiting for its wire-up flush. Freed by the flush callback (or at teardown).
+// A connect() waiting for wire-up: put mode flushes the ep; AM mode sends a ping and waits for
+// the peer's ack (a full round trip, so the peer's wire-up reply has certainly left its worker).
+// Freed once answered and its request returned (or at teardown).
 struct UcxTransport::ConnectCtx {
   UcxTransport* owner = nullptr;
   PeerId id = 0;
   std::chrono::steady_clock::time_point deadline;
   std::function<void(Result<PeerId>)> reply;  // empty once answered
+  uint32_t requests = 0;                      // flush or ping send outstanding
+  uint64_t ping_token = 0;                    // AM mode
+  AmAck ping;                                 // AM mode: the ping payload
 };
 
 // An ack being sent (receiver side); freed when the send completes.

@@ -196,7 +196,8 @@ Status UcxTransport::register_am_handlers() {
     ucp_am_recv_callback_t cb;
   };
   for (Handler h : {Handler{kAmWriteId, &UcxTransport::am_write_cb},
-                    Handler{kAmAckId, &UcxTransport::am_ack_cb}}) {
+                    Handler{kAmAckId, &UcxTransport::am_ack_cb},
+                    Handler{kAmPingId, &UcxTransport::am_ping_cb}}) {
     ucp_am_handler_param_t hp{};
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -259,13 +260,13 @@ void UcxTransport::on_recv_done(void* request, ucs_status_t status, size_t /*len
   auto* ctx = static_cast<RecvCtx*>(user_data);
   UcxTransport* self = ctx->owner;
   self->recvs_.erase(ctx);
-  self->send_ack(ctx->reply_ep, ctx->batch_id,
-                 status == UCS_OK ? ErrorCode::kOk : ErrorCode::kTransferError);
+  // On failure the sender is usually gone (its reply ep with it); its own error fails the batch.
+  if (status == UCS_OK) self->send_ack(ctx->reply_ep, ctx->batch_id, ErrorCode::kOk);
   delete ctx;
 }
 
-void UcxTransport::send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code) {
-  if (reply_ep == nullptr || hooks_.suppress_acks || shutting_down_) return;
+void UcxTransport::send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping) {
+  if (reply_ep == nullptr || (hooks_.suppress_acks && !ping) || shutting_down_) return;
   auto* msg = new AckMsg{};
   msg->owner = this;
   msg->ack.batch_id = batch_id;
@@ -298,9 +299,26 @@ ucs_status_t UcxTransport::am_ack_cb(void* arg, const void* /*header*/, size_t /
   return UCS_OK;
 }
 
+ucs_status_t UcxTransport::am_ping_cb(void* arg, const void* /*header*/,
+                                      size_t /*header_length*/, void* data, size_t length,
+                                      const ucp_am_recv_param_t* param) {
+  AmAck ping;
+  if (parse_ack(data, length, &ping) && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    static_cast<UcxTransport*>(arg)->send_ack(param->reply_ep, ping.batch_id, ErrorCode::kOk,
+                                                    /*ping=*/true);
+  }
+  return UCS_OK;
+}
+
 void UcxTransport::handle_am_ack(const void* data, size_t length) {
   AmAck ack;
   if (!parse_ack(data, length, &ack)) return;
+  if (auto ping = pings_.find(ack.batch_id); ping != pings_.end()) {
+    ConnectCtx& ctx = *ping->second;  // complete_connect erases the map entry
+    complete_connect(ctx, ack.code == 0 ? Status::Ok()
+                                        : Status(ErrorCode::kPeerUnreachable, "ping refused"));
+    return release_connect_if_idle(ctx);
+  }
   auto it = batches_.find(ack.batch_id);
   if (it == batches_.end() || it->second->finished) return;  // already failed: ignore
   Batch& b = *it->second;
