@@ -8,7 +8,7 @@
 //   waiting_timeout       KVFERRY_WAITING_TIMEOUT_MS       300000   decode: metadata sent, data never came (waiting_timeout)
 //   prealloc_timeout      KVFERRY_PREALLOC_TIMEOUT_MS      300000   decode: pages never became free (prealloc_timeout)
 //   heartbeat_interval    KVFERRY_HEARTBEAT_INTERVAL_MS    100      period of control-plane heartbeats between peer ranks
-//   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     600      silence after which a peer rank is dead (peer_unreachable)
+//   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     800      silence after which a peer rank is dead (peer_unreachable)
 //   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
 //   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service
 //   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        1000     an engine rank stopped answering the per-step agreement
@@ -29,7 +29,7 @@ struct Deadlines {
   int64_t waiting_timeout_ms = 300000;
   int64_t prealloc_timeout_ms = 300000;
   int64_t heartbeat_interval_ms = 100;
-  int64_t heartbeat_timeout_ms = 600;
+  int64_t heartbeat_timeout_ms = 800;
   int64_t drain_timeout_ms = 10000;
   int64_t lookup_timeout_ms = 60000;
   int64_t engine_timeout_ms = 1000;
