@@ -45,6 +45,9 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
       ->capture_default_str();
+  cmd->add_option("--test-break-rank", cfg->break_rank,
+                  "test hook: start this rank (e.g. decode/tp1) with --page-size 0")
+      ->group("");  // hidden
   cmd->callback([cfg] {
     const int rc = replay::run_replay(*cfg, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);

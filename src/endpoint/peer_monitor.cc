@@ -41,6 +41,12 @@ void PeerMonitor::heard(const RankId& peer, int64_t now_ns) {
   }
 }
 
+void PeerMonitor::mark_dead(const RankId& peer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(peer);
+  if (it != peers_.end()) it->second.reported = true;
+}
+
 std::vector<RankId> PeerMonitor::take_revived() {
   std::vector<RankId> out;
   std::lock_guard<std::mutex> lock(mu_);

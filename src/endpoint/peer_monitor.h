@@ -42,6 +42,9 @@ class PeerMonitor {
   std::vector<DeadPeer> take_dead(int64_t now_ns);
   // Peers reported dead that were heard from again since (a transient silence, not a death).
   std::vector<RankId> take_revived();
+  // Another detector (the transport) declared the peer dead: take_dead() will not report it again,
+  // and hearing from it again makes it revived.
+  void mark_dead(const RankId& peer);
   size_t watched() const;
 
  private:

@@ -12,7 +12,7 @@
 namespace kvferry {
 namespace {
 constexpr int64_t kPendingTtlNs = 120'000'000'000;  // frames for rooms not added yet
-constexpr int64_t kTombstoneTtlNs = 300'000'000'000;
+constexpr int64_t kTombstoneTtlNs = 120'000'000'000;
 constexpr uint32_t kStagingAuxSlots = 4096;
 constexpr std::string_view kComp = "prefill.endpoint";
 
@@ -69,7 +69,8 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.transport().disconnect(it->second.peer);
   core_.control().forget(it->second.reg.control_endpoint);
-  core_.monitor().unwatch(peer);
+  core_.monitor().mark_dead(peer);  // keep listening: a peer that answers again is reconnected
+  dead_regs_[peer] = it->second.reg;
   peers_.erase(it);
   dead_peers_.insert(peer);
 }
@@ -105,6 +106,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
   }
   peers_[r.sender] = {r, *peer};
   dead_peers_.erase(r.sender);
+  dead_regs_.erase(r.sender);
   core_.monitor().watch(r.sender, r.control_endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
 }
@@ -114,9 +116,9 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   if (it != rooms_.end()) return apply_metadata(it->second, md);
   auto tomb = tombstones_.find(md.room);
   if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
-    const KVTransferError& e = tomb->second.second;
     auto peer = peers_.find(md.sender);
-    if (peer != peers_.end()) {
+    if (tomb->second.second && peer != peers_.end()) {
+      const KVTransferError& e = *tomb->second.second;
       RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
@@ -164,7 +166,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
     fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns);
     return;
   }
-  if (tombstones_.count(st.room)) return;
+  if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
   pending_fail_[st.room] = {monotonic_ns(), st};
 }
 
@@ -368,10 +370,7 @@ void PrefillEndpoint::release(uint64_t room) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
-  if (it->second.state.get() == KVPoll::Failed) {
-    auto e = core_.registry().get(room);
-    if (e) tombstones_[room] = {monotonic_ns(), *e};
-  }
+  tombstones_[room] = {monotonic_ns(), core_.registry().get(room)};
   core_.registry().release(room);
   rooms_.erase(it);
 }
@@ -392,6 +391,13 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   }
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
+  for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
+    auto reg = dead_regs_.find(peer);
+    if (reg == dead_regs_.end()) continue;
+    PoolRegistration r = reg->second;
+    log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
+    on_registration(r);
+  }
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
     if (r.state.get() == KVPoll::Bootstrapping && now_ns > r.bootstrap_deadline_ns) expired.push_back(id);

@@ -115,7 +115,8 @@ class PrefillEndpoint {
   EndpointCore& core_;
   uint32_t decode_tp_;
   std::map<RankId, DecodePeer> peers_;
-  std::set<RankId> dead_peers_;  // until they register again
+  std::set<RankId> dead_peers_;  // until they register again or answer again
+  std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again
   std::unordered_map<uint64_t, SenderRoom> rooms_;
   std::unordered_map<uint64_t, ChunkState> chunks_;
   PageAllocator aux_alloc_;
@@ -124,8 +125,9 @@ class PrefillEndpoint {
   // Frames for rooms not added yet (arrival ns kept for expiry).
   std::unordered_map<uint64_t, std::vector<std::pair<int64_t, RoomMetadata>>> pending_meta_;
   std::unordered_map<uint64_t, std::pair<int64_t, RoomStatus>> pending_fail_;
-  // Released failed rooms: late frames are answered with this cause, never resurrect the room.
-  std::unordered_map<uint64_t, std::pair<int64_t, KVTransferError>> tombstones_;
+  // Released rooms (release time, failure if it failed): late frames never resurrect a room or
+  // attach to a later one; late metadata for a failed room is answered with its cause.
+  std::unordered_map<uint64_t, std::pair<int64_t, std::optional<KVTransferError>>> tombstones_;
 };
 
 }  // namespace kvferry

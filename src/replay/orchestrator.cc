@@ -104,7 +104,7 @@ void clean_previous(const ReplayConfig& c) {
 }  // namespace
 
 std::string ReplayConfig::to_json() const {
-  nlohmann::json j = {{"trace", trace},
+  nlohmann::ordered_json j = {{"trace", trace},
                       {"model", model},
                       {"models_file", models_file},
                       {"prefill_tp", prefill_tp},
@@ -123,8 +123,9 @@ std::string ReplayConfig::to_json() const {
                       {"out", out},
                       {"ready_timeout_s", ready_timeout_s},
                       {"request_timeout_s", request_timeout_s},
-                      {"timeout_s", timeout_s}};
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+                      {"timeout_s", timeout_s},
+                      {"test_break_rank", break_rank}};
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
@@ -136,16 +137,18 @@ uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
   return std::clamp<uint64_t>(per_rank, 64, 7168);
 }
 
-uint64_t mem_available_bytes() {
+uint64_t meminfo_bytes(const std::string& field) {
   std::ifstream in("/proc/meminfo");
   std::string key;
   uint64_t kb = 0;
   std::string unit;
   while (in >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
+    if (key == field + ":") return kb * 1024;
   }
   return 0;
 }
+
+uint64_t mem_available_bytes() { return meminfo_bytes("MemAvailable"); }
 
 Status validate(ReplayConfig& c) {
   if (c.trace.empty()) return invalid("--trace is required");
@@ -197,6 +200,23 @@ Status validate(ReplayConfig& c) {
                                  c.page_size, c.model, tp, layout.status().message()));
     }
   }
+  // Pools larger than the machine can never be backed; refuse them here rather than let a rank
+  // thrash and be OOM-killed (other processes with it).
+  const uint64_t want_mib = uint64_t(c.prefill_tp) * c.prefill_pool_mib + uint64_t(c.decode_tp) * c.pool_mib;
+  const uint64_t total = meminfo_bytes("MemTotal");
+  if (total > 0 && want_mib * 1024 * 1024 > total) {
+    return invalid(fmt::format("the pools need {} MiB ({} x --prefill-pool-mib {} + {} x --pool-mib {}) "
+                               "but this machine has {} MiB of memory",
+                               want_mib, c.prefill_tp, c.prefill_pool_mib, c.decode_tp, c.pool_mib,
+                               total / (1024 * 1024)));
+  }
+  if (!c.break_rank.empty()) {
+    auto r = RankId::parse(c.break_rank);
+    if (!r || r->engine_id != 0 || r->dp_rank != 0 ||
+        r->tp_rank >= (r->role == Role::kPrefill ? c.prefill_tp : c.decode_tp)) {
+      return invalid("--test-break-rank must name a rank of this replay, got '" + c.break_rank + "'");
+    }
+  }
   if (c.exe.empty()) c.exe = self_exe();
   std::error_code ec;
   c.out = fs::absolute(c.out, ec).lexically_normal().string();
@@ -214,6 +234,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
   const std::string role = prefill ? "prefill" : "decode";
   const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
   const uint16_t engine_port = prefill ? p.prefill_engine : p.decode_engine;
+  const bool broken = c.break_rank == fmt::format("{}/tp{}", role, tp_rank);
   return {c.exe,
           "rank",
           "--role", role,
@@ -221,7 +242,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--tp-size", std::to_string(tp),
           "--model", c.model,
           "--models-file", c.models_file,
-          "--page-size", std::to_string(c.page_size),
+          "--page-size", broken ? "0" : std::to_string(c.page_size),
           "--pool-mib", std::to_string(prefill ? c.prefill_pool_mib : c.pool_mib),
           "--bootstrap", "127.0.0.1:" + std::to_string(p.bootstrap),
           "--engine-endpoint", "tcp://127.0.0.1:" + std::to_string(engine_port),
@@ -361,7 +382,10 @@ class Run {
     while (true) {
       for (const auto& e : group_.reap()) {
         if (e.name == "router") {
-          if (e.ok()) return 0;
+          if (e.ok()) {
+            process_exits_.push_back(fmt::format("router (pid {}) {}", e.pid, e.describe()));
+            return 0;
+          }
           return child_failed(e, "(the router failed)");
         }
         return child_failed(e, "before the replay finished");
@@ -384,6 +408,8 @@ class Run {
   void finish_processes() {
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     auto note = [&](const ChildExit& e) {
+      process_exits_.push_back(
+          fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
       if (!e.ok() && e.name != "bootstrap") {
         process_problems_.push_back(fmt::format("{} {} after the shutdown",
                                                 display_name(kids_, e.name), e.describe()));
@@ -411,6 +437,7 @@ class Run {
     if (!results.ok()) return early_error(results.status().str(), false);
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)));
     rep.process_problems = process_problems_;
+    rep.process_exits = process_exits_;
     const double wall = elapsed_s();
     const std::string path = c_.out + "/report.json";
     Status st = write_file(path, report_json(rep, *results, c_.to_json(), wall, ""));
@@ -434,6 +461,7 @@ class Run {
   ProcessGroup group_;
   std::vector<ChildInfo> kids_;
   std::vector<std::string> process_problems_;
+  std::vector<std::string> process_exits_;
 };
 
 }  // namespace

@@ -44,6 +44,9 @@ struct ReplayConfig {
   double request_timeout_s = 300;  // router gives up on a request
   double timeout_s = 3600;         // the whole replay
   std::string exe;                 // kvferry executable for children; default: this process's
+  // Test hook (hidden option --test-break-rank): this rank ("decode/tp1") is started with
+  // --page-size 0, so it cannot start; exercises supervision with real processes.
+  std::string break_rank;
 
   // All options as a JSON object (the report's `config`).
   std::string to_json() const;
@@ -53,11 +56,13 @@ struct ReplayConfig {
 // (prefill_tp x prefill_pool_mib), split over the decode ranks, capped at 7168 and at least 64.
 uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
                           uint64_t prefill_pool_mib, uint32_t decode_tp);
-// MemAvailable from /proc/meminfo in bytes (0 when unknown).
-uint64_t mem_available_bytes();
+// A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes (0 when unknown).
+uint64_t meminfo_bytes(const std::string& field);
+uint64_t mem_available_bytes();  // meminfo_bytes("MemAvailable")
 
-// Checks every option, the trace (every line) and the model; fills defaults (models_file,
-// pool_mib). kInvalidArgument with a message for the user.
+// Checks every option, the trace (every line), the model, that each pool holds a page and that
+// all pools together fit in MemTotal; fills defaults (models_file, pool_mib, exe) and makes `out`
+// absolute. kInvalidArgument with a message for the user.
 Status validate(ReplayConfig& config);
 
 // argv of each child process (exposed for tests).

@@ -111,6 +111,12 @@ TEST_F(Validate, RejectsBadOptions) {
   c.pool_mib = 1;  // a 64-token page of Llama-3.1-8B at TP2 is 64 x 32 x 2 x 4 x 128 x 2 = 8 MiB
   EXPECT_NE(error_of(c).find("--pool-mib 1"), std::string::npos);
   c = good();
+  c.break_rank = "decode/tp2";  // TP is 2
+  EXPECT_NE(error_of(c).find("--test-break-rank"), std::string::npos);
+  c = good();
+  c.pool_mib = uint64_t(1) << 30;  // 1 PiB
+  EXPECT_NE(error_of(c).find("this machine has"), std::string::npos);
+  c = good();
   c.models_file = (dir_ / "none.json").string();
   EXPECT_NE(error_of(c).find("none.json"), std::string::npos);
 }
@@ -152,6 +158,10 @@ TEST(ChildArgs, RankRouterBootstrap) {
             "--models-file /m.json --page-size 16 --pool-mib 256 --bootstrap 127.0.0.1:1001 "
             "--engine-endpoint tcp://127.0.0.1:1003 --router-endpoint tcp://127.0.0.1:1004 "
             "--transport tcp --log-file /o/logs/decode-tp1.jsonl --chunk-tokens 4096");
+  c.break_rank = "decode/tp1";
+  EXPECT_NE(join(rank_args(c, p, false, 1)).find("--page-size 0 "), std::string::npos);
+  EXPECT_NE(join(rank_args(c, p, false, 0)).find("--page-size 16 "), std::string::npos);
+  c.break_rank.clear();
   const std::string prefill = join(rank_args(c, p, true, 0));
   EXPECT_NE(prefill.find("--role prefill --tp-rank 0"), std::string::npos);
   EXPECT_NE(prefill.find("--pool-mib 64 "), std::string::npos);

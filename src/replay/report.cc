@@ -13,7 +13,7 @@
 namespace kvferry::replay {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // report fields in a readable order
 
 bool known_level(const std::string& l) {
   return l == "trace" || l == "debug" || l == "info" || l == "warning" || l == "error" ||
@@ -359,6 +359,7 @@ std::string report_json(const Report& r, const ReplayResults& results,
         {"lines", r.logs.lines},
         {"invalid_lines", r.logs.invalid_lines},
         {"first_invalid", r.logs.first_invalid}}},
+      {"processes", r.process_exits},
       {"problems", problems},
   };
   return dump(j);

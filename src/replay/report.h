@@ -82,6 +82,7 @@ struct Report {
   std::vector<FailureEntry> unexpected_failures;
   LogScan logs;
   std::vector<std::string> process_problems;  // from the orchestrator (e.g. a rank exited non-zero)
+  std::vector<std::string> process_exits;     // "prefill/tp0 (pid 12) exited with code 0", ...
   uint64_t faults_misattributed() const;
   uint64_t faults_not_one_line() const;  // faults whose lines_above_debug != 1
   // Problems that make `kvferry replay` exit 1 (empty: the replay is clean).

@@ -1,0 +1,216 @@
+// PrefillDriver as the engine leader: decide() over the ranks' reports (the per-step agreement),
+// aborts and down ranks. One EndpointCore, no peer: decide() needs no transfer.
+#include "driver/prefill_driver.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "endpoint/endpoint_pair_test_util.h"
+
+namespace kvferry {
+namespace {
+
+using testing::prefill_rank0;
+
+RoomReport rep(uint64_t room, uint32_t tp, KVPoll poll, bool drained) {
+  RoomReport r;
+  r.room = room;
+  r.tp_rank = tp;
+  r.poll = poll;
+  r.drained = drained;
+  return r;
+}
+
+RoomReport failed_rep(uint64_t room, uint32_t tp, bool drained, ErrorCode code, const std::string& origin,
+                      int64_t first_seen_ns) {
+  RoomReport r = rep(room, tp, KVPoll::Failed, drained);
+  r.has_failure = true;
+  r.code = code;
+  r.origin = origin;
+  r.reason = "failure at " + origin;
+  r.first_seen_ns = first_seen_ns;
+  r.failed_ns = first_seen_ns + 10;
+  return r;
+}
+
+std::vector<Decision> ops_for(const std::vector<Decision>& ds, uint64_t room) {
+  std::vector<Decision> out;
+  for (const Decision& d : ds)
+    if (d.room == room) out.push_back(d);
+  return out;
+}
+
+class PrefillDriverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto core = testing::make_test_core(prefill_rank0());
+    ASSERT_TRUE(core.ok()) << core.status().str();
+    core_ = std::move(core).value();
+    ep_ = std::make_unique<PrefillEndpoint>(*core_, 1);
+    drv_ = std::make_unique<PrefillDriver>(*core_, *ep_, PrefillDriverConfig{4});
+  }
+  void TearDown() override {
+    drv_.reset();
+    ep_.reset();
+    core_.reset();
+  }
+  // The leader's step: decide, then apply every decision (as every rank does).
+  std::vector<Decision> step(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
+                             std::vector<RouterRequest> reqs = {}) {
+    auto ds = drv_->decide(by_room, std::move(reqs), monotonic_ns(), &results_);
+    for (const Decision& d : ds) drv_->apply(d);
+    return ds;
+  }
+  void add(uint64_t room, uint64_t tokens) {
+    RouterRequest r;
+    r.room = room;
+    r.input_tokens = tokens;
+    auto ds = step({}, {r});
+    ASSERT_EQ(ds.size(), 1u);
+    ASSERT_EQ(ds[0].op, Decision::Op::kNew);
+    ASSERT_TRUE(ep_->has_room(room));
+  }
+
+  std::unique_ptr<EndpointCore> core_;
+  std::unique_ptr<PrefillEndpoint> ep_;
+  std::unique_ptr<PrefillDriver> drv_;
+  std::vector<RoomResult> results_;
+};
+
+// Naive design: each rank decides on its own view; a rank that saw Success releases the room and
+// moves on to the next collective while the failed rank waits in another one (deadlock), or the
+// failed rank's cause is lost in the reduction ("unknown reason").
+TEST_F(PrefillDriverTest, Defect10_RanksAgree) {
+  const uint64_t room = 0x2001;
+  add(room, 64);
+
+  // One rank succeeded, the other failed: the engine fails the room with the failed rank's origin.
+  auto ds = step({{room, {rep(room, 0, KVPoll::Success, true),
+                          failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
+  auto mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kFail);
+  EXPECT_EQ(mine[0].code, ErrorCode::kTransferError);
+  EXPECT_EQ(mine[0].origin, "prefill/tp1");
+  EXPECT_EQ(mine[0].reason, "failure at prefill/tp1");
+  EXPECT_EQ(mine[0].first_seen_ns, 1000);
+  EXPECT_TRUE(results_.empty());
+  // Every rank applied it: this rank's registry now holds the agreed, propagated cause.
+  auto e = core_->registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->origin.str(), "prefill/tp1");
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_EQ(ep_->poll(room), KVPoll::Failed);
+
+  // Not every rank Failed yet (a stale Success report): no release, and no second kFail.
+  ds = step({{room, {rep(room, 0, KVPoll::Success, true),
+                     failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
+  EXPECT_TRUE(ops_for(ds, room).empty());
+  // Every rank Failed, one not drained (a write of its own still in flight): still no release.
+  ds = step({{room, {failed_rep(room, 0, false, ErrorCode::kTransferError, "prefill/tp1", 1000),
+                     failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
+  EXPECT_TRUE(ops_for(ds, room).empty());
+  EXPECT_TRUE(ep_->has_room(room));
+
+  // This rank's own report is Failed and drained; with the other rank's: release, one result.
+  auto own = drv_->reports(monotonic_ns());
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(own[0].poll, KVPoll::Failed);
+  EXPECT_TRUE(own[0].drained);
+  EXPECT_EQ(own[0].origin, "prefill/tp1");
+  ds = step({{room, {own[0], failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
+  mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kRelease);
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_EQ(results_[0].state, KVPoll::Failed);
+  EXPECT_EQ(results_[0].code, ErrorCode::kTransferError);
+  EXPECT_EQ(results_[0].origin, "prefill/tp1");
+  EXPECT_EQ(results_[0].ranks_failed, 2u);
+  EXPECT_FALSE(ep_->has_room(room));
+  EXPECT_TRUE(drv_->idle());
+  RankLeakStats leaks = drv_->leak_stats();
+  EXPECT_EQ(leaks.live_rooms, 0u);
+  EXPECT_EQ(leaks.records, 0u);
+  EXPECT_EQ(leaks.pages_in_use, 0u);
+}
+
+TEST_F(PrefillDriverTest, EarliestFailureWinsAcrossRanks) {
+  const uint64_t room = 0x2002;
+  add(room, 32);
+  auto ds = step({{room, {failed_rep(room, 0, true, ErrorCode::kPeerUnreachable, "decode/tp0", 2000),
+                          failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1500)}}});
+  auto mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kFail);
+  EXPECT_EQ(mine[0].origin, "prefill/tp1");
+  EXPECT_EQ(mine[0].code, ErrorCode::kTransferError);
+}
+
+TEST_F(PrefillDriverTest, StartOnlyWhenEveryRankHasItsMetadata) {
+  const uint64_t room = 0x2003;
+  add(room, 32);
+  auto ds = step({{room, {rep(room, 0, KVPoll::WaitingForInput, false), rep(room, 1, KVPoll::Bootstrapping, false)}}});
+  EXPECT_TRUE(ops_for(ds, room).empty());
+  ds = step({{room, {rep(room, 0, KVPoll::WaitingForInput, false), rep(room, 1, KVPoll::WaitingForInput, false)}}});
+  auto mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kStart);
+  ds = step({{room, {rep(room, 0, KVPoll::Transferring, false), rep(room, 1, KVPoll::WaitingForInput, false)}}});
+  EXPECT_TRUE(ops_for(ds, room).empty());  // started once
+  ds = step({{room, {rep(room, 0, KVPoll::Success, true), rep(room, 1, KVPoll::Success, true)}}});
+  mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kRelease);
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_EQ(results_[0].state, KVPoll::Success);
+  EXPECT_EQ(results_[0].code, ErrorCode::kOk);
+}
+
+TEST_F(PrefillDriverTest, AbortFailsWithTheLeaderAsOrigin) {
+  const uint64_t room = 0x2004;
+  add(room, 32);
+  drv_->on_abort(room);
+  auto ds = step({});
+  auto mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kFail);
+  EXPECT_EQ(mine[0].code, ErrorCode::kAborted);
+  EXPECT_EQ(mine[0].origin, "prefill/tp0");
+  auto e = core_->registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_FALSE(e->is_from_another_rank);  // local on the leader, which received the abort
+
+  drv_->on_abort(room);  // a second abort is no second failure
+  EXPECT_TRUE(ops_for(step({}), room).empty());
+  drv_->on_abort(0x9999);  // an unknown room is ignored
+  EXPECT_TRUE(step({}).empty());
+
+  auto own = drv_->reports(monotonic_ns());
+  ASSERT_EQ(own.size(), 1u);
+  ds = step({{room, own}});
+  ASSERT_EQ(ops_for(ds, room).size(), 1u);
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_EQ(results_[0].code, ErrorCode::kAborted);
+  EXPECT_EQ(results_[0].origin, "prefill/tp0");
+}
+
+TEST_F(PrefillDriverTest, DownRankFailsItsRoomsWithItsOrigin) {
+  const uint64_t room = 0x2005;
+  add(room, 32);
+  drv_->on_rank_down({Role::kPrefill, 0, 1, 0}, "no step reply for 1000 ms");
+  auto ds = step({{room, {rep(room, 0, KVPoll::WaitingForInput, false)}}});
+  auto mine = ops_for(ds, room);
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].op, Decision::Op::kFail);
+  EXPECT_EQ(mine[0].code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(mine[0].origin, "prefill/tp1");
+  EXPECT_EQ(mine[0].reason, "no step reply for 1000 ms");
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -1,0 +1,286 @@
+// Test-only harness: one prefill rank (EndpointCore + PrefillEndpoint) and one decode rank
+// (EndpointCore + DecodeEndpoint), tp 1 each, in ONE process, connected for real: a
+// BootstrapServer on port 0, the prefill rank registered there with its control endpoint, the
+// decode rank's connect_peers() looking it up and registering its pool (UCX shm + ZeroMQ).
+//
+// The test thread plays both ranks' main loops: pump() drains both ControlSockets (decode() each
+// frame, on_message), hands the prefill core's transport completions to on_transport_event, and
+// ticks both endpoints. Finer steps (control only, events only, one side only) exist so a test can
+// hold one side back and observe an intermediate state.
+//
+// Header-only so it can be shared by endpoint and driver tests without entering a library.
+// Thread contract: the test thread only.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "endpoint/core.h"
+#include "endpoint/decode_endpoint.h"
+#include "endpoint/prefill_endpoint.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/content.h"
+#include "kvferry/geometry.h"
+#include "kvferry/messages.h"
+
+namespace kvferry::testing {
+
+// A model geometry from the vendored data/models.json.
+inline Result<ModelGeometry> load_test_model(const std::string& name) {
+  std::ifstream in(std::string(KVFERRY_SOURCE_DIR) + "/data/models.json");
+  if (!in) return Status(ErrorCode::kInvalidArgument, "cannot read data/models.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  auto models = parse_models_json(text.str());
+  if (!models.ok()) return models.status();
+  return find_model(*models, name);
+}
+
+// One rank's layout (tp 1) for the tests: Qwen2.5-7B, 16 tokens a page, 16 MiB (18 pages).
+struct TestLayoutSpec {
+  std::string model = "Qwen2.5-7B";
+  uint32_t page_size = 16;
+  uint64_t pool_bytes = 16ull << 20;
+  uint32_t aux_slots = 64;
+};
+
+inline Result<PoolLayout> make_test_layout(const TestLayoutSpec& s = {}) {
+  auto m = load_test_model(s.model);
+  if (!m.ok()) return m.status();
+  return make_layout(*m, 1, 0, s.page_size, s.pool_bytes, s.aux_slots);
+}
+
+inline RankId prefill_rank0() { return {Role::kPrefill, 0, 0, 0}; }
+inline RankId decode_rank0() { return {Role::kDecode, 0, 0, 0}; }
+
+// A single EndpointCore (no peer) for tests that need only one side.
+inline Result<std::unique_ptr<EndpointCore>> make_test_core(const RankId& self, const Deadlines& d = {},
+                                                             const TestLayoutSpec& s = {}) {
+  auto layout = make_test_layout(s);
+  if (!layout.ok()) return layout.status();
+  EndpointConfig c;
+  c.self = self;
+  c.layout = *layout;
+  c.deadlines = d;
+  return EndpointCore::create(c);
+}
+
+struct PairConfig {
+  TestLayoutSpec layout;
+  Deadlines prefill_deadlines;
+  Deadlines decode_deadlines;
+};
+
+class EndpointPair {
+ public:
+  static Result<std::unique_ptr<EndpointPair>> create(const PairConfig& cfg = {}) {
+    std::unique_ptr<EndpointPair> p(new EndpointPair(cfg));
+    auto layout = make_test_layout(cfg.layout);
+    if (!layout.ok()) return layout.status();
+    p->layout_ = *layout;
+    auto server = BootstrapServer::start("127.0.0.1", 0);
+    if (!server.ok()) return server.status();
+    p->server_ = std::move(server).value();
+    p->bootstrap_address_ = "127.0.0.1:" + std::to_string(p->server_->port());
+
+    Status s = p->start_prefill();
+    if (!s.ok()) return s;
+    s = p->start_decode();
+    if (!s.ok()) return s;
+    // The pool registration must have reached the prefill rank before any metadata is sent.
+    if (!p->pump_until([&] { return p->prefill_->peers() == 1; }, std::chrono::seconds(5)))
+      return Status(ErrorCode::kInternal, "the decode pool registration never reached the prefill rank");
+    return p;
+  }
+
+  ~EndpointPair() {
+    kill_decode();
+    kill_prefill();
+  }
+
+  const PoolLayout& layout() const { return layout_; }
+  EndpointCore& pcore() { return *pcore_; }
+  PrefillEndpoint& prefill() { return *prefill_; }
+  EndpointCore& dcore() { return *dcore_; }
+  DecodeEndpoint& decode() { return *decode_; }
+  bool has_decode() const { return decode_ != nullptr; }
+  bool has_prefill() const { return prefill_ != nullptr; }
+  const std::string& bootstrap_address() const { return bootstrap_address_; }
+
+  // Destroys the prefill rank (endpoint, then core), as a killed process looks to its peer. Its
+  // entry stays at the bootstrap service, as a killed rank's would.
+  void kill_prefill() {
+    prefill_.reset();
+    pcore_.reset();
+  }
+
+  // A fresh prefill rank (new transport, new control port) registered at the bootstrap service,
+  // as a restarted prefill process does.
+  Status start_prefill() {
+    kill_prefill();
+    EndpointConfig pc;
+    pc.self = prefill_rank0();
+    pc.layout = layout_;
+    pc.deadlines = cfg_.prefill_deadlines;
+    auto pcore = EndpointCore::create(pc);
+    if (!pcore.ok()) return pcore.status();
+    pcore_ = std::move(pcore).value();
+    prefill_ = std::make_unique<PrefillEndpoint>(*pcore_, 1);
+    PrefillRankInfo info;
+    info.host = "127.0.0.1";
+    info.control_endpoint = pcore_->control().endpoint();
+    info.page_size = layout_.page_size;
+    info.dtype = "bfloat16";
+    info.model = layout_.model.name;
+    info.num_layers = layout_.model.num_layers;
+    info.heads_per_rank = layout_.heads_per_rank;
+    info.first_head = layout_.first_head;
+    BootstrapClient client(bootstrap_address_);
+    return client.register_rank(info);
+  }
+
+  // Destroys the decode rank (endpoint, then core: transport, control socket, heartbeats), as a
+  // killed process looks to its peer.
+  void kill_decode() {
+    decode_.reset();
+    dcore_.reset();
+  }
+
+  // A fresh decode rank (new transport, new control port) that looks the prefill rank up at the
+  // bootstrap service and registers its pool, as a restarted decode process does.
+  Status start_decode() {
+    kill_decode();
+    EndpointConfig dc;
+    dc.self = decode_rank0();
+    dc.layout = layout_;
+    dc.deadlines = cfg_.decode_deadlines;
+    auto dcore = EndpointCore::create(dc);
+    if (!dcore.ok()) return dcore.status();
+    dcore_ = std::move(dcore).value();
+    decode_ = std::make_unique<DecodeEndpoint>(*dcore_, 1, bootstrap_address_);
+    BootstrapClient client(bootstrap_address_);
+    return decode_->connect_peers(client, monotonic_ns() + 5'000'000'000);
+  }
+
+  // --- the two main loops, in pieces ---
+  void drain_prefill_control() {
+    if (!prefill_) return;
+    while (auto f = pcore_->control().recv(std::chrono::milliseconds(0))) {
+      auto m = kvferry::decode(*f);
+      if (!m.ok()) {
+        ++bad_frames;
+        continue;
+      }
+      prefill_->on_message(*m);
+    }
+  }
+  void drain_prefill_events() {
+    if (!prefill_) return;
+    for (const TransportEvent& e : pcore_->take_events()) {
+      if (auto done = prefill_->on_transport_event(e)) {
+        chunks_done.push_back(*done);
+        if (on_chunk_done) on_chunk_done(*done);
+      }
+    }
+  }
+  void drain_decode_control() {
+    if (!decode_) return;
+    while (auto f = dcore_->control().recv(std::chrono::milliseconds(0))) {
+      auto m = kvferry::decode(*f);
+      if (!m.ok()) {
+        ++bad_frames;
+        continue;
+      }
+      decode_->on_message(*m);
+    }
+  }
+  // Prefill main-loop iteration; `events` false holds transport completions back.
+  void pump_prefill(bool events = true) {
+    if (!prefill_) return;
+    drain_prefill_control();
+    if (events) drain_prefill_events();
+    prefill_->tick(monotonic_ns());
+  }
+  void pump_decode() {
+    if (!decode_) return;
+    drain_decode_control();
+    (void)dcore_->take_events();  // decode issues no writes; nothing to hand on
+    decode_->tick(monotonic_ns());
+  }
+  void pump() {
+    pump_prefill();
+    pump_decode();
+  }
+
+  // Pumps (with `step` in between) until pred() holds or `timeout` passed; true if it held.
+  bool pump_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+                  const std::function<void()>& step = {}) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (step) step();
+      else pump();
+      if (pred()) return true;
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void pump_for(std::chrono::milliseconds d, const std::function<void()>& step = {}) {
+    (void)pump_until([] { return false; }, d, step);
+  }
+
+  // --- content helpers ---
+  // Fills prefill staging pages with the content of the room's pages [first_page, ...).
+  void fill_staging(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& staging) {
+    for (size_t i = 0; i < staging.size(); ++i) {
+      uint64_t first_token = (first_page + i) * layout_.page_size;
+      for (uint32_t b = 0; b < layout_.num_buffers(); ++b)
+        fill_page(layout_, room, b, first_token, pcore_->base() + layout_.page_offset(b, staging[i]));
+    }
+  }
+  // fill_staging + send().
+  Status send_chunk(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& staging, uint64_t tag) {
+    fill_staging(room, first_page, staging);
+    return prefill_->send(room, first_page, staging, tag);
+  }
+  // Mismatched bytes of the room's pages at `kv_indices` in the decode pool (0: every byte right).
+  uint64_t verify_decode(uint64_t room, const std::vector<uint64_t>& kv_indices) const {
+    uint64_t bad = 0;
+    for (size_t i = 0; i < kv_indices.size(); ++i) {
+      uint64_t first_token = i * layout_.page_size;
+      for (uint32_t b = 0; b < layout_.num_buffers(); ++b)
+        bad += verify_page(layout_, room, b, first_token, dcore_->base() + layout_.page_offset(b, kv_indices[i]));
+    }
+    return bad;
+  }
+  // The decode pool's aux record in `slot`.
+  AuxRecord decode_aux(uint32_t slot) const {
+    AuxRecord rec;
+    std::memcpy(&rec, dcore_->base() + layout_.aux_offset(slot), sizeof rec);
+    return rec;
+  }
+
+  std::vector<ChunkDone> chunks_done;
+  std::function<void(const ChunkDone&)> on_chunk_done;
+  size_t bad_frames = 0;
+
+ private:
+  explicit EndpointPair(const PairConfig& cfg) : cfg_(cfg) {}
+  PairConfig cfg_;
+  PoolLayout layout_;
+  std::string bootstrap_address_;
+  std::unique_ptr<BootstrapServer> server_;
+  std::unique_ptr<EndpointCore> pcore_;
+  std::unique_ptr<PrefillEndpoint> prefill_;
+  std::unique_ptr<EndpointCore> dcore_;
+  std::unique_ptr<DecodeEndpoint> decode_;
+};
+
+}  // namespace kvferry::testing

@@ -1,0 +1,154 @@
+// PeerMonitor: heartbeats really go out from its own thread; death is reported once, strictly
+// after the timeout; a peer heard again is revived; watch() again resets; unwatch() stops it all.
+#include "endpoint/peer_monitor.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "kvferry/control.h"
+#include "kvferry/messages.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kMs = 1'000'000;
+
+Deadlines short_deadlines() {
+  Deadlines d;
+  d.heartbeat_interval_ms = 20;
+  d.heartbeat_timeout_ms = 100;
+  return d;
+}
+
+const RankId kSelf{Role::kPrefill, 0, 0, 0};
+const RankId kPeer{Role::kDecode, 0, 0, 0};
+const RankId kOther{Role::kDecode, 0, 1, 0};
+
+// Heartbeats from `sender` received on `sock` within `window`.
+std::vector<Heartbeat> collect(ControlSocket& sock, std::chrono::milliseconds window) {
+  std::vector<Heartbeat> out;
+  auto end = std::chrono::steady_clock::now() + window;
+  while (std::chrono::steady_clock::now() < end) {
+    auto f = sock.recv(10ms);
+    if (!f) continue;
+    auto m = decode(*f);
+    EXPECT_TRUE(m.ok()) << m.status().str();
+    if (m.ok())
+      if (auto* hb = std::get_if<Heartbeat>(&*m)) out.push_back(*hb);
+  }
+  return out;
+}
+
+TEST(PeerMonitor, SendsHeartbeatsFromItsOwnThread) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, (*sock)->endpoint());
+  EXPECT_EQ(m.watched(), 1u);
+  // The test thread never calls into the monitor while collecting: the beats come on their own.
+  auto beats = collect(**sock, 400ms);
+  ASSERT_GE(beats.size(), 5u);  // 20 ms interval, connection set-up included
+  for (size_t i = 0; i < beats.size(); ++i) {
+    EXPECT_EQ(beats[i].sender, kSelf);
+    if (i > 0) {
+      EXPECT_GT(beats[i].seq, beats[i - 1].seq);
+      EXPECT_GE(beats[i].sent_ns, beats[i - 1].sent_ns);
+    }
+  }
+}
+
+TEST(PeerMonitor, DeadStrictlyAfterTheTimeoutAndReportedOnce) {
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  EXPECT_TRUE(m.take_dead(t + 50 * kMs).empty());
+  EXPECT_TRUE(m.take_dead(t + 100 * kMs).empty());  // exactly the timeout: not yet
+  auto dead = m.take_dead(t + 100 * kMs + 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kPeer);
+  EXPECT_EQ(dead[0].silent_ms, 100);
+  EXPECT_TRUE(m.take_dead(t + 500 * kMs).empty());  // once, not every tick
+  EXPECT_TRUE(m.take_revived().empty());
+  EXPECT_EQ(m.watched(), 1u);  // still watched (heartbeats keep going to it)
+}
+
+TEST(PeerMonitor, HeardAgainIsRevivedOnceAndCanDieAgain) {
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  ASSERT_EQ(m.take_dead(t + 200 * kMs).size(), 1u);
+  m.heard(kPeer, t + 300 * kMs);
+  auto revived = m.take_revived();
+  ASSERT_EQ(revived.size(), 1u);
+  EXPECT_EQ(revived[0], kPeer);
+  EXPECT_TRUE(m.take_revived().empty());
+  EXPECT_TRUE(m.take_dead(t + 350 * kMs).empty());
+  auto again = m.take_dead(t + 450 * kMs);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].silent_ms, 150);
+}
+
+TEST(PeerMonitor, HeardWithoutDeathIsNotARevival) {
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  m.heard(kPeer, t + 50 * kMs);
+  EXPECT_TRUE(m.take_revived().empty());
+  EXPECT_TRUE(m.take_dead(t + 140 * kMs).empty());  // the clock restarted at t + 50 ms
+  EXPECT_EQ(m.take_dead(t + 151 * kMs).size(), 1u);
+}
+
+TEST(PeerMonitor, OnlyTheSilentPeerDies) {
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  m.watch(kOther, "tcp://127.0.0.1:2");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  m.heard(kOther, t + 80 * kMs);
+  auto dead = m.take_dead(t + 150 * kMs);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kPeer);
+  auto later = m.take_dead(t + 181 * kMs);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].peer, kOther);
+}
+
+TEST(PeerMonitor, WatchAgainResetsAndUnwatchForgets) {
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  ASSERT_EQ(m.take_dead(t + 200 * kMs).size(), 1u);
+  m.watch(kPeer, "tcp://127.0.0.1:3");  // the peer restarted and registered again
+  const int64_t w = monotonic_ns();
+  EXPECT_TRUE(m.take_dead(w + 50 * kMs).empty());
+  EXPECT_TRUE(m.take_revived().empty());  // a new watch is not a revival
+  EXPECT_EQ(m.take_dead(w + 1000 * kMs).size(), 1u);
+
+  m.unwatch(kPeer);
+  EXPECT_EQ(m.watched(), 0u);
+  m.heard(kPeer, w);  // a frame from a peer no longer watched is ignored
+  EXPECT_TRUE(m.take_dead(w + 10'000 * kMs).empty());
+  EXPECT_TRUE(m.take_revived().empty());
+}
+
+TEST(PeerMonitor, UnwatchStopsHeartbeats) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok());
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, (*sock)->endpoint());
+  ASSERT_FALSE(collect(**sock, 200ms).empty());
+  m.unwatch(kPeer);
+  (void)collect(**sock, 60ms);  // at most one beat was already on its way
+  EXPECT_TRUE(collect(**sock, 200ms).empty());
+}
+
+}  // namespace
+}  // namespace kvferry
