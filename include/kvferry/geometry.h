@@ -78,6 +78,16 @@ struct PoolLayout {
   uint64_t bytes_for_pages(uint64_t pages) const { return pages * page_bytes() * num_buffers(); }
 };
 
+// The cache heads rank `tp_rank` of `tp_size` holds: [first, first + count) in global head
+// numbering. GQA/MHA: split evenly when tp_size divides the heads; with more ranks than heads (a
+// multiple), each rank holds one head, replicated on tp_size / heads ranks (as serving engines
+// replicate KV heads). MLA: every rank holds the single latent (first 0, count 1).
+struct HeadSlice {
+  uint32_t first = 0;
+  uint32_t count = 0;
+};
+Result<HeadSlice> head_slice(const ModelGeometry& m, uint32_t tp_size, uint32_t tp_rank);
+
 // Builds the layout of rank `tp_rank` of `tp_size` with as many pages as fit in `pool_bytes`
 // (aux slots included). Heads are split evenly; with fewer KV heads than ranks a head is
 // replicated (rank r holds head r * heads / tp_size). MLA: every rank holds the one latent.

@@ -105,6 +105,19 @@ Result<ModelGeometry> find_model(const std::vector<ModelGeometry>& models, const
   return Status(ErrorCode::kInvalidArgument, "unknown model '" + name + "'; known models: " + known);
 }
 
+Result<HeadSlice> head_slice(const ModelGeometry& m, uint32_t tp_size, uint32_t tp_rank) {
+  if (tp_size == 0 || tp_rank >= tp_size)
+    return Status(ErrorCode::kInvalidArgument,
+                  "tp_rank " + std::to_string(tp_rank) + " is not a rank of tp_size " + std::to_string(tp_size));
+  if (m.is_mla()) return HeadSlice{0, 1};
+  if (m.cache_heads % tp_size == 0) return HeadSlice{tp_rank * (m.cache_heads / tp_size), m.cache_heads / tp_size};
+  if (tp_size > m.cache_heads && tp_size % m.cache_heads == 0)
+    return HeadSlice{static_cast<uint32_t>(uint64_t(tp_rank) * m.cache_heads / tp_size), 1};
+  return Status(ErrorCode::kInvalidArgument,
+                "tp_size " + std::to_string(tp_size) + " does not divide (and is not a multiple of) the " +
+                    std::to_string(m.cache_heads) + " KV heads of " + m.name);
+}
+
 Result<PoolLayout> make_layout(const ModelGeometry& m, uint32_t tp_size, uint32_t tp_rank,
                                uint32_t page_size, uint64_t pool_bytes, uint32_t aux_slots) {
   if (tp_size == 0 || tp_rank >= tp_size) {
@@ -122,20 +135,10 @@ Result<PoolLayout> make_layout(const ModelGeometry& m, uint32_t tp_size, uint32_
   l.tp_rank = tp_rank;
   l.page_size = page_size;
   l.aux_slots = aux_slots;
-  if (m.is_mla()) {
-    l.heads_per_rank = 1;
-    l.first_head = 0;
-  } else if (m.cache_heads % tp_size == 0) {
-    l.heads_per_rank = m.cache_heads / tp_size;
-    l.first_head = tp_rank * l.heads_per_rank;
-  } else if (tp_size > m.cache_heads && tp_size % m.cache_heads == 0) {
-    l.heads_per_rank = 1;
-    l.first_head = static_cast<uint32_t>(uint64_t(tp_rank) * m.cache_heads / tp_size);
-  } else {
-    return Status(ErrorCode::kInvalidArgument,
-                  "tp_size " + std::to_string(tp_size) + " does not divide (and is not a multiple of) the " +
-                      std::to_string(m.cache_heads) + " KV heads of " + m.name);
-  }
+  auto slice = head_slice(m, tp_size, tp_rank);
+  if (!slice.ok()) return slice.status();
+  l.heads_per_rank = slice->count;
+  l.first_head = slice->first;
   const uint64_t aux_bytes = uint64_t(aux_slots) * kAuxSlotBytes;
   const uint64_t stripe = uint64_t(l.num_buffers()) * l.page_bytes();  // one page in every buffer
   if (pool_bytes <= aux_bytes || (pool_bytes - aux_bytes) / stripe == 0) {

@@ -40,6 +40,11 @@ void PrefillDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end() || it->second.started) return;
       it->second.started = true;
+      const SenderRoom* s = ep_.room(d.room);
+      if (s && s->dests.empty()) {  // our heads go to no decode rank: conclude without writing
+        (void)ep_.conclude_without_writing(d.room);
+        return;
+      }
       start_order_.push_back(d.room);
       return;
     }

@@ -49,7 +49,7 @@ class PrefillDriverTest : public ::testing::Test {
     auto core = testing::make_test_core(prefill_rank0());
     ASSERT_TRUE(core.ok()) << core.status().str();
     core_ = std::move(core).value();
-    ep_ = std::make_unique<PrefillEndpoint>(*core_, 1);
+    ep_ = std::make_unique<PrefillEndpoint>(*core_, *plan_transfers(core_->layout().model, 1, 1));
     drv_ = std::make_unique<PrefillDriver>(*core_, *ep_, PrefillDriverConfig{4});
   }
   void TearDown() override {

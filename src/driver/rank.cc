@@ -11,6 +11,7 @@
 #include "driver/prefill_driver.h"
 #include "endpoint/decode_endpoint.h"
 #include "endpoint/prefill_endpoint.h"
+#include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 
@@ -52,10 +53,10 @@ int run_rank(const RankOptions& o) {
   auto layout = make_layout(*model, o.tp_size, o.tp_rank, o.page_size, o.pool_mib << 20, o.aux_slots);
   if (!layout.ok()) return fail_start(layout.status().str());
   uint32_t peer_tp = o.peer_tp_size ? o.peer_tp_size : o.tp_size;
-  if (peer_tp != o.tp_size)
-    return fail_start(fmt::format("prefill TP {} != decode TP {}: only equal TP is supported so far",
-                                  o.role == Role::kPrefill ? o.tp_size : peer_tp,
-                                  o.role == Role::kPrefill ? peer_tp : o.tp_size));
+  uint32_t prefill_tp = o.role == Role::kPrefill ? o.tp_size : peer_tp;
+  uint32_t decode_tp = o.role == Role::kPrefill ? peer_tp : o.tp_size;
+  auto plan = plan_transfers(*model, prefill_tp, decode_tp);
+  if (!plan.ok()) return fail_start(plan.status().str());
 
   uint64_t avail = mem_available();
   if (avail != 0 && layout->total_bytes() > avail)
@@ -96,7 +97,7 @@ int run_rank(const RankOptions& o) {
       s = bootstrap.register_rank(info);
     }
     if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
-    PrefillEndpoint ep(c, peer_tp);
+    PrefillEndpoint ep(c, *plan);
     PrefillDriver driver(c, ep, {std::max<uint64_t>(1, o.chunk_tokens / o.page_size)});
     EngineLoop loop(
         lc, c, driver, [&](const Message& m) { ep.on_message(m); },
@@ -105,7 +106,7 @@ int run_rank(const RankOptions& o) {
         });
     rc = loop.run();
   } else {
-    DecodeEndpoint ep(c, peer_tp, o.bootstrap);
+    DecodeEndpoint ep(c, *plan, o.bootstrap);
     Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000);
     if (!s.ok()) return fail_start(s.str());
     DecodeDriver driver(c, ep);

@@ -30,4 +30,25 @@ std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t n
   return ops;
 }
 
+std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
+                                          const PoolStrides& local, const PoolStrides& remote,
+                                          const SliceGeometry& g) {
+  std::vector<WriteOp> ops;
+  for (uint32_t b = 0; b < num_buffers; ++b) {
+    for (const PageRun& r : runs) {
+      for (uint64_t t = 0; t < r.pages * g.page_size; ++t) {
+        uint64_t src = b * local.buffer_stride + r.src * local.page_bytes + t * g.local_token_bytes + g.local_off;
+        uint64_t dst = b * remote.buffer_stride + r.dst * remote.page_bytes + t * g.remote_token_bytes + g.remote_off;
+        if (g.rotate_heads > 1) {
+          for (uint32_t k = 0; k < g.rotate_heads; ++k)
+            ops.push_back({src + ((k + 1) % g.rotate_heads) * g.head_bytes, dst + k * g.head_bytes, g.head_bytes});
+        } else {
+          ops.push_back({src, dst, g.slice_bytes});
+        }
+      }
+    }
+  }
+  return ops;
+}
+
 }  // namespace kvferry

@@ -29,4 +29,23 @@ struct PoolStrides {
 std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
                                     const PoolStrides& local, const PoolStrides& remote);
 
+// A head slice moved between ranks holding different head ranges: per token, `slice_bytes` from
+// byte `local_off` of the local token row to byte `remote_off` of the remote token row. One write
+// per token per buffer (rows are strided differently on the two sides). With `rotate_heads` > 1
+// (test-only: a deliberately wrong head offset) head k of the slice is taken from head
+// (k + 1) % rotate_heads, which verification must catch.
+struct SliceGeometry {
+  uint32_t page_size = 1;          // tokens
+  uint64_t local_token_bytes = 0;  // bytes of one token row in the local pool
+  uint64_t remote_token_bytes = 0;
+  uint64_t local_off = 0;
+  uint64_t remote_off = 0;
+  uint64_t slice_bytes = 0;
+  uint32_t rotate_heads = 0;
+  uint64_t head_bytes = 0;
+};
+std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
+                                          const PoolStrides& local, const PoolStrides& remote,
+                                          const SliceGeometry& g);
+
 }  // namespace kvferry

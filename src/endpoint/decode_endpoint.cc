@@ -13,8 +13,8 @@ namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 }
 
-DecodeEndpoint::DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp, std::string bootstrap_address)
-    : core_(core), prefill_tp_(prefill_tp), bootstrap_address_(std::move(bootstrap_address)) {}
+DecodeEndpoint::DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address)
+    : core_(core), plan_(std::move(plan)), bootstrap_address_(std::move(bootstrap_address)) {}
 
 DecodeEndpoint::~DecodeEndpoint() {
   for (auto& [rank, r] : rediscovery_) {
@@ -112,8 +112,7 @@ KVPoll DecodeEndpoint::poll(uint64_t room) const {
 
 Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns) {
   const RankId self = core_.self();
-  // Equal TP: decode rank r reads from prefill rank r.
-  std::vector<uint32_t> wanted{self.tp_rank};
+  std::vector<uint32_t> wanted = sources_of(plan_, self.tp_rank);
   const PoolLayout& l = core_.layout();
   for (uint32_t tp : wanted) {
     Result<PrefillRankInfo> info = bootstrap.lookup(0, self.dp_rank, tp);
@@ -124,11 +123,11 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       info = bootstrap.lookup(0, self.dp_rank, tp);
     }
-    if (info->page_size != l.page_size || info->heads_per_rank != l.heads_per_rank ||
-        info->first_head != l.first_head || info->num_layers != l.model.num_layers)
+    if (info->page_size != l.page_size || info->num_layers != l.model.num_layers || info->model != l.model.name)
       return {ErrorCode::kProtocolError,
-              fmt::format("prefill tp{} geometry differs (page_size {}, heads {}+{}, layers {})", tp,
-                          info->page_size, info->first_head, info->heads_per_rank, info->num_layers)};
+              fmt::format("prefill tp{} geometry differs: model {}, page_size {}, layers {} (ours: {}, {}, {})", tp,
+                          info->model, info->page_size, info->num_layers, l.model.name, l.page_size,
+                          l.model.num_layers)};
     RankId pr{Role::kPrefill, 0, tp, self.dp_rank};
     Status s = send_registration(pr, info->control_endpoint);
     if (!s.ok()) return s;
@@ -189,7 +188,8 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.room = room;
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
-  r.sources.push_back({Role::kPrefill, 0, core_.self().tp_rank, core_.self().dp_rank});
+  for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
+    r.sources.push_back({Role::kPrefill, 0, p, core_.self().dp_rank});
   core_.registry().open(room);
   for (const RankId& src : r.sources) {
     if (dead_peers_.count(src)) {
@@ -215,7 +215,7 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("no connection to {}", src.str()), src, monotonic_ns());
       return Status::Ok();
     }
-    RoomMetadata md{room, core_.self(), kv_indices, aux_slot, 1};
+    RoomMetadata md{room, core_.self(), kv_indices, aux_slot, static_cast<uint32_t>(r.sources.size())};
     Status s = core_.send(peer->second.control_endpoint, md);
     if (!s.ok()) {
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()),

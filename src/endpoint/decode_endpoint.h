@@ -22,6 +22,7 @@
 
 #include "endpoint/core.h"
 #include "kvferry/state.h"
+#include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 
 namespace kvferry {
@@ -52,7 +53,7 @@ struct ReceiverRoom {
 class DecodeEndpoint {
  public:
   // `bootstrap_address` ("host:port") is used again to find a prefill peer that restarted.
-  DecodeEndpoint(EndpointCore& core, uint32_t prefill_tp, std::string bootstrap_address);
+  DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address);
   ~DecodeEndpoint();
 
   // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
@@ -104,7 +105,7 @@ class DecodeEndpoint {
   };
 
   EndpointCore& core_;
-  uint32_t prefill_tp_;
+  std::vector<HeadTransfer> plan_;
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;

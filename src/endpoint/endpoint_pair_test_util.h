@@ -133,7 +133,7 @@ class EndpointPair {
     auto pcore = EndpointCore::create(pc);
     if (!pcore.ok()) return pcore.status();
     pcore_ = std::move(pcore).value();
-    prefill_ = std::make_unique<PrefillEndpoint>(*pcore_, 1);
+    prefill_ = std::make_unique<PrefillEndpoint>(*pcore_, *plan_transfers(pcore_->layout().model, 1, 1));
     PrefillRankInfo info;
     info.host = "127.0.0.1";
     info.control_endpoint = pcore_->control().endpoint();
@@ -165,7 +165,7 @@ class EndpointPair {
     auto dcore = EndpointCore::create(dc);
     if (!dcore.ok()) return dcore.status();
     dcore_ = std::move(dcore).value();
-    decode_ = std::make_unique<DecodeEndpoint>(*dcore_, 1, bootstrap_address_);
+    decode_ = std::make_unique<DecodeEndpoint>(*dcore_, *plan_transfers(dcore_->layout().model, 1, 1), bootstrap_address_);
     BootstrapClient client(bootstrap_address_);
     return decode_->connect_peers(client, monotonic_ns() + 5'000'000'000);
   }

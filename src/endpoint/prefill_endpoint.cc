@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -23,8 +24,11 @@ LogFields room_fields(uint64_t room) {
 }
 }  // namespace
 
-PrefillEndpoint::PrefillEndpoint(EndpointCore& core, uint32_t decode_tp)
-    : core_(core), decode_tp_(decode_tp), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {}
+PrefillEndpoint::PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan)
+    : core_(core), plan_(std::move(plan)), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {
+  const char* wrong = std::getenv("KVFERRY_TEST_WRONG_HEAD_OFFSET");
+  wrong_head_offset_ = wrong && std::string(wrong) == "1";
+}
 
 const SenderRoom* PrefillEndpoint::room(uint64_t room) const {
   auto it = rooms_.find(room);
@@ -80,9 +84,10 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
   std::string bad;
   if (r.sender.role != Role::kDecode) bad = "sender is not a decode rank";
   else if (r.page_size != l.page_size) bad = fmt::format("page_size {} != ours {}", r.page_size, l.page_size);
-  else if (r.page_bytes != l.page_bytes()) bad = fmt::format("page_bytes {} != ours {}", r.page_bytes, l.page_bytes());
   else if (r.num_buffers != l.num_buffers()) bad = fmt::format("num_buffers {} != ours {}", r.num_buffers, l.num_buffers());
-  else if (r.first_head != l.first_head || r.heads_per_rank != l.heads_per_rank) bad = "head slice differs";
+  else if (r.heads_per_rank == 0 || r.page_bytes != uint64_t(r.page_size) * r.heads_per_rank * l.model.head_dim * l.model.dtype_bytes)
+    bad = fmt::format("page_bytes {} is not {} tokens x {} heads of {} bytes", r.page_bytes, r.page_size,
+                      r.heads_per_rank, l.model.head_dim * l.model.dtype_bytes);
   else if (r.region_bytes < r.num_buffers * r.page_bytes * r.num_pages + uint64_t(r.aux_slots) * kAuxSlotBytes)
     bad = "region smaller than its declared layout";
   if (!bad.empty()) {
@@ -179,9 +184,9 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.total_pages = core_.layout().pages_for(input_tokens);
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
-  // Equal TP: prefill rank r writes to decode rank r (the only layout supported so far).
-  RankId d{Role::kDecode, 0, core_.self().tp_rank, core_.self().dp_rank};
-  r.dests.push_back(d);
+  for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
+    r.dests.push_back({Role::kDecode, 0, d, core_.self().dp_rank});
+  if (r.dests.empty()) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));
   for (const RankId& dst : r.dests) {
@@ -221,14 +226,32 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
   const PoolLayout& l = core_.layout();
   ChunkState& cs = chunks_[tag];
   cs = {room, 0, true, src_pages.size()};
+  const uint64_t head_bytes = uint64_t(l.model.head_dim) * l.model.dtype_bytes;
   for (const RankId& d : r.dests) {
     const DecodePeer& peer = peers_.at(d);
     const RoomMetadata& md = r.meta.at(d);
     std::vector<uint64_t> dst(md.kv_indices.begin() + first_page,
                               md.kv_indices.begin() + first_page + src_pages.size());
-    auto ops = runs_to_writes(coalesce_pages(src_pages, dst), l.num_buffers(),
-                              {l.page_bytes(), l.buffer_bytes()},
-                              {peer.reg.page_bytes, peer.reg.page_bytes * peer.reg.num_pages});
+    auto runs = coalesce_pages(src_pages, dst);
+    PoolStrides local{l.page_bytes(), l.buffer_bytes()};
+    PoolStrides remote{peer.reg.page_bytes, peer.reg.page_bytes * peer.reg.num_pages};
+    std::vector<WriteOp> ops;
+    for (const HeadTransfer& t : plan_) {
+      if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != d.tp_rank) continue;
+      SliceGeometry g;
+      g.page_size = l.page_size;
+      g.local_token_bytes = l.token_bytes();
+      g.remote_token_bytes = peer.reg.page_bytes / peer.reg.page_size;
+      g.local_off = uint64_t(t.first_head - l.first_head) * head_bytes;
+      g.remote_off = uint64_t(t.first_head - peer.reg.first_head) * head_bytes;
+      g.slice_bytes = uint64_t(t.num_heads) * head_bytes;
+      g.head_bytes = head_bytes;
+      if (wrong_head_offset_ && t.num_heads > 1) g.rotate_heads = t.num_heads;
+      bool whole_rows = g.slice_bytes == g.local_token_bytes && g.slice_bytes == g.remote_token_bytes;
+      auto part = whole_rows && g.rotate_heads == 0 ? runs_to_writes(runs, l.num_buffers(), local, remote)
+                                                    : runs_to_slice_writes(runs, l.num_buffers(), local, remote, g);
+      ops.insert(ops.end(), part.begin(), part.end());
+    }
     uint64_t bytes = 0;
     for (const WriteOp& op : ops) bytes += op.length;
     ++cs.remaining;
@@ -261,8 +284,8 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   auto aux = aux_tags_.find(e.tag);
   if (aux != aux_tags_.end()) {
     aux_tags_.erase(aux);
-    if (r && e.status.ok() && !r->state.terminal()) {
-      r->bytes += e.bytes;
+    if (r && e.status.ok()) r->bytes += e.bytes;
+    if (r && e.status.ok() && !r->state.terminal() && r->inflight == 0) {  // every aux write landed
       send_status(*r, KVPoll::Success);
       r->state.advance(KVPoll::Success);
       log_event(LogLevel::kDebug, kComp, "transfer complete", room_fields(e.room));
@@ -301,7 +324,11 @@ void PrefillEndpoint::maybe_finish(SenderRoom& r) {
   AuxRecord rec = make_aux(r.room, r.input_tokens, r.total_pages);
   uint64_t local_off = l.aux_offset(static_cast<uint32_t>(*r.aux_staging));
   std::memcpy(core_.base() + local_off, &rec, sizeof rec);
+  bool wrote = false;
   for (const RankId& d : r.dests) {
+    auto srcs = sources_of(plan_, d.tp_rank);
+    if (srcs.empty() || srcs.front() != core_.self().tp_rank) continue;  // its lowest source writes aux
+    wrote = true;
     const DecodePeer& peer = peers_.at(d);
     const RoomMetadata& md = r.meta.at(d);
     uint64_t remote_off = uint64_t(peer.reg.num_buffers) * peer.reg.page_bytes * peer.reg.num_pages +
@@ -317,6 +344,22 @@ void PrefillEndpoint::maybe_finish(SenderRoom& r) {
                               core->post({room, tag, std::move(st), sizeof(AuxRecord), pid});
                             });
   }
+  if (!wrote) {  // another rank writes this destination's aux record: we are done
+    send_status(r, KVPoll::Success);
+    r.state.advance(KVPoll::Success);
+  }
+}
+
+Status PrefillEndpoint::conclude_without_writing(uint64_t room) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "unknown room"};
+  SenderRoom& r = it->second;
+  if (!r.dests.empty()) return {ErrorCode::kInvalidArgument, "the room has destinations"};
+  if (r.state.get() != KVPoll::WaitingForInput) return {ErrorCode::kInvalidArgument, "not WaitingForInput"};
+  r.state.advance(KVPoll::Transferring);
+  r.state.advance(KVPoll::Success);
+  log_event(LogLevel::kDebug, kComp, "concluded without writing (no destination holds our heads)", room_fields(room));
+  return Status::Ok();
 }
 
 void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state) {

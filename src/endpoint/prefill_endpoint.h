@@ -24,6 +24,7 @@
 #include "endpoint/core.h"
 #include "kvferry/state.h"
 #include "endpoint/page_allocator.h"
+#include "endpoint/topology.h"
 
 namespace kvferry {
 
@@ -61,7 +62,8 @@ struct ChunkDone {
 
 class PrefillEndpoint {
  public:
-  PrefillEndpoint(EndpointCore& core, uint32_t decode_tp);
+  // `plan`: which heads this engine's ranks write to which decode ranks (topology.h).
+  PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan);
 
   void on_message(const Message& m);
   // Consumes a transport completion; returns the chunk that completed, if any.
@@ -76,6 +78,10 @@ class PrefillEndpoint {
   // pages `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone.
   // Errors: the room is not WaitingForInput/Transferring, or pages out of range.
   Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag);
+
+  // A rank that writes nothing for this room (replicated heads, MLA non-sender) concludes it:
+  // Success without writing. Errors: the room has destinations, or is not WaitingForInput.
+  Status conclude_without_writing(uint64_t room);
 
   // Records a failure (local when origin == self) and makes the room Failed.
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
@@ -113,7 +119,8 @@ class PrefillEndpoint {
   void send_status(SenderRoom& r, KVPoll state);
 
   EndpointCore& core_;
-  uint32_t decode_tp_;
+  std::vector<HeadTransfer> plan_;
+  bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again

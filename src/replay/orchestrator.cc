@@ -154,11 +154,6 @@ Status validate(ReplayConfig& c) {
   if (c.trace.empty()) return invalid("--trace is required");
   if (c.prefill_tp < 1 || c.prefill_tp > 64) return invalid("--prefill-tp must be in 1..64");
   if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
-  if (c.prefill_tp != c.decode_tp) {
-    return invalid(fmt::format("--prefill-tp ({}) and --decode-tp ({}) must be equal: unequal TP "
-                               "is not supported yet",
-                               c.prefill_tp, c.decode_tp));
-  }
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
   if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
@@ -240,6 +235,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--role", role,
           "--tp-rank", std::to_string(tp_rank),
           "--tp-size", std::to_string(tp),
+          "--peer-tp-size", std::to_string(prefill ? c.decode_tp : c.prefill_tp),
           "--model", c.model,
           "--models-file", c.models_file,
           "--page-size", broken ? "0" : std::to_string(c.page_size),
