@@ -83,7 +83,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         auto old = followers.find(f->tp_rank);
         if (old != followers.end() && old->second != f->endpoint) engine.forget(old->second);
         followers[f->tp_rank] = f->endpoint;
-        RankId r{role, 0, f->tp_rank, 0};
+        RankId r{role, 0, f->tp_rank, cfg_.self.dp_rank};
         if (down.erase(f->tp_rank)) {
           driver_.on_rank_up(r);
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
@@ -123,7 +123,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
             ++it;
             continue;
           }
-          RankId dead{role, 0, it->first, 0};
+          RankId dead{role, 0, it->first, cfg_.self.dp_rank};
           std::string why = fmt::format("{} stopped answering the engine's per-step agreement for {} ms",
                                         dead.str(), (now - outstanding_since) / 1'000'000);
           log_event(failure_log_level(role, false, ErrorCode::kPeerUnreachable), kComp,
@@ -191,7 +191,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
     if (last_step != 0 && now - last_step > cfg_.peer_timeout_ms * 1'000'000) {
       // The leader is dead: no agreement is possible, so every room fails here with the leader as
       // origin and is released locally; then wait for a (restarted) leader to take us back.
-      RankId leader{cfg_.self.role, 0, 0, 0};
+      RankId leader{cfg_.self.role, 0, 0, cfg_.self.dp_rank};
       std::string why = fmt::format("{} stopped sending the engine's per-step agreement for {} ms", leader.str(),
                                     (now - last_step) / 1'000'000);
       // One line per detecting engine: the lowest follower speaks for it.

@@ -38,7 +38,7 @@ int fail_start(const std::string& what) {
 }  // namespace
 
 int run_rank(const RankOptions& o) {
-  RankId self{o.role, 0, o.tp_rank, 0};
+  RankId self{o.role, 0, o.tp_rank, o.dp_rank};
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
 
   std::ifstream in(o.models_file);
@@ -82,6 +82,7 @@ int run_rank(const RankOptions& o) {
   if (o.role == Role::kPrefill) {
     PrefillRankInfo info;
     info.tp_rank = o.tp_rank;
+    info.dp_rank = o.dp_rank;
     info.tp_size = o.tp_size;
     info.host = "127.0.0.1";
     info.control_endpoint = c.control().endpoint();
@@ -97,7 +98,7 @@ int run_rank(const RankOptions& o) {
       s = bootstrap.register_rank(info);
     }
     if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
-    PrefillEndpoint ep(c, *plan);
+    PrefillEndpoint ep(c, *plan, o.peer_dp_size);
     PrefillDriver driver(c, ep, {std::max<uint64_t>(1, o.chunk_tokens / o.page_size)});
     EngineLoop loop(
         lc, c, driver, [&](const Message& m) { ep.on_message(m); },
@@ -106,7 +107,7 @@ int run_rank(const RankOptions& o) {
         });
     rc = loop.run();
   } else {
-    DecodeEndpoint ep(c, *plan, o.bootstrap);
+    DecodeEndpoint ep(c, *plan, o.bootstrap, o.peer_dp_size);
     Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000);
     if (!s.ok()) return fail_start(s.str());
     DecodeDriver driver(c, ep);

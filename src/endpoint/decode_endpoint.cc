@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -13,8 +14,10 @@ namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 }
 
-DecodeEndpoint::DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address)
-    : core_(core), plan_(std::move(plan)), bootstrap_address_(std::move(bootstrap_address)) {}
+DecodeEndpoint::DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
+                               uint32_t prefill_dp)
+    : core_(core), plan_(std::move(plan)), prefill_dp_(std::max<uint32_t>(1, prefill_dp)),
+      bootstrap_address_(std::move(bootstrap_address)) {}
 
 DecodeEndpoint::~DecodeEndpoint() {
   for (auto& [rank, r] : rediscovery_) {
@@ -114,21 +117,25 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
   const RankId self = core_.self();
   std::vector<uint32_t> wanted = sources_of(plan_, self.tp_rank);
   const PoolLayout& l = core_.layout();
+  // Rooms are routed to a prefill DP rank by room id, so every DP rank's sources are peers.
+  for (uint32_t dp = 0; dp < prefill_dp_; ++dp)
   for (uint32_t tp : wanted) {
-    Result<PrefillRankInfo> info = bootstrap.lookup(0, self.dp_rank, tp);
+    Result<PrefillRankInfo> info = bootstrap.lookup(0, dp, tp);
     while (!info.ok()) {
       if (monotonic_ns() > deadline_ns)
         return {ErrorCode::kBootstrapTimeout,
-                fmt::format("prefill tp{} not found at the bootstrap service: {}", tp, info.status().str())};
+                fmt::format("prefill dp{} tp{} did not register at the bootstrap service within the lookup "
+                            "timeout: {}",
+                            dp, tp, info.status().str())};
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      info = bootstrap.lookup(0, self.dp_rank, tp);
+      info = bootstrap.lookup(0, dp, tp);
     }
     if (info->page_size != l.page_size || info->num_layers != l.model.num_layers || info->model != l.model.name)
       return {ErrorCode::kProtocolError,
               fmt::format("prefill tp{} geometry differs: model {}, page_size {}, layers {} (ours: {}, {}, {})", tp,
                           info->model, info->page_size, info->num_layers, l.model.name, l.page_size,
                           l.model.num_layers)};
-    RankId pr{Role::kPrefill, 0, tp, self.dp_rank};
+    RankId pr{Role::kPrefill, 0, tp, dp};
     Status s = send_registration(pr, info->control_endpoint);
     if (!s.ok()) return s;
   }
@@ -189,7 +196,7 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
-    r.sources.push_back({Role::kPrefill, 0, p, core_.self().dp_rank});
+    r.sources.push_back({Role::kPrefill, 0, p, static_cast<uint32_t>(room % prefill_dp_)});
   core_.registry().open(room);
   for (const RankId& src : r.sources) {
     if (dead_peers_.count(src)) {

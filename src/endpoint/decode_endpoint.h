@@ -53,7 +53,9 @@ struct ReceiverRoom {
 class DecodeEndpoint {
  public:
   // `bootstrap_address` ("host:port") is used again to find a prefill peer that restarted.
-  DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address);
+  // `prefill_dp`: the prefill engine's DP size; a room is served by prefill DP rank room % prefill_dp.
+  DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
+                 uint32_t prefill_dp = 1);
   ~DecodeEndpoint();
 
   // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
@@ -106,6 +108,7 @@ class DecodeEndpoint {
 
   EndpointCore& core_;
   std::vector<HeadTransfer> plan_;
+  uint32_t prefill_dp_ = 1;
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;

@@ -24,8 +24,8 @@ LogFields room_fields(uint64_t room) {
 }
 }  // namespace
 
-PrefillEndpoint::PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan)
-    : core_(core), plan_(std::move(plan)), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {
+PrefillEndpoint::PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, uint32_t decode_dp)
+    : core_(core), plan_(std::move(plan)), decode_dp_(std::max<uint32_t>(1, decode_dp)), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {
   const char* wrong = std::getenv("KVFERRY_TEST_WRONG_HEAD_OFFSET");
   wrong_head_offset_ = wrong && std::string(wrong) == "1";
 }
@@ -185,7 +185,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
-    r.dests.push_back({Role::kDecode, 0, d, core_.self().dp_rank});
+    r.dests.push_back({Role::kDecode, 0, d, static_cast<uint32_t>(room % decode_dp_)});
   if (r.dests.empty()) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));

@@ -63,7 +63,8 @@ struct ChunkDone {
 class PrefillEndpoint {
  public:
   // `plan`: which heads this engine's ranks write to which decode ranks (topology.h).
-  PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan);
+  // `decode_dp`: the decode engine's DP size; a room is served by decode DP rank room % decode_dp.
+  PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, uint32_t decode_dp = 1);
 
   void on_message(const Message& m);
   // Consumes a transport completion; returns the chunk that completed, if any.
@@ -120,6 +121,7 @@ class PrefillEndpoint {
 
   EndpointCore& core_;
   std::vector<HeadTransfer> plan_;
+  uint32_t decode_dp_ = 1;
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
