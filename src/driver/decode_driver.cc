@@ -52,7 +52,11 @@ void DecodeDriver::apply(const Decision& d) {
         ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns());
         return;
       }
-      if (fault_at_peer(r.req, "timeout", self)) return;  // stay silent: our prefill peer times out
+      if (const ReceiverRoom* rr = ep_.room(d.room)) {  // a source must time out waiting for us
+        std::vector<uint32_t> srcs;
+        for (const RankId& x : rr->sources) srcs.push_back(x.tp_rank);
+        if (!rr->sources.empty() && fault_at_peer(r.req, "timeout", self, srcs, rr->sources.front().dp_rank)) return;
+      }
       Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
       if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns());
       if (fault_at(r.req, "timeout", self))

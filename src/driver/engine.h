@@ -116,8 +116,10 @@ class EngineDriver {
 Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const RankId& self);
 // True if the fault targets this rank ("at" equals self.str()).
 bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& self);
-// True if the fault targets this rank's peer in the other engine (equal TP: same tp_rank).
-bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self);
+// True if the fault targets one of this rank's peers in the other engine: `peers` are the other
+// engine's tp ranks this rank exchanges data with for the room (topology.h), in the room's DP group.
+bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
+                   const std::vector<uint32_t>& peers, uint32_t peer_dp_rank);
 
 // JSON codecs for the step frames (see engine_sync.h).
 std::string encode_decision_json(const Decision& d);

@@ -33,7 +33,12 @@ void PrefillDriver::apply(const Decision& d) {
         core_.faults().fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
       if (fault_at(d.request, "timeout", self))  // our decode peer stays silent: bootstrap timeout here
         ep_.set_bootstrap_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
-      r.silent = fault_at_peer(d.request, "timeout", self);  // our peer must time out waiting for us
+      // A destination must time out waiting for us: stay silent.
+      if (const SenderRoom* s = ep_.room(d.room)) {
+        std::vector<uint32_t> dests;
+        for (const RankId& x : s->dests) dests.push_back(x.tp_rank);
+        r.silent = !s->dests.empty() && fault_at_peer(d.request, "timeout", self, dests, s->dests.front().dp_rank);
+      }
       return;
     }
     case Decision::Op::kStart: {

@@ -21,10 +21,14 @@ bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& sel
   return req.fault && req.fault->kind == kind && req.fault->at == self.str();
 }
 
-bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self) {
-  RankId peer = self;
-  peer.role = self.role == Role::kPrefill ? Role::kDecode : Role::kPrefill;
-  return req.fault && req.fault->kind == kind && req.fault->at == peer.str();
+bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
+                   const std::vector<uint32_t>& peers, uint32_t peer_dp_rank) {
+  if (!req.fault || req.fault->kind != kind) return false;
+  for (uint32_t tp : peers) {
+    RankId peer{self.role == Role::kPrefill ? Role::kDecode : Role::kPrefill, 0, tp, peer_dp_rank};
+    if (req.fault->at == peer.str()) return true;
+  }
+  return false;
 }
 
 RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
