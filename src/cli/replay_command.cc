@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "kvferry/deadlines.h"
 #include "replay/orchestrator.h"
 
 namespace kvferry::cli {
@@ -31,8 +32,22 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--time-scale", cfg->time_scale, "0: as fast as possible, 1: real time")
       ->capture_default_str();
-  cmd->add_option("--fault-rate", cfg->fault_rate, "probability of an injected fault per request")
+  cmd->add_option("--fault-rate", cfg->fault_rate,
+                  "shorthand for --faults transfer@prefill:P/2,decode_fail@decode:P/2")
       ->capture_default_str();
+  cmd->add_option("--faults", cfg->faults,
+                  "fault plan: KIND[@PLACE]:RATE|once,... with KIND transfer, decode_fail, timeout, "
+                  "abort, peer_death (docs/report.md)");
+  cmd->add_option("--restart-delay-ms", cfg->restart_delay_ms,
+                  "peer_death: restart the killed rank this long after the kill")
+      ->capture_default_str();
+  auto bad_env = std::make_shared<std::vector<std::string>>();
+  cfg->deadlines = deadlines_from_env(bad_env.get());
+  for (const DeadlineField& f : deadline_fields()) {
+    cmd->add_option(f.option, cfg->deadlines.*f.member,
+                    std::string(f.help) + " (every rank; env " + f.env + ")")
+        ->capture_default_str();
+  }
   cmd->add_option("--seed", cfg->seed, "seed of rooms and faults")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
   cmd->add_option("--max-inflight", cfg->max_inflight, "requests dispatched and unfinished at most")
@@ -48,7 +63,11 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--test-break-rank", cfg->break_rank,
                   "test hook: start this rank (e.g. decode/tp1) with --page-size 0")
       ->group("");  // hidden
-  cmd->callback([cfg] {
+  cmd->callback([cfg, bad_env] {
+    if (!bad_env->empty()) {
+      std::cerr << "kvferry replay: " << bad_env->front() << " is not a positive integer (ms)\n";
+      throw CLI::RuntimeError(2);
+    }
     const int rc = replay::run_replay(*cfg, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

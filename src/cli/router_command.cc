@@ -18,6 +18,8 @@ void add_router_command(CLI::App& app) {
   cmd->add_option("--max-requests", cfg->max_requests);
   cmd->add_option("--time-scale", cfg->time_scale);
   cmd->add_option("--fault-rate", cfg->fault_rate);
+  cmd->add_option("--faults", cfg->faults, "fault plan (src/replay/fault_plan.h)");
+  cmd->add_option("--orchestrator", cfg->orchestrator, "the orchestrator's endpoint (peer deaths)");
   cmd->add_option("--seed", cfg->seed);
   cmd->add_option("--prefill-tp", cfg->prefill_tp)->required();
   cmd->add_option("--decode-tp", cfg->decode_tp)->required();

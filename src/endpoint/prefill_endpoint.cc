@@ -75,8 +75,8 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   core_.control().forget(it->second.reg.control_endpoint);
   core_.monitor().mark_dead(peer);  // keep listening: a peer that answers again is reconnected
   dead_regs_[peer] = it->second.reg;
-  peers_.erase(it);
   dead_peers_.insert(peer);
+  peers_.erase(it);  // last: `peer` may be this entry's key (callers iterate peers_)
 }
 
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {

@@ -8,13 +8,16 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <ostream>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kvferry/control.h"
 #include "kvferry/geometry.h"
 #include "kvferry/trace.h"
 #include "replay/process.h"
@@ -95,10 +98,32 @@ void clean_previous(const ReplayConfig& c) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(logs_dir(c), ec)) {
     const auto ext = e.path().extension();
-    if (ext == ".jsonl" || ext == ".stderr") fs::remove(e.path(), ec);
+    if (ext == ".jsonl" || ext == ".stderr" || ext == ".killed-tail") fs::remove(e.path(), ec);
   }
   fs::remove(c.out + "/report.json", ec);
   fs::remove(c.out + "/results.json", ec);
+}
+
+// A SIGKILLed process may leave half a line at the end of its JSON log (its buffered writes stop
+// mid-line). Before the restarted process appends to the file, that fragment is moved to
+// `<log>.killed-tail` (not scanned as a log), so every line stays one JSON object. Returns the
+// number of bytes moved.
+uint64_t set_aside_partial_line(const std::string& path) {
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || size == 0) return 0;
+  std::ifstream in(path, std::ios::binary);
+  const uint64_t window = std::min<uint64_t>(size, 1 << 20);
+  in.seekg(std::streamoff(size - window));
+  std::string tail(window, '\0');
+  in.read(tail.data(), std::streamsize(window));
+  if (!in || tail.back() == '\n') return 0;
+  const size_t nl = tail.rfind('\n');
+  const uint64_t keep = nl == std::string::npos ? size - window : size - window + nl + 1;
+  std::ofstream aside(path + ".killed-tail", std::ios::binary | std::ios::app);
+  aside << tail.substr(nl == std::string::npos ? 0 : nl + 1) << "\n";
+  fs::resize_file(path, keep, ec);
+  return ec ? 0 : size - keep;
 }
 
 }  // namespace
@@ -117,6 +142,8 @@ std::string ReplayConfig::to_json() const {
                       {"max_requests", max_requests},
                       {"time_scale", time_scale},
                       {"fault_rate", fault_rate},
+                      {"faults", effective_faults(*this)},
+                      {"restart_delay_ms", restart_delay_ms},
                       {"seed", seed},
                       {"transport", transport},
                       {"max_inflight", max_inflight},
@@ -125,6 +152,13 @@ std::string ReplayConfig::to_json() const {
                       {"request_timeout_s", request_timeout_s},
                       {"timeout_s", timeout_s},
                       {"test_break_rank", break_rank}};
+  nlohmann::ordered_json d = nlohmann::ordered_json::object();
+  for (const DeadlineField& f : deadline_fields()) {
+    std::string key = f.option + 2;  // "--bootstrap-timeout-ms" -> "bootstrap_timeout_ms"
+    std::replace(key.begin(), key.end(), '-', '_');
+    d[key] = deadlines.*f.member;
+  }
+  j["deadlines"] = d;
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
@@ -159,6 +193,20 @@ Status validate(ReplayConfig& c) {
   if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
   if (!(c.time_scale >= 0)) return invalid("--time-scale must be >= 0");
   if (!(c.fault_rate >= 0 && c.fault_rate <= 1)) return invalid("--fault-rate must be in [0, 1]");
+  if (c.fault_rate > 0 && !c.faults.empty()) {
+    return invalid("--fault-rate is a shorthand for a --faults plan: give one of them, not both");
+  }
+  {
+    auto plan = parse_fault_plan(effective_faults(c), c.prefill_tp, c.decode_tp);
+    if (!plan.ok()) return invalid(plan.status().message());
+    c.fault_plan = *plan;
+  }
+  if (c.restart_delay_ms < 0) return invalid("--restart-delay-ms must be >= 0");
+  for (const DeadlineField& f : deadline_fields()) {
+    if (c.deadlines.*f.member <= 0) {
+      return invalid(fmt::format("{} must be > 0 ms, got {}", f.option, c.deadlines.*f.member));
+    }
+  }
   if (c.transport != "shm" && c.transport != "tcp") {
     return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
   }
@@ -171,6 +219,15 @@ Status validate(ReplayConfig& c) {
   auto trace = load_trace(c.trace, c.max_requests);
   if (!trace.ok()) return invalid("trace " + c.trace + ": " + trace.status().message());
   if (trace->empty()) return invalid("trace " + c.trace + " has no requests");
+  size_t once = 0;
+  for (const auto& item : c.fault_plan.items) once += item.once && item.kind != "peer_death";
+  if (once > trace->size()) {
+    return invalid(fmt::format("--faults has {} 'once' room faults but the replay has only {} requests",
+                               once, trace->size()));
+  }
+  if (c.fault_plan.has_peer_death() && trace->size() < 2) {
+    return invalid("peer_death needs at least 2 requests (the kill happens while rooms are in flight)");
+  }
 
   if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
   bool ok = false;
@@ -230,7 +287,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
   const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
   const uint16_t engine_port = prefill ? p.prefill_engine : p.decode_engine;
   const bool broken = c.break_rank == fmt::format("{}/tp{}", role, tp_rank);
-  return {c.exe,
+  std::vector<std::string> args = {c.exe,
           "rank",
           "--role", role,
           "--tp-rank", std::to_string(tp_rank),
@@ -246,15 +303,20 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--transport", c.transport,
           "--log-file", fmt::format("{}/{}-tp{}.jsonl", logs_dir(c), role, tp_rank),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
+  return args;
+}
+
+std::string effective_faults(const ReplayConfig& c) {
+  return c.faults.empty() ? fault_rate_plan(c.fault_rate).str() : c.faults;
 }
 
 std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
-  return {c.exe,
+  std::vector<std::string> args = {c.exe,
           "router",
           "--trace", c.trace,
           "--max-requests", std::to_string(c.max_requests),
           "--time-scale", num(c.time_scale),
-          "--fault-rate", num(c.fault_rate),
           "--seed", std::to_string(c.seed),
           "--prefill-tp", std::to_string(c.prefill_tp),
           "--decode-tp", std::to_string(c.decode_tp),
@@ -266,6 +328,15 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--log-file", logs_dir(c) + "/router.jsonl",
           "--ready-timeout-s", num(c.ready_timeout_s),
           "--request-timeout-s", num(c.request_timeout_s)};
+  if (const std::string faults = effective_faults(c); !faults.empty()) {
+    args.push_back("--faults");
+    args.push_back(faults);
+  }
+  if (p.orchestrator != 0) {
+    args.push_back("--orchestrator");
+    args.push_back("tcp://127.0.0.1:" + std::to_string(p.orchestrator));
+  }
+  return args;
 }
 
 namespace {
@@ -282,9 +353,16 @@ class Run {
     if (ec) return early_error("cannot create " + logs_dir(c_) + ": " + ec.message(), false);
     clean_previous(c_);
     SignalGuard signals;
-    auto ports = pick_free_ports(4);
+    auto ports = pick_free_ports(5);
     if (!ports.ok()) return early_error("cannot pick free ports: " + ports.status().str(), false);
     Ports p{(*ports)[0], (*ports)[1], (*ports)[2], (*ports)[3]};
+    if (c_.fault_plan.has_peer_death()) {
+      p.orchestrator = (*ports)[4];
+      auto sock = ControlSocket::bind("tcp://127.0.0.1:" + std::to_string(p.orchestrator));
+      if (!sock.ok()) return early_error("cannot bind the orchestrator's socket: " + sock.status().str(), false);
+      control_ = std::move(*sock);
+      router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
+    }
 
     out_ << fmt::format("replay: {} requests of {} at prefill TP {} / decode TP {}, {} transport, "
                         "decode pool {} MiB/rank{}\n",
@@ -324,7 +402,94 @@ class Run {
     kids_.push_back({file, display});
     auto pid = group_.spawn(file, c_.exe, args, logs_dir(c_) + "/" + file + ".stderr");
     if (!pid.ok()) return early_error("cannot start " + display + ": " + pid.status().str(), true);
+    args_[file] = std::move(args);
     return 0;
+  }
+
+  // --- planned peer deaths (orchestrator.h) --------------------------------------------------
+
+  void tell_router(const std::string& type, const std::string& rank, int64_t time_ns,
+                   const std::string& reason) {
+    Status st = control_->send(router_endpoint_, encode_peer_death(type, rank, time_ns, reason));
+    if (!st.ok()) err_ << "kvferry replay: cannot tell the router '" << type << "': " << st.str() << "\n";
+  }
+
+  // The router asked for the planned kill of `rank`.
+  void kill_rank(const std::string& rank) {
+    std::string file = rank;
+    std::replace(file.begin(), file.end(), '/', '-');
+    const auto pid = group_.pid_of(file);
+    if (!pid || !group_.running(file) || !args_.count(file)) {
+      tell_router("kill_failed", rank, 0, rank + " is not a running rank of this replay");
+      return;
+    }
+    PeerDeathRecord d;
+    d.rank = rank;
+    d.killed_ns = monotonic_ns();
+    d.killed_at_s = elapsed_s();
+    ::kill(*pid, SIGKILL);
+    planned_exits_.insert(*pid);
+    pending_restarts_.push_back({file, deaths_.size(), Clock::now() + std::chrono::milliseconds(c_.restart_delay_ms)});
+    deaths_.push_back(d);
+    out_ << fmt::format("replay: peer death: killed {} (pid {}) at {:.3f} s\n", rank, *pid, d.killed_at_s)
+         << std::flush;
+    tell_router("killed", rank, d.killed_ns, "");
+  }
+
+  // An exit the orchestrator caused (a planned kill): noted, not a failure.
+  bool planned_exit(const ChildExit& e) {
+    if (!planned_exits_.erase(e.pid)) return false;
+    if (uint64_t n = set_aside_partial_line(logs_dir(c_) + "/" + e.name + ".jsonl")) {
+      out_ << fmt::format("replay: peer death: the last {} bytes of {}.jsonl were an incomplete "
+                          "line (killed mid-write); moved to {}.jsonl.killed-tail\n",
+                          n, e.name, e.name);
+    }
+    process_exits_.push_back(fmt::format("{} (pid {}) {} (planned peer death)",
+                                         display_name(kids_, e.name), e.pid, e.describe()));
+    return true;
+  }
+
+  // Restarts killed ranks whose delay passed (once reaped); returns non-zero if one cannot start.
+  int restart_due() {
+    for (auto it = pending_restarts_.begin(); it != pending_restarts_.end();) {
+      if (Clock::now() < it->due || group_.running(it->file)) {
+        ++it;
+        continue;
+      }
+      const std::string display = display_name(kids_, it->file);
+      auto pid = group_.spawn(it->file, c_.exe, args_[it->file],
+                              logs_dir(c_) + "/" + it->file + ".stderr", /*append=*/true);
+      if (!pid.ok()) {
+        tell_router("kill_failed", display, 0, "restart failed: " + pid.status().str());
+        return early_error("cannot restart " + display + ": " + pid.status().str(), true);
+      }
+      PeerDeathRecord& d = deaths_[it->death];
+      d.restarted = true;
+      d.restarted_ns = monotonic_ns();
+      out_ << fmt::format("replay: peer death: restarted {} (pid {}) at {:.3f} s\n", display, *pid,
+                          elapsed_s())
+           << std::flush;
+      tell_router("restarted", display, d.restarted_ns, "");
+      it = pending_restarts_.erase(it);
+    }
+    return 0;
+  }
+
+  // Frames from the router (kill requests); waits up to `wait` for one. Sleeps without a socket.
+  void serve_router(std::chrono::milliseconds wait) {
+    if (!control_) {
+      std::this_thread::sleep_for(wait);
+      return;
+    }
+    for (auto text = control_->recv(wait); text; text = control_->recv(std::chrono::milliseconds(0))) {
+      auto f = decode_router_frame(*text);
+      if (f.ok() && f->type == "kill") {
+        kill_rank(f->rank);
+      } else {
+        err_ << "kvferry replay: unexpected frame from the router: "
+             << (f.ok() ? f->type : f.status().str()) << "\n";
+      }
+    }
   }
 
   // Stops everything, writes the partial report, prints `msg`; returns 1.
@@ -371,7 +536,8 @@ class Run {
     return 128 + sig;
   }
 
-  // Until the router exits 0. Any other exit first is fatal.
+  // Until the router exits 0. Any other exit first is fatal, except a rank exiting 0 (it got the
+  // shutdown) and a planned peer death.
   int supervise() {
     const auto deadline = t0_ + std::chrono::duration<double>(c_.timeout_s);
     auto next_note = Clock::now() + std::chrono::seconds(30);
@@ -380,12 +546,21 @@ class Run {
         if (e.name == "router") {
           if (e.ok()) {
             process_exits_.push_back(fmt::format("router (pid {}) {}", e.pid, e.describe()));
+            pending_restarts_.clear();  // the replay is over: a rank still down stays down
             return 0;
           }
           return child_failed(e, "(the router failed)");
         }
+        if (planned_exit(e)) continue;
+        if (e.ok() && e.name != "bootstrap") {
+          // Ranks exit 0 only on the router's shutdown, which can beat the router's own exit.
+          process_exits_.push_back(
+              fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
+          continue;
+        }
         return child_failed(e, "before the replay finished");
       }
+      if (int rc = restart_due(); rc != 0) return rc;
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
         return early_error(fmt::format("the replay did not finish within --timeout-s {}",
@@ -396,7 +571,7 @@ class Run {
         out_ << fmt::format("replay: running for {:.0f} s\n", elapsed_s()) << std::flush;
         next_note += std::chrono::seconds(30);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      serve_router(std::chrono::milliseconds(control_ ? 5 : 50));
     }
   }
 
@@ -404,9 +579,12 @@ class Run {
   void finish_processes() {
     const auto deadline = Clock::now() + std::chrono::seconds(30);
     auto note = [&](const ChildExit& e) {
+      if (planned_exit(e)) return;
       process_exits_.push_back(
           fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
-      if (!e.ok() && e.name != "bootstrap") {
+      // The bootstrap service is stopped with SIGTERM below (a kill after the grace is not its
+      // fault), but it must still exit 0: a sanitizer report at exit is a non-zero code.
+      if (!e.ok() && (e.name != "bootstrap" || e.signal == 0)) {
         process_problems_.push_back(fmt::format("{} {} after the shutdown",
                                                 display_name(kids_, e.name), e.describe()));
       }
@@ -431,7 +609,8 @@ class Run {
     if (!ok) return early_error("the router exited 0 but wrote no " + results_path, false);
     auto results = decode_results(text);
     if (!results.ok()) return early_error(results.status().str(), false);
-    Report rep = build_report(*results, scan_log_files(logs_dir(c_)));
+    Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_, c_.prefill_tp,
+                              c_.decode_tp);
     rep.process_problems = process_problems_;
     rep.process_exits = process_exits_;
     const double wall = elapsed_s();
@@ -458,6 +637,18 @@ class Run {
   std::vector<ChildInfo> kids_;
   std::vector<std::string> process_problems_;
   std::vector<std::string> process_exits_;
+  std::map<std::string, std::vector<std::string>> args_;  // file name -> command line
+  // Planned peer deaths.
+  struct PendingRestart {
+    std::string file;
+    size_t death = 0;  // index in deaths_
+    Clock::time_point due;
+  };
+  std::unique_ptr<ControlSocket> control_;  // null: no peer deaths planned
+  std::string router_endpoint_;
+  std::vector<PeerDeathRecord> deaths_;
+  std::set<pid_t> planned_exits_;
+  std::vector<PendingRestart> pending_restarts_;
 };
 
 }  // namespace

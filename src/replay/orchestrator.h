@@ -11,6 +11,11 @@
 // kills the whole group, prints the process and its stderr tail, writes a partial report and
 // returns non-zero. SIGINT/SIGTERM to the orchestrator do the same. No child outlives it
 // (process group + PR_SET_PDEATHSIG).
+// Planned peer deaths (fault plan): the router asks for the kill over the orchestrator's
+// ControlSocket (router_protocol.h); the orchestrator SIGKILLs that rank, notes the time
+// (CLOCK_MONOTONIC), tells the router, and once the process is reaped and restart_delay_ms passed
+// starts the same command line again (its log and stderr files are appended to). That exit is
+// not a failure; any other is.
 // Thread contract: run_replay() on the main thread (it installs SIGINT/SIGTERM handlers).
 #pragma once
 #include <cstdint>
@@ -18,7 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/deadlines.h"
 #include "kvferry/error.h"
+#include "replay/fault_plan.h"
 
 namespace kvferry::replay {
 
@@ -35,7 +42,11 @@ struct ReplayConfig {
   uint64_t chunk_tokens = 8192;
   uint64_t max_requests = 0;       // 0: whole trace
   double time_scale = 0;
-  double fault_rate = 0;
+  double fault_rate = 0;            // shorthand: fault_rate_plan() (fault_plan.h)
+  std::string faults;               // --faults spec (fault_plan.h); not together with fault_rate
+  FaultPlan fault_plan;             // set by validate() from faults or fault_rate
+  int64_t restart_delay_ms = 1500;  // peer_death: from the kill to the restart
+  Deadlines deadlines;              // passed to every rank (deadlines.h)
   uint64_t seed = 1;
   std::string transport = "shm";   // shm | tcp
   uint32_t max_inflight = 16;
@@ -68,11 +79,14 @@ Status validate(ReplayConfig& config);
 // argv of each child process (exposed for tests).
 struct Ports {
   uint16_t bootstrap = 0, prefill_engine = 0, decode_engine = 0, router = 0;
+  uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
 };
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
                                    uint32_t tp_rank);
 std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
+// The fault plan as passed to the router: `faults` if given, else fault_rate_plan(fault_rate).
+std::string effective_faults(const ReplayConfig& c);
 
 // Runs the replay; prints progress/summary to `out`, errors to `err`. Returns the exit code:
 // 0 replay ran and is clean; 1 replay ran with problems (mismatched bytes, misattributed faults,

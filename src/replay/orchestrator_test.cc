@@ -119,6 +119,43 @@ TEST_F(Validate, RejectsBadOptions) {
   c = good();
   c.models_file = (dir_ / "none.json").string();
   EXPECT_NE(error_of(c).find("none.json"), std::string::npos);
+  c = good();
+  c.faults = "transfer@prefill:0.1,melt@decode:0.1";
+  EXPECT_NE(error_of(c).find("'melt@decode:0.1'"), std::string::npos);
+  c = good();
+  c.faults = "transfer:0.1";
+  c.fault_rate = 0.1;
+  EXPECT_NE(error_of(c).find("not both"), std::string::npos);
+  c = good();
+  c.faults = "transfer@prefill/tp1:once,decode_fail:once,abort:once";  // 3 > 2 requests
+  EXPECT_NE(error_of(c).find("only 2 requests"), std::string::npos);
+  c = good();
+  c.max_requests = 1;
+  c.faults = "peer_death@decode/tp1:once";
+  EXPECT_NE(error_of(c).find("at least 2 requests"), std::string::npos);
+  c = good();
+  c.restart_delay_ms = -1;
+  EXPECT_NE(error_of(c).find("--restart-delay-ms"), std::string::npos);
+  c = good();
+  c.deadlines.engine_timeout_ms = 0;
+  EXPECT_NE(error_of(c).find("--engine-timeout-ms must be > 0"), std::string::npos);
+}
+
+TEST_F(Validate, FaultPlanAndDeadlinesInTheConfig) {
+  ReplayConfig c = good();
+  c.fault_rate = 0.5;
+  c.deadlines.fault_timeout_ms = 500;
+  ASSERT_TRUE(validate(c).ok());
+  EXPECT_EQ(c.fault_plan.str(), "transfer@prefill:0.25,decode_fail@decode:0.25");
+  auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["faults"], "transfer@prefill:0.25,decode_fail@decode:0.25");
+  EXPECT_EQ(j["deadlines"]["fault_timeout_ms"], 500);
+  EXPECT_EQ(j["deadlines"]["heartbeat_timeout_ms"], Deadlines{}.heartbeat_timeout_ms);
+  EXPECT_EQ(j["restart_delay_ms"], 1500);
+  c = good();
+  c.faults = "peer_death@prefill/tp0:once,abort:0.5";
+  ASSERT_TRUE(validate(c).ok());
+  EXPECT_TRUE(c.fault_plan.has_peer_death());
 }
 
 TEST(DefaultPool, RuleAndBounds) {
@@ -153,11 +190,21 @@ TEST(ChildArgs, RankRouterBootstrap) {
     for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
     return s;
   };
+  c.deadlines.waiting_timeout_ms = 1234;
   EXPECT_EQ(join(rank_args(c, p, false, 1)),
-            "/x/kvferry rank --role decode --tp-rank 1 --tp-size 2 --model Qwen2.5-7B "
+            "/x/kvferry rank --role decode --tp-rank 1 --tp-size 2 --peer-tp-size 2 "
+            "--model Qwen2.5-7B "
             "--models-file /m.json --page-size 16 --pool-mib 256 --bootstrap 127.0.0.1:1001 "
             "--engine-endpoint tcp://127.0.0.1:1003 --router-endpoint tcp://127.0.0.1:1004 "
-            "--transport tcp --log-file /o/logs/decode-tp1.jsonl --chunk-tokens 4096");
+            "--transport tcp --log-file /o/logs/decode-tp1.jsonl --chunk-tokens 4096 " +
+                [] {
+                  Deadlines d;
+                  d.waiting_timeout_ms = 1234;
+                  std::string s;
+                  for (const auto& a : deadline_args(d)) s += (s.empty() ? "" : " ") + a;
+                  return s;
+                }());
+  EXPECT_NE(join(rank_args(c, p, true, 0)).find("--waiting-timeout-ms 1234 "), std::string::npos);
   c.break_rank = "decode/tp1";
   EXPECT_NE(join(rank_args(c, p, false, 1)).find("--page-size 0 "), std::string::npos);
   EXPECT_NE(join(rank_args(c, p, false, 0)).find("--page-size 16 "), std::string::npos);
@@ -169,7 +216,15 @@ TEST(ChildArgs, RankRouterBootstrap) {
   EXPECT_NE(prefill.find("/o/logs/prefill-tp0.jsonl"), std::string::npos);
   const std::string router = join(router_args(c, p));
   EXPECT_NE(router.find("router --trace /t.csv"), std::string::npos) << router;
-  EXPECT_NE(router.find("--time-scale 0.5 --fault-rate 0.2"), std::string::npos) << router;
+  EXPECT_NE(router.find("--time-scale 0.5 "), std::string::npos) << router;
+  EXPECT_NE(router.find("--faults transfer@prefill:0.1,decode_fail@decode:0.1"), std::string::npos) << router;
+  EXPECT_EQ(router.find("--orchestrator"), std::string::npos);
+  p.orchestrator = 1005;
+  c.fault_rate = 0;
+  c.faults = "peer_death@decode/tp1:once";
+  const std::string router2 = join(router_args(c, p));
+  EXPECT_NE(router2.find("--faults peer_death@decode/tp1:once"), std::string::npos) << router2;
+  EXPECT_NE(router2.find("--orchestrator tcp://127.0.0.1:1005"), std::string::npos) << router2;
   EXPECT_NE(router.find("--endpoint tcp://127.0.0.1:1004"), std::string::npos);
   EXPECT_NE(router.find("--prefill-leader tcp://127.0.0.1:1002"), std::string::npos);
   EXPECT_NE(router.find("--decode-leader tcp://127.0.0.1:1003"), std::string::npos);

@@ -55,20 +55,26 @@ ProcessGroup::~ProcessGroup() {
 
 Result<pid_t> ProcessGroup::spawn(const std::string& name, const std::string& exe,
                                   const std::vector<std::string>& args,
-                                  const std::string& output_path) {
+                                  const std::string& output_path, bool append) {
   if (args.empty()) return Status(ErrorCode::kInvalidArgument, "spawn " + name + ": empty argv");
   std::vector<char*> argv;
   argv.reserve(args.size() + 1);
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
-  const int out = ::open(output_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (running(name)) {
+    return Status(ErrorCode::kInvalidArgument, "spawn " + name + ": already running");
+  }
+  const int out = ::open(output_path.c_str(),
+                         O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (out < 0) return sys_error("cannot open " + output_path);
   const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull < 0) {
     ::close(out);
     return sys_error("cannot open /dev/null");
   }
+  // The group lives while any unreaped member does; with none left the next child starts a new one.
+  if (running_count() == 0) pgid_ = 0;
   const pid_t parent = ::getpid();
   const pid_t group = pgid_;
   const pid_t pid = ::fork();
@@ -166,8 +172,8 @@ size_t ProcessGroup::running_count() const {
 }
 
 std::optional<pid_t> ProcessGroup::pid_of(const std::string& name) const {
-  for (const auto& c : children_) {
-    if (c.name == name) return c.pid;
+  for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    if (it->name == name) return it->pid;
   }
   return std::nullopt;
 }

@@ -35,9 +35,12 @@ class ProcessGroup {
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
-  // Starts `exe` with `args` (args[0] is argv[0]); output goes to `output_path` (created/truncated).
+  // Starts `exe` with `args` (args[0] is argv[0]); output goes to `output_path` (created and
+  // truncated, or appended to with `append`). A name may be spawned again once its previous
+  // child exited (a restart); pid_of() and running() then refer to the newest.
   Result<pid_t> spawn(const std::string& name, const std::string& exe,
-                      const std::vector<std::string>& args, const std::string& output_path);
+                      const std::vector<std::string>& args, const std::string& output_path,
+                      bool append = false);
 
   // Reaps children that exited, without blocking; returns them in the order reaped.
   std::vector<ChildExit> reap();
@@ -46,7 +49,7 @@ class ProcessGroup {
 
   bool running(const std::string& name) const;
   size_t running_count() const;
-  std::optional<pid_t> pid_of(const std::string& name) const;
+  std::optional<pid_t> pid_of(const std::string& name) const;  // the newest child of that name
   pid_t pgid() const { return pgid_; }
 
   // Sends `sig` to one child / to every running child (the group and each pid).

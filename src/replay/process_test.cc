@@ -115,6 +115,29 @@ TEST_F(Processes, ChildDoesNotInheritDescriptorsOrSignalMask) {
   EXPECT_EQ(exits[0].signal, SIGTERM);
 }
 
+TEST_F(Processes, RestartAfterKillAppendsOutput) {
+  ProcessGroup g;
+  auto a = g.spawn("a", "/bin/sh", {"sh", "-c", "echo first; sleep 30"}, out("a"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(g.spawn("a", "/bin/sh", {"sh", "-c", "true"}, out("a"), true).ok());  // running
+  for (int i = 0; i < 200 && tail_file(out("a"), 1) != "first"; ++i) std::this_thread::sleep_for(milliseconds(10));
+  g.signal("a", SIGKILL);
+  auto exits = g.wait_for("a", milliseconds(5000));
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal, SIGKILL);
+  EXPECT_EQ(exits[0].pid, *a);
+  auto b = g.spawn("a", "/bin/sh", {"sh", "-c", "echo second; exit 4"}, out("a"), /*append=*/true);
+  ASSERT_TRUE(b.ok()) << b.status().str();
+  EXPECT_NE(*b, *a);
+  EXPECT_EQ(g.pid_of("a"), *b);
+  EXPECT_EQ(::getpgid(*b), g.pgid());
+  exits = g.wait_for("a", milliseconds(5000));
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].pid, *b);
+  EXPECT_EQ(exits[0].exit_code, 4);
+  EXPECT_EQ(tail_file(out("a"), 10), "first\nsecond");
+}
+
 TEST(Ports, FreePortsAreDistinctAndClosed) {
   auto p = pick_free_ports(4);
   ASSERT_TRUE(p.ok());

@@ -1,6 +1,8 @@
 // Report building (report.h): classification, percentiles, log scanning, report.json text.
 #include "replay/report.h"
 
+#include "replay/fault_plan.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -67,6 +69,8 @@ json fault_json(const FaultEntry& f, bool applied) {
             {"observed_origin", f.observed_origin},
             {"code", f.code},
             {"reason", f.reason},
+            {"expected_code", f.expected_code},
+            {"error", f.error},
             {"lines_above_debug", f.lines_above_debug},
             {"ranks_failed", f.ranks_failed},
             {"time_to_all_failed_ms", round_to(f.time_to_all_failed_ms, 3)},
@@ -75,8 +79,15 @@ json fault_json(const FaultEntry& f, bool applied) {
   return j;
 }
 
+// "transfer@prefill": the kind and the side it acted on (the code differs by side).
+std::string kind_key(const FaultEntry& f) {
+  auto r = RankId::parse(f.injected_at);
+  return r ? f.kind + "@" + std::string(role_name(r->role)) : f.kind;
+}
+
 json failure_json(const FailureEntry& f) {
-  return {{"room", f.room}, {"origin", f.origin}, {"code", f.code}, {"reason", f.reason}};
+  return {{"room", f.room}, {"origin", f.origin}, {"code", f.code}, {"reason", f.reason},
+          {"error", f.error}};
 }
 
 json stats_json(const std::optional<std::vector<RankLeakStats>>& s) {
@@ -139,6 +150,14 @@ void scan_log_text(std::string_view text, const std::string& file, LogScan& scan
     if (!known_level(level)) {
       invalid("unknown level '" + level + "'");
       continue;
+    }
+    if (auto ev = o.find("event"); ev != o.end() && ev->is_string() && *ev == "peer_dead") {
+      LogScan::PeerDead d;
+      d.rank = o["rank"].get<std::string>();
+      if (auto peer = o.find("peer"); peer != o.end() && peer->is_string()) d.peer = peer->get<std::string>();
+      if (auto m = o.find("mono_ns"); m != o.end() && m->is_number_integer()) d.mono_ns = m->get<int64_t>();
+      d.above_debug = level != "trace" && level != "debug";
+      scan.peer_dead.push_back(std::move(d));
     }
     auto room = o.find("room");
     if (room == o.end() || room->is_null()) continue;
@@ -228,14 +247,127 @@ std::vector<std::string> Report::problems() const {
                             logs.first_invalid));
   }
   if (logs.lines == 0) p.push_back("no log lines found");
+  for (const auto& d : peer_deaths) {
+    for (const auto& engine : d.expected_engines) {
+      if (std::none_of(d.detections.begin(), d.detections.end(),
+                       [&](const PeerDeathEntry::Detection& x) { return x.engine == engine; })) {
+        p.push_back(fmt::format("peer death of {}: the {} engine logged no peer_dead line above debug",
+                                d.record.rank, engine));
+      }
+    }
+    if (d.rooms_with_lines > 0) {
+      p.push_back(fmt::format("peer death of {}: {} of its rooms logged a line above debug (first: "
+                              "room {})",
+                              d.record.rank, d.rooms_with_lines, d.first_room_with_lines));
+    }
+    if (d.lines_above_debug != d.expected_engines.size()) {
+      p.push_back(fmt::format("peer death of {}: {} peer_dead lines above debug, expected {} (one "
+                              "per detecting engine)",
+                              d.record.rank, d.lines_above_debug, d.expected_engines.size()));
+    }
+  }
+  if (!unexplained_peer_dead.empty()) {
+    p.push_back(fmt::format("{} peer_dead lines above debug for a rank that was not killed (first: {})",
+                            unexplained_peer_dead.size(), unexplained_peer_dead.front()));
+  }
   p.insert(p.end(), process_problems.begin(), process_problems.end());
   return p;
 }
 
-Report build_report(const ReplayResults& results, const LogScan& logs) {
+namespace {
+
+// Failure time of a failed request: its earliest first_failed_ns, else its dispatch time.
+int64_t failure_time_ns(const RequestOutcome& q) {
+  int64_t t = 0;
+  for (const auto* r : {&q.prefill, &q.decode}) {
+    if (*r && (*r)->state == KVPoll::Failed && (*r)->first_failed_ns > 0 &&
+        (t == 0 || (*r)->first_failed_ns < t)) {
+      t = (*r)->first_failed_ns;
+    }
+  }
+  return t > 0 ? t : q.dispatched_ns;
+}
+
+// The peer death a failed request is attributed to (index into `deaths`), or -1: every failed
+// result names the killed rank as origin with code peer_unreachable. The same rank killed twice:
+// the latest kill before the failure.
+int death_of(const RequestOutcome& q, const std::vector<PeerDeathRecord>& deaths) {
+  if (!q.router_failure.empty()) return -1;
+  std::string rank;
+  for (const auto* r : {&q.prefill, &q.decode}) {
+    if (!*r || (*r)->state != KVPoll::Failed) continue;
+    if ((*r)->code != ErrorCode::kPeerUnreachable || (!rank.empty() && rank != (*r)->origin)) return -1;
+    rank = (*r)->origin;
+  }
+  if (rank.empty()) return -1;
+  const int64_t t = failure_time_ns(q);
+  int found = -1;
+  for (size_t i = 0; i < deaths.size(); ++i) {
+    if (deaths[i].rank != rank) continue;
+    if (found < 0 || deaths[i].killed_ns <= t + 1'000'000'000) found = int(i);
+  }
+  return found;
+}
+
+// Kill-to-restart window (plus 10 s) of a death, for rooms that failed around it.
+bool around(const PeerDeathRecord& d, int64_t t) {
+  const int64_t end = (d.restarted ? d.restarted_ns : d.killed_ns) + 10'000'000'000;
+  return t >= d.killed_ns && t <= end;
+}
+
+void add_detections(PeerDeathEntry& e, const LogScan& logs, const std::vector<PeerDeathRecord>& deaths,
+                    uint32_t prefill_tp, uint32_t decode_tp) {
+  const PeerDeathRecord& d = e.record;
+  int64_t until = INT64_MAX;  // the next kill of the same rank
+  for (const auto& o : deaths) {
+    if (o.rank == d.rank && o.killed_ns > d.killed_ns) until = std::min(until, o.killed_ns);
+  }
+  auto dead = RankId::parse(d.rank);
+  if (dead) {
+    const Role other = dead->role == Role::kPrefill ? Role::kDecode : Role::kPrefill;
+    e.expected_engines.emplace_back(role_name(other));
+    if ((dead->role == Role::kPrefill ? prefill_tp : decode_tp) > 1) e.expected_engines.emplace_back(role_name(dead->role));
+    std::sort(e.expected_engines.begin(), e.expected_engines.end());
+  }
+  for (const auto& l : logs.peer_dead) {
+    if (!l.above_debug || l.peer != d.rank || l.mono_ns < d.killed_ns || l.mono_ns >= until) continue;
+    ++e.lines_above_debug;
+    auto by = RankId::parse(l.rank);
+    const std::string engine = by ? std::string(role_name(by->role)) : l.rank;
+    const double ms = double(l.mono_ns - d.killed_ns) / 1e6;
+    auto it = std::find_if(e.detections.begin(), e.detections.end(),
+                           [&](const PeerDeathEntry::Detection& x) { return x.engine == engine; });
+    if (it == e.detections.end()) {
+      e.detections.push_back({engine, l.rank, ms});
+    } else if (ms < it->ms) {
+      *it = {engine, l.rank, ms};
+    }
+  }
+  std::sort(e.detections.begin(), e.detections.end(),
+            [](const auto& a, const auto& b) { return a.engine < b.engine; });
+}
+
+}  // namespace
+
+Report build_report(const ReplayResults& results, const LogScan& logs,
+                    const std::vector<PeerDeathRecord>& deaths, uint32_t prefill_tp,
+                    uint32_t decode_tp) {
   Report rep;
   rep.logs = logs;
   rep.total = results.requests.size();
+  for (const auto& d : deaths) {
+    PeerDeathEntry e;
+    e.record = d;
+    add_detections(e, logs, deaths, prefill_tp, decode_tp);
+    rep.peer_deaths.push_back(std::move(e));
+  }
+  for (const auto& l : logs.peer_dead) {
+    if (!l.above_debug) continue;
+    const bool explained = std::any_of(deaths.begin(), deaths.end(), [&](const PeerDeathRecord& d) {
+      return d.rank == l.peer && l.mono_ns >= d.killed_ns;
+    });
+    if (!explained) rep.unexplained_peer_dead.push_back(l.rank + " declared " + l.peer + " dead");
+  }
   std::vector<double> latencies;
   auto lines_for = [&](const std::string& room) -> uint64_t {
     auto it = logs.above_debug_by_room.find(room);
@@ -268,16 +400,24 @@ Report build_report(const ReplayResults& results, const LogScan& logs) {
       outcome = "failed";
     }
     const RoomResult* fr = failed_result(q);
-    const std::string code = fr ? std::string(code_name(fr->code))
-                                : (q.router_failure.empty() ? "unknown" : "internal");
+    const std::string code = fr ? std::string(code_name(fr->code)) : "internal";
     const std::string reason = !q.router_failure.empty() ? q.router_failure
                                : fr                      ? fr->reason
                                                          : "engines disagree on the outcome";
+    const std::string error = !q.error.empty() ? q.error : final_error(q);
+    const int death = outcome == "failed" ? death_of(q, deaths) : -1;
+    if (death >= 0) {
+      PeerDeathEntry& e = rep.peer_deaths[size_t(death)];
+      ++e.rooms_failed;
+      if (lines_for(room) > 0 && e.rooms_with_lines++ == 0) e.first_room_with_lines = room;
+    }
     if (q.fault) {
       FaultEntry f;
       f.room = room;
       f.kind = q.fault->kind;
       f.injected_at = q.fault->at;
+      f.expected_code = expected_code(*q.fault);
+      f.error = error;
       f.outcome = outcome;
       f.lines_above_debug = lines_for(room);
       if (outcome == "failed") {
@@ -287,6 +427,8 @@ Report build_report(const ReplayResults& results, const LogScan& logs) {
         f.ranks_failed = (q.prefill ? q.prefill->ranks_failed : 0) +
                          (q.decode ? q.decode->ranks_failed : 0);
         f.time_to_all_failed_ms = time_to_all_failed_ms(q);
+      }
+      if (outcome == "failed" && death < 0) {
         rep.faults.push_back(std::move(f));
       } else {
         if (rejected) {
@@ -294,10 +436,17 @@ Report build_report(const ReplayResults& results, const LogScan& logs) {
           f.reason = q.decode->reason;
           f.observed_origin = q.decode->origin;
         }
+        if (death >= 0) f.outcome = "failed_by_peer_death";
         rep.faults_not_applied.push_back(std::move(f));
       }
-    } else if (outcome == "failed") {
-      rep.unexpected_failures.push_back({room, origin_of(q), code, reason});
+    } else if (outcome == "failed" && death < 0) {
+      rep.unexpected_failures.push_back({room, origin_of(q), code, reason, error});
+      const int64_t t = failure_time_ns(q);
+      for (auto& e : rep.peer_deaths) {
+        if (!around(e.record, t)) continue;
+        ++e.rooms_misattributed;
+        if (e.misattributed_examples.size() < 3) e.misattributed_examples.push_back(error);
+      }
     }
   }
   rep.transfer_latency_ms = percentiles(std::move(latencies));
@@ -322,6 +471,57 @@ std::string report_json(const Report& r, const ReplayResults& results,
   for (const auto& u : r.unexpected_failures) unexpected.push_back(failure_json(u));
   const auto problems = r.problems();
   const uint64_t attributed = r.faults.size() - r.faults_misattributed();
+  // Per kind: injected, applied, attributed, lines, time to all-ranks-Failed.
+  std::map<std::string, std::vector<const FaultEntry*>> applied_by_kind;
+  std::map<std::string, uint64_t> injected_by_kind;
+  for (const auto& f : r.faults) {
+    applied_by_kind[kind_key(f)].push_back(&f);
+    ++injected_by_kind[kind_key(f)];
+  }
+  for (const auto& f : r.faults_not_applied) ++injected_by_kind[kind_key(f)];
+  json by_kind = json::object();
+  for (const auto& [kind, injected] : injected_by_kind) {
+    const auto& list = applied_by_kind[kind];
+    std::vector<double> t;
+    uint64_t ok = 0, one_line = 0;
+    for (const FaultEntry* f : list) {
+      t.push_back(f->time_to_all_failed_ms);
+      ok += f->attributed() ? 1 : 0;
+      one_line += f->lines_above_debug == 1 ? 1 : 0;
+    }
+    const Percentiles pt = percentiles(t);
+    by_kind[kind] = {{"injected", injected},
+                     {"applied", list.size()},
+                     {"attributed", ok},
+                     {"exactly_one_line", one_line},
+                     {"time_to_all_failed_ms",
+                      {{"p50", round_to(pt.p50, 3)},
+                       {"p99", round_to(pt.p99, 3)},
+                       {"max", round_to(pt.max, 3)},
+                       {"count", pt.count}}}};
+  }
+  json deaths = json::array();
+  for (const auto& d : r.peer_deaths) {
+    json det = json::array();
+    for (const auto& x : d.detections) {
+      det.push_back({{"engine", x.engine}, {"rank", x.rank}, {"ms", round_to(x.ms, 3)}});
+    }
+    deaths.push_back({{"rank", d.record.rank},
+                      {"killed_at", round_to(d.record.killed_at_s, 3)},
+                      {"killed_mono_ns", d.record.killed_ns},
+                      {"restarted_mono_ns", d.record.restarted_ns},
+                      {"restarted", d.record.restarted},
+                      {"restart_after_ms", d.record.restarted
+                                               ? round_to(double(d.record.restarted_ns - d.record.killed_ns) / 1e6, 3)
+                                               : 0.0},
+                      {"detections", det},
+                      {"expected_engines", d.expected_engines},
+                      {"lines_above_debug", d.lines_above_debug},
+                      {"rooms_failed", d.rooms_failed},
+                      {"rooms_misattributed", d.rooms_misattributed},
+                      {"rooms_with_lines_above_debug", d.rooms_with_lines},
+                      {"misattributed_examples", d.misattributed_examples}});
+  }
   json j = {
       {"status", error.empty() ? "ok" : "failed"},
       {"error", error},
@@ -350,7 +550,11 @@ std::string report_json(const Report& r, const ReplayResults& results,
         {"applied", r.faults.size()},
         {"attributed", attributed},
         {"misattributed", r.faults_misattributed()},
-        {"not_exactly_one_line", r.faults_not_one_line()}}},
+        {"not_exactly_one_line", r.faults_not_one_line()},
+        {"peer_deaths", r.peer_deaths.size()},
+        {"by_kind", by_kind}}},
+      {"peer_deaths", deaths},
+      {"unexplained_peer_dead", r.unexplained_peer_dead},
       {"unexpected_failures", unexpected},
       {"leaks", {{"prefill", stats_json(results.prefill_stats)},
                  {"decode", stats_json(results.decode_stats)}}},
@@ -386,6 +590,26 @@ std::string summary_text(const Report& r, double wall_s) {
   s += fmt::format("faults attributed correctly {}/{} ({} not applied)\n",
                    r.faults.size() - r.faults_misattributed(), r.faults.size(),
                    r.faults_not_applied.size());
+  std::map<std::string, std::vector<const FaultEntry*>> by_kind;
+  for (const auto& f : r.faults) by_kind[kind_key(f)].push_back(&f);
+  for (const auto& [kind, list] : by_kind) {
+    std::vector<double> t;
+    size_t ok = 0;
+    for (const FaultEntry* f : list) {
+      t.push_back(f->time_to_all_failed_ms);
+      ok += f->attributed() ? 1 : 0;
+    }
+    const Percentiles pt = percentiles(t);
+    s += fmt::format("  {}: {}/{} attributed, all ranks Failed after p50 {:.1f} ms, p99 {:.1f} ms\n",
+                     kind, ok, list.size(), pt.p50, pt.p99);
+  }
+  for (const auto& d : r.peer_deaths) {
+    std::string det;
+    for (const auto& x : d.detections) det += fmt::format(" {} {:.0f} ms,", x.engine, x.ms);
+    s += fmt::format("peer death of {} at {:.1f} s ({}): detected by{} {} rooms failed, {} misattributed\n",
+                     d.record.rank, d.record.killed_at_s, d.record.restarted ? "restarted" : "not restarted",
+                     det.empty() ? " nobody," : det, d.rooms_failed, d.rooms_misattributed);
+  }
   s += fmt::format("bytes verified {}, mismatched {}\n", r.bytes_verified, r.bytes_mismatched);
   return s;
 }

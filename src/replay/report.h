@@ -8,8 +8,14 @@
 //   failed     everything else (including a request the router gave up on)
 // Faults: an injected fault that failed its room is listed in `faults` with the observed origin
 // (the decode result's origin; when the engines name different origins both are listed, which
-// never equals the injected rank, so it counts as misattributed). A fault whose room succeeded
-// or was rejected anyway (the faulty rank never got to act) goes to `faults_not_applied`.
+// never equals the injected rank, so it counts as misattributed) and is attributed correctly when
+// that origin is the injected rank and the code is the kind's (expected_code()). A fault whose
+// room succeeded, was rejected, or was failed first by a peer death (the faulty rank never got
+// to act) goes to `faults_not_applied`.
+// Peer deaths: a failed room whose every failed result names the killed rank as origin with code
+// peer_unreachable is that death's (rooms_failed), not an unexpected failure. Other failures
+// without an applied fault whose first failure falls between the kill and 10 s after the restart
+// count as the death's rooms_misattributed (and stay unexpected failures).
 // Thread contract: pure functions, except scan_log_files (reads files).
 #pragma once
 #include <cstdint>
@@ -30,6 +36,13 @@ struct LogScan {
   uint64_t invalid_lines = 0;
   std::string first_invalid;                       // "<file>:<line>: <problem>"
   std::map<std::string, uint64_t> above_debug_by_room;  // room (decimal) -> count
+  struct PeerDead {  // a line with "event":"peer_dead"
+    std::string rank;  // the line's rank (the detector)
+    std::string peer;
+    int64_t mono_ns = 0;
+    bool above_debug = false;
+  };
+  std::vector<PeerDead> peer_dead;
 };
 // Adds one file's text to `scan` (`file` names it in problems).
 void scan_log_text(std::string_view text, const std::string& file, LogScan& scan);
@@ -50,11 +63,15 @@ struct FaultEntry {
   std::string observed_origin;
   std::string code;
   std::string reason;
-  std::string outcome;  // "failed", "succeeded", "rejected" (faults_not_applied only)
+  std::string expected_code;  // of the kind (fault_plan.h expected_code())
+  std::string error;          // the router's final error (results.h final_error()), "" if none
+  std::string outcome;  // "failed", "succeeded", "rejected", "failed_by_peer_death" (not applied)
   uint64_t lines_above_debug = 0;
   uint32_t ranks_failed = 0;
   double time_to_all_failed_ms = 0;
-  bool attributed() const { return observed_origin == injected_at; }
+  bool attributed() const {
+    return observed_origin == injected_at && (expected_code.empty() || code == expected_code);
+  }
 };
 
 struct FailureEntry {
@@ -62,6 +79,35 @@ struct FailureEntry {
   std::string origin;
   std::string code;
   std::string reason;
+  std::string error;  // the router's final error
+};
+
+// A planned kill as the orchestrator carried it out.
+struct PeerDeathRecord {
+  std::string rank;          // "prefill/tp1"
+  int64_t killed_ns = 0;     // CLOCK_MONOTONIC when SIGKILL was sent
+  double killed_at_s = 0;    // since the replay started
+  bool restarted = false;
+  int64_t restarted_ns = 0;
+};
+
+struct PeerDeathEntry {
+  PeerDeathRecord record;
+  struct Detection {
+    std::string engine;  // "prefill" / "decode"
+    std::string rank;    // the rank that logged it
+    double ms = 0;       // from the kill to its peer_dead line
+  };
+  std::vector<Detection> detections;       // per detecting engine, its first line above debug
+  std::vector<std::string> expected_engines;  // the other engine, and its own if TP > 1
+  uint64_t lines_above_debug = 0;  // peer_dead lines for this rank (kill to next kill)
+  uint64_t rooms_failed = 0;       // rooms failed with origin == rank, code peer_unreachable
+  uint64_t rooms_misattributed = 0;
+  std::vector<std::string> misattributed_examples;  // final errors, first 3
+  // Rooms failed by the death that logged a line above debug anywhere (their failure is
+  // propagated on every live rank: they must log none), and the first such room.
+  uint64_t rooms_with_lines = 0;
+  std::string first_room_with_lines;
 };
 
 struct RejectedEntry {
@@ -80,6 +126,8 @@ struct Report {
   std::vector<FaultEntry> faults;
   std::vector<FaultEntry> faults_not_applied;
   std::vector<FailureEntry> unexpected_failures;
+  std::vector<PeerDeathEntry> peer_deaths;
+  std::vector<std::string> unexplained_peer_dead;  // peer_dead lines above debug for no kill
   LogScan logs;
   std::vector<std::string> process_problems;  // from the orchestrator (e.g. a rank exited non-zero)
   std::vector<std::string> process_exits;     // "prefill/tp0 (pid 12) exited with code 0", ...
@@ -89,7 +137,10 @@ struct Report {
   std::vector<std::string> problems() const;
 };
 
-Report build_report(const ReplayResults& results, const LogScan& logs);
+// `deaths`: the orchestrator's planned kills; the TP sizes tell which engines detect a death.
+Report build_report(const ReplayResults& results, const LogScan& logs,
+                    const std::vector<PeerDeathRecord>& deaths = {}, uint32_t prefill_tp = 1,
+                    uint32_t decode_tp = 1);
 
 // report.json text: the report plus `config` (a JSON object text), `wall_s`, `leaks` from the
 // engines' stats, and `status`/`error` ("ok" or "failed" with the orchestrator's message).

@@ -252,6 +252,129 @@ TEST(BuildReport, MismatchAndProcessProblems) {
   EXPECT_EQ(p[1], "decode/tp1 exited with code 3 after the shutdown");
 }
 
+TEST(BuildReport, WrongCodeIsMisattributed) {
+  ReplayResults res;
+  RequestOutcome q;
+  q.room = 4;
+  q.fault = FaultSpec{"timeout", "decode/tp1"};
+  q.prefill = failed_result(Role::kPrefill, 4, ErrorCode::kTransferError, "decode/tp1");
+  q.decode = failed_result(Role::kDecode, 4, ErrorCode::kTransferError, "decode/tp1");
+  res.requests.push_back(q);
+  LogScan logs;
+  logs.lines = 1;
+  logs.above_debug_by_room = {{"4", 1}};
+  Report r = build_report(res, logs);
+  ASSERT_EQ(r.faults.size(), 1u);
+  EXPECT_EQ(r.faults[0].expected_code, "waiting_timeout");
+  EXPECT_EQ(r.faults[0].observed_origin, "decode/tp1");
+  EXPECT_FALSE(r.faults[0].attributed());
+  EXPECT_EQ(r.faults[0].error, "room 4 failed: transfer_error at decode/tp1: because decode/tp1");
+  EXPECT_EQ(r.faults_misattributed(), 1u);
+}
+
+LogScan::PeerDead peer_dead(const std::string& by, const std::string& peer, int64_t ns, bool above) {
+  return {by, peer, ns, above};
+}
+
+TEST(BuildReport, PeerDeathRoomsDetectionsAndLines) {
+  const int64_t kill = 50'000'000'000;
+  PeerDeathRecord death{"prefill/tp1", kill, 3.5, true, kill + 1'500'000'000};
+  ReplayResults res;
+  // Failed by the death: both engines name the dead rank.
+  RequestOutcome a;
+  a.room = 1;
+  a.prefill = failed_result(Role::kPrefill, 1, ErrorCode::kPeerUnreachable, "prefill/tp1");
+  a.decode = failed_result(Role::kDecode, 1, ErrorCode::kPeerUnreachable, "prefill/tp1");
+  a.decode->first_failed_ns = kill + 700'000'000;
+  res.requests.push_back(a);
+  // A fault whose room the death failed first: not applied.
+  RequestOutcome b = a;
+  b.room = 2;
+  b.fault = FaultSpec{"transfer", "decode/tp0"};
+  res.requests.push_back(b);
+  // Failed around the kill with another origin and no fault: misattributed, unexpected.
+  RequestOutcome c;
+  c.room = 3;
+  c.prefill = failed_result(Role::kPrefill, 3, ErrorCode::kProtocolError, "decode/tp1");
+  c.prefill->first_failed_ns = kill + 2'000'000'000;
+  c.decode = ok_result(Role::kDecode, 3);
+  res.requests.push_back(c);
+  // Long after the restart: unexpected but not the death's.
+  RequestOutcome d = c;
+  d.room = 4;
+  d.prefill->first_failed_ns = kill + 60'000'000'000;
+  res.requests.push_back(d);
+  LogScan logs;
+  logs.lines = 10;
+  logs.above_debug_by_room = {{"2", 1}};  // a death's room must log nothing above debug
+  logs.peer_dead = {peer_dead("decode/tp1", "prefill/tp1", kill + 300'000'000, true),
+                    peer_dead("prefill/tp0", "prefill/tp1", kill + 650'000'000, true),
+                    peer_dead("prefill/tp0", "prefill/tp1", kill + 600'000'000, false),  // debug
+                    peer_dead("decode/tp0", "decode/tp1", kill + 100, true)};  // never killed
+  Report r = build_report(res, logs, {death}, 2, 2);
+  ASSERT_EQ(r.peer_deaths.size(), 1u);
+  const PeerDeathEntry& e = r.peer_deaths[0];
+  EXPECT_EQ(e.rooms_failed, 2u);
+  EXPECT_EQ(e.rooms_misattributed, 1u);
+  ASSERT_EQ(e.misattributed_examples.size(), 1u);
+  EXPECT_EQ(e.misattributed_examples[0], "room 3 failed: protocol_error at decode/tp1: because decode/tp1");
+  EXPECT_EQ(e.lines_above_debug, 2u);
+  EXPECT_EQ(e.expected_engines, (std::vector<std::string>{"decode", "prefill"}));
+  ASSERT_EQ(e.detections.size(), 2u);
+  EXPECT_EQ(e.detections[0].engine, "decode");
+  EXPECT_EQ(e.detections[0].rank, "decode/tp1");
+  EXPECT_DOUBLE_EQ(e.detections[0].ms, 300);
+  EXPECT_EQ(e.detections[1].engine, "prefill");
+  EXPECT_DOUBLE_EQ(e.detections[1].ms, 650);
+  ASSERT_EQ(r.faults_not_applied.size(), 1u);
+  EXPECT_EQ(r.faults_not_applied[0].outcome, "failed_by_peer_death");
+  EXPECT_TRUE(r.faults.empty());
+  ASSERT_EQ(r.unexpected_failures.size(), 2u);  // rooms 3 and 4, not 1 and 2
+  EXPECT_EQ(r.unexpected_failures[0].room, "3");
+  ASSERT_EQ(r.unexplained_peer_dead.size(), 1u);
+  EXPECT_EQ(r.unexplained_peer_dead[0], "decode/tp0 declared decode/tp1 dead");
+  EXPECT_EQ(e.rooms_with_lines, 1u);
+  EXPECT_EQ(e.first_room_with_lines, "2");
+  const auto p = r.problems();
+  ASSERT_EQ(p.size(), 3u);
+  EXPECT_NE(p[0].find("2 unexpected failures"), std::string::npos) << p[0];
+  EXPECT_EQ(p[1], "peer death of prefill/tp1: 1 of its rooms logged a line above debug (first: room 2)");
+  EXPECT_NE(p[2].find("1 peer_dead lines above debug for a rank that was not killed"), std::string::npos) << p[2];
+
+  // A TP-1 engine has nobody else to notice; the other engine must, exactly once.
+  logs.peer_dead = {peer_dead("decode/tp0", "prefill/tp0", kill + 10, true),
+                    peer_dead("decode/tp0", "prefill/tp0", kill + 20, true)};
+  Report one = build_report(ReplayResults{}, logs, {{"prefill/tp0", kill, 1, false, 0}}, 1, 1);
+  EXPECT_EQ(one.peer_deaths[0].expected_engines, (std::vector<std::string>{"decode"}));
+  ASSERT_EQ(one.problems().size(), 1u);
+  EXPECT_NE(one.problems()[0].find("2 peer_dead lines above debug, expected 1"), std::string::npos);
+  logs.peer_dead.clear();
+  Report none = build_report(ReplayResults{}, logs, {{"decode/tp1", kill, 1, false, 0}}, 2, 2);
+  const auto np = none.problems();
+  ASSERT_EQ(np.size(), 3u);
+  EXPECT_EQ(np[0], "peer death of decode/tp1: the decode engine logged no peer_dead line above debug");
+  EXPECT_EQ(np[1], "peer death of decode/tp1: the prefill engine logged no peer_dead line above debug");
+}
+
+TEST(LogScan, CollectsPeerDeadLines) {
+  LogScan scan;
+  scan_log_text(
+      R"({"ts":"t","level":"error","rank":"decode/tp1","msg":"m","event":"peer_dead","peer":"prefill/tp1","mono_ns":123})"
+      "\n"
+      R"({"ts":"t","level":"debug","rank":"prefill/tp2","msg":"m","event":"peer_dead","peer":"prefill/tp1","mono_ns":5})"
+      "\n"
+      R"({"ts":"t","level":"error","rank":"decode/tp1","msg":"m","event":"other","peer":"prefill/tp1"})"
+      "\n",
+      "x.jsonl", scan);
+  ASSERT_EQ(scan.peer_dead.size(), 2u);
+  EXPECT_EQ(scan.peer_dead[0].rank, "decode/tp1");
+  EXPECT_EQ(scan.peer_dead[0].peer, "prefill/tp1");
+  EXPECT_EQ(scan.peer_dead[0].mono_ns, 123);
+  EXPECT_TRUE(scan.peer_dead[0].above_debug);
+  EXPECT_FALSE(scan.peer_dead[1].above_debug);
+  EXPECT_EQ(scan.invalid_lines, 0u);
+}
+
 TEST(ReportJson, HasEveryDocumentedField) {
   ReplayResults res;
   res.dispatch_start_ns = 1;
@@ -291,12 +414,42 @@ TEST(ReportJson, HasEveryDocumentedField) {
   EXPECT_EQ(j["faults"][0]["applied"], true);
   EXPECT_TRUE(j["faults_not_applied"].is_array());
   EXPECT_EQ(j["faults_summary"]["attributed"], 1);
+  EXPECT_EQ(j["faults"][0]["expected_code"], "transfer_error");
+  EXPECT_EQ(j["faults"][0]["error"], "room 10 failed: transfer_error at prefill/tp0: because prefill/tp0");
+  const auto& kind = j["faults_summary"]["by_kind"]["transfer@prefill"];
+  EXPECT_EQ(kind["injected"], 1);
+  EXPECT_EQ(kind["applied"], 1);
+  EXPECT_EQ(kind["attributed"], 1);
+  EXPECT_EQ(kind["exactly_one_line"], 1);
+  EXPECT_EQ(kind["time_to_all_failed_ms"]["count"], 1);
+  EXPECT_EQ(j["faults_summary"]["peer_deaths"], 0);
+  EXPECT_TRUE(j["peer_deaths"].empty());
+  EXPECT_TRUE(j["unexplained_peer_dead"].empty());
   EXPECT_TRUE(j["unexpected_failures"].empty());
   EXPECT_TRUE(j["rejected_requests"].empty());
   EXPECT_TRUE(j["leaks"]["prefill"].is_null());
   EXPECT_EQ(j["leaks"]["decode"][0]["rank"], "decode/tp0");
   EXPECT_EQ(j["logs"]["files"], 2);
   EXPECT_TRUE(j["problems"].empty());
+
+  // A peer death entry.
+  logs.peer_dead = {peer_dead("prefill/tp0", "decode/tp0", 2'000'000, true)};
+  Report pd = build_report(res, logs, {{"decode/tp0", 1'000'000, 4.25, true, 9'000'000}}, 1, 1);
+  const auto jd = nlohmann::json::parse(report_json(pd, res, "{}", 1, ""));
+  ASSERT_EQ(jd["peer_deaths"].size(), 1u);
+  const auto& e = jd["peer_deaths"][0];
+  EXPECT_EQ(e["rank"], "decode/tp0");
+  EXPECT_DOUBLE_EQ(e["killed_at"].get<double>(), 4.25);
+  EXPECT_EQ(e["restarted"], true);
+  EXPECT_DOUBLE_EQ(e["restart_after_ms"].get<double>(), 8.0);
+  EXPECT_EQ(e["detections"][0]["engine"], "prefill");
+  EXPECT_EQ(e["detections"][0]["rank"], "prefill/tp0");
+  EXPECT_DOUBLE_EQ(e["detections"][0]["ms"].get<double>(), 1.0);
+  EXPECT_EQ(e["lines_above_debug"], 1);
+  EXPECT_EQ(e["rooms_failed"], 0);
+  EXPECT_EQ(e["rooms_misattributed"], 0);
+  EXPECT_EQ(jd["faults_summary"]["peer_deaths"], 1);
+  EXPECT_TRUE(jd["problems"].empty()) << jd["problems"].dump();
 
   const auto partial = nlohmann::json::parse(partial_report_json("{}", 1.0, "decode/tp0 died"));
   EXPECT_EQ(partial["status"], "failed");

@@ -56,6 +56,22 @@ Result<std::optional<std::vector<RankLeakStats>>> stats_from(const json& stats, 
 
 }  // namespace
 
+std::string final_error(const RequestOutcome& q) {
+  const std::string room = std::to_string(q.room);
+  if (!q.router_failure.empty()) return "room " + room + " failed: internal at router: " + q.router_failure;
+  const bool pf = q.prefill && q.prefill->state == KVPoll::Failed;
+  const bool df = q.decode && q.decode->state == KVPoll::Failed;
+  if (!pf && !df) return "";
+  const RoomResult& main = df ? *q.decode : *q.prefill;
+  auto origin = [](const RoomResult& r) { return r.origin.empty() ? std::string("an unnamed rank") : r.origin; };
+  std::string e = "room " + room + " failed: " + std::string(code_name(main.code)) + " at " +
+                  origin(main) + ": " + main.reason;
+  if (df && pf && (q.prefill->origin != q.decode->origin || q.prefill->code != q.decode->code)) {
+    e += " (prefill engine: " + std::string(code_name(q.prefill->code)) + " at " + origin(*q.prefill) + ")";
+  }
+  return e;
+}
+
 std::string encode_results(const ReplayResults& r) {
   json reqs = json::array();
   for (const auto& q : r.requests) {
@@ -64,7 +80,9 @@ std::string encode_results(const ReplayResults& r) {
               {"output_tokens", q.output_tokens},
               {"arrival_ms", q.arrival_ms},
               {"dispatched_ns", q.dispatched_ns},
-              {"router_failure", q.router_failure}};
+              {"router_failure", q.router_failure},
+              {"abort_sent_ns", q.abort_sent_ns},
+              {"error", q.error}};
     o["fault"] = q.fault ? json{{"kind", q.fault->kind}, {"at", q.fault->at}} : json(nullptr);
     for (auto [key, res] : {std::pair{"prefill", &q.prefill}, std::pair{"decode", &q.decode}}) {
       if (*res) {
@@ -119,6 +137,14 @@ Result<ReplayResults> decode_results(const std::string& text) {
     auto rf = o.find("router_failure");
     if (rf == o.end() || !rf->is_string()) return bad("request " + rs + ": missing router_failure");
     q.router_failure = rf->get<std::string>();
+    // Optional (files of earlier versions lack them).
+    if (o.contains("abort_sent_ns") && !get_i64(o, "abort_sent_ns", q.abort_sent_ns)) {
+      return bad("request " + rs + ": bad abort_sent_ns");
+    }
+    if (auto e = o.find("error"); e != o.end()) {
+      if (!e->is_string()) return bad("request " + rs + ": error must be a string");
+      q.error = e->get<std::string>();
+    }
     auto f = o.find("fault");
     if (f != o.end() && !f->is_null()) {
       if (!f->is_object() || !f->contains("kind") || !f->contains("at") ||

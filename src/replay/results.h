@@ -7,7 +7,8 @@
 //    "requests":[{"room":"<u64>","input_tokens":N,"output_tokens":N,"arrival_ms":N,
 //                 "dispatched_ns":N, "fault":null|{"kind":..,"at":..},
 //                 "prefill":null|<RoomResult as in router_protocol>, "decode":null|<RoomResult>,
-//                 "router_failure":"" | "router: no result within 300 s"}...],
+//                 "router_failure":"" | "router: no result within 300 s",
+//                 "abort_sent_ns":N (0: no abort sent), "error":"" | final_error()}...],
 //    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}}
 // Times are CLOCK_MONOTONIC ns (kvferry::monotonic_ns), comparable with the engines' times.
 // Thread contract: pure functions. Errors: kProtocolError for a malformed file.
@@ -32,7 +33,16 @@ struct RequestOutcome {
   std::optional<RoomResult> prefill;
   std::optional<RoomResult> decode;
   std::string router_failure;  // set when the router gave up on the request
+  int64_t abort_sent_ns = 0;   // when the router sent the room's abort (0: none sent)
+  std::string error;           // final_error() when the request finished
 };
+
+// The request's final error as the router reports it ("" when both engines report Success):
+//   "room R failed: <code> at <origin>: <reason>"
+// from the decode engine's result when it failed (the request ends there), else the prefill
+// engine's; " (prefill engine: <code> at <origin>)" is appended when the engines disagree.
+// A request the router gave up on: "room R failed: internal at router: <router_failure>".
+std::string final_error(const RequestOutcome& q);
 
 struct ReplayResults {
   int64_t dispatch_start_ns = 0;  // router's time zero (both engines ready)

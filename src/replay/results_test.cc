@@ -33,6 +33,8 @@ TEST(Results, RoundTrip) {
   b.router_failure = "router: no result within 300 s";
   r.requests.push_back(b);
   r.prefill_stats = std::vector<RankLeakStats>{{"prefill/tp0", 1, 2, 3, 4}};
+  r.requests[0].abort_sent_ns = 17;
+  r.requests[0].error = final_error(r.requests[0]);
 
   auto back = decode_results(encode_results(r));
   ASSERT_TRUE(back.ok()) << back.status().str();
@@ -53,11 +55,43 @@ TEST(Results, RoundTrip) {
   EXPECT_EQ(x.decode->code, ErrorCode::kInjected);
   EXPECT_EQ(x.decode->origin, "decode/tp1");
   EXPECT_EQ(x.decode->ranks_failed, 2u);
+  EXPECT_EQ(x.abort_sent_ns, 17);
+  EXPECT_EQ(x.error, "room " + std::to_string(a.room) + " failed: injected at decode/tp1: injected");
+  EXPECT_EQ(back->requests[1].error, "");
   EXPECT_EQ(back->requests[1].router_failure, "router: no result within 300 s");
   EXPECT_FALSE(back->requests[1].fault.has_value());
   ASSERT_TRUE(back->prefill_stats.has_value());
   EXPECT_EQ((*back->prefill_stats)[0].peers, 4u);
   EXPECT_FALSE(back->decode_stats.has_value());
+}
+
+TEST(Results, FinalErrorNamesRoomCodeOriginAndReason) {
+  RequestOutcome q;
+  q.room = 42;
+  RoomResult p;
+  p.role = Role::kPrefill;
+  p.room = 42;
+  p.state = KVPoll::Success;
+  q.prefill = p;
+  q.decode = p;
+  q.decode->role = Role::kDecode;
+  EXPECT_EQ(final_error(q), "");  // both succeeded
+  q.prefill->state = KVPoll::Failed;
+  q.prefill->code = ErrorCode::kTransferError;
+  q.prefill->origin = "prefill/tp1";
+  q.prefill->reason = "write failed";
+  EXPECT_EQ(final_error(q), "room 42 failed: transfer_error at prefill/tp1: write failed");
+  q.decode->state = KVPoll::Failed;
+  q.decode->code = ErrorCode::kWaitingTimeout;
+  q.decode->origin = "decode/tp0";
+  q.decode->reason = "no data";
+  EXPECT_EQ(final_error(q),
+            "room 42 failed: waiting_timeout at decode/tp0: no data (prefill engine: transfer_error at prefill/tp1)");
+  q.decode->code = ErrorCode::kTransferError;
+  q.decode->origin = "prefill/tp1";
+  EXPECT_EQ(final_error(q), "room 42 failed: transfer_error at prefill/tp1: no data");
+  q.router_failure = "router: no result within 5 s";
+  EXPECT_EQ(final_error(q), "room 42 failed: internal at router: router: no result within 5 s");
 }
 
 TEST(Results, RejectsMalformedFiles) {

@@ -1,4 +1,5 @@
-// The replay router (router.h): plan, dispatch with back-pressure, collect, shut down, write.
+// The replay router (router.h): plan, dispatch with back-pressure, aborts and peer deaths,
+// collect, shut down, write.
 #include "replay/router.h"
 
 #include <algorithm>
@@ -21,6 +22,7 @@ namespace kvferry::replay {
 namespace {
 
 constexpr std::string_view kComponent = "router";
+constexpr int64_t kRejoinSettleNs = 3'000'000'000;  // see router.h (peer deaths, shutdown)
 
 int fail(const std::string& msg) {
   log_event(LogLevel::kError, kComponent, msg);
@@ -42,9 +44,21 @@ Status send_patiently(ControlSocket& sock, const std::string& dest, const std::s
   }
 }
 
+// One planned kill as the router follows it.
+struct Death {
+  PlannedPeerDeath plan;
+  RankId rank;
+  enum class State { kPlanned, kRequested, kKilled, kRestarted, kDone } state = State::kPlanned;
+  bool leader() const { return rank.tp_rank == 0; }
+  int64_t killed_ns = 0;
+  int64_t restarted_ns = 0;
+  size_t proven_after = 0;  // a request with index >= this that succeeds proves the rank is back
+};
+
 class Router {
  public:
-  Router(const RouterConfig& c, ControlSocket& sock, std::vector<RouterRequest> plan)
+  Router(const RouterConfig& c, ControlSocket& sock, std::vector<RouterRequest> plan,
+         std::vector<PlannedPeerDeath> deaths)
       : c_(c), sock_(sock), plan_(std::move(plan)) {
     res_.requests.resize(plan_.size());
     for (size_t i = 0; i < plan_.size(); ++i) {
@@ -58,6 +72,12 @@ class Router {
       index_[q.room] = i;
     }
     done_.assign(plan_.size(), false);
+    for (auto& d : deaths) {
+      Death x;
+      x.rank = *RankId::parse(d.rank);
+      x.plan = std::move(d);
+      deaths_.push_back(std::move(x));
+    }
   }
 
   Status wait_ready() {
@@ -98,33 +118,38 @@ class Router {
   Status dispatch_all() {
     const int64_t start = monotonic_ns();
     res_.dispatch_start_ns = start;
-    size_t next = 0;
-    size_t finished = 0;
     const size_t max_inflight = std::max<uint32_t>(1, c_.max_inflight);
-    while (finished < plan_.size()) {
+    while (finished_ < plan_.size() || !deaths_settled()) {
       int64_t now = monotonic_ns();
       int64_t next_due = -1;
-      while (next < plan_.size() && inflight_.size() < max_inflight) {
-        const int64_t due = start + static_cast<int64_t>(double(plan_[next].arrival_ms) *
+      if (Status st = advance_deaths(now); !st.ok()) return st;
+      while (!paused() && next_ < plan_.size() && inflight_.size() < max_inflight &&
+             !kill_due()) {
+        const int64_t due = start + static_cast<int64_t>(double(plan_[next_].arrival_ms) *
                                                          c_.time_scale * 1e6);
         if (now < due) {
           next_due = due;
           break;
         }
-        Status st = send_request(next);
+        Status st = send_request(next_);
         if (!st.ok()) return st;
         now = monotonic_ns();
-        res_.requests[next].dispatched_ns = now;
+        res_.requests[next_].dispatched_ns = now;
         res_.dispatch_end_ns = now;
-        inflight_.push_back(next);
-        ++next;
+        inflight_.push_back(next_);
+        schedule_abort(next_, now);
+        ++next_;
       }
-      finished += expire(now);
+      if (kill_due()) continue;  // ask for the kill before anything else goes out
+      send_due_aborts(now);
+      finished_ += expire(now);
       int64_t wait_ns = 50'000'000;
-      if (next_due > 0) wait_ns = std::clamp<int64_t>(next_due - now, 0, wait_ns);
-      auto text = sock_.recv(std::chrono::milliseconds(wait_ns / 1'000'000));
+      if (next_due > 0) wait_ns = std::min(wait_ns, next_due - now);
+      if (!aborts_.empty()) wait_ns = std::min(wait_ns, aborts_.front().first - now);
+      wait_ns = std::max<int64_t>(wait_ns, 0);
+      auto text = sock_.recv(std::chrono::milliseconds((wait_ns + 999'999) / 1'000'000));
       while (text) {
-        finished += on_frame(*text);
+        finished_ += on_frame(*text);
         text = sock_.recv(std::chrono::milliseconds(0));
       }
     }
@@ -157,8 +182,147 @@ class Router {
   const ReplayResults& results() const { return res_; }
 
  private:
+  // --- peer deaths -------------------------------------------------------------------------
+
+  Death* current_death() {
+    for (auto& d : deaths_) {
+      if (d.state != Death::State::kDone) return &d;
+    }
+    return nullptr;
+  }
+
+  // The next planned kill is due: its threshold of dispatched requests is reached.
+  bool kill_due() {
+    Death* d = current_death();
+    return d && d->state == Death::State::kPlanned && next_ >= d->plan.after_dispatched;
+  }
+
+  // A killed engine leader is not back yet: nothing new goes out.
+  bool paused() {
+    Death* d = current_death();
+    return d && d->leader() && d->state != Death::State::kPlanned;
+  }
+
+  // All planned kills happened and the last restarted rank is back (router.h).
+  bool deaths_settled() {
+    Death* d = current_death();
+    if (!d) return true;
+    if (d->state == Death::State::kPlanned && finished_ >= plan_.size()) {
+      // Every request finished before this kill was due (e.g. after an earlier kill): no room
+      // could be in flight, so it is skipped.
+      log_event(LogLevel::kInfo, kComponent, "peer death of " + d->rank.str() + " skipped: no request left");
+      d->state = Death::State::kDone;
+      return deaths_settled();
+    }
+    if (d->state == Death::State::kRestarted && monotonic_ns() - d->restarted_ns > kRejoinSettleNs) {
+      log_event(LogLevel::kDebug, kComponent, d->rank.str() + " presumed back (no request left to prove it)");
+      d->state = Death::State::kDone;
+      return deaths_settled();
+    }
+    return false;
+  }
+
+  Status advance_deaths(int64_t now) {
+    Death* d = current_death();
+    if (!d) return Status::Ok();
+    if (d->state == Death::State::kPlanned && next_ >= d->plan.after_dispatched) {
+      Status st = send_patiently(sock_, c_.orchestrator, encode_peer_death("kill", d->rank.str(), 0, ""),
+                                 std::chrono::milliseconds(5000));
+      if (!st.ok()) return {st.code(), "cannot ask the orchestrator for a kill: " + st.message()};
+      d->state = Death::State::kRequested;
+      death_since_ns_ = now;
+      log_event(LogLevel::kInfo, kComponent,
+                fmt::format("peer death: asked for {} to be killed after {} of {} requests were "
+                            "dispatched ({} in flight)",
+                            d->rank.str(), next_, plan_.size(), inflight_.size()));
+    }
+    if (d->state != Death::State::kPlanned && d->state != Death::State::kDone &&
+        now - death_since_ns_ > seconds_ns(c_.ready_timeout_s)) {
+      return {ErrorCode::kWaitingTimeout,
+              fmt::format("peer death of {}: not back within {} s of the kill request", d->rank.str(),
+                          c_.ready_timeout_s)};
+    }
+    return Status::Ok();
+  }
+
+  void on_death_frame(const RouterFrame& f) {
+    Death* d = current_death();
+    if (!d || d->rank.str() != f.rank || d->state == Death::State::kPlanned) {
+      log_event(LogLevel::kWarning, kComponent, "unexpected '" + f.type + "' frame for " + f.rank);
+      return;
+    }
+    if (f.type == "killed") {
+      d->killed_ns = f.time_ns;
+      if (d->state == Death::State::kRequested) d->state = Death::State::kKilled;
+    } else if (f.type == "restarted") {
+      d->restarted_ns = f.time_ns;
+      d->proven_after = next_;
+      if (!d->leader()) d->state = Death::State::kRestarted;
+    } else if (f.type == "kill_failed") {
+      log_event(LogLevel::kWarning, kComponent, "peer death of " + f.rank + " failed: " + f.reason);
+      d->state = Death::State::kDone;
+    }
+    log_event(LogLevel::kDebug, kComponent, "peer death: " + f.rank + " " + f.type);
+  }
+
+  // A restarted engine leader: finish every in-flight request still waiting for that engine.
+  void on_leader_back(Death& d, int64_t now) {
+    const Role role = d.rank.role;
+    size_t synthesized = 0;
+    for (size_t i : std::vector<size_t>(inflight_)) {
+      RequestOutcome& o = res_.requests[i];
+      auto& slot = role == Role::kPrefill ? o.prefill : o.decode;
+      if (slot) continue;
+      RoomResult r;
+      r.role = role;
+      r.room = o.room;
+      r.state = KVPoll::Failed;
+      r.code = ErrorCode::kPeerUnreachable;
+      r.origin = d.rank.str();
+      r.reason = "engine leader restarted";
+      r.first_failed_ns = d.killed_ns > 0 ? d.killed_ns : now;
+      r.failed_all_ns = now;
+      ++synthesized;
+      finished_ += accept(r);
+    }
+    d.state = Death::State::kDone;
+    log_event(LogLevel::kInfo, kComponent,
+              fmt::format("{} engine leader {} is back; {} in-flight requests failed with it",
+                          role_name(role), d.rank.str(), synthesized));
+  }
+
+  // --- aborts --------------------------------------------------------------------------------
+
+  void schedule_abort(size_t i, int64_t now) {
+    const auto& f = plan_[i].fault;
+    if (!f || f->kind != "abort") return;
+    const int64_t due = now + static_cast<int64_t>(abort_delay_ms(c_.seed, plan_[i].room) * 1e6);
+    aborts_.insert(std::upper_bound(aborts_.begin(), aborts_.end(), std::pair{due, i}),
+                   std::pair{due, i});
+  }
+
+  void send_due_aborts(int64_t now) {
+    while (!aborts_.empty() && aborts_.front().first <= now) {
+      const size_t i = aborts_.front().second;
+      aborts_.erase(aborts_.begin());
+      RequestOutcome& o = res_.requests[i];
+      if (done_[i] || o.decode) continue;  // the room ended first: nothing to abort
+      Status st = sock_.send(c_.decode_leader, encode_abort(o.room));
+      if (!st.ok()) {
+        log_event(LogLevel::kWarning, kComponent, "abort not sent: " + st.str(), LogFields{.room = o.room});
+        continue;
+      }
+      o.abort_sent_ns = monotonic_ns();
+      log_event(LogLevel::kDebug, kComponent, "abort sent", LogFields{.room = o.room});
+    }
+  }
+
+  // --- requests and results ------------------------------------------------------------------
+
   Status send_request(size_t i) {
-    const std::string frame = encode_request(plan_[i]);
+    RouterRequest q = plan_[i];
+    if (q.fault && q.fault->kind == "abort") q.fault.reset();  // the router acts on it, not the engines
+    const std::string frame = encode_request(q);
     for (const auto& leader : {c_.prefill_leader, c_.decode_leader}) {
       Status st = send_patiently(sock_, leader, frame, std::chrono::milliseconds(10000));
       if (!st.ok()) return {st.code(), "cannot send a request to " + leader + ": " + st.message()};
@@ -180,7 +344,8 @@ class Router {
       RequestOutcome& o = res_.requests[*it];
       if (now - o.dispatched_ns > limit) {
         o.router_failure = fmt::format("router: no result within {} s", c_.request_timeout_s);
-        log_event(LogLevel::kDebug, kComponent, o.router_failure, LogFields{.room = o.room});
+        o.error = final_error(o);
+        log_event(LogLevel::kDebug, kComponent, o.error, LogFields{.room = o.room});
         done_[*it] = true;
         ++given_up_;
         ++n;
@@ -203,13 +368,28 @@ class Router {
       (f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats) = *f->stats;
       return 0;
     }
-    if (!f->result) {
-      if (f->type != "ready") {
-        log_event(LogLevel::kWarning, kComponent, "unexpected '" + f->type + "' frame");
+    if (f->type == "killed" || f->type == "restarted" || f->type == "kill_failed") {
+      on_death_frame(*f);
+      return 0;
+    }
+    if (f->type == "ready" && f->ready_role) {
+      // A leader sends "ready" again only after it restarted.
+      Death* d = current_death();
+      if (d && d->leader() && d->rank.role == *f->ready_role &&
+          (d->state == Death::State::kKilled || d->state == Death::State::kRequested)) {
+        on_leader_back(*d, monotonic_ns());  // adds what it finishes to finished_ itself
       }
       return 0;
     }
-    const RoomResult& r = *f->result;
+    if (!f->result) {
+      log_event(LogLevel::kWarning, kComponent, "unexpected '" + f->type + "' frame");
+      return 0;
+    }
+    return accept(*f->result);
+  }
+
+  // Stores one engine's result; returns 1 when it finished the request.
+  size_t accept(const RoomResult& r) {
     auto it = index_.find(r.room);
     if (it == index_.end()) {
       log_event(LogLevel::kDebug, kComponent, "result for an unknown room",
@@ -236,6 +416,12 @@ class Router {
                         .origin = r.origin});
     if (!o.prefill || !o.decode) return 0;
     done_[i] = true;
+    o.error = final_error(o);
+    if (!o.error.empty()) {
+      log_event(LogLevel::kDebug, kComponent, o.error, LogFields{.room = r.room});
+    } else if (Death* d = current_death(); d && d->state == Death::State::kRestarted && i >= d->proven_after) {
+      d->state = Death::State::kDone;  // a room after the restart succeeded: the rank is back
+    }
     res_.last_result_ns = monotonic_ns();
     inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), i), inflight_.end());
     return 1;
@@ -248,6 +434,11 @@ class Router {
   std::unordered_map<uint64_t, size_t> index_;
   std::vector<bool> done_;
   std::vector<size_t> inflight_;
+  std::vector<std::pair<int64_t, size_t>> aborts_;  // (due ns, request index), by due time
+  std::vector<Death> deaths_;
+  int64_t death_since_ns_ = 0;
+  size_t next_ = 0;
+  size_t finished_ = 0;
   size_t given_up_ = 0;
 };
 
@@ -268,7 +459,7 @@ Status write_file_atomically(const std::string& path, const std::string& text) {
 }  // namespace
 
 std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace, uint64_t seed,
-                                         double fault_rate, uint32_t prefill_tp,
+                                         const FaultPlan& faults, uint32_t prefill_tp,
                                          uint32_t decode_tp) {
   std::vector<TraceRequest> sorted = trace;
   std::stable_sort(sorted.begin(), sorted.end(), [](const TraceRequest& a, const TraceRequest& b) {
@@ -278,23 +469,16 @@ std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace,
   std::unordered_set<uint64_t> used;
   std::vector<RouterRequest> plan;
   plan.reserve(sorted.size());
-  uint64_t faults = 0;
-  for (const auto& t : sorted) {
+  auto assigned = assign_room_faults(faults, sorted.size(), seed, prefill_tp, decode_tp);
+  for (size_t i = 0; i < sorted.size(); ++i) {
     RouterRequest q;
     do {
       q.room = rng() >> 1;  // 63 bits
     } while (q.room == 0 || !used.insert(q.room).second);
-    q.input_tokens = t.input_tokens;
-    q.output_tokens = t.output_tokens;
-    q.arrival_ms = t.arrival_ms;
-    const double u = double(rng() >> 11) * 0x1.0p-53;  // uniform [0, 1)
-    if (u < fault_rate) {
-      if (faults++ % 2 == 0) {
-        q.fault = FaultSpec{"transfer", RankId{Role::kPrefill, 0, uint32_t(rng() % std::max(1u, prefill_tp)), 0}.str()};
-      } else {
-        q.fault = FaultSpec{"decode_fail", RankId{Role::kDecode, 0, uint32_t(rng() % std::max(1u, decode_tp)), 0}.str()};
-      }
-    }
+    q.input_tokens = sorted[i].input_tokens;
+    q.output_tokens = sorted[i].output_tokens;
+    q.arrival_ms = sorted[i].arrival_ms;
+    q.fault = std::move(assigned[i]);
     plan.push_back(std::move(q));
   }
   return plan;
@@ -303,13 +487,25 @@ std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace,
 int run_router(const RouterConfig& c) {
   auto trace = load_trace(c.trace_path, c.max_requests);
   if (!trace.ok()) return fail("cannot load the trace: " + trace.status().str());
+  FaultPlan faults = fault_rate_plan(c.fault_rate);
+  if (!c.faults.empty()) {
+    auto parsed = parse_fault_plan(c.faults, c.prefill_tp, c.decode_tp);
+    if (!parsed.ok()) return fail(parsed.status().message());
+    faults = *parsed;
+  }
+  auto deaths = faults.has_peer_death() && trace->size() >= 2
+                    ? plan_peer_deaths(faults, trace->size(), c.seed, c.prefill_tp, c.decode_tp)
+                    : std::vector<PlannedPeerDeath>{};
+  if (!deaths.empty() && c.orchestrator.empty()) {
+    return fail("the fault plan has peer deaths but no --orchestrator endpoint");
+  }
   auto sock = ControlSocket::bind(c.endpoint);
   if (!sock.ok()) return fail("cannot bind " + c.endpoint + ": " + sock.status().str());
-  Router router(c, **sock,
-                plan_requests(*trace, c.seed, c.fault_rate, c.prefill_tp, c.decode_tp));
+  Router router(c, **sock, plan_requests(*trace, c.seed, faults, c.prefill_tp, c.decode_tp),
+                std::move(deaths));
   log_event(LogLevel::kInfo, kComponent,
-            fmt::format("router up on {}: {} requests, waiting for both engines",
-                        (*sock)->endpoint(), trace->size()));
+            fmt::format("router up on {}: {} requests, faults '{}', waiting for both engines",
+                        (*sock)->endpoint(), trace->size(), faults.str()));
   Status st = router.wait_ready();
   if (!st.ok()) return fail(st.str());
   st = router.dispatch_all();

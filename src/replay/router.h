@@ -2,6 +2,17 @@
 // sends every request to both engines' leaders at its scaled arrival time with back-pressure,
 // collects one RoomResult per engine per room, shuts the engines down and writes the results
 // file (results.h). Messages: router_protocol.h over ControlSocket.
+// Faults (fault_plan.h): per-room faults go to both engines with the request, except abort: the
+// router sends {"type":"abort"} to the decode leader abort_delay_ms() after the dispatch (unless
+// the room finished first). Peer deaths: once `after_dispatched` requests went out, the router
+// asks the orchestrator for the kill and
+//   - a follower: keeps dispatching (the engines fail the rooms that need the dead rank);
+//   - an engine leader: dispatches nothing new until that engine's restarted leader sends
+//     "ready" again; the new leader knows none of the old rooms, so the router then finishes every
+//     in-flight request still waiting for that engine with a synthesized Failed result (origin
+//     the leader, code peer_unreachable, reason "engine leader restarted", ranks_failed 0).
+// Peer deaths run one at a time; before shutting down, the router waits until the last killed
+// rank was restarted and proven back (a later room succeeded) or 3 s passed since its restart.
 // Thread contract: run_router() runs on the calling thread until done.
 #pragma once
 #include <cstdint>
@@ -10,6 +21,7 @@
 
 #include "kvferry/error.h"
 #include "kvferry/trace.h"
+#include "replay/fault_plan.h"
 #include "replay/router_protocol.h"
 
 namespace kvferry::replay {
@@ -18,8 +30,10 @@ struct RouterConfig {
   std::string trace_path;
   uint64_t max_requests = 0;   // 0: all
   double time_scale = 0;       // request i goes out at arrival_ms * time_scale after start
-  double fault_rate = 0;       // probability per request
+  std::string faults;          // fault plan spec (fault_plan.h); empty: from fault_rate
+  double fault_rate = 0;       // --fault-rate shorthand, used when `faults` is empty
   uint64_t seed = 1;
+  std::string orchestrator;    // endpoint of the orchestrator (peer deaths); "" when none planned
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
   std::string endpoint;        // bind (PULL), e.g. tcp://127.0.0.1:5600
@@ -32,12 +46,11 @@ struct RouterConfig {
   double stats_timeout_s = 30;     // after shutdown, for both stats frames
 };
 
-// Deterministic request plan: unique non-zero 63-bit rooms and faults from `seed`.
-// Faults: each request independently with probability `fault_rate`; kinds alternate
-// ("transfer" at a random prefill rank, then "decode_fail" at a random decode rank, ...).
-// Requests keep the trace's order, stably sorted by arrival_ms.
+// Deterministic request plan: unique non-zero 63-bit rooms from `seed` (independent of the fault
+// plan) and per-room faults from assign_room_faults(). Requests keep the trace's order, stably
+// sorted by arrival_ms.
 std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace, uint64_t seed,
-                                         double fault_rate, uint32_t prefill_tp,
+                                         const FaultPlan& faults, uint32_t prefill_tp,
                                          uint32_t decode_tp);
 
 // Runs the router. Returns 0 when every request finished (successfully or not) and the results

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <filesystem>
@@ -195,7 +196,7 @@ TEST_F(RouterLoop, GivesUpOnARequestAfterItsDeadline) {
   c.max_requests = 6;
   c.fault_rate = 0;
   c.request_timeout_s = 0.5;
-  const uint64_t victim = plan_requests({{.arrival_ms = 0, .input_tokens = 1000}}, c.seed, 0, 2, 2)[0].room;
+  const uint64_t victim = plan_requests({{.arrival_ms = 0, .input_tokens = 1000}}, c.seed, FaultPlan{}, 2, 2)[0].room;
   FakeEngines fake;
   fake.never_answer_room = victim;
   std::atomic<bool> stop{false};
@@ -218,6 +219,184 @@ TEST_F(RouterLoop, GivesUpOnARequestAfterItsDeadline) {
     }
   }
   EXPECT_EQ(given_up, 1u);
+}
+
+// Sends both engines' "ready" to the router (retrying until its socket is up).
+void say_ready(ControlSocket& p, ControlSocket& d, const std::string& router, std::atomic<bool>& stop) {
+  for (Role role : {Role::kPrefill, Role::kDecode}) {
+    while (!stop && !(role == Role::kPrefill ? p : d).send(router, encode_ready(role, 2)).ok()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+RoomResult result_of(Role role, uint64_t room, ErrorCode code, const std::string& origin) {
+  RoomResult r;
+  r.role = role;
+  r.room = room;
+  r.state = code == ErrorCode::kOk ? KVPoll::Success : KVPoll::Failed;
+  r.code = code;
+  r.origin = origin;
+  r.reason = code == ErrorCode::kOk ? "" : "fake " + std::string(code_name(code));
+  return r;
+}
+
+TEST_F(RouterLoop, AbortsGoToTheDecodeLeaderAfterTheDispatch) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok());
+  RouterConfig c = config(**p, **d);
+  c.max_requests = 6;
+  c.fault_rate = 0;
+  c.faults = "abort:1";
+  std::atomic<bool> stop{false};
+  size_t faults_sent_to_engines = 0, aborts_at_prefill = 0, aborts_at_decode = 0;
+  std::thread fake([&] {
+    say_ready(**p, **d, c.endpoint, stop);
+    size_t shutdowns = 0;
+    while (!stop && shutdowns < 2) {
+      for (ControlSocket* s : {&**p, &**d}) {
+        auto text = s->recv(std::chrono::milliseconds(5));
+        if (!text) continue;
+        auto f = decode_router_frame(*text);
+        ASSERT_TRUE(f.ok()) << f.status().str();
+        const Role role = s == &**p ? Role::kPrefill : Role::kDecode;
+        if (f->type == "shutdown") {
+          ++shutdowns;
+          s->send(c.endpoint, encode_stats(role, {}));
+        } else if (f->request) {
+          faults_sent_to_engines += f->request->fault.has_value();
+        } else if (f->type == "abort") {
+          ++(role == Role::kPrefill ? aborts_at_prefill : aborts_at_decode);
+          // The decode leader fails the room; prefill learns it from decode.
+          for (ControlSocket* e : {&**p, &**d}) {
+            e->send(c.endpoint, encode_result(result_of(e == &**p ? Role::kPrefill : Role::kDecode,
+                                                        f->abort_room, ErrorCode::kAborted,
+                                                        "decode/tp0")));
+          }
+        }
+      }
+    }
+  });
+  const int rc = run_router(c);
+  stop = true;
+  fake.join();
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(faults_sent_to_engines, 0u);  // the router acts on aborts itself
+  EXPECT_EQ(aborts_at_prefill, 0u);
+  EXPECT_EQ(aborts_at_decode, 6u);
+  for (const auto& q : read_results().requests) {
+    ASSERT_TRUE(q.fault.has_value());
+    EXPECT_EQ(q.fault->kind, "abort");
+    EXPECT_EQ(q.fault->at, "decode/tp0");
+    EXPECT_GE(q.abort_sent_ns - q.dispatched_ns, int64_t(abort_delay_ms(c.seed, q.room) * 1e6));
+    EXPECT_EQ(q.error, "room " + std::to_string(q.room) + " failed: aborted at decode/tp0: fake aborted");
+  }
+}
+
+// A killed engine leader: the router asks the orchestrator for the kill, sends nothing new until
+// the restarted leader is ready again, then fails the requests the old leader took with it.
+TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto o = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok() && o.ok());
+  RouterConfig c = config(**p, **d);
+  c.max_requests = 12;
+  c.fault_rate = 0;
+  c.faults = "peer_death@prefill/tp0:once";
+  c.orchestrator = (*o)->endpoint();
+  const size_t kill_after = plan_peer_deaths(*parse_fault_plan(c.faults, 2, 2), 12, c.seed, 2, 2)[0].after_dispatched;
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> lost;  // rooms the dead leader had
+  size_t requests_while_dead = 0, kills = 0;
+  int64_t ready_again_ns = 0, killed_ns = 0;
+  std::thread fake([&] {
+    say_ready(**p, **d, c.endpoint, stop);
+    std::deque<uint64_t> pending;  // rooms both engines got and did not answer yet
+    bool dead = false;
+    size_t shutdowns = 0;
+    int64_t last_request = monotonic_ns();
+    while (!stop && shutdowns < 2) {
+      const int64_t now = monotonic_ns();
+      if (auto text = (*o)->recv(std::chrono::milliseconds(0))) {
+        auto f = decode_router_frame(*text);
+        ASSERT_TRUE(f.ok() && f->type == "kill" && f->rank == "prefill/tp0") << *text;
+        ++kills;
+        dead = true;
+        killed_ns = now;
+        (*o)->send(c.endpoint, encode_peer_death("killed", f->rank, now, ""));
+        for (uint64_t room : pending) {  // decode fails them; the prefill leader lost them
+          (*d)->send(c.endpoint, encode_result(result_of(Role::kDecode, room, ErrorCode::kPeerUnreachable, "prefill/tp0")));
+          lost.push_back(room);
+        }
+        pending.clear();
+      }
+      if (dead && now - killed_ns > 150'000'000) {
+        dead = false;
+        (*o)->send(c.endpoint, encode_peer_death("restarted", "prefill/tp0", now, ""));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ready_again_ns = monotonic_ns();
+        (*p)->send(c.endpoint, encode_ready(Role::kPrefill, 2));
+      }
+      for (ControlSocket* s : {&**p, &**d}) {
+        auto text = s->recv(std::chrono::milliseconds(3));
+        if (!text) continue;
+        auto f = decode_router_frame(*text);
+        ASSERT_TRUE(f.ok()) << f.status().str();
+        const Role role = s == &**p ? Role::kPrefill : Role::kDecode;
+        if (f->type == "shutdown") {
+          ++shutdowns;
+          s->send(c.endpoint, encode_stats(role, {}));
+        } else if (f->request && role == Role::kPrefill) {
+          if (dead || (killed_ns && !ready_again_ns)) ++requests_while_dead;
+          pending.push_back(f->request->room);
+          last_request = monotonic_ns();
+        }
+      }
+      // Keep two rooms in flight; answer the rest when nothing new comes.
+      if (!dead && (pending.size() > 2 || (!pending.empty() && monotonic_ns() - last_request > 30'000'000))) {
+        for (ControlSocket* s : {&**p, &**d}) {
+          s->send(c.endpoint, encode_result(result_of(s == &**p ? Role::kPrefill : Role::kDecode,
+                                                      pending.front(), ErrorCode::kOk, "")));
+        }
+        pending.pop_front();
+      }
+    }
+  });
+  const int rc = run_router(c);
+  stop = true;
+  fake.join();
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(kills, 1u);
+  EXPECT_EQ(requests_while_dead, 0u);
+  ASSERT_FALSE(lost.empty());
+  const ReplayResults r = read_results();
+  ASSERT_EQ(r.requests.size(), 12u);
+  size_t synthesized = 0, after = 0;
+  for (size_t i = 0; i < r.requests.size(); ++i) {
+    const auto& q = r.requests[i];
+    ASSERT_TRUE(q.prefill && q.decode) << i;
+    if (std::find(lost.begin(), lost.end(), q.room) != lost.end()) {
+      ++synthesized;
+      EXPECT_LT(i, kill_after);
+      EXPECT_EQ(q.prefill->state, KVPoll::Failed);
+      EXPECT_EQ(q.prefill->code, ErrorCode::kPeerUnreachable);
+      EXPECT_EQ(q.prefill->origin, "prefill/tp0");
+      EXPECT_EQ(q.prefill->reason, "engine leader restarted");
+      EXPECT_EQ(q.prefill->first_failed_ns, killed_ns);
+      EXPECT_NE(q.error.find("peer_unreachable at prefill/tp0"), std::string::npos) << q.error;
+    } else {
+      EXPECT_EQ(q.prefill->state, KVPoll::Success) << i;
+      EXPECT_TRUE(q.error.empty());
+    }
+    if (i >= kill_after) {
+      ++after;
+      EXPECT_GT(q.dispatched_ns, ready_again_ns) << i;  // nothing went out while the leader was down
+    }
+  }
+  EXPECT_EQ(synthesized, lost.size());
+  EXPECT_EQ(after, 12 - kill_after);
 }
 
 TEST_F(RouterLoop, FailsWhenEnginesNeverReady) {

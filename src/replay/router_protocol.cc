@@ -140,8 +140,9 @@ Result<RouterRequest> decode_request(const json& j) {
     spec.kind = fr.str("kind");
     spec.at = fr.str("at");
     if (fr.failed()) return bad("fault: " + fr.error());
-    if (spec.kind != "transfer" && spec.kind != "decode_fail") {
-      return bad("fault kind must be \"transfer\" or \"decode_fail\", got '" + spec.kind + "'");
+    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "timeout") {
+      return bad("fault kind must be \"transfer\", \"decode_fail\" or \"timeout\", got '" +
+                 spec.kind + "'");
     }
     if (!valid_rank_string(spec.at)) return bad("fault 'at' is not a rank: '" + spec.at + "'");
     q.fault = std::move(spec);
@@ -268,6 +269,18 @@ std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks) {
   return dump(json{{"type", "stats"}, {"role", std::string(role_name(role))}, {"ranks", arr}});
 }
 
+std::string encode_abort(uint64_t room) {
+  return dump(json{{"type", "abort"}, {"room", std::to_string(room)}});
+}
+
+std::string encode_peer_death(const std::string& type, const std::string& rank, int64_t time_ns,
+                              const std::string& reason) {
+  json j = {{"type", type}, {"rank", rank}};
+  if (type == "killed" || type == "restarted") j["time_ns"] = time_ns;
+  if (type == "kill_failed") j["reason"] = reason;
+  return dump(j);
+}
+
 Result<RouterFrame> decode_router_frame(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("not valid JSON");
@@ -299,6 +312,18 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     auto s = decode_stats(j);
     if (!s.ok()) return s.status();
     f.stats = std::move(s).value();
+  } else if (f.type == "abort") {
+    Reader r(j);
+    f.abort_room = r.room("room");
+    if (r.failed()) return bad(r.error());
+  } else if (f.type == "kill" || f.type == "killed" || f.type == "restarted" ||
+             f.type == "kill_failed") {
+    Reader r(j);
+    f.rank = r.str("rank");
+    if (f.type == "killed" || f.type == "restarted") f.time_ns = r.i64("time_ns");
+    if (f.type == "kill_failed") f.reason = r.str("reason");
+    if (r.failed()) return bad(r.error());
+    if (!valid_rank_string(f.rank)) return bad("'" + f.rank + "' is not a rank");
   } else {
     return bad("unknown type '" + f.type + "'");
   }

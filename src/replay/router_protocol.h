@@ -4,12 +4,20 @@
 //
 // Router -> leader (to the leader's engine endpoint):
 //   RouterRequest   {"type":"request","room":"<u64 decimal>","input_tokens":N,"output_tokens":N,
-//                    "arrival_ms":N,"fault":null | {"kind":"transfer"|"decode_fail","at":"prefill/tp1"}}
+//                    "arrival_ms":N,"fault":null | {"kind":"transfer"|"decode_fail"|"timeout",
+//                    "at":"prefill/tp1"}}
 //   {"type":"shutdown"}                      leader tells followers, every rank exits cleanly
+//   {"type":"abort","room":"<u64>"}         (decode leader only) fail the room, code aborted
+//                                            (encoded here, decoded by the engine's sync codec)
 // Leader -> router (to the router endpoint):
 //   EngineReady     {"type":"ready","role":"prefill","tp_size":N}
 //   RoomResult      see struct below, "type":"result"
 //   EngineStats     {"type":"stats","role":..,"ranks":[{rank, live_rooms, records, pages_in_use, peers}...]}
+// Router <-> orchestrator (replay peer deaths; to the orchestrator's / router's endpoint):
+//   {"type":"kill","rank":"prefill/tp1"}                         router asks for the planned kill
+//   {"type":"killed","rank":..,"time_ns":N}                      SIGKILL sent at N (CLOCK_MONOTONIC)
+//   {"type":"restarted","rank":..,"time_ns":N}                   same command line started again
+//   {"type":"kill_failed","rank":..,"reason":".."}               the kill or the restart failed
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
@@ -23,8 +31,10 @@
 namespace kvferry {
 
 struct FaultSpec {
-  std::string kind;  // "transfer" (prefill rank's transport fails the room's write) or
-                     // "decode_fail" (the decode rank fails the room locally, code injected)
+  std::string kind;  // sent to the engines: "transfer" (the rank fails the room's transfer),
+                     // "decode_fail" (the decode rank fails the room, code injected), "timeout"
+                     // (the rank's peer stays silent, so the rank's deadline expires);
+                     // router only, never sent: "abort" (replay/fault_plan.h)
   std::string at;    // rank string, e.g. "prefill/tp1", "decode/tp0"
 };
 
@@ -68,16 +78,25 @@ std::string encode_shutdown();
 std::string encode_ready(Role role, uint32_t tp_size);
 std::string encode_result(const RoomResult& r);
 std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks);
+std::string encode_abort(uint64_t room);
+// Router <-> orchestrator frames; `type` is kill, killed, restarted or kill_failed.
+std::string encode_peer_death(const std::string& type, const std::string& rank, int64_t time_ns,
+                              const std::string& reason);
 
 // A decoded router-protocol frame. Exactly one of the optionals is set for known types.
 struct RouterFrame {
-  std::string type;  // "request", "shutdown", "ready", "result", "stats"
+  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort", "kill",
+                     // "killed", "restarted", "kill_failed"
   std::optional<RouterRequest> request;
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;
   uint32_t ready_tp_size = 0;
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
+  uint64_t abort_room = 0;   // abort
+  std::string rank;          // kill, killed, restarted, kill_failed
+  int64_t time_ns = 0;       // killed, restarted
+  std::string reason;        // kill_failed
 };
 // kProtocolError for malformed JSON, a missing field or an unknown type.
 Result<RouterFrame> decode_router_frame(const std::string& text);

@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "replay/fault_plan.h"
+
 namespace kvferry::replay {
 namespace {
 
@@ -18,14 +20,16 @@ std::vector<TraceRequest> trace_of(size_t n) {
 }
 
 TEST(PlanRequests, DeterministicUniqueRooms) {
-  auto a = plan_requests(trace_of(500), 42, 0.3, 2, 4);
-  auto b = plan_requests(trace_of(500), 42, 0.3, 2, 4);
-  auto c = plan_requests(trace_of(500), 43, 0.3, 2, 4);
+  auto a = plan_requests(trace_of(500), 42, fault_rate_plan(0.3), 2, 4);
+  auto b = plan_requests(trace_of(500), 42, fault_rate_plan(0.3), 2, 4);
+  auto c = plan_requests(trace_of(500), 43, fault_rate_plan(0.3), 2, 4);
+  auto d = plan_requests(trace_of(500), 42, FaultPlan{}, 2, 4);
   ASSERT_EQ(a.size(), 500u);
   std::set<uint64_t> rooms;
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_EQ(a[i].room, b[i].room);
     EXPECT_EQ(a[i].fault.has_value(), b[i].fault.has_value());
+    EXPECT_EQ(a[i].room, d[i].room);  // rooms do not depend on the fault plan
     EXPECT_NE(a[i].room, 0u);
     EXPECT_LT(a[i].room, 1ULL << 63);
     rooms.insert(a[i].room);
@@ -35,7 +39,7 @@ TEST(PlanRequests, DeterministicUniqueRooms) {
 }
 
 TEST(PlanRequests, SortsByArrivalStably) {
-  auto p = plan_requests(trace_of(9), 1, 0, 1, 1);
+  auto p = plan_requests(trace_of(9), 1, FaultPlan{}, 1, 1);
   // Trace order: 0(5) 1(1) 2(1) 3(5) 4(1) 5(1) 6(5) 7(1) 8(1).
   std::vector<uint64_t> tokens;
   for (const auto& q : p) tokens.push_back(q.input_tokens);
@@ -45,25 +49,24 @@ TEST(PlanRequests, SortsByArrivalStably) {
   EXPECT_EQ(p[0].output_tokens, 1u);
 }
 
-TEST(PlanRequests, FaultRateKindsAndRanks) {
-  auto none = plan_requests(trace_of(200), 7, 0.0, 2, 2);
-  for (const auto& q : none) EXPECT_FALSE(q.fault.has_value());
-  auto all = plan_requests(trace_of(200), 7, 1.0, 2, 3);
+TEST(PlanRequests, FaultRateShorthandKindsAndRanks) {
+  for (const auto& q : plan_requests(trace_of(200), 7, fault_rate_plan(0.0), 2, 2)) {
+    EXPECT_FALSE(q.fault.has_value());
+  }
+  auto all = plan_requests(trace_of(400), 7, fault_rate_plan(1.0), 2, 3);
   std::set<std::string> prefill_at, decode_at;
-  for (size_t i = 0; i < all.size(); ++i) {
-    ASSERT_TRUE(all[i].fault.has_value());
-    // Kinds alternate, starting with a transfer fault.
-    if (i % 2 == 0) {
-      EXPECT_EQ(all[i].fault->kind, "transfer");
-      prefill_at.insert(all[i].fault->at);
+  for (const auto& q : all) {
+    ASSERT_TRUE(q.fault.has_value());
+    if (q.fault->kind == "transfer") {
+      prefill_at.insert(q.fault->at);
     } else {
-      EXPECT_EQ(all[i].fault->kind, "decode_fail");
-      decode_at.insert(all[i].fault->at);
+      EXPECT_EQ(q.fault->kind, "decode_fail");
+      decode_at.insert(q.fault->at);
     }
   }
   EXPECT_EQ(prefill_at, (std::set<std::string>{"prefill/tp0", "prefill/tp1"}));
   EXPECT_EQ(decode_at, (std::set<std::string>{"decode/tp0", "decode/tp1", "decode/tp2"}));
-  auto some = plan_requests(trace_of(2000), 7, 0.2, 1, 1);
+  auto some = plan_requests(trace_of(2000), 7, fault_rate_plan(0.2), 1, 1);
   size_t n = 0;
   for (const auto& q : some) n += q.fault ? 1 : 0;
   EXPECT_GT(n, 300u);  // 400 expected; 5+ sigma margins

@@ -1,0 +1,223 @@
+// Fault plan parsing and seeded assignment (fault_plan.h).
+#include "replay/fault_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace kvferry::replay {
+namespace {
+
+constexpr const char* kKinds[] = {"transfer", "decode_fail", "timeout", "abort", "peer_death"};
+// Independent seeded streams (room ids use the plain seed in plan_requests).
+constexpr uint64_t kRoomFaultStream = 0x6661756c74730001ULL;
+constexpr uint64_t kPeerDeathStream = 0x6661756c74730002ULL;
+
+Status bad_item(const std::string& item, const std::string& why) {
+  return {ErrorCode::kInvalidArgument, fmt::format("--faults item '{}': {}", item, why)};
+}
+
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t");
+  if (a == std::string::npos) return "";
+  const size_t b = s.find_last_not_of(" \t");
+  return s.substr(a, b - a + 1);
+}
+
+std::string rank_str(Role role, uint32_t tp) { return RankId{role, 0, tp, 0}.str(); }
+
+// A rank for `kind` at `place`, drawn from `rng` when the place is not a rank.
+std::string resolve(const std::string& kind, const std::string& place, std::mt19937_64& rng,
+                    uint32_t prefill_tp, uint32_t decode_tp) {
+  if (kind == "abort") return rank_str(Role::kDecode, 0);
+  if (place == "prefill") return rank_str(Role::kPrefill, uint32_t(rng() % prefill_tp));
+  if (place == "decode" || (place.empty() && kind == "decode_fail")) {
+    return rank_str(Role::kDecode, uint32_t(rng() % decode_tp));
+  }
+  if (place.empty()) {
+    const uint64_t r = rng() % (uint64_t(prefill_tp) + decode_tp);
+    return r < prefill_tp ? rank_str(Role::kPrefill, uint32_t(r))
+                          : rank_str(Role::kDecode, uint32_t(r - prefill_tp));
+  }
+  return place;
+}
+
+double uniform(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
+
+}  // namespace
+
+bool FaultPlan::has_peer_death() const {
+  return std::any_of(items.begin(), items.end(),
+                     [](const FaultItem& i) { return i.kind == "peer_death"; });
+}
+
+double FaultPlan::total_rate() const {
+  double s = 0;
+  for (const auto& i : items) s += i.once ? 0 : i.rate;
+  return s;
+}
+
+std::string FaultPlan::str() const {
+  std::string out;
+  for (const auto& i : items) {
+    if (!out.empty()) out += ',';
+    out += fmt::format("{}{}{}:{}", i.kind, i.place.empty() ? "" : "@", i.place,
+                       i.once ? std::string("once") : fmt::format("{}", i.rate));
+  }
+  return out;
+}
+
+Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
+                                   uint32_t decode_tp) {
+  FaultPlan plan;
+  if (trim(spec).empty()) return plan;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string item = trim(spec.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (item.empty()) {
+      return Status(ErrorCode::kInvalidArgument, "--faults '" + spec + "' has an empty item");
+    }
+    const size_t colon = item.rfind(':');
+    if (colon == std::string::npos) return bad_item(item, "expected KIND[@PLACE]:RATE or KIND[@PLACE]:once");
+    FaultItem f;
+    std::string head = trim(item.substr(0, colon));
+    const std::string amount = trim(item.substr(colon + 1));
+    const size_t at = head.find('@');
+    if (at != std::string::npos) {
+      f.place = trim(head.substr(at + 1));
+      head = trim(head.substr(0, at));
+      if (f.place.empty()) return bad_item(item, "empty place after '@'");
+    }
+    f.kind = head;
+    if (std::find(std::begin(kKinds), std::end(kKinds), f.kind) == std::end(kKinds)) {
+      return bad_item(item, "unknown kind '" + f.kind +
+                                "' (known: transfer, decode_fail, timeout, abort, peer_death)");
+    }
+    if (!f.place.empty() && f.place != "prefill" && f.place != "decode") {
+      auto r = RankId::parse(f.place);
+      if (!r || r->engine_id != 0 || r->dp_rank != 0) {
+        return bad_item(item, "place '" + f.place + "' is not prefill, decode or a rank like prefill/tp1");
+      }
+      const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
+      if (r->tp_rank >= tp) {
+        return bad_item(item, fmt::format("{} does not exist: the {} engine has TP {}", f.place,
+                                          role_name(r->role), tp));
+      }
+      f.place = r->str();
+    }
+    const bool on_prefill = f.place.rfind("prefill", 0) == 0;
+    if (f.kind == "decode_fail" && on_prefill) return bad_item(item, "decode_fail acts on decode ranks only");
+    if (f.kind == "abort" && !f.place.empty() && f.place != "decode" && f.place != "decode/tp0") {
+      return bad_item(item, "abort is sent to the decode leader (decode/tp0); no other place");
+    }
+    if (f.kind == "abort") f.place = "";
+    if (amount == "once") {
+      f.once = true;
+    } else {
+      char* end = nullptr;
+      f.rate = std::strtod(amount.c_str(), &end);
+      if (amount.empty() || end != amount.c_str() + amount.size() || !std::isfinite(f.rate) ||
+          f.rate < 0 || f.rate > 1) {
+        return bad_item(item, "'" + amount + "' is neither a rate in [0, 1] nor 'once'");
+      }
+      if (f.kind == "peer_death") return bad_item(item, "peer_death takes 'once', not a rate");
+    }
+    plan.items.push_back(std::move(f));
+  }
+  if (plan.total_rate() > 1 + 1e-9) {
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("--faults '{}': the rates add up to {} > 1 (each request gets at most "
+                              "one fault)",
+                              spec, plan.total_rate()));
+  }
+  return plan;
+}
+
+FaultPlan fault_rate_plan(double p) {
+  FaultPlan plan;
+  if (p > 0) {
+    plan.items.push_back({"transfer", "prefill", p / 2, false});
+    plan.items.push_back({"decode_fail", "decode", p / 2, false});
+  }
+  return plan;
+}
+
+std::string expected_code(const FaultSpec& f) {
+  const bool decode = f.at.rfind("decode", 0) == 0;
+  if (f.kind == "transfer") return "transfer_error";
+  if (f.kind == "decode_fail") return "injected";
+  if (f.kind == "timeout") return decode ? "waiting_timeout" : "bootstrap_timeout";
+  if (f.kind == "abort") return "aborted";
+  return "";
+}
+
+std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, size_t count,
+                                                         uint64_t seed, uint32_t prefill_tp,
+                                                         uint32_t decode_tp) {
+  std::vector<std::optional<FaultSpec>> out(count);
+  std::mt19937_64 rng(seed ^ kRoomFaultStream);
+  prefill_tp = std::max(1u, prefill_tp);
+  decode_tp = std::max(1u, decode_tp);
+  // `once` items first, on distinct requests.
+  std::set<size_t> taken;
+  for (const auto& item : plan.items) {
+    if (!item.once || item.kind == "peer_death" || taken.size() >= count) continue;
+    size_t i = rng() % count;
+    while (taken.count(i)) i = (i + 1) % count;
+    taken.insert(i);
+    out[i] = FaultSpec{item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp)};
+  }
+  if (plan.total_rate() <= 0) return out;
+  for (size_t i = 0; i < count; ++i) {
+    const double u = uniform(rng);
+    if (taken.count(i)) continue;
+    double cum = 0;
+    for (const auto& item : plan.items) {
+      if (item.once) continue;
+      cum += item.rate;
+      if (u < cum) {
+        out[i] = FaultSpec{item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp)};
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<PlannedPeerDeath> plan_peer_deaths(const FaultPlan& plan, size_t count, uint64_t seed,
+                                               uint32_t prefill_tp, uint32_t decode_tp) {
+  std::vector<PlannedPeerDeath> out;
+  std::mt19937_64 rng(seed ^ kPeerDeathStream);
+  for (const auto& item : plan.items) {
+    if (item.kind != "peer_death") continue;
+    PlannedPeerDeath d;
+    d.rank = resolve(item.kind, item.place, rng, std::max(1u, prefill_tp), std::max(1u, decode_tp));
+    const double fraction = 0.3 + 0.3 * uniform(rng);
+    const uint64_t n = count;
+    d.after_dispatched = std::clamp<uint64_t>(uint64_t(std::llround(fraction * double(n))), 1,
+                                              n > 1 ? n - 1 : 1);
+    out.push_back(std::move(d));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PlannedPeerDeath& a, const PlannedPeerDeath& b) {
+    return a.after_dispatched < b.after_dispatched;
+  });
+  return out;
+}
+
+double abort_delay_ms(uint64_t seed, uint64_t room) {
+  // splitmix64 of (seed, room): a stable per-room draw independent of the plan's streams.
+  uint64_t z = seed * 0x9e3779b97f4a7c15ULL + room;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return 2.0 + 8.0 * (double(z >> 11) * 0x1.0p-53);
+}
+
+}  // namespace kvferry::replay

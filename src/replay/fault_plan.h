@@ -1,0 +1,75 @@
+// The replay's fault plan (`kvferry replay --faults`, docs/report.md "Faults").
+//
+// Spec: comma-separated items KIND[@PLACE]:RATE|once, e.g.
+//   transfer@prefill:0.02,transfer@decode:0.01,abort:0.01,peer_death@prefill/tp1:once
+// KIND   transfer     the rank's transport fails the room's writes (prefill) or the rank declares
+//                     the arrived data failed (decode)                          -> transfer_error
+//        decode_fail  the decode rank fails the room on admission (decode only)  -> injected
+//        timeout      the rank's peer stays silent for the room: prefill         -> bootstrap_timeout,
+//                     decode                                                     -> waiting_timeout
+//        abort        the router aborts the room at the decode leader            -> aborted
+//        peer_death   the orchestrator SIGKILLs the rank's process and restarts it (once only)
+// PLACE  absent (any rank the kind can act on), a role ("prefill", "decode": a rank of that role),
+//        or a rank ("prefill/tp1"). A role or absent place is resolved per fault, seeded.
+//        abort always acts at the decode leader (decode/tp0); decode_fail only on decode ranks.
+// RATE   probability per request in [0, 1]; the rates of all items add up to at most 1: each
+//        request draws once against their sum and gets at most one fault.
+// once   per-room kinds: exactly one request (seeded) gets it; peer_death: one kill of the rank
+//        while 30-60% of the requests have been dispatched (seeded).
+// Thread contract: pure functions.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+#include "replay/router_protocol.h"
+
+namespace kvferry::replay {
+
+struct FaultItem {
+  std::string kind;   // transfer | decode_fail | timeout | abort | peer_death
+  std::string place;  // "" | "prefill" | "decode" | a rank string
+  double rate = 0;    // when !once
+  bool once = false;
+};
+
+struct FaultPlan {
+  std::vector<FaultItem> items;
+  bool empty() const { return items.empty(); }
+  bool has_peer_death() const;
+  double total_rate() const;
+  std::string str() const;  // canonical spec text (parses back to the same plan)
+};
+
+// Parses and checks `spec` against the cluster (ranks must exist). An empty spec is an empty
+// plan. kInvalidArgument naming the offending item for anything else.
+Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
+                                   uint32_t decode_tp);
+
+// `--fault-rate P`: transfer@prefill:P/2,decode_fail@decode:P/2 (empty plan for P == 0).
+FaultPlan fault_rate_plan(double p);
+
+// Expected failure of a per-room fault: origin is the fault's rank, code as above.
+std::string expected_code(const FaultSpec& fault);
+
+// Assigns per-room faults to `count` requests (index -> fault; nullopt: none), seeded.
+// abort resolves to {"abort", "decode/tp0"}.
+std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, size_t count,
+                                                         uint64_t seed, uint32_t prefill_tp,
+                                                         uint32_t decode_tp);
+
+// One planned kill: the rank, and how many requests are dispatched before it is asked for.
+struct PlannedPeerDeath {
+  std::string rank;
+  uint64_t after_dispatched = 0;
+};
+// The plan's peer deaths for `count` requests (count >= 2), seeded, ordered by after_dispatched.
+std::vector<PlannedPeerDeath> plan_peer_deaths(const FaultPlan& plan, size_t count, uint64_t seed,
+                                               uint32_t prefill_tp, uint32_t decode_tp);
+
+// Milliseconds from a request's dispatch to its abort frame (seeded per room, 2..10 ms).
+double abort_delay_ms(uint64_t seed, uint64_t room);
+
+}  // namespace kvferry::replay

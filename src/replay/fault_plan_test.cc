@@ -1,0 +1,164 @@
+#include "replay/fault_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+namespace kvferry::replay {
+namespace {
+
+std::string error_of(const std::string& spec, uint32_t prefill_tp = 2, uint32_t decode_tp = 2) {
+  auto p = parse_fault_plan(spec, prefill_tp, decode_tp);
+  EXPECT_FALSE(p.ok()) << spec;
+  return p.ok() ? "" : p.status().message();
+}
+
+TEST(FaultPlan, ParsesTheDocumentedExample) {
+  auto p = parse_fault_plan(
+      "transfer@prefill:0.02,transfer@decode:0.01, abort:0.01,peer_death@prefill/tp1:once,"
+      "timeout@decode:0.01",
+      2, 2);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  ASSERT_EQ(p->items.size(), 5u);
+  EXPECT_EQ(p->items[0].kind, "transfer");
+  EXPECT_EQ(p->items[0].place, "prefill");
+  EXPECT_DOUBLE_EQ(p->items[0].rate, 0.02);
+  EXPECT_EQ(p->items[2].kind, "abort");
+  EXPECT_EQ(p->items[2].place, "");
+  EXPECT_TRUE(p->items[3].once);
+  EXPECT_EQ(p->items[3].place, "prefill/tp1");
+  EXPECT_TRUE(p->has_peer_death());
+  EXPECT_NEAR(p->total_rate(), 0.05, 1e-12);
+  EXPECT_EQ(p->str(),
+            "transfer@prefill:0.02,transfer@decode:0.01,abort:0.01,peer_death@prefill/tp1:once,"
+            "timeout@decode:0.01");
+  auto again = parse_fault_plan(p->str(), 2, 2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->str(), p->str());
+  EXPECT_TRUE(parse_fault_plan("", 1, 1)->empty());
+  EXPECT_EQ(parse_fault_plan("abort@decode/tp0:1", 1, 1)->items[0].place, "");
+}
+
+TEST(FaultPlan, BadSpecsNameTheItem) {
+  EXPECT_NE(error_of("transfer:0.1,explode:0.1").find("'explode:0.1'"), std::string::npos);
+  EXPECT_NE(error_of("transfer:0.1,explode:0.1").find("unknown kind"), std::string::npos);
+  EXPECT_NE(error_of("transfer@prefill").find("'transfer@prefill'"), std::string::npos);
+  EXPECT_NE(error_of("transfer@prefill:lots").find("'lots'"), std::string::npos);
+  EXPECT_NE(error_of("transfer:1.5").find("[0, 1]"), std::string::npos);
+  EXPECT_NE(error_of("transfer:-0.1").find("[0, 1]"), std::string::npos);
+  EXPECT_NE(error_of("timeout@decode/tp2:0.1").find("decode/tp2 does not exist"), std::string::npos);
+  EXPECT_NE(error_of("timeout@gpu7:0.1").find("place 'gpu7'"), std::string::npos);
+  EXPECT_NE(error_of("decode_fail@prefill/tp0:0.1").find("decode ranks only"), std::string::npos);
+  EXPECT_NE(error_of("abort@prefill/tp0:0.1").find("decode leader"), std::string::npos);
+  EXPECT_NE(error_of("abort@decode/tp1:0.1").find("decode leader"), std::string::npos);
+  EXPECT_NE(error_of("peer_death@decode/tp1:0.5").find("'once'"), std::string::npos);
+  EXPECT_NE(error_of("transfer@:0.1").find("empty place"), std::string::npos);
+  EXPECT_NE(error_of("transfer:0.1,,abort:0.1").find("empty item"), std::string::npos);
+  EXPECT_NE(error_of("transfer:0.6,abort:0.5").find("add up to 1.1"), std::string::npos);
+}
+
+TEST(FaultPlan, FaultRateShorthand) {
+  EXPECT_TRUE(fault_rate_plan(0).empty());
+  EXPECT_EQ(fault_rate_plan(0.2).str(), "transfer@prefill:0.1,decode_fail@decode:0.1");
+}
+
+TEST(FaultPlan, ExpectedCodePerKindAndSide) {
+  EXPECT_EQ(expected_code({"transfer", "prefill/tp1"}), "transfer_error");
+  EXPECT_EQ(expected_code({"transfer", "decode/tp0"}), "transfer_error");
+  EXPECT_EQ(expected_code({"decode_fail", "decode/tp1"}), "injected");
+  EXPECT_EQ(expected_code({"timeout", "prefill/tp0"}), "bootstrap_timeout");
+  EXPECT_EQ(expected_code({"timeout", "decode/tp1"}), "waiting_timeout");
+  EXPECT_EQ(expected_code({"abort", "decode/tp0"}), "aborted");
+}
+
+TEST(AssignRoomFaults, RateOneOfOneKindAtARoleCoversItsRanks) {
+  auto plan = *parse_fault_plan("timeout@decode:1", 2, 3);
+  auto a = assign_room_faults(plan, 300, 5, 2, 3);
+  std::set<std::string> at;
+  for (const auto& f : a) {
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->kind, "timeout");
+    at.insert(f->at);
+  }
+  EXPECT_EQ(at, (std::set<std::string>{"decode/tp0", "decode/tp1", "decode/tp2"}));
+  for (const auto& f : assign_room_faults(*parse_fault_plan("abort:1", 2, 2), 50, 5, 2, 2)) {
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->at, "decode/tp0");
+  }
+  std::set<std::string> any;
+  for (const auto& f : assign_room_faults(*parse_fault_plan("transfer:1", 2, 2), 300, 5, 2, 2)) {
+    any.insert(f->at);
+  }
+  EXPECT_EQ(any.size(), 4u);  // no place: any rank of either engine
+}
+
+TEST(AssignRoomFaults, DeterministicMixAtMostOnePerRequest) {
+  auto plan = *parse_fault_plan("transfer@prefill:0.1,decode_fail:0.1,abort:0.2", 2, 2);
+  auto a = assign_room_faults(plan, 4000, 11, 2, 2);
+  auto b = assign_room_faults(plan, 4000, 11, 2, 2);
+  auto c = assign_room_faults(plan, 4000, 12, 2, 2);
+  std::map<std::string, size_t> kinds;
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].has_value(), b[i].has_value());
+    if (a[i]) {
+      EXPECT_EQ(a[i]->at, b[i]->at);
+      ++kinds[a[i]->kind];
+    }
+    differ += a[i].has_value() != c[i].has_value();
+  }
+  EXPECT_GT(differ, 0u);
+  // Expected 400, 400, 800 of 4000; margins over 5 sigma.
+  EXPECT_NEAR(double(kinds["transfer"]), 400, 100);
+  EXPECT_NEAR(double(kinds["decode_fail"]), 400, 100);
+  EXPECT_NEAR(double(kinds["abort"]), 800, 130);
+}
+
+TEST(AssignRoomFaults, OnceIsExactlyOneRequest) {
+  auto plan = *parse_fault_plan("transfer@prefill/tp1:once,decode_fail@decode/tp0:once,abort:0", 2, 2);
+  auto a = assign_room_faults(plan, 7, 3, 2, 2);
+  std::map<std::string, size_t> seen;
+  for (const auto& f : a) {
+    if (f) ++seen[f->kind + "@" + f->at];
+  }
+  EXPECT_EQ(seen, (std::map<std::string, size_t>{{"transfer@prefill/tp1", 1}, {"decode_fail@decode/tp0", 1}}));
+  EXPECT_EQ(assign_room_faults(plan, 1, 3, 2, 2).size(), 1u);  // more once items than requests
+}
+
+TEST(PeerDeaths, SeededThresholdBetween30And60Percent) {
+  auto plan = *parse_fault_plan("peer_death@prefill:once,peer_death@decode/tp1:once", 2, 2);
+  std::set<std::string> ranks;
+  for (uint64_t seed = 1; seed < 40; ++seed) {
+    auto d = plan_peer_deaths(plan, 200, seed, 2, 2);
+    ASSERT_EQ(d.size(), 2u);
+    EXPECT_LE(d[0].after_dispatched, d[1].after_dispatched);
+    for (const auto& x : d) {
+      EXPECT_GE(x.after_dispatched, 60u);
+      EXPECT_LE(x.after_dispatched, 120u);
+      ranks.insert(x.rank);
+    }
+    auto again = plan_peer_deaths(plan, 200, seed, 2, 2);
+    EXPECT_EQ(again[0].after_dispatched, d[0].after_dispatched);
+    EXPECT_EQ(again[0].rank, d[0].rank);
+  }
+  EXPECT_EQ(ranks, (std::set<std::string>{"prefill/tp0", "prefill/tp1", "decode/tp1"}));
+  auto two = plan_peer_deaths(*parse_fault_plan("peer_death:once", 1, 1), 2, 1, 1, 1);
+  ASSERT_EQ(two.size(), 1u);
+  EXPECT_EQ(two[0].after_dispatched, 1u);  // at least one dispatched, one left
+}
+
+TEST(Aborts, DelayIsSeededAndBounded) {
+  EXPECT_EQ(abort_delay_ms(1, 77), abort_delay_ms(1, 77));
+  std::set<double> seen;
+  for (uint64_t room = 1; room < 500; ++room) {
+    const double d = abort_delay_ms(9, room);
+    EXPECT_GE(d, 2.0);
+    EXPECT_LT(d, 10.0);
+    seen.insert(d);
+  }
+  EXPECT_GT(seen.size(), 400u);
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -1,0 +1,153 @@
+// Helpers for the multi-process replay tests: run the built CLI (KVFERRY_CLI) in a temporary
+// directory, read report.json / results.json, and read every process's JSON log independently
+// of the report. Header-only; each *_test.cc here is its own binary.
+#pragma once
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace kvferry_itest {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+inline std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct CliRun {
+  int exit_code = -1;  // or 128 + signal
+  std::string output;  // stdout + stderr
+  double seconds = 0;
+};
+
+// Runs KVFERRY_CLI with `args` to completion, stdout+stderr to `output`.
+inline CliRun run_cli(const std::vector<std::string>& args, const fs::path& output) {
+  std::vector<std::string> all = {KVFERRY_CLI};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  const auto t0 = std::chrono::steady_clock::now();
+  pid_t pid = 0;
+  CliRun r;
+  const int rc = posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  EXPECT_EQ(rc, 0) << "cannot start " << KVFERRY_CLI;
+  int st = 0;
+  if (rc == 0 && waitpid(pid, &st, 0) == pid) {
+    r.exit_code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.output = slurp(output);
+  return r;
+}
+
+// Processes (other than this test) whose command line mentions `needle`, as "pid: cmdline".
+inline std::vector<std::string> processes_mentioning(const std::string& needle) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (!std::all_of(name.begin(), name.end(), ::isdigit) || std::stoi(name) == getpid()) continue;
+    std::string cmd = slurp(e.path() / "cmdline");
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    if (cmd.find(needle) != std::string::npos) found.push_back(name + ": " + cmd);
+  }
+  return found;
+}
+
+// Every JSON log line of every process (logs/*.jsonl), with its file; lines that are not JSON
+// objects are listed in `bad`.
+struct LogLines {
+  std::vector<json> lines;
+  std::vector<std::string> bad;
+  static bool above_debug(const json& l) {
+    const std::string level = l.value("level", "");
+    return level != "trace" && level != "debug";
+  }
+};
+
+inline LogLines read_log_lines(const fs::path& out) {
+  LogLines logs;
+  for (const auto& e : fs::directory_iterator(out / "logs")) {
+    if (e.path().extension() != ".jsonl") continue;
+    std::ifstream in(e.path());
+    std::string line;
+    for (size_t n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      json o = json::parse(line, nullptr, false);
+      if (o.is_discarded() || !o.is_object()) {
+        logs.bad.push_back(e.path().filename().string() + ":" + std::to_string(n));
+        continue;
+      }
+      logs.lines.push_back(std::move(o));
+    }
+  }
+  return logs;
+}
+
+// A temporary directory per test, removed when the test passed; no process may outlive a case.
+class ReplayDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvferry_itest_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    EXPECT_TRUE(processes_mentioning(dir_.string()).empty());
+    if (!HasFailure()) fs::remove_all(dir_);  // kept for inspection when a test failed
+  }
+  fs::path out() const { return dir_ / "out"; }
+  json report() const { return json::parse(slurp(out() / "report.json")); }
+  json results() const { return json::parse(slurp(out() / "results.json")); }
+  CliRun replay(std::vector<std::string> args) {
+    args.insert(args.begin(), "replay");
+    args.insert(args.end(), {"--request-timeout-s", "40", "--out", out().string()});
+    return run_cli(args, dir_ / "output.txt");
+  }
+  // A Mooncake trace of `n` requests, `gap_ms` apart, input lengths cycling through `tokens`.
+  fs::path write_trace(size_t n, uint64_t gap_ms, const std::vector<uint64_t>& tokens) {
+    const fs::path p = dir_ / "trace.jsonl";
+    std::ofstream t(p);
+    for (size_t i = 0; i < n; ++i) {
+      t << "{\"timestamp\": " << i * gap_ms << ", \"input_length\": " << tokens[i % tokens.size()]
+        << ", \"output_length\": 4, \"hash_ids\": [" << i << "]}\n";
+    }
+    return p;
+  }
+  // Every rank of both engines has nothing left after the drain.
+  void expect_no_leaks(const json& r) {
+    for (const char* engine : {"prefill", "decode"}) {
+      ASSERT_TRUE(r["leaks"][engine].is_array()) << engine;
+      for (const auto& s : r["leaks"][engine]) {
+        EXPECT_EQ(s["live_rooms"], 0) << s.dump();
+        EXPECT_EQ(s["records"], 0) << s.dump();
+        EXPECT_EQ(s["pages_in_use"], 0) << s.dump();
+      }
+    }
+  }
+  fs::path dir_;
+};
+
+}  // namespace kvferry_itest
