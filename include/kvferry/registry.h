@@ -34,6 +34,11 @@ class FailureRegistry {
   // already had one (kept as secondary) or is not open (dropped). `is_from_another_rank` of the
   // stored error is computed as (origin != self).
   bool record(uint64_t room, ErrorCode code, std::string reason, RankId origin, int64_t first_seen_ns);
+  // The same with the fact stated explicitly: `observed_here` is true only where this rank observed
+  // the failure itself. A failure that names this rank as origin but reached it in a message (e.g. a
+  // restarted rank blamed for its previous incarnation's death) is still from another rank.
+  bool record(uint64_t room, ErrorCode code, std::string reason, RankId origin, int64_t first_seen_ns,
+              bool observed_here);
 
   // The room's first cause, or nullopt if it has none. Non-destructive.
   std::optional<KVTransferError> get(uint64_t room) const;

@@ -36,6 +36,12 @@ bool FailureRegistry::is_open(uint64_t room) const {
 
 bool FailureRegistry::record(uint64_t room, ErrorCode code, std::string reason, RankId origin,
                              int64_t first_seen_ns) {
+  bool local = origin == impl_->self;
+  return record(room, code, std::move(reason), origin, first_seen_ns, local);
+}
+
+bool FailureRegistry::record(uint64_t room, ErrorCode code, std::string reason, RankId origin,
+                             int64_t first_seen_ns, bool observed_here) {
   std::lock_guard lock(impl_->mu);
   auto it = impl_->rooms.find(room);
   if (it == impl_->rooms.end()) {
@@ -47,7 +53,7 @@ bool FailureRegistry::record(uint64_t room, ErrorCode code, std::string reason, 
   e.code = code;
   e.failure_reason = std::move(reason);
   e.origin = origin;
-  e.is_from_another_rank = origin != impl_->self;
+  e.is_from_another_rank = !observed_here;
   e.first_seen_ns = first_seen_ns;
   Impl::Room& r = it->second;
   if (!r.first) {

@@ -42,14 +42,14 @@ void DecodeDriver::apply(const Decision& d) {
       if (!kv || !slot) {  // the ranks' allocators diverged: a bug, fail the room loudly
         if (kv) pages_.free(*kv);
         if (slot) aux_.free(*slot);
-        ep_.fail(d.room, ErrorCode::kInternal, "page allocators of the engine's ranks diverged", self, monotonic_ns());
+        ep_.fail(d.room, ErrorCode::kInternal, "page allocators of the engine's ranks diverged", self, monotonic_ns(), true);
         return;
       }
       r.admitted = true;
       r.kv_indices = std::move(*kv);
       r.aux_slot = (*slot)[0];
       if (fault_at(r.req, "decode_fail", self)) {
-        ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns());
+        ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns(), true);
         return;
       }
       if (const ReceiverRoom* rr = ep_.room(d.room)) {  // a source must time out waiting for us
@@ -58,7 +58,7 @@ void DecodeDriver::apply(const Decision& d) {
         if (!rr->sources.empty() && fault_at_peer(r.req, "timeout", self, srcs, rr->sources.front().dp_rank)) return;
       }
       Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
-      if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns());
+      if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns(), true);
       if (fault_at(r.req, "timeout", self))
         ep_.set_waiting_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
       return;
@@ -67,7 +67,8 @@ void DecodeDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns);
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
+               d.observed_by_leader && d.origin == self.str());
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -103,7 +104,9 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
     return;
   }
   const Decision& f = r.failure;
-  bool from_another = f.origin != core_.self().str();
+  // Local only where this rank observed the root cause itself (not where a message named it).
+  auto mine = core_.registry().get(room);
+  bool from_another = !(mine && !mine->is_from_another_rank && mine->origin.str() == f.origin);
   LogLevel level = failure_log_level(Role::kDecode, from_another, f.code);
   log_event(level, kComp,
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
@@ -139,7 +142,7 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return;
     it->second.verify_done = true;
-    ep_.fail(room, ErrorCode::kInternal, "verify worker: " + what, core_.self(), monotonic_ns());
+    ep_.fail(room, ErrorCode::kInternal, "verify worker: " + what, core_.self(), monotonic_ns(), true);
   });
 }
 
@@ -151,7 +154,7 @@ void DecodeDriver::pump(int64_t now_ns) {
     if (r.verify_started || ep_.poll(id) != KVPoll::Success || core_.registry().get(id)) continue;
     if (fault_at(r.req, "transfer", self)) {
       ep_.fail(id, ErrorCode::kTransferError, "injected transfer error at the receiver (replay fault plan)", self,
-               now_ns);
+               now_ns, true);
       continue;
     }
     start_verify(id, r);
@@ -206,13 +209,19 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     d.request = std::move(req);
     out.push_back(std::move(d));
   }
+  std::vector<uint64_t> later;  // aborts of rooms created by this very batch: next step
   for (uint64_t id : aborts_) {
     auto it = rooms_.find(id);
-    if (it == rooms_.end() || it->second.fail_decided) continue;
+    if (it == rooms_.end()) {
+      for (const Decision& n : out)
+        if (n.op == Decision::Op::kNew && n.room == id) later.push_back(id);
+      continue;
+    }
+    if (it->second.fail_decided) continue;
     out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", self));
     it->second.fail_decided = true;
   }
-  aborts_.clear();
+  aborts_ = std::move(later);
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;

@@ -47,6 +47,9 @@ struct Decision {
   std::string reason;        // kFail
   int64_t first_seen_ns = 0; // kFail
   bool quarantine = false;   // kRelease
+  // kFail made by the leader from its own observation (abort, rejection, prealloc timeout, a dead
+  // engine rank): on the leader that failure is local. Never sent: followers get origin != self.
+  bool observed_by_leader = false;
 };
 
 // The reduction of one room over all ranks of an engine.
@@ -105,7 +108,7 @@ class EngineDriver {
     d.origin = rank;
     d.reason = why.first;
     d.first_seen_ns = why.second;
-    return d;
+    return d;  // origin is the dead rank, never this leader
   }
 
   std::vector<uint64_t> aborts_;

@@ -62,6 +62,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   const Role role = cfg_.self.role;
   std::map<uint32_t, std::string> followers;
   std::set<uint32_t> down;  // followers declared dead, until they say hello again
+  std::set<uint32_t> asked;  // followers the outstanding step was sent to
   std::map<uint32_t, std::vector<RoomReport>> replies;
   std::map<uint32_t, RankLeakStats> follower_stats;
   std::vector<RouterRequest> pending;
@@ -89,7 +90,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
         }
       } else if (f->type == "reply") {
-        if (f->seq == seq) {
+        if (f->seq == seq && asked.count(f->tp_rank)) {
           replies[f->tp_rank] = std::move(f->rooms);
           follower_stats[f->tp_rank] = f->stats;
         }
@@ -115,11 +116,13 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       last_ready = now;
     }
     if (outstanding) {
-      if (replies.size() < followers.size()) {
+      size_t expected = 0;
+      for (uint32_t tp : asked) expected += followers.count(tp);
+      if (replies.size() < expected) {
         if (now - outstanding_since <= cfg_.peer_timeout_ms * 1'000'000) continue;
         // Followers that did not answer are dead: the engine fails their rooms and goes on.
         for (auto it = followers.begin(); it != followers.end();) {
-          if (replies.count(it->first)) {
+          if (replies.count(it->first) || !asked.count(it->first)) {
             ++it;
             continue;
           }
@@ -166,7 +169,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     flush_outbox();
     ++seq;
     std::string step = encode_step(seq, shutdown_requested, decisions);
+    asked.clear();
     for (auto& [tp, ep] : followers) {
+      asked.insert(tp);
       Status s = engine.send(ep, step);
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, fmt::format("step to tp{} not queued: {}", tp, s.str()));
     }
@@ -188,7 +193,29 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       (void)engine.send(cfg_.engine_endpoint, hello);
       last_hello = now;
     }
-    if (last_step != 0 && now - last_step > cfg_.peer_timeout_ms * 1'000'000) {
+    for (int i = 0; i < 64; ++i) {
+      auto text = engine.recv(std::chrono::milliseconds(0));
+      if (!text) break;
+      auto f = decode_sync_frame(*text);
+      if (!f.ok() || f->type != "step") {
+        log_event(LogLevel::kWarning, kComp, "unexpected engine frame");
+        continue;
+      }
+      last_step = monotonic_ns();
+      for (const Decision& d : f->decisions) driver_.apply(d);
+      driver_.pump(last_step);
+      Status s = engine.send(cfg_.engine_endpoint,
+                             encode_reply(f->seq, cfg_.self.tp_rank, driver_.reports(last_step), driver_.leak_stats()));
+      if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
+      if (f->shutdown) {
+        log_event(LogLevel::kDebug, kComp, "shutdown");
+        return 0;
+      }
+    }
+    now = monotonic_ns();
+    // Twice the leader's patience with a follower: a leader busy waiting out a dead follower is
+    // not itself dead.
+    if (last_step != 0 && now - last_step > 2 * cfg_.peer_timeout_ms * 1'000'000) {
       // The leader is dead: no agreement is possible, so every room fails here with the leader as
       // origin and is released locally; then wait for a (restarted) leader to take us back.
       RankId leader{cfg_.self.role, 0, 0, cfg_.self.dp_rank};
@@ -225,25 +252,6 @@ int EngineLoop::run_follower(ControlSocket& engine) {
           orphans.erase(r.room);
         }
       continue;
-    }
-    for (int i = 0; i < 64; ++i) {
-      auto text = engine.recv(std::chrono::milliseconds(0));
-      if (!text) break;
-      auto f = decode_sync_frame(*text);
-      if (!f.ok() || f->type != "step") {
-        log_event(LogLevel::kWarning, kComp, "unexpected engine frame");
-        continue;
-      }
-      last_step = monotonic_ns();
-      for (const Decision& d : f->decisions) driver_.apply(d);
-      driver_.pump(last_step);
-      Status s = engine.send(cfg_.engine_endpoint,
-                             encode_reply(f->seq, cfg_.self.tp_rank, driver_.reports(last_step), driver_.leak_stats()));
-      if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
-      if (f->shutdown) {
-        log_event(LogLevel::kDebug, kComp, "shutdown");
-        return 0;
-      }
     }
   }
 }

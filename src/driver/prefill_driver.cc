@@ -57,7 +57,8 @@ void PrefillDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : core_.self(), d.first_seen_ns);
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : core_.self(), d.first_seen_ns,
+               d.observed_by_leader && d.origin == core_.self().str());
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -84,7 +85,9 @@ void PrefillDriver::log_release(uint64_t room, const Room& r) {
     return;
   }
   const Decision& f = r.failure;
-  bool from_another = f.origin != core_.self().str();
+  // Local only where this rank observed the root cause itself (not where a message named it).
+  auto mine = core_.registry().get(room);
+  bool from_another = !(mine && !mine->is_from_another_rank && mine->origin.str() == f.origin);
   LogLevel level = failure_log_level(Role::kPrefill, from_another, f.code);
   log_event(level, kComp,
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
@@ -134,12 +137,12 @@ void PrefillDriver::schedule_chunks() {
                                                    : ep_.send(ch.room, ch.first_page, ch.pages, tag);
           if (!s.ok()) {
             if (s.code() != ErrorCode::kAborted)
-              ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns());
+              ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns(), true);
             on_chunk_done({ch.room, tag, false});
           }
         };
       }, [this, id, tag](const std::string& what) {
-        ep_.fail(id, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns());
+        ep_.fail(id, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns(), true);
         on_chunk_done({id, tag, false});
       });
     }
@@ -191,13 +194,19 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
     d.request = std::move(req);
     out.push_back(std::move(d));
   }
+  std::vector<uint64_t> later;  // aborts of rooms created by this very batch: next step
   for (uint64_t id : aborts_) {
     auto it = rooms_.find(id);
-    if (it == rooms_.end() || it->second.fail_decided) continue;
+    if (it == rooms_.end()) {
+      for (const Decision& n : out)
+        if (n.op == Decision::Op::kNew && n.room == id) later.push_back(id);
+      continue;
+    }
+    if (it->second.fail_decided) continue;
     out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", core_.self()));
     it->second.fail_decided = true;
   }
-  aborts_.clear();
+  aborts_ = std::move(later);
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;

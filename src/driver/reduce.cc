@@ -14,6 +14,7 @@ Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const 
   d.origin = self.str();
   d.reason = std::move(reason);
   d.first_seen_ns = monotonic_ns();
+  d.observed_by_leader = true;
   return d;
 }
 

@@ -91,7 +91,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
     if (!fed) continue;
     r.terminal.insert(peer);  // a dead process writes nothing more
     if (r.state.terminal()) continue;
-    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now);
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     ++failed;
   }
   log_event(LogLevel::kError, kComp,
@@ -168,7 +168,7 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   }
   r.terminal.insert(st.sender);
   if (st.state == KVPoll::Failed) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns);
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false);
     return;
   }
   if (st.state != KVPoll::Success || r.state.terminal()) return;
@@ -181,7 +181,7 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
     fail(r.room, ErrorCode::kProtocolError,
          fmt::format("aux guard mismatch in slot {}: holds room {} ({} tokens, {} pages)", r.aux_slot, rec.room,
                      rec.cached_tokens, rec.num_pages),
-         core_.self(), monotonic_ns());
+         core_.self(), monotonic_ns(), true);
     return;
   }
   r.success_ns = monotonic_ns();
@@ -201,7 +201,7 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   for (const RankId& src : r.sources) {
     if (dead_peers_.count(src)) {
       r.terminal.insert(src);
-      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", src.str()), src, monotonic_ns());
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", src.str()), src, monotonic_ns(), false);
       return;
     }
   }
@@ -219,14 +219,14 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);
     if (peer == peers_.end()) {
-      fail(room, ErrorCode::kPeerUnreachable, fmt::format("no connection to {}", src.str()), src, monotonic_ns());
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("no connection to {}", src.str()), src, monotonic_ns(), false);
       return Status::Ok();
     }
     RoomMetadata md{room, core_.self(), kv_indices, aux_slot, static_cast<uint32_t>(r.sources.size())};
     Status s = core_.send(peer->second.control_endpoint, md);
     if (!s.ok()) {
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()),
-           src, monotonic_ns());
+           src, monotonic_ns(), false);
       return Status::Ok();
     }
     r.metadata_sent.insert(src);
@@ -251,11 +251,11 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
 }
 
 void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-                          int64_t first_seen_ns) {
+                          int64_t first_seen_ns, bool observed_here) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   ReceiverRoom& r = it->second;
-  core_.registry().record(room, code, reason, origin, first_seen_ns);
+  core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here);
   // A room that already succeeded here can still fail on another rank of the engine: its sources
   // are done with it, the registry holds the cause and the driver reports it; Success stays.
   if (r.state.terminal()) return;
@@ -325,7 +325,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     fail(id, ErrorCode::kWaitingTimeout,
          fmt::format("no data from {} within {} ms of sending the metadata", missing,
                      (r.waiting_deadline_ns - r.init_ns) / 1'000'000),
-         core_.self(), now_ns);
+         core_.self(), now_ns, true);
   }
 }
 

@@ -146,7 +146,7 @@ TEST(EndpointPair, Defect1_DestructivePop) {
   ASSERT_TRUE(p);
   const uint64_t room = 0x1101;
   open_room(*p, room, 32, {4, 5}, 1);
-  p->decode().fail(room, ErrorCode::kInjected, "decode rank lost its request", decode_rank0(), monotonic_ns());
+  p->decode().fail(room, ErrorCode::kInjected, "decode rank lost its request", decode_rank0(), monotonic_ns(), true);
   ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 2s));
   p->pump_for(20ms);
 
@@ -171,7 +171,7 @@ TEST(EndpointPair, Defect2_LateRecordDoesNotAttachToReusedRoom) {
   ASSERT_TRUE(p);
   const uint64_t room = 0x1201;
   open_room(*p, room, 32, {0, 1}, 1);
-  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns());
+  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns(), true);
   p->decode().release(room);  // decode is done with the room before prefill's answer came
   ASSERT_TRUE(p->pump_until(
       [&] { return p->prefill().poll(room) == KVPoll::Failed && p->prefill().drained(room); }, 2s));
@@ -469,7 +469,7 @@ TEST(EndpointPair, Defect9_NoPageReuseWhileWritesInFlight) {
   const uint64_t room = 0x1901;
   open_room(*p, room, 64, {0, 1, 2, 3}, 1);
   ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2, 3}, 1).ok());  // in flight; completion held back
-  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns());
+  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns(), true);
   EXPECT_FALSE(p->decode().drained(room, monotonic_ns()));
 
   auto hold = [&] {
@@ -502,7 +502,7 @@ TEST(EndpointPair, Defect9_DrainWaitIsBounded) {
   ASSERT_TRUE(p);
   const uint64_t room = 0x1902;
   open_room(*p, room, 32, {0, 1}, 1);
-  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns());
+  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns(), true);
   const ReceiverRoom* r = p->decode().room(room);
   ASSERT_NE(r, nullptr);
   const int64_t now = monotonic_ns();

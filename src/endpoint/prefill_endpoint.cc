@@ -64,7 +64,7 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
     bool bound = false;
     for (const RankId& d : r.dests) bound |= (d == peer);
     if (!bound) continue;
-    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now);
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     ++failed;
   }
   log_event(LogLevel::kWarning, kComp,
@@ -154,7 +154,7 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
     }
   }
   if (!bad.empty()) {
-    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns());
+    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
     return;
   }
   r.meta[md.sender] = md;
@@ -168,7 +168,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
   if (it != rooms_.end()) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns);
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false);
     return;
   }
   if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
@@ -191,7 +191,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));
   for (const RankId& dst : r.dests) {
     if (dead_peers_.count(dst)) {
-      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", dst.str()), dst, monotonic_ns());
+      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", dst.str()), dst, monotonic_ns(), false);
       return;
     }
   }
@@ -200,7 +200,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
     RoomStatus st = pf->second.second;
     pending_fail_.erase(pf);
     pending_meta_.erase(room);
-    fail(room, st.code, st.reason, st.origin, st.first_seen_ns);
+    fail(room, st.code, st.reason, st.origin, st.first_seen_ns, false);
     return;
   }
   auto pm = pending_meta_.find(room);
@@ -279,7 +279,7 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
     }
   }
   if (!e.status.ok() && r) {
-    fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns());
+    fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns(), true);
   }
   auto aux = aux_tags_.find(e.tag);
   if (aux != aux_tags_.end()) {
@@ -388,11 +388,11 @@ void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
 }
 
 void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-                           int64_t first_seen_ns) {
+                           int64_t first_seen_ns, bool observed_here) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   SenderRoom& r = it->second;
-  core_.registry().record(room, code, reason, origin, first_seen_ns);
+  core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here);
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
@@ -455,7 +455,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     fail(id, ErrorCode::kBootstrapTimeout,
          fmt::format("metadata from {} did not come within {} ms", missing,
                      (r.bootstrap_deadline_ns - r.created_ns) / 1'000'000),
-         core_.self(), now_ns);
+         core_.self(), now_ns, true);
   }
   std::erase_if(pending_fail_, [&](const auto& kv) { return now_ns - kv.second.first > kPendingTtlNs; });
   std::erase_if(pending_meta_, [&](const auto& kv) {

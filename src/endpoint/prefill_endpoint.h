@@ -86,7 +86,7 @@ class PrefillEndpoint {
 
   // Records a failure (local when origin == self) and makes the room Failed.
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-            int64_t first_seen_ns);
+            int64_t first_seen_ns, bool observed_here);
   // Overrides the room's bootstrap deadline (replay's timeout faults).
   void set_bootstrap_deadline(uint64_t room, int64_t deadline_ns);
   // No write of the room is in flight and the terminal status went out.
