@@ -11,7 +11,7 @@
 //   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     800      silence after which a peer rank is dead (peer_unreachable)
 //   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
 //   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service
-//   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        700      an engine rank stopped answering the per-step agreement
+//   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        600      an engine rank stopped answering the per-step agreement
 //   fault_timeout         KVFERRY_FAULT_TIMEOUT_MS         1000     replay only: the deadline of a room given a timeout fault
 //
 // The first three defaults are SGLang's (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
@@ -32,7 +32,7 @@ struct Deadlines {
   int64_t heartbeat_timeout_ms = 800;
   int64_t drain_timeout_ms = 10000;
   int64_t lookup_timeout_ms = 60000;
-  int64_t engine_timeout_ms = 700;
+  int64_t engine_timeout_ms = 600;
   int64_t fault_timeout_ms = 1000;
 };
 

@@ -213,9 +213,9 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       }
     }
     now = monotonic_ns();
-    // Twice the leader's patience with a follower: a leader busy waiting out a dead follower is
+    // 1.5 times the leader's patience with a follower: a leader busy waiting out a dead follower is
     // not itself dead.
-    if (last_step != 0 && now - last_step > 2 * cfg_.peer_timeout_ms * 1'000'000) {
+    if (last_step != 0 && now - last_step > 3 * cfg_.peer_timeout_ms * 500'000) {
       // The leader is dead: no agreement is possible, so every room fails here with the leader as
       // origin and is released locally; then wait for a (restarted) leader to take us back.
       RankId leader{cfg_.self.role, 0, 0, cfg_.self.dp_rank};
