@@ -202,52 +202,17 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
                                            std::vector<RoomResult>* results) {
   std::vector<Decision> out;
   const RankId self = core_.self();
-  for (RouterRequest& req : new_requests) {
-    Decision d;
-    d.op = Decision::Op::kNew;
-    d.room = req.room;
-    d.request = std::move(req);
-    out.push_back(std::move(d));
-  }
-  std::vector<uint64_t> later;  // aborts of rooms created by this very batch: next step
-  for (uint64_t id : aborts_) {
+  new_and_aborts(new_requests, self, [this](uint64_t id) -> bool* {
     auto it = rooms_.find(id);
-    if (it == rooms_.end()) {
-      for (const Decision& n : out)
-        if (n.op == Decision::Op::kNew && n.room == id) later.push_back(id);
-      continue;
-    }
-    if (it->second.fail_decided) continue;
-    out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", self));
-    it->second.fail_decided = true;
-  }
-  aborts_ = std::move(later);
+    return it == rooms_.end() ? nullptr : &it->second.fail_decided;
+  }, &out);
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
     Room& r = it->second;
-    if (!r.fail_decided) {
-      if (auto d = down_rank_failure(id)) {
-        out.push_back(*d);
-        r.fail_decided = true;
-        continue;
-      }
-    }
     RoomReduction red = reduce_room(reps);
-    if (red.any_failure && !r.fail_decided) {
-      Decision d;
-      d.op = Decision::Op::kFail;
-      d.room = id;
-      d.code = red.winner.code;
-      d.origin = red.winner.origin;
-      d.reason = red.winner.reason;
-      d.first_seen_ns = red.winner.first_seen_ns;
-      out.push_back(d);
-      r.fail_decided = true;
-      continue;
-    }
-    bool done_ok = !red.any_failure && red.min_poll == KVPoll::Success && red.all_drained;
-    bool done_failed = r.fail_decided && red.ranks_failed == reps.size() && red.all_drained;
+    Verdict v = room_verdict(id, reps, red, &r.fail_decided, &out);
+    bool done_ok = v == Verdict::kDoneOk, done_failed = v == Verdict::kDoneFailed;
     if (!done_ok && !done_failed) continue;
     Decision rel;
     rel.op = Decision::Op::kRelease;

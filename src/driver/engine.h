@@ -6,6 +6,7 @@
 // Thread contract: value types; EngineDriver is used from the rank's main thread only.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -97,6 +98,18 @@ class EngineDriver {
   virtual bool idle() const = 0;  // no live rooms
 
  protected:
+  // kNew decisions for the router's new requests, then kFail(aborted) for aborted rooms;
+  // `fail_decided(room)` returns the room's flag (nullptr: unknown room). An abort of a room created
+  // by this very batch waits for the next step.
+  void new_and_aborts(std::vector<RouterRequest>& new_requests, const RankId& self,
+                      const std::function<bool*(uint64_t)>& fail_decided, std::vector<Decision>* out);
+
+  // What every engine decides for one room from its ranks' reports: kFail when a rank of the engine
+  // is down or any rank reported a failure (once); then whether the room is done.
+  enum class Verdict { kPending, kFailDecided, kDoneOk, kDoneFailed };
+  Verdict room_verdict(uint64_t room, const std::vector<RoomReport>& reps, const RoomReduction& red,
+                       bool* fail_decided, std::vector<Decision>* out) const;
+
   // A kFail for `room` if a rank of this engine is down.
   std::optional<Decision> down_rank_failure(uint64_t room) const {
     if (down_ranks_.empty()) return std::nullopt;

@@ -187,57 +187,23 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
                                             std::vector<RouterRequest> new_requests, int64_t /*now_ns*/,
                                             std::vector<RoomResult>* results) {
   std::vector<Decision> out;
-  for (RouterRequest& req : new_requests) {
-    Decision d;
-    d.op = Decision::Op::kNew;
-    d.room = req.room;
-    d.request = std::move(req);
-    out.push_back(std::move(d));
-  }
-  std::vector<uint64_t> later;  // aborts of rooms created by this very batch: next step
-  for (uint64_t id : aborts_) {
+  new_and_aborts(new_requests, core_.self(), [this](uint64_t id) -> bool* {
     auto it = rooms_.find(id);
-    if (it == rooms_.end()) {
-      for (const Decision& n : out)
-        if (n.op == Decision::Op::kNew && n.room == id) later.push_back(id);
-      continue;
-    }
-    if (it->second.fail_decided) continue;
-    out.push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", core_.self()));
-    it->second.fail_decided = true;
-  }
-  aborts_ = std::move(later);
+    return it == rooms_.end() ? nullptr : &it->second.fail_decided;
+  }, &out);
   for (const auto& [id, reps] : by_room) {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
     Room& r = it->second;
-    if (!r.fail_decided) {
-      if (auto d = down_rank_failure(id)) {
-        out.push_back(*d);
-        r.fail_decided = true;
-        continue;
-      }
-    }
     RoomReduction red = reduce_room(reps);
-    if (red.any_failure && !r.fail_decided) {
-      Decision d;
-      d.op = Decision::Op::kFail;
-      d.room = id;
-      d.code = red.winner.code;
-      d.origin = red.winner.origin;
-      d.reason = red.winner.reason;
-      d.first_seen_ns = red.winner.first_seen_ns;
-      out.push_back(d);
-      r.fail_decided = true;  // apply() repeats this on every rank
-      continue;
-    }
-    if (!red.any_failure && !r.start_decided && red.min_poll >= KVPoll::WaitingForInput) {
+    Verdict v = room_verdict(id, reps, red, &r.fail_decided, &out);
+    if (v == Verdict::kFailDecided) continue;
+    if (v == Verdict::kPending && !red.any_failure && !r.start_decided && red.min_poll >= KVPoll::WaitingForInput) {
       r.start_decided = true;
       out.push_back({Decision::Op::kStart, id});
       continue;
     }
-    bool done_ok = !red.any_failure && red.min_poll == KVPoll::Success && red.all_drained;
-    bool done_failed = r.fail_decided && red.ranks_failed == reps.size() && red.all_drained;
+    bool done_ok = v == Verdict::kDoneOk, done_failed = v == Verdict::kDoneFailed;
     if (!done_ok && !done_failed) continue;
     Decision rel;
     rel.op = Decision::Op::kRelease;

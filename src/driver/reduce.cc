@@ -32,6 +32,55 @@ bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId
   return false;
 }
 
+void EngineDriver::new_and_aborts(std::vector<RouterRequest>& new_requests, const RankId& self,
+                                  const std::function<bool*(uint64_t)>& fail_decided, std::vector<Decision>* out) {
+  for (RouterRequest& req : new_requests) {
+    Decision d;
+    d.op = Decision::Op::kNew;
+    d.room = req.room;
+    d.request = std::move(req);
+    out->push_back(std::move(d));
+  }
+  std::vector<uint64_t> later;
+  for (uint64_t id : aborts_) {
+    bool* flag = fail_decided(id);
+    if (!flag) {
+      for (const Decision& n : *out)
+        if (n.op == Decision::Op::kNew && n.room == id) later.push_back(id);
+      continue;
+    }
+    if (*flag) continue;
+    out->push_back(local_failure(id, ErrorCode::kAborted, "aborted by the router", self));
+    *flag = true;
+  }
+  aborts_ = std::move(later);
+}
+
+EngineDriver::Verdict EngineDriver::room_verdict(uint64_t room, const std::vector<RoomReport>& reps,
+                                                 const RoomReduction& red, bool* fail_decided,
+                                                 std::vector<Decision>* out) const {
+  if (!*fail_decided) {
+    std::optional<Decision> d = down_rank_failure(room);
+    if (!d && red.any_failure) {
+      d = Decision{};
+      d->op = Decision::Op::kFail;
+      d->room = room;
+      d->code = red.winner.code;
+      d->origin = red.winner.origin;
+      d->reason = red.winner.reason;
+      d->first_seen_ns = red.winner.first_seen_ns;
+    }
+    if (d) {
+      out->push_back(*d);
+      *fail_decided = true;  // apply() repeats this on every rank
+      return Verdict::kFailDecided;
+    }
+  }
+  if (!red.any_failure && red.min_poll == KVPoll::Success && red.all_drained) return Verdict::kDoneOk;
+  if (*fail_decided && red.ranks_failed == reps.size() && red.all_drained) return Verdict::kDoneFailed;
+  return Verdict::kPending;
+}
+
 RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
   RoomReduction out;
   for (const RoomReport& r : reports) {
