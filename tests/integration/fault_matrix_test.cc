@@ -181,3 +181,17 @@ TEST_F(ReplayDir, MixedPlanOnTwoByTwo) {
 
 }  // namespace
 }  // namespace kvferry_itest
+
+namespace {
+// These tests are about per-room faults, not peer death (peer_death_test.cc covers that with the
+// default liveness deadlines). On a loaded 2-core machine a whole process can stall for more than a
+// second, which the sub-second defaults would rightly call a death; give liveness more slack here.
+class RelaxedLiveness : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    setenv("KVFERRY_HEARTBEAT_TIMEOUT_MS", "5000", 0);
+    setenv("KVFERRY_ENGINE_TIMEOUT_MS", "5000", 0);
+  }
+};
+const auto* const kRelaxedLiveness = ::testing::AddGlobalTestEnvironment(new RelaxedLiveness);
+}  // namespace
