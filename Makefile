@@ -2,17 +2,31 @@
 #   make run    build (Release) and replay the bundled trace; prints a summary and the report path
 #   make build  build only; the CLI is at build/kvferry
 #   make test   build and run every test through CTest
+#   make faults build and replay with every fault kind mixed in, a rank killed and restarted
+#               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
+#   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
+#               docs/testing.md)
 #   make deps   install the Debian packages the build needs (idempotent)
 
 BUILD ?= build
+ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 RUN_OUT ?= out/run
+FAULTS_OUT ?= out/faults
+# `make faults`: every kind (docs/report.md "Faults"); injected timeouts fire after 500 ms, every
+# other deadline has its default (include/kvferry/deadlines.h).
+# The Azure trace's sizes, its arrivals re-paced to one request per FAULTS_GAP_MS (the recorded ones
+# come in bursts far above this machine's rate, so a killed rank would meet a backlog of requests).
+FAULT_PLAN ?= transfer@prefill:0.02,transfer@decode:0.02,decode_fail:0.02,timeout@prefill:0.02,timeout@decode:0.02,abort:0.02
+FAULTS_GAP_MS ?= 200
+FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefill-tp 2 --decode-tp 2 \
+  --pool-mib 2048 --prefill-pool-mib 256 --page-size 16 --seed 1 --fault-timeout-ms 500
 
 DEBIAN_PACKAGES := build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3
 
-.PHONY: deps build run test clean
+.PHONY: deps build run faults test test-sanitize clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -35,8 +49,24 @@ run: build
 	  --prefill-tp 2 --decode-tp 2 --pool-mib 6656 --prefill-pool-mib 1024 --page-size 64 \
 	  --max-requests 200 --time-scale 0 --fault-rate 0.02 --seed 1 --transport shm --out $(RUN_OUT)
 
+$(FAULTS_OUT)/azure_paced.jsonl: data/traces/AzureLLMInferenceTrace_code.csv
+	mkdir -p $(FAULTS_OUT)
+	awk -F, 'NR > 1 && NR <= 501 { printf "{\"timestamp\": %d, \"input_length\": %d, \"output_length\": %d, \"hash_ids\": []}\n", (NR - 2) * $(FAULTS_GAP_MS), $$2, $$3 }' $< > $@
+
+faults: build $(FAULTS_OUT)/azure_paced.jsonl
+	$(BUILD)/kvferry replay $(FAULT_ARGS) --max-requests 500 --time-scale 1 --transport shm \
+	  --faults $(FAULT_PLAN),peer_death@prefill/tp1:once --out $(FAULTS_OUT)/shm
+	$(BUILD)/kvferry replay $(FAULT_ARGS) --max-requests 150 --time-scale 2 --transport tcp \
+	  --faults $(FAULT_PLAN),peer_death@decode/tp0:once --out $(FAULTS_OUT)/tcp
+
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 
+# Sanitizer options and suppressions are compiled into every executable (tests/sanitizers/).
+test-sanitize: deps
+	cmake -S . -B $(ASAN_BUILD) -DKVFERRY_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(ASAN_BUILD) -j $(JOBS)
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j 2 --timeout 1200
+
 clean:
-	rm -rf $(BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) out
