@@ -214,28 +214,11 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     Verdict v = room_verdict(id, reps, red, &r.fail_decided, &out);
     bool done_ok = v == Verdict::kDoneOk, done_failed = v == Verdict::kDoneFailed;
     if (!done_ok && !done_failed) continue;
-    Decision rel;
-    rel.op = Decision::Op::kRelease;
-    rel.room = id;
-    rel.quarantine = red.any_quarantine;
-    out.push_back(rel);
-    RoomResult res;
-    res.role = Role::kDecode;
-    res.room = id;
-    res.state = done_ok ? KVPoll::Success : KVPoll::Failed;
+    RoomResult& res = release_room(id, Role::kDecode, done_ok, red, &out, results);
     res.success_ns = red.max_success_ns;
     res.bytes_verified = red.verified;
     res.bytes_mismatched = red.mismatched;
-    res.ranks_failed = red.ranks_failed;
-    if (done_failed) {
-      res.code = red.winner.code;
-      res.origin = red.winner.origin;
-      res.reason = red.winner.reason;
-      res.first_failed_ns = red.winner.first_seen_ns;
-      res.failed_all_ns = red.max_failed_ns;
-      res.rejected = red.winner.code == ErrorCode::kResourceExhausted && red.winner.origin == self.str();
-    }
-    results->push_back(std::move(res));
+    res.rejected = done_failed && red.winner.code == ErrorCode::kResourceExhausted && red.winner.origin == self.str();
   }
   // Preallocation queue, FIFO: admit while the head fits; reject what can never fit.
   uint64_t free_pages = pages_.free_pages();

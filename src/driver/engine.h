@@ -110,6 +110,11 @@ class EngineDriver {
   Verdict room_verdict(uint64_t room, const std::vector<RoomReport>& reps, const RoomReduction& red,
                        bool* fail_decided, std::vector<Decision>* out) const;
 
+  // kRelease for a done room (pages quarantined if any rank's drain deadline passed) and the
+  // engine's RoomResult with the fields every engine fills; the caller adds its role's fields.
+  static RoomResult& release_room(uint64_t room, Role role, bool ok, const RoomReduction& red,
+                                  std::vector<Decision>* out, std::vector<RoomResult>* results);
+
   // A kFail for `room` if a rank of this engine is down.
   std::optional<Decision> down_rank_failure(uint64_t room) const {
     if (down_ranks_.empty()) return std::nullopt;

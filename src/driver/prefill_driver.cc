@@ -205,25 +205,9 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
     }
     bool done_ok = v == Verdict::kDoneOk, done_failed = v == Verdict::kDoneFailed;
     if (!done_ok && !done_failed) continue;
-    Decision rel;
-    rel.op = Decision::Op::kRelease;
-    rel.room = id;
-    out.push_back(rel);
-    RoomResult res;
-    res.role = Role::kPrefill;
-    res.room = id;
-    res.state = done_ok ? KVPoll::Success : KVPoll::Failed;
+    RoomResult& res = release_room(id, Role::kPrefill, done_ok, red, &out, results);
     res.first_send_ns = red.min_send_ns;
     res.bytes_transferred = red.bytes;
-    res.ranks_failed = red.ranks_failed;
-    if (done_failed) {
-      res.code = red.winner.code;
-      res.origin = red.winner.origin;
-      res.reason = red.winner.reason;
-      res.first_failed_ns = red.winner.first_seen_ns;
-      res.failed_all_ns = red.max_failed_ns;
-    }
-    results->push_back(std::move(res));
   }
   return out;
 }

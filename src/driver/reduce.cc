@@ -81,6 +81,29 @@ EngineDriver::Verdict EngineDriver::room_verdict(uint64_t room, const std::vecto
   return Verdict::kPending;
 }
 
+RoomResult& EngineDriver::release_room(uint64_t room, Role role, bool ok, const RoomReduction& red,
+                                       std::vector<Decision>* out, std::vector<RoomResult>* results) {
+  Decision rel;
+  rel.op = Decision::Op::kRelease;
+  rel.room = room;
+  rel.quarantine = red.any_quarantine;
+  out->push_back(rel);
+  RoomResult res;
+  res.role = role;
+  res.room = room;
+  res.state = ok ? KVPoll::Success : KVPoll::Failed;
+  res.ranks_failed = red.ranks_failed;
+  if (!ok) {
+    res.code = red.winner.code;
+    res.origin = red.winner.origin;
+    res.reason = red.winner.reason;
+    res.first_failed_ns = red.winner.first_seen_ns;
+    res.failed_all_ns = red.max_failed_ns;
+  }
+  results->push_back(std::move(res));
+  return results->back();
+}
+
 RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
   RoomReduction out;
   for (const RoomReport& r : reports) {
