@@ -41,6 +41,7 @@ class FaultInjectingTransport : public Transport {
 
   // Transport: forwarded. The destructor first runs every pending injected completion.
   Result<LocalRegion> create_region(uint64_t bytes) override;
+  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override;
   std::string address() const override;
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
   void disconnect(PeerId peer) override;

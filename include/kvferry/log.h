@@ -7,6 +7,7 @@
 // Thread contract: all functions thread-safe after init_logging().
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,6 +38,18 @@ struct LogFields {
 
 void log_event(LogLevel level, std::string_view component, std::string_view msg,
                const LogFields& fields = {});
+
+// Callback sink (how the Python module hands kvferry's lines to Python's `logging`): called for
+// every line at or above `min_level`, synchronously, on whichever thread logged it (the caller's,
+// the transport's progress thread, a heartbeat thread...), with no kvferry lock held. It must be
+// quick, must not throw, and must not block on anything a logging thread may hold (the Python
+// module only queues the line). While a callback is installed the stderr text sink is skipped:
+// the callback's owner decides what is shown. The JSON file sink is unaffected.
+// Pass an empty function to remove it; the call returns once no thread is still inside the old
+// callback, so its owner may then be destroyed.
+using LogCallback = std::function<void(LogLevel level, std::string_view component, std::string_view msg,
+                                       const LogFields& fields)>;
+void set_log_callback(LogCallback callback, LogLevel min_level = LogLevel::kDebug);
 
 // Number of lines logged above debug since start (for self-checks).
 uint64_t lines_above_debug();

@@ -66,6 +66,13 @@ class Transport {
 
   // Allocates and registers this rank's region of `bytes` (once per transport).
   virtual Result<LocalRegion> create_region(uint64_t bytes) = 0;
+  // Registers caller-owned memory [base, base + bytes) as this rank's region instead (once per
+  // transport; create_region and register_region exclude each other). The memory must stay valid
+  // until the transport is destroyed. Used by the Python module for KV pools the engine allocated
+  // (numpy arrays). Over shm, UCX cannot map such memory into the peer, so a put is carried out by
+  // the receiver's progress thread (slower than an allocated region; docs/transport.md).
+  // Errors: kInvalidArgument (null or empty, or a region exists), kResourceExhausted (UCX refused).
+  virtual Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) = 0;
   // This worker's address, to be shipped to peers.
   virtual std::string address() const = 0;
 

@@ -10,6 +10,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 
 #include <atomic>
+#include <shared_mutex>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -51,6 +52,12 @@ std::shared_ptr<spdlog::logger> make_text_logger(LogLevel level) {
 std::mutex g_mu;
 std::shared_ptr<const LogState> g_state;  // guarded by g_mu
 std::atomic<uint64_t> g_above_debug{0};
+
+// The callback sink: readers (log_event) hold the shared lock while calling it, so
+// set_log_callback() (exclusive) returns only once no call of the old callback is running.
+std::shared_mutex g_cb_mu;
+LogCallback g_cb;  // guarded by g_cb_mu
+std::atomic<int> g_cb_level{-1};  // -1: no callback
 
 std::shared_ptr<const LogState> current_state() {
   std::lock_guard lock(g_mu);
@@ -168,14 +175,24 @@ void flush_logging() {
   s->text->flush();
 }
 
+void set_log_callback(LogCallback callback, LogLevel min_level) {
+  std::unique_lock lock(g_cb_mu);
+  g_cb = std::move(callback);
+  g_cb_level.store(g_cb ? static_cast<int>(min_level) : -1);
+}
+
 void log_event(LogLevel level, std::string_view component, std::string_view msg, const LogFields& fields) {
   if (level > LogLevel::kDebug) g_above_debug.fetch_add(1, std::memory_order_relaxed);
   auto s = current_state();
+  const int cb_level = g_cb_level.load();
   try {
     if (s->json && s->json->should_log(to_spdlog(level))) {
       s->json->log(to_spdlog(level), json_line(*s, level, component, msg, fields));
     }
-    if (s->text->should_log(to_spdlog(level))) {
+    if (cb_level >= 0) {
+      std::shared_lock lock(g_cb_mu);
+      if (g_cb && static_cast<int>(level) >= g_cb_level.load()) g_cb(level, component, msg, fields);
+    } else if (s->text->should_log(to_spdlog(level))) {
       s->text->log(to_spdlog(level), text_line(*s, level, component, msg, fields));
     }
   } catch (...) {

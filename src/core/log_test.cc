@@ -129,5 +129,41 @@ TEST(Log, StderrThreshold) {
   EXPECT_EQ(err, "[error] decode/tp3 receiver: timed out (room 7)\n");
 }
 
+TEST(Log, CallbackGetsLinesAtItsLevelAndReplacesStderr) {
+  LogConfig cfg;
+  cfg.rank = "prefill/tp0";
+  cfg.stderr_level = LogLevel::kDebug;
+  init_logging(cfg);
+  struct Seen {
+    LogLevel level;
+    std::string component, msg, code;
+    std::optional<uint64_t> room;
+  };
+  std::vector<Seen> seen;
+  set_log_callback(
+      [&](LogLevel l, std::string_view c, std::string_view m, const LogFields& f) {
+        seen.push_back({l, std::string(c), std::string(m), f.code, f.room});
+      },
+      LogLevel::kInfo);
+  testing::internal::CaptureStderr();
+  log_event(LogLevel::kDebug, "endpoint", "below the callback's level");
+  log_event(LogLevel::kWarning, "endpoint", "room failed", {.room = 9, .code = "transfer_error"});
+  flush_logging();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");  // the callback's owner decides
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].level, LogLevel::kWarning);
+  EXPECT_EQ(seen[0].component, "endpoint");
+  EXPECT_EQ(seen[0].msg, "room failed");
+  EXPECT_EQ(seen[0].code, "transfer_error");
+  EXPECT_EQ(seen[0].room, std::optional<uint64_t>(9));
+
+  set_log_callback({});  // removed: stderr again, the callback no more
+  testing::internal::CaptureStderr();
+  log_event(LogLevel::kWarning, "endpoint", "back on stderr");
+  flush_logging();
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "[warning] prefill/tp0 endpoint: back on stderr\n");
+  EXPECT_EQ(seen.size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -18,7 +18,13 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   auto t = make_ucx_transport(topt);
   if (!t.ok()) return t.status();
   core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());
-  auto region = core->faults_->create_region(config.layout.total_bytes());
+  if (config.external_base != nullptr && config.external_bytes < config.layout.total_bytes())
+    return Status(ErrorCode::kInvalidArgument,
+                  "pool of " + std::to_string(config.external_bytes) + " bytes is smaller than its layout (" +
+                      std::to_string(config.layout.total_bytes()) + " bytes)");
+  auto region = config.external_base != nullptr
+                    ? core->faults_->register_region(config.external_base, config.external_bytes)
+                    : core->faults_->create_region(config.layout.total_bytes());
   if (!region.ok()) return region.status();
   core->region_ = *region;
   auto sock = ControlSocket::bind(config.control_bind);

@@ -31,6 +31,10 @@ struct EndpointConfig {
   TransportKind transport = TransportKind::kShm;
   std::string control_bind = "tcp://127.0.0.1:0";
   Deadlines deadlines;
+  // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
+  // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.
+  uint8_t* external_base = nullptr;
+  uint64_t external_bytes = 0;
 };
 
 // A write batch completed (on the progress thread), handed to the main thread.

@@ -52,6 +52,10 @@ Result<LocalRegion> FaultInjectingTransport::create_region(uint64_t bytes) {
   return inner_->create_region(bytes);
 }
 
+Result<LocalRegion> FaultInjectingTransport::register_region(uint8_t* base, uint64_t bytes) {
+  return inner_->register_region(base, bytes);
+}
+
 std::string FaultInjectingTransport::address() const { return inner_->address(); }
 
 Result<PeerId> FaultInjectingTransport::connect(const RemoteRegionInfo& peer) {

@@ -28,6 +28,12 @@ class FakeTransport : public Transport {
     r.packed_rkey = "rkey";
     return r;
   }
+  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override {
+    LocalRegion r;
+    r.base = base;
+    r.bytes = bytes;
+    return r;
+  }
   std::string address() const override { return "fake-address"; }
   Result<PeerId> connect(const RemoteRegionInfo& peer) override {
     return peer.worker_address == "bad" ? Result<PeerId>(ErrorCode::kPeerUnreachable, "bad")

@@ -202,7 +202,12 @@ Result<LocalRegion> UcxTransport::create_region(uint64_t bytes) {
   return call<LocalRegion>([this, bytes] { return do_create_region(bytes); });
 }
 
-Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes) {
+Result<LocalRegion> UcxTransport::register_region(uint8_t* base, uint64_t bytes) {
+  if (base == nullptr) return Result<LocalRegion>(ErrorCode::kInvalidArgument, "register_region: null base");
+  return call<LocalRegion>([this, base, bytes] { return do_create_region(bytes, base); });
+}
+
+Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes, uint8_t* user) {
   if (region_base_ != nullptr) {
     return Result<LocalRegion>(ErrorCode::kInvalidArgument, "create_region: already created");
   }
@@ -210,7 +215,10 @@ Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.length = bytes;
-  if (hooks_.plain_mmap_region) {
+  if (user != nullptr) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
+    mp.address = user;
+  } else if (hooks_.plain_mmap_region) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
@@ -249,7 +257,8 @@ Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes) {
     region_bytes_ = 0;
     return ucx_error(ErrorCode::kInternal, "ucp_mem_query/ucp_rkey_pack", s);
   }
-  region_base_ = static_cast<uint8_t*>(attr.address);
+  // UCX reports the registration rounded out to whole pages; caller memory starts where it said.
+  region_base_ = user != nullptr ? user : static_cast<uint8_t*>(attr.address);
   LocalRegion region;
   region.base = region_base_;
   region.bytes = bytes;

@@ -49,6 +49,7 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   Result<LocalRegion> create_region(uint64_t bytes) override;
+  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override;
   std::string address() const override { return address_; }
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
   void disconnect(PeerId peer) override;
@@ -86,7 +87,8 @@ class UcxTransport final : public Transport {
   bool on_progress_thread() const;
 
   // Progress-thread only (ucx_transport.cc).
-  Result<LocalRegion> do_create_region(uint64_t bytes);
+  // `user` null: allocate (or the plain-mmap test hook); else register the caller's memory.
+  Result<LocalRegion> do_create_region(uint64_t bytes, uint8_t* user = nullptr);
 
   // Progress-thread only (ucx_peers.cc).
   void start_connect(const RemoteRegionInfo& info, std::function<void(Result<PeerId>)> reply);

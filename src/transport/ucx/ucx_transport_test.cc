@@ -81,6 +81,34 @@ TEST_P(UcxPairTest, CoalescedRunsLandExactlyAtTheirOffsets) {
   EXPECT_EQ(s.peers, 1u);
 }
 
+// Caller-owned memory (as the Python module registers numpy arrays), unaligned base on both sides.
+TEST_P(UcxPairTest, RegisteredCallerMemoryReceivesWritesAtItsOffsets) {
+  TransportOptions opt;
+  opt.kind = GetParam();
+  auto a = UcxTransport::create(opt);
+  auto b = UcxTransport::create(opt);
+  ASSERT_TRUE(a.ok() && b.ok());
+  constexpr uint64_t kBytes = 1 << 20;
+  std::vector<uint8_t> src(kBytes + 3), dst(kBytes + 5, kFill);
+  auto ra = a.value()->register_region(src.data() + 3, kBytes);
+  auto rb = b.value()->register_region(dst.data() + 5, kBytes);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().str() << " " << rb.status().str();
+  EXPECT_EQ(ra->base, src.data() + 3);
+  EXPECT_EQ(rb->base, dst.data() + 5);
+  EXPECT_EQ(b.value()->create_region(4096).status().code(), ErrorCode::kInvalidArgument);  // once only
+  testing::fill_pattern(ra->base, kBytes);
+  auto id = a.value()->connect(testing::remote_info(*b.value(), *rb));
+  ASSERT_TRUE(id.ok()) << id.status().str();
+  std::vector<WriteOp> ops = {{0, 10, 4096}, {70000, 200000, 300000}, {kBytes - 8, kBytes - 8, 8}};
+  ASSERT_TRUE(write_and_wait(*a.value(), *id, 3, ops).ok());
+  std::vector<uint8_t> img = expected_image(kBytes, kFill, ops);
+  EXPECT_EQ(std::memcmp(dst.data() + 5, img.data(), kBytes), 0);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(dst[i], kFill);  // nothing before the registered base
+  EXPECT_EQ(write_and_wait(*a.value(), *id, 3, {{0, kBytes - 4, 8}}).code(), ErrorCode::kProtocolError);
+  b.value().reset();  // the transport is gone before the memory it registered
+  a.value().reset();
+}
+
 TEST_P(UcxPairTest, ManyConcurrentBatchesEachCompleteOnce) {
   Pair p = make_pair(GetParam());
   ASSERT_NE(p.peer, 0u);
