@@ -1,0 +1,315 @@
+// _kvferry: the compiled half of the Python package `kvferry` (python/kvferry/__init__.py holds the
+// Python-facing classes: KVPoll, KVTransferError, KVManager, KVSender, KVReceiver).
+//
+// Buffers: a KV pool is any writable C-contiguous buffer-protocol object (numpy array,
+// bytearray, memoryview); the manager holds the buffer (so it cannot be resized or freed) and
+// registers its memory with the transport; it is released after the rank is torn down.
+// Page indices are sequences of Python ints (lists, numpy integer arrays).
+// GIL: released in every call that may block (rank start-up, the manager's lock, log waits).
+// Errors: bad arguments raise ValueError naming the value; other failures RuntimeError.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "kvferry/bootstrap.h"
+#include "log_queue.h"
+#include "manager.h"
+
+namespace py = pybind11;
+
+namespace kvferry::python {
+namespace {
+
+[[noreturn]] void raise_status(const Status& s) {
+  if (s.code() == ErrorCode::kInvalidArgument) throw py::value_error(s.message());
+  throw std::runtime_error(s.str());
+}
+
+void check(const Status& s) {
+  if (!s.ok()) raise_status(s);
+}
+
+// A held, writable, C-contiguous view of the engine's pool.
+class PoolBuffer {
+ public:
+  explicit PoolBuffer(const py::object& obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) != 0)
+      throw py::error_already_set();
+    held_ = true;
+  }
+  ~PoolBuffer() { release(); }
+  void release() {
+    if (held_) PyBuffer_Release(&view_);
+    held_ = false;
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(view_.buf); }
+  uint64_t bytes() const { return static_cast<uint64_t>(view_.len); }
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+
+// The Python object: the rank plus the pool it registered (released only after the rank is gone).
+class PyManager {
+ public:
+  PyManager(const std::string& role, const py::object& pool, const py::dict& geometry, uint32_t page_size,
+            uint32_t aux_slots, const std::string& bootstrap, const std::string& transport, uint32_t tp_rank,
+            uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines, const std::string& log_file)
+      : pool_(std::make_unique<PoolBuffer>(pool)) {
+    ManagerConfig c;
+    if (role == "prefill") c.role = Role::kPrefill;
+    else if (role == "decode") c.role = Role::kDecode;
+    else throw py::value_error("role must be 'prefill' or 'decode', not '" + role + "'");
+    if (transport == "shm") c.transport = TransportKind::kShm;
+    else if (transport == "tcp") c.transport = TransportKind::kTcp;
+    else throw py::value_error("transport must be 'shm' or 'tcp', not '" + transport + "'");
+    c.model = geometry_from(geometry);
+    c.page_size = page_size;
+    c.aux_slots = aux_slots;
+    c.bootstrap = bootstrap;
+    c.tp_rank = tp_rank;
+    c.tp_size = tp_size;
+    c.peer_tp_size = peer_tp_size;
+    c.deadlines = deadlines_from_env();
+    for (auto [k, v] : deadlines) {
+      std::string key = py::str(k);
+      bool known = false;
+      for (const DeadlineField& f : deadline_fields()) {
+        std::string name = std::string(f.option).substr(2);
+        for (char& ch : name) ch = ch == '-' ? '_' : ch;
+        if (name == key) {
+          int64_t ms = v.cast<int64_t>();
+          if (ms <= 0) throw py::value_error(key + " must be a positive number of milliseconds");
+          c.deadlines.*f.member = ms;
+          known = true;
+        }
+      }
+      if (!known) throw py::value_error("unknown deadline '" + key + "'");
+    }
+    c.log_file = log_file;
+    c.pool = pool_->data();
+    c.pool_bytes = pool_->bytes();
+    Result<std::unique_ptr<Manager>> m = Status();
+    {
+      py::gil_scoped_release nogil;
+      m = Manager::create(c);
+    }
+    if (!m.ok()) raise_status(m.status());
+    m_ = std::move(m).value();
+  }
+  ~PyManager() { close(); }
+
+  void close() {
+    if (m_) {
+      py::gil_scoped_release nogil;
+      m_->close();
+    }
+    m_.reset();
+    if (pool_) pool_->release();
+  }
+
+  Manager& m() {
+    if (!m_) throw std::runtime_error("the manager is closed");
+    return *m_;
+  }
+
+  static ModelGeometry geometry_from(const py::dict& g) {
+    ModelGeometry m;
+    m.name = g.contains("name") ? py::str(g["name"]) : py::str("custom");
+    m.attention = g.contains("attention") ? py::str(g["attention"]) : py::str("GQA");
+    m.num_layers = g["num_layers"].cast<uint32_t>();
+    m.tensors_per_layer = g.contains("tensors_per_layer") ? g["tensors_per_layer"].cast<uint32_t>() : 2;
+    m.cache_heads = g["num_kv_heads"].cast<uint32_t>();
+    m.head_dim = g["head_dim"].cast<uint32_t>();
+    m.dtype_bytes = g.contains("dtype_bytes") ? g["dtype_bytes"].cast<uint32_t>() : 2;
+    if (m.num_layers == 0 || m.tensors_per_layer == 0 || m.cache_heads == 0 || m.head_dim == 0 || m.dtype_bytes == 0)
+      throw py::value_error("num_layers, tensors_per_layer, num_kv_heads, head_dim and dtype_bytes must be positive");
+    return m;
+  }
+
+  std::unique_ptr<PoolBuffer> pool_;
+  std::unique_ptr<Manager> m_;
+};
+
+py::dict layout_dict(const PoolLayout& l) {
+  py::dict d;
+  d["num_pages"] = l.num_pages;
+  d["page_size"] = l.page_size;
+  d["num_buffers"] = l.num_buffers();
+  d["token_bytes"] = l.token_bytes();
+  d["page_bytes"] = l.page_bytes();
+  d["buffer_bytes"] = l.buffer_bytes();
+  d["aux_slots"] = l.aux_slots;
+  d["aux_offset"] = l.aux_offset(0);
+  d["aux_slot_bytes"] = kAuxSlotBytes;
+  d["total_bytes"] = l.total_bytes();
+  d["heads_per_rank"] = l.heads_per_rank;
+  d["first_head"] = l.first_head;
+  return d;
+}
+
+py::object failure_tuple(const std::optional<KVTransferError>& e) {
+  if (!e) return py::none();
+  return py::make_tuple(e->bootstrap_room, e->failure_reason, e->is_from_another_rank, e->origin.str(),
+                        std::string(code_name(e->code)));
+}
+
+}  // namespace
+}  // namespace kvferry::python
+
+PYBIND11_MODULE(_kvferry, mod) {
+  using namespace kvferry;
+  using namespace kvferry::python;
+  mod.doc() = "kvferry's compiled core; use the `kvferry` package";
+  using nogil = py::call_guard<py::gil_scoped_release>;
+
+  py::class_<PyManager>(mod, "Manager")
+      .def(py::init<const std::string&, const py::object&, const py::dict&, uint32_t, uint32_t, const std::string&,
+                    const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&, const std::string&>(),
+           py::arg("role"), py::arg("pool"), py::arg("geometry"), py::arg("page_size"), py::arg("aux_slots"),
+           py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
+           py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"))
+      .def("close", &PyManager::close)
+      .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m().layout()); })
+      .def_property_readonly("rank", [](PyManager& p) { return p.m().self().str(); })
+      .def("open", [](PyManager& p, uint64_t room) {
+        Manager& m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m.open(room);
+        }
+        check(s);
+      })
+      .def("sender_init", [](PyManager& p, uint64_t room, uint64_t pages, uint64_t tokens) {
+        Manager& m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m.sender_init(room, pages, tokens);
+        }
+        check(s);
+      })
+      .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages) {
+        Manager& m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m.sender_send(room, pages);
+        }
+        check(s);
+      })
+      .def("receiver_init", [](PyManager& p, uint64_t room, const std::vector<int64_t>& kv, int64_t aux,
+                               uint64_t tokens) {
+        Manager& m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m.receiver_init(room, kv, aux, tokens);
+        }
+        check(s);
+      })
+      .def("poll", [](PyManager& p, uint64_t room) {
+        Manager& m = p.m();
+        py::gil_scoped_release nogil;
+        return static_cast<int>(m.poll(room));
+      })
+      .def("failure", [](PyManager& p, uint64_t room) {
+        Manager& m = p.m();
+        std::optional<KVTransferError> e;
+        {
+          py::gil_scoped_release nogil;
+          e = m.failure(room);
+        }
+        return failure_tuple(e);
+      })
+      .def("abort", [](PyManager& p, uint64_t room, const std::string& reason) {
+        Manager& m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m.abort(room, reason);
+        }
+        check(s);
+      })
+      .def("close_room", [](PyManager& p, uint64_t room) {
+        if (!p.m_) return;  // the manager went first: nothing to release
+        Manager& m = *p.m_;
+        py::gil_scoped_release nogil;
+        m.close_room(room);
+      })
+      .def("inject_write_failure", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
+        auto c = code_from_name(code);
+        if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
+        Manager& m = p.m();
+        py::gil_scoped_release nogil;
+        m.inject_write_failure(room, *c, reason);
+      })
+      .def("aux", [](PyManager& p, int64_t slot) {
+        Manager& m = p.m();
+        Result<AuxRecord> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m.aux(slot);
+        }
+        if (!r.ok()) raise_status(r.status());
+        py::dict d;
+        d["room"] = r->room;
+        d["cached_tokens"] = r->cached_tokens;
+        d["num_pages"] = r->num_pages;
+        return d;
+      })
+      .def("live_rooms", [](PyManager& p) { return p.m().live_rooms(); }, nogil())
+      .def("peers", [](PyManager& p) { return p.m().peers(); }, nogil());
+
+  mod.def(
+      "layout_for_pages",
+      [](const py::dict& geometry, uint32_t page_size, uint32_t aux_slots, uint32_t tp_rank, uint32_t tp_size,
+         uint64_t num_pages) {
+        ManagerConfig c;
+        c.model = PyManager::geometry_from(geometry);
+        c.page_size = page_size;
+        c.aux_slots = aux_slots;
+        c.tp_rank = tp_rank;
+        c.tp_size = tp_size;
+        auto l = layout_for_pages(c, num_pages);
+        if (!l.ok()) raise_status(l.status());
+        return layout_dict(*l);
+      },
+      py::arg("geometry"), py::arg("page_size"), py::arg("aux_slots"), py::arg("tp_rank"), py::arg("tp_size"),
+      py::arg("num_pages"));
+
+  py::class_<BootstrapServer>(mod, "BootstrapServer")
+      .def(py::init([](const std::string& host, uint16_t port) {
+             auto s = BootstrapServer::start(host, port);
+             if (!s.ok()) raise_status(s.status());
+             return std::move(s).value();
+           }),
+           py::arg("host") = "127.0.0.1", py::arg("port") = 0)
+      .def_property_readonly("port", &BootstrapServer::port)
+      .def("registered", &BootstrapServer::registered);
+
+  mod.def("log_install", [](int min_level) { LogQueue::instance().install(static_cast<LogLevel>(min_level)); });
+  mod.def("log_uninstall", [] { LogQueue::instance().uninstall(); }, nogil());
+  mod.def("log_wait", [](int timeout_ms) { return LogQueue::instance().wait(timeout_ms); }, nogil());
+  mod.def("log_dropped", [] { return LogQueue::instance().dropped(); });
+  mod.def("log_take", [](int timeout_ms) {
+    std::vector<QueuedLine> lines;
+    {
+      py::gil_scoped_release nogil;
+      lines = LogQueue::instance().take(timeout_ms);
+    }
+    py::list out;
+    for (QueuedLine& l : lines) {
+      py::dict extra;
+      for (auto& [k, v] : l.extra) extra[py::str(k)] = v;
+      out.append(py::make_tuple(static_cast<int>(l.level), l.component, l.msg,
+                                l.room ? py::object(py::int_(*l.room)) : py::object(py::none()), l.code, l.origin,
+                                extra));
+    }
+    return out;
+  });
+}
