@@ -37,6 +37,7 @@ int main() {
   BootstrapClient client("127.0.0.1:" + std::to_string((*server)->port()));
   PrefillRankInfo info;
   info.tp_rank = 1;
+  info.tp_size = 2;
   info.host = "127.0.0.1";
   info.control_endpoint = "tcp://127.0.0.1:5555";
   info.model = "tiny";

@@ -1,6 +1,6 @@
 # CTest `install_consumer`: installs the build into a fresh prefix, then builds tests/consumer
 # against it twice, with find_package(kvferry) and with pkg-config, and runs both programs and the
-# installed CLI. Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR=
+# installed CLI and the installed Python module. Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR=
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -10,6 +10,16 @@ function(run)
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
 
+
+# 4. The installed Python module imports from the prefix's site dir (when the build has it).
+if(EXISTS ${prefix}/lib/python3/dist-packages/kvferry/__init__.py)
+  set(ENV{PYTHONPATH} ${prefix}/lib/python3/dist-packages)
+  # (no `;` in the code: run() passes its arguments on as a CMake list)
+  run(/usr/bin/python3 -c "print(__import__('kvferry').__file__, int(__import__('kvferry').KVPoll.Success))")
+  if(NOT last_output MATCHES "^${prefix}/lib/python3/dist-packages/kvferry/__init__.py 4")
+    message(FATAL_ERROR "installed Python module: ${last_output}")
+  endif()
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
@@ -46,5 +56,15 @@ endif()
 run(${prefix}/bin/kvferry --help)
 if(NOT last_output MATCHES "replay")
   message(FATAL_ERROR "installed CLI --help does not list replay: ${last_output}")
+endif()
+
+# 4. The installed Python module imports from the prefix's site dir (when the build has it).
+if(EXISTS ${prefix}/lib/python3/dist-packages/kvferry/__init__.py)
+  set(ENV{PYTHONPATH} ${prefix}/lib/python3/dist-packages)
+  # (no `;` in the code: run() passes its arguments on as a CMake list)
+  run(/usr/bin/python3 -c "print(__import__('kvferry').__file__, int(__import__('kvferry').KVPoll.Success))")
+  if(NOT last_output MATCHES "^${prefix}/lib/python3/dist-packages/kvferry/__init__.py 4")
+    message(FATAL_ERROR "installed Python module: ${last_output}")
+  endif()
 endif()
 file(REMOVE_RECURSE ${WORK_DIR})
