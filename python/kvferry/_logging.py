@@ -3,8 +3,9 @@
 The compiled side queues every line kvferry logs (any thread, no GIL involved); a daemon thread
 here takes them (waiting with the GIL released) and emits each to logger "kvferry.<component>" at
 its level. flush_logs() emits what is queued from the calling thread (tests, before reading
-captured records). At interpreter exit the callback is removed and the thread joined (atexit runs
-before daemon threads are stopped), so no kvferry thread ever waits on the interpreter.
+captured records). At interpreter exit the callback is removed, the thread joined (atexit runs before daemon threads
+are stopped) and the queue emitted, so no kvferry thread ever waits on the interpreter; lines
+logged after that (a manager torn down during finalization) go to stderr from warning up.
 """
 from __future__ import annotations
 
@@ -55,6 +56,7 @@ def _stop() -> None:
     _kvferry.log_uninstall()
     if _thread is not None:
         _thread.join(timeout=2)
+    flush_logs()  # what was queued before the sink went
 
 
 def start() -> None:

@@ -277,6 +277,11 @@ Status Manager::abort(uint64_t room, const std::string& reason) {
   }
   if (prefill_) prefill_->fail(room, ErrorCode::kAborted, reason, self_, now, true);
   else decode_->fail(room, ErrorCode::kAborted, reason, self_, now, true);
+  // Logged before abort() returns (the first cause wins: an earlier failure is the one logged).
+  if (!r.logged && poll_locked(room, r) == KVPoll::Failed) {
+    if (auto e = core_->registry().get(room)) log_failure_locked(room, *e);
+    r.logged = true;
+  }
   core_->waker().signal();
   return Status::Ok();
 }

@@ -145,3 +145,29 @@ def test_pool_must_be_writable_and_large_enough():
         make_manager("router", make_pool(), addr, "tcp")
     with pytest.raises(ValueError, match="KV pool of 100 bytes"):
         make_manager("prefill", np.zeros(100, dtype=np.uint8), addr, "tcp")
+
+
+EXIT_SCRIPT = """
+import logging, sys
+import kvferry
+from kv_test_util import make_manager, make_pool
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)
+server = kvferry.BootstrapServer()
+pool = memoryview(bytearray(len(make_pool())))  # any writable buffer will do
+mgr = make_manager("prefill", pool, f"127.0.0.1:{server.port}", "shm")
+sender = kvferry.KVSender(mgr, 5)
+sender.init(2)
+sender.abort("engine shutting down")
+assert sender.poll() == kvferry.KVPoll.Failed
+print("leaving with a live manager")
+"""
+
+
+def test_interpreter_exit_with_a_live_manager_and_room():
+    """No close(): atexit stops the log thread, then the rank is torn down; nothing hangs."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=30, env=env,
+                       cwd=HERE)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == "leaving with a live manager\n"
+    assert "INFO:kvferry.prefill.connector:room 5: aborted at prefill/tp0: engine shutting down" in p.stderr
