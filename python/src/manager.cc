@@ -300,6 +300,7 @@ void Manager::inject_write_failure(uint64_t room, ErrorCode code, const std::str
 
 Result<AuxRecord> Manager::aux(int64_t slot) {
   std::lock_guard lock(mu_);
+  if (!core_) return bad("the manager is closed");
   if (slot < 0 || static_cast<uint64_t>(slot) >= layout_.aux_slots)
     return bad(fmt::format("aux slot {} is out of range ({} slots)", slot, layout_.aux_slots));
   AuxRecord rec;

@@ -102,18 +102,21 @@ class PyManager {
   }
   ~PyManager() { close(); }
 
+  // Tears the rank down (no call can use the pool after this), then lets go of the pool.
   void close() {
     if (m_) {
+      std::shared_ptr<Manager> m = m_;
       py::gil_scoped_release nogil;
-      m_->close();
+      m->close();
     }
     m_.reset();
     if (pool_) pool_->release();
   }
 
-  Manager& m() {
+  // Shared: a call running with the GIL released keeps the manager alive through a close().
+  std::shared_ptr<Manager> m() {
     if (!m_) throw std::runtime_error("the manager is closed");
-    return *m_;
+    return m_;
   }
 
   static ModelGeometry geometry_from(const py::dict& g) {
@@ -131,7 +134,7 @@ class PyManager {
   }
 
   std::unique_ptr<PoolBuffer> pool_;
-  std::unique_ptr<Manager> m_;
+  std::shared_ptr<Manager> m_;
 };
 
 py::dict layout_dict(const PoolLayout& l) {
@@ -173,87 +176,87 @@ PYBIND11_MODULE(_kvferry, mod) {
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"))
       .def("close", &PyManager::close)
-      .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m().layout()); })
-      .def_property_readonly("rank", [](PyManager& p) { return p.m().self().str(); })
+      .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
+      .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
       .def("open", [](PyManager& p, uint64_t room) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m.open(room);
+          s = m->open(room);
         }
         check(s);
       })
       .def("sender_init", [](PyManager& p, uint64_t room, uint64_t pages, uint64_t tokens) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m.sender_init(room, pages, tokens);
+          s = m->sender_init(room, pages, tokens);
         }
         check(s);
       })
       .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m.sender_send(room, pages);
+          s = m->sender_send(room, pages);
         }
         check(s);
       })
       .def("receiver_init", [](PyManager& p, uint64_t room, const std::vector<int64_t>& kv, int64_t aux,
                                uint64_t tokens) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m.receiver_init(room, kv, aux, tokens);
+          s = m->receiver_init(room, kv, aux, tokens);
         }
         check(s);
       })
       .def("poll", [](PyManager& p, uint64_t room) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         py::gil_scoped_release nogil;
-        return static_cast<int>(m.poll(room));
+        return static_cast<int>(m->poll(room));
       })
       .def("failure", [](PyManager& p, uint64_t room) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         std::optional<KVTransferError> e;
         {
           py::gil_scoped_release nogil;
-          e = m.failure(room);
+          e = m->failure(room);
         }
         return failure_tuple(e);
       })
       .def("abort", [](PyManager& p, uint64_t room, const std::string& reason) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m.abort(room, reason);
+          s = m->abort(room, reason);
         }
         check(s);
       })
       .def("close_room", [](PyManager& p, uint64_t room) {
         if (!p.m_) return;  // the manager went first: nothing to release
-        Manager& m = *p.m_;
+        std::shared_ptr<Manager> m = p.m_;
         py::gil_scoped_release nogil;
-        m.close_room(room);
+        m->close_room(room);
       })
       .def("inject_write_failure", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         py::gil_scoped_release nogil;
-        m.inject_write_failure(room, *c, reason);
+        m->inject_write_failure(room, *c, reason);
       })
       .def("aux", [](PyManager& p, int64_t slot) {
-        Manager& m = p.m();
+        std::shared_ptr<Manager> m = p.m();
         Result<AuxRecord> r = Status();
         {
           py::gil_scoped_release nogil;
-          r = m.aux(slot);
+          r = m->aux(slot);
         }
         if (!r.ok()) raise_status(r.status());
         py::dict d;
@@ -262,8 +265,16 @@ PYBIND11_MODULE(_kvferry, mod) {
         d["num_pages"] = r->num_pages;
         return d;
       })
-      .def("live_rooms", [](PyManager& p) { return p.m().live_rooms(); }, nogil())
-      .def("peers", [](PyManager& p) { return p.m().peers(); }, nogil());
+      .def("live_rooms", [](PyManager& p) {
+        std::shared_ptr<Manager> m = p.m();
+        py::gil_scoped_release nogil;
+        return m->live_rooms();
+      })
+      .def("peers", [](PyManager& p) {
+        std::shared_ptr<Manager> m = p.m();
+        py::gil_scoped_release nogil;
+        return m->peers();
+      });
 
   mod.def(
       "layout_for_pages",

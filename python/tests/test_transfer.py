@@ -145,6 +145,20 @@ def test_pool_must_be_writable_and_large_enough():
         make_manager("router", make_pool(), addr, "tcp")
     with pytest.raises(ValueError, match="KV pool of 100 bytes"):
         make_manager("prefill", np.zeros(100, dtype=np.uint8), addr, "tcp")
+    pool = make_pool()
+    mgr = make_manager("prefill", pool, addr, "tcp")
+    sender = kvferry.KVSender(mgr, 9)
+    with pytest.raises(ValueError, match="a KVReceiver needs a decode manager"):
+        kvferry.KVReceiver(mgr, 10)
+    with pytest.raises(ValueError, match="room 9 is already open"):
+        kvferry.KVSender(mgr, 9)
+    with pytest.raises(ValueError, match="send\\(\\) before init"):
+        sender.send([0])
+    mgr.close()
+    with pytest.raises(RuntimeError, match="the manager is closed"):
+        sender.poll()
+    sender.close()  # after the manager: nothing to release, no error
+    pool.resize(10, refcheck=False)  # the pool is no longer held by the manager
 
 
 EXIT_SCRIPT = """
