@@ -201,8 +201,10 @@ class KVSender(_Room):
     def __init__(self, mgr: KVManager, bootstrap_room: int):
         super().__init__(mgr, bootstrap_room, "prefill")
 
-    def init(self, num_kv_indices: int, num_tokens: Optional[int] = None) -> None:
-        """The room has `num_kv_indices` pages (`num_tokens` tokens; default: full pages)."""
+    def init(self, num_kv_indices: int, aux_index: Optional[int] = None, num_tokens: Optional[int] = None) -> None:
+        """The room has `num_kv_indices` pages (`num_tokens` tokens; default: full pages).
+        aux_index is accepted for SGLang's call shape only: prefill's aux record is built by kvferry
+        (room guard, token and page counts) in its own staging slot, not taken from the engine."""
         self._mgr._impl.sender_init(self.bootstrap_room, int(num_kv_indices), int(num_tokens or 0))
 
     def send(self, kv_indices: Iterable[int]) -> None:
