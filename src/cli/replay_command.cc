@@ -60,6 +60,9 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
       ->capture_default_str();
+  cmd->add_flag("--metrics", cfg->metrics,
+               "every rank serves Prometheus metrics on a free port (listed in DIR/metrics.json) and "
+               "writes its final metrics to DIR/metrics/ (docs/metrics.md)");
   cmd->add_option("--test-break-rank", cfg->break_rank,
                   "test hook: start this rank (e.g. decode/tp1) with --page-size 0")
       ->group("");  // hidden

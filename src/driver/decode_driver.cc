@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 
@@ -101,6 +102,9 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp,
               fmt::format("room released after success ({} bytes verified)", r.verified), {.room = room});
+    const ReceiverRoom* rr = ep_.room(room);
+    double latency = rr && rr->success_ns && rr->init_ns ? double(rr->success_ns - rr->init_ns) / 1e9 : -1;
+    metrics_on_release({.latency_s = latency, .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
     return;
   }
   const Decision& f = r.failure;
@@ -112,6 +116,8 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
             {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
              .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another,
+                      .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
 }
 
 void DecodeDriver::start_verify(uint64_t room, Room& r) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
 
@@ -148,6 +149,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           flush_outbox();
           if (!outbox_.empty()) wait_readable(nullptr, 0, 10);
         }
+        metrics_on_step(driver_, driver_.reports(now), now, true);
         log_event(LogLevel::kDebug, kComp, "shutdown");
         return 0;
       }
@@ -157,7 +159,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     if (now - last_step < interval && !shutdown_requested) continue;
     // Gather: own reports plus every follower's, by room.
     std::map<uint64_t, std::vector<RoomReport>> by_room;
-    for (RoomReport& r : driver_.reports(now)) by_room[r.room].push_back(std::move(r));
+    std::vector<RoomReport> own = driver_.reports(now);
+    metrics_on_step(driver_, own, now, false);
+    for (RoomReport& r : own) by_room[r.room].push_back(std::move(r));
     for (auto& [tp, list] : replies)
       for (RoomReport& r : list) by_room[r.room].push_back(std::move(r));
     replies.clear();
@@ -204,8 +208,10 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       last_step = monotonic_ns();
       for (const Decision& d : f->decisions) driver_.apply(d);
       driver_.pump(last_step);
+      std::vector<RoomReport> own = driver_.reports(last_step);
+      metrics_on_step(driver_, own, last_step, f->shutdown);
       Status s = engine.send(cfg_.engine_endpoint,
-                             encode_reply(f->seq, cfg_.self.tp_rank, driver_.reports(last_step), driver_.leak_stats()));
+                             encode_reply(f->seq, cfg_.self.tp_rank, own, driver_.leak_stats()));
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
       if (f->shutdown) {
         log_event(LogLevel::kDebug, kComp, "shutdown");

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 
@@ -80,8 +81,11 @@ void PrefillDriver::apply(const Decision& d) {
 }
 
 void PrefillDriver::log_release(uint64_t room, const Room& r) {
+  const SenderRoom* s = ep_.room(room);
+  const uint64_t sent = s ? s->bytes : 0;
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp, "room released after success", {.room = room});
+    metrics_on_release({.sent_bytes = sent});
     return;
   }
   const Decision& f = r.failure;
@@ -93,6 +97,7 @@ void PrefillDriver::log_release(uint64_t room, const Room& r) {
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
             {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
              .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another, .sent_bytes = sent});
 }
 
 void PrefillDriver::on_chunk_done(const ChunkDone& done) {

@@ -30,6 +30,8 @@ struct RankOptions {
   std::string router_endpoint;
   TransportKind transport = TransportKind::kShm;
   std::string log_file;
+  uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none)
+  std::string metrics_file;      // write the final metrics here at exit (empty: none)
   Deadlines deadlines;
 };
 

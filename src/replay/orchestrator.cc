@@ -151,7 +151,8 @@ std::string ReplayConfig::to_json() const {
                       {"ready_timeout_s", ready_timeout_s},
                       {"request_timeout_s", request_timeout_s},
                       {"timeout_s", timeout_s},
-                      {"test_break_rank", break_rank}};
+                      {"test_break_rank", break_rank},
+                      {"metrics", metrics}};
   nlohmann::ordered_json d = nlohmann::ordered_json::object();
   for (const DeadlineField& f : deadline_fields()) {
     std::string key = f.option + 2;  // "--bootstrap-timeout-ms" -> "bootstrap_timeout_ms"
@@ -304,6 +305,10 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--log-file", fmt::format("{}/{}-tp{}.jsonl", logs_dir(c), role, tp_rank),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
+  if (auto m = p.metrics.find(fmt::format("{}/tp{}", role, tp_rank)); m != p.metrics.end()) {
+    args.insert(args.end(), {"--metrics-port", std::to_string(m->second), "--metrics-file",
+                             fmt::format("{}/metrics/{}-tp{}.prom", c.out, role, tp_rank)});
+  }
   return args;
 }
 
@@ -363,6 +368,9 @@ class Run {
       control_ = std::move(*sock);
       router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
     }
+    if (c_.metrics) {
+      if (int rc = setup_metrics(p); rc != 0) return rc;
+    }
 
     out_ << fmt::format("replay: {} requests of {} at prefill TP {} / decode TP {}, {} transport, "
                         "decode pool {} MiB/rank{}\n",
@@ -396,6 +404,33 @@ class Run {
  private:
   double elapsed_s() const {
     return std::chrono::duration<double>(Clock::now() - t0_).count();
+  }
+
+  // --metrics: a free port per rank, DIR/metrics.json naming them (written before any rank starts,
+  // so a scraper can find them while the replay runs), an empty DIR/metrics/ for the final files.
+  int setup_metrics(Ports& p) {
+    const std::string dir = c_.out + "/metrics";
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) return early_error("cannot create " + dir + ": " + ec.message(), false);
+    auto ports = pick_free_ports(c_.prefill_tp + c_.decode_tp);
+    if (!ports.ok()) return early_error("cannot pick free metrics ports: " + ports.status().str(), false);
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    size_t i = 0;
+    for (bool prefill : {true, false}) {
+      const std::string role = prefill ? "prefill" : "decode";
+      for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
+        const std::string name = fmt::format("{}/tp{}", role, r);
+        p.metrics[name] = (*ports)[i++];
+        j[name] = {{"url", fmt::format("http://127.0.0.1:{}/metrics", p.metrics[name])},
+                   {"port", p.metrics[name]},
+                   {"final", fmt::format("{}/{}-tp{}.prom", dir, role, r)}};
+      }
+    }
+    Status st = write_file(c_.out + "/metrics.json", j.dump(2));
+    if (!st.ok()) return early_error(st.message(), false);
+    return 0;
   }
 
   int spawn(const std::string& file, const std::string& display, std::vector<std::string> args) {

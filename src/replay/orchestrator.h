@@ -20,6 +20,7 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,9 @@ struct ReplayConfig {
   // Test hook (hidden option --test-break-rank): this rank ("decode/tp1") is started with
   // --page-size 0, so it cannot start; exercises supervision with real processes.
   std::string break_rank;
+  // --metrics: every rank serves Prometheus metrics on a free port (DIR/metrics.json names them)
+  // and writes its final metrics to DIR/metrics/<role>-tp<r>.prom at exit (docs/metrics.md).
+  bool metrics = false;
 
   // All options as a JSON object (the report's `config`).
   std::string to_json() const;
@@ -80,6 +84,8 @@ Status validate(ReplayConfig& config);
 struct Ports {
   uint16_t bootstrap = 0, prefill_engine = 0, decode_engine = 0, router = 0;
   uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
+  // --metrics: each rank's Prometheus port by its name ("decode/tp1"); empty: no metrics.
+  std::map<std::string, uint16_t> metrics;
 };
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
