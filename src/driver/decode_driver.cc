@@ -68,8 +68,9 @@ void DecodeDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
+      const RankId leader{self.role, self.engine_id, 0, self.dp_rank};
       ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
-               d.observed_by_leader && d.origin == self.str());
+               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;

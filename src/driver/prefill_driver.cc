@@ -58,8 +58,9 @@ void PrefillDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : core_.self(), d.first_seen_ns,
-               d.observed_by_leader && d.origin == core_.self().str());
+      const RankId self = core_.self(), leader{self.role, self.engine_id, 0, self.dp_rank};
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
+               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
