@@ -253,6 +253,7 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
       d.room = id;
       d.code = ErrorCode::kResourceExhausted;
       d.origin = self.str();
+      d.observed_by_leader = true;  // local here: the one warning line README promises
       d.first_seen_ns = monotonic_ns();
       d.reason = fmt::format(
           "request of {} tokens needs {} pages ({:.2f} GiB) per decode rank; the decode pool has {} pages "

@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "core/stop_request.h"
 #include "driver/log_policy.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
@@ -14,6 +15,13 @@
 namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "engine";
+
+// SIGTERM/SIGINT (core/stop_request.h): leave now, with the gauges as they are.
+int stopped(EngineDriver& driver, int64_t now) {
+  metrics_on_step(driver, driver.reports(now), now, true);
+  log_event(LogLevel::kDebug, kComp, fmt::format("stopped by signal {}", stop_signal()));
+  return 128 + stop_signal();
+}
 }
 
 EngineLoop::EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
@@ -73,6 +81,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
+    if (stop_requested()) return stopped(driver_, now);
     for (int i = 0; i < 4096; ++i) {
       auto text = engine.recv(std::chrono::milliseconds(0));
       if (!text) break;
@@ -193,6 +202,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
+    if (stop_requested()) return stopped(driver_, now);
     if (last_step == 0 && orphans.empty() && now - last_hello > 100'000'000) {
       (void)engine.send(cfg_.engine_endpoint, hello);
       last_hello = now;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <sstream>
 
+#include "core/stop_request.h"
 #include "driver/decode_driver.h"
 #include "driver/engine_loop.h"
 #include "driver/prefill_driver.h"
@@ -42,6 +43,7 @@ int run_rank(const RankOptions& o) {
   RankId self{o.role, 0, o.tp_rank, o.dp_rank};
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
   init_rank_metrics(self);
+  install_stop_handler();
   std::unique_ptr<MetricsServer> metrics_server;
   if (o.metrics_port != 0) {
     auto server = MetricsServer::start(*rank_metrics(), "127.0.0.1", o.metrics_port);

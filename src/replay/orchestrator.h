@@ -62,6 +62,10 @@ struct ReplayConfig {
   // --metrics: every rank serves Prometheus metrics on a free port (DIR/metrics.json names them)
   // and writes its final metrics to DIR/metrics/<role>-tp<r>.prom at exit (docs/metrics.md).
   bool metrics = false;
+  // Progress on `err`: "bar" (one redrawn terminal line, 4 times a second), "lines" (a plain line
+  // every progress_interval_s), "off". The CLI's default: bar when stderr is a terminal, else lines.
+  std::string progress = "off";
+  double progress_interval_s = 5;
 
   // All options as a JSON object (the report's `config`).
   std::string to_json() const;
