@@ -9,7 +9,9 @@
 // Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ..., router).
 // Supervision: any rank or the bootstrap exiting before the router finished, or a failed router,
 // kills the whole group, prints the process and its stderr tail, writes a partial report and
-// returns non-zero. SIGINT/SIGTERM to the orchestrator do the same. No child outlives it
+// returns non-zero. SIGINT/SIGTERM to the orchestrator stop the router first (it writes the results
+// so far), then every rank (SIGTERM; they flush and exit), and write a report of the finished
+// requests marked "partial" (docs/metrics.md). No child outlives it
 // (process group + PR_SET_PDEATHSIG).
 // Planned peer deaths (fault plan): the router asks for the kill over the orchestrator's
 // ControlSocket (router_protocol.h); the orchestrator SIGKILLs that rank, notes the time
