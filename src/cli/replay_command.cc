@@ -1,6 +1,8 @@
 // `kvferry replay`: the main job (src/replay/orchestrator.h does the work; docs/report.md).
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <iostream>
 #include <memory>
 
@@ -60,10 +62,22 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
       ->capture_default_str();
+  cmd->add_flag("--metrics", cfg->metrics,
+               "every rank serves Prometheus metrics on a free port (listed in DIR/metrics.json) and "
+               "writes its final metrics to DIR/metrics/ (docs/metrics.md)");
+  auto progress = std::make_shared<std::string>("auto");
+  cmd->add_option("--progress", *progress,
+                  "auto (a bar when stderr is a terminal, else plain lines), bar, lines or off")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--progress-interval-s", cfg->progress_interval_s, "seconds between plain progress lines")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--test-break-rank", cfg->break_rank,
                   "test hook: start this rank (e.g. decode/tp1) with --page-size 0")
       ->group("");  // hidden
-  cmd->callback([cfg, bad_env] {
+  cmd->callback([cfg, bad_env, progress] {
+    cfg->progress = *progress == "auto" ? (::isatty(STDERR_FILENO) ? "bar" : "lines") : *progress;
     if (!bad_env->empty()) {
       std::cerr << "kvferry replay: " << bad_env->front() << " is not a positive integer (ms)\n";
       throw CLI::RuntimeError(2);

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 
@@ -67,8 +68,9 @@ void DecodeDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
+      const RankId leader{self.role, self.engine_id, 0, self.dp_rank};
       ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
-               d.observed_by_leader && d.origin == self.str());
+               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -101,6 +103,9 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp,
               fmt::format("room released after success ({} bytes verified)", r.verified), {.room = room});
+    const ReceiverRoom* rr = ep_.room(room);
+    double latency = rr && rr->success_ns && rr->init_ns ? double(rr->success_ns - rr->init_ns) / 1e9 : -1;
+    metrics_on_release({.latency_s = latency, .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
     return;
   }
   const Decision& f = r.failure;
@@ -112,6 +117,8 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
             {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
              .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another,
+                      .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
 }
 
 void DecodeDriver::start_verify(uint64_t room, Room& r) {
@@ -246,6 +253,7 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
       d.room = id;
       d.code = ErrorCode::kResourceExhausted;
       d.origin = self.str();
+      d.observed_by_leader = true;  // local here: the one warning line README promises
       d.first_seen_ns = monotonic_ns();
       d.reason = fmt::format(
           "request of {} tokens needs {} pages ({:.2f} GiB) per decode rank; the decode pool has {} pages "

@@ -6,13 +6,22 @@
 #include <set>
 #include <utility>
 
+#include "core/stop_request.h"
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
 
 namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "engine";
+
+// SIGTERM/SIGINT (core/stop_request.h): leave now, with the gauges as they are.
+int stopped(EngineDriver& driver, int64_t now) {
+  metrics_on_step(driver, driver.reports(now), now, true);
+  log_event(LogLevel::kDebug, kComp, fmt::format("stopped by signal {}", stop_signal()));
+  return 128 + stop_signal();
+}
 }
 
 EngineLoop::EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
@@ -72,6 +81,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
+    if (stop_requested()) return stopped(driver_, now);
     for (int i = 0; i < 4096; ++i) {
       auto text = engine.recv(std::chrono::milliseconds(0));
       if (!text) break;
@@ -148,6 +158,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           flush_outbox();
           if (!outbox_.empty()) wait_readable(nullptr, 0, 10);
         }
+        metrics_on_step(driver_, driver_.reports(now), now, true);
         log_event(LogLevel::kDebug, kComp, "shutdown");
         return 0;
       }
@@ -157,7 +168,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     if (now - last_step < interval && !shutdown_requested) continue;
     // Gather: own reports plus every follower's, by room.
     std::map<uint64_t, std::vector<RoomReport>> by_room;
-    for (RoomReport& r : driver_.reports(now)) by_room[r.room].push_back(std::move(r));
+    std::vector<RoomReport> own = driver_.reports(now);
+    metrics_on_step(driver_, own, now, false);
+    for (RoomReport& r : own) by_room[r.room].push_back(std::move(r));
     for (auto& [tp, list] : replies)
       for (RoomReport& r : list) by_room[r.room].push_back(std::move(r));
     replies.clear();
@@ -189,6 +202,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
+    if (stop_requested()) return stopped(driver_, now);
     if (last_step == 0 && orphans.empty() && now - last_hello > 100'000'000) {
       (void)engine.send(cfg_.engine_endpoint, hello);
       last_hello = now;
@@ -204,8 +218,10 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       last_step = monotonic_ns();
       for (const Decision& d : f->decisions) driver_.apply(d);
       driver_.pump(last_step);
+      std::vector<RoomReport> own = driver_.reports(last_step);
+      metrics_on_step(driver_, own, last_step, f->shutdown);
       Status s = engine.send(cfg_.engine_endpoint,
-                             encode_reply(f->seq, cfg_.self.tp_rank, driver_.reports(last_step), driver_.leak_stats()));
+                             encode_reply(f->seq, cfg_.self.tp_rank, own, driver_.leak_stats()));
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
       if (f->shutdown) {
         log_event(LogLevel::kDebug, kComp, "shutdown");

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "driver/log_policy.h"
+#include "driver/metrics_hooks.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 
@@ -57,8 +58,9 @@ void PrefillDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : core_.self(), d.first_seen_ns,
-               d.observed_by_leader && d.origin == core_.self().str());
+      const RankId self = core_.self(), leader{self.role, self.engine_id, 0, self.dp_rank};
+      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
+               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -80,8 +82,11 @@ void PrefillDriver::apply(const Decision& d) {
 }
 
 void PrefillDriver::log_release(uint64_t room, const Room& r) {
+  const SenderRoom* s = ep_.room(room);
+  const uint64_t sent = s ? s->bytes : 0;
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp, "room released after success", {.room = room});
+    metrics_on_release({.sent_bytes = sent});
     return;
   }
   const Decision& f = r.failure;
@@ -93,6 +98,7 @@ void PrefillDriver::log_release(uint64_t room, const Room& r) {
             fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
             {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
              .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another, .sent_bytes = sent});
 }
 
 void PrefillDriver::on_chunk_done(const ChunkDone& done) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <sstream>
 
+#include "core/stop_request.h"
 #include "driver/decode_driver.h"
 #include "driver/engine_loop.h"
 #include "driver/prefill_driver.h"
@@ -14,6 +15,7 @@
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
+#include "kvferry/metrics.h"
 
 namespace kvferry {
 namespace {
@@ -40,6 +42,14 @@ int fail_start(const std::string& what) {
 int run_rank(const RankOptions& o) {
   RankId self{o.role, 0, o.tp_rank, o.dp_rank};
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
+  init_rank_metrics(self);
+  install_stop_handler();
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (o.metrics_port != 0) {
+    auto server = MetricsServer::start(*rank_metrics(), "127.0.0.1", o.metrics_port);
+    if (!server.ok()) return fail_start(server.status().str());
+    metrics_server = std::move(*server);
+  }
 
   std::ifstream in(o.models_file);
   if (!in) return fail_start("cannot read models file " + o.models_file);
@@ -114,6 +124,10 @@ int run_rank(const RankOptions& o) {
     EngineLoop loop(
         lc, c, driver, [&](const Message& m) { ep.on_message(m); }, [&](const TransportEvent&) {});
     rc = loop.run();
+  }
+  if (!o.metrics_file.empty()) {
+    Status s = write_metrics_file(*rank_metrics(), o.metrics_file);
+    if (!s.ok()) log_event(LogLevel::kWarning, kComp, "metrics file: " + s.str());
   }
   flush_logging();
   return rc;

@@ -1,7 +1,8 @@
 // One engine rank as a process: builds the manager (pool, transport, control socket), joins the
 // bootstrap service, and runs the engine loop until the router's shutdown.
 // Thread contract: run_rank() on the process's main thread; returns the exit code
-// (0 clean shutdown, 2 could not start, 3 a peer of the engine stopped answering).
+// (0 clean shutdown, 2 could not start, 3 a peer of the engine stopped answering, 128+N stopped by
+// signal N: SIGTERM/SIGINT end the loop after its step, logs and metrics file are still written).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -30,6 +31,8 @@ struct RankOptions {
   std::string router_endpoint;
   TransportKind transport = TransportKind::kShm;
   std::string log_file;
+  uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none)
+  std::string metrics_file;      // write the final metrics here at exit (empty: none)
   Deadlines deadlines;
 };
 

@@ -168,7 +168,7 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   }
   r.terminal.insert(st.sender);
   if (st.state == KVPoll::Failed) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false);
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
     return;
   }
   if (st.state != KVPoll::Success || r.state.terminal()) return;
@@ -251,7 +251,7 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
 }
 
 void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-                          int64_t first_seen_ns, bool observed_here) {
+                          int64_t first_seen_ns, bool observed_here, const RankId* via) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   ReceiverRoom& r = it->second;
@@ -261,9 +261,10 @@ void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reas
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
-  log_event(LogLevel::kDebug, kComp,
-            fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
-            {.room = room, .code = std::string(code_name(code)), .origin = origin.str()});
+  LogFields fields{.room = room, .code = std::string(code_name(code)), .origin = origin.str()};
+  if (via) fields.extra.push_back({"via", via->str()});
+  log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
+            fields);
   auto e = core_.registry().get(room);
   if (e) tell_sources(r, *e);
 }

@@ -168,7 +168,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
   if (it != rooms_.end()) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false);
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
     return;
   }
   if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
@@ -200,7 +200,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
     RoomStatus st = pf->second.second;
     pending_fail_.erase(pf);
     pending_meta_.erase(room);
-    fail(room, st.code, st.reason, st.origin, st.first_seen_ns, false);
+    fail(room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
     return;
   }
   auto pm = pending_meta_.find(room);
@@ -388,7 +388,7 @@ void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
 }
 
 void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-                           int64_t first_seen_ns, bool observed_here) {
+                           int64_t first_seen_ns, bool observed_here, const RankId* via) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   SenderRoom& r = it->second;
@@ -396,9 +396,10 @@ void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& rea
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
-  log_event(LogLevel::kDebug, kComp,
-            fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
-            {.room = room, .code = std::string(code_name(code)), .origin = origin.str()});
+  LogFields fields{.room = room, .code = std::string(code_name(code)), .origin = origin.str()};
+  if (via) fields.extra.push_back({"via", via->str()});
+  log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
+            fields);
   maybe_send_terminal(r);
 }
 

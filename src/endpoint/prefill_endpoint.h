@@ -84,9 +84,10 @@ class PrefillEndpoint {
   // Success without writing. Errors: the room has destinations, or is not WaitingForInput.
   Status conclude_without_writing(uint64_t room);
 
-  // Records a failure (local when origin == self) and makes the room Failed.
+  // Records a failure (local when origin == self) and makes the room Failed. `via`: the rank whose
+  // message told this rank (logged as "via"; `kvferry logs` orders by it).
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
-            int64_t first_seen_ns, bool observed_here);
+            int64_t first_seen_ns, bool observed_here, const RankId* via = nullptr);
   // Overrides the room's bootstrap deadline (replay's timeout faults).
   void set_bootstrap_deadline(uint64_t room, int64_t deadline_ns);
   // No write of the room is in flight and the terminal status went out.

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "kvferry/geometry.h"
 #include "kvferry/trace.h"
 #include "replay/process.h"
+#include "replay/progress.h"
 #include "replay/report.h"
 #include "replay/results.h"
 
@@ -102,6 +104,7 @@ void clean_previous(const ReplayConfig& c) {
   }
   fs::remove(c.out + "/report.json", ec);
   fs::remove(c.out + "/results.json", ec);
+  fs::remove(c.out + "/results.json.progress", ec);
 }
 
 // A SIGKILLed process may leave half a line at the end of its JSON log (its buffered writes stop
@@ -151,7 +154,8 @@ std::string ReplayConfig::to_json() const {
                       {"ready_timeout_s", ready_timeout_s},
                       {"request_timeout_s", request_timeout_s},
                       {"timeout_s", timeout_s},
-                      {"test_break_rank", break_rank}};
+                      {"test_break_rank", break_rank},
+                      {"metrics", metrics}};
   nlohmann::ordered_json d = nlohmann::ordered_json::object();
   for (const DeadlineField& f : deadline_fields()) {
     std::string key = f.option + 2;  // "--bootstrap-timeout-ms" -> "bootstrap_timeout_ms"
@@ -304,6 +308,10 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--log-file", fmt::format("{}/{}-tp{}.jsonl", logs_dir(c), role, tp_rank),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
+  if (auto m = p.metrics.find(fmt::format("{}/tp{}", role, tp_rank)); m != p.metrics.end()) {
+    args.insert(args.end(), {"--metrics-port", std::to_string(m->second), "--metrics-file",
+                             fmt::format("{}/metrics/{}-tp{}.prom", c.out, role, tp_rank)});
+  }
   return args;
 }
 
@@ -363,6 +371,9 @@ class Run {
       control_ = std::move(*sock);
       router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
     }
+    if (c_.metrics) {
+      if (int rc = setup_metrics(p); rc != 0) return rc;
+    }
 
     out_ << fmt::format("replay: {} requests of {} at prefill TP {} / decode TP {}, {} transport, "
                         "decode pool {} MiB/rank{}\n",
@@ -396,6 +407,33 @@ class Run {
  private:
   double elapsed_s() const {
     return std::chrono::duration<double>(Clock::now() - t0_).count();
+  }
+
+  // --metrics: a free port per rank, DIR/metrics.json naming them (written before any rank starts,
+  // so a scraper can find them while the replay runs), an empty DIR/metrics/ for the final files.
+  int setup_metrics(Ports& p) {
+    const std::string dir = c_.out + "/metrics";
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) return early_error("cannot create " + dir + ": " + ec.message(), false);
+    auto ports = pick_free_ports(c_.prefill_tp + c_.decode_tp);
+    if (!ports.ok()) return early_error("cannot pick free metrics ports: " + ports.status().str(), false);
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    size_t i = 0;
+    for (bool prefill : {true, false}) {
+      const std::string role = prefill ? "prefill" : "decode";
+      for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
+        const std::string name = fmt::format("{}/tp{}", role, r);
+        p.metrics[name] = (*ports)[i++];
+        j[name] = {{"url", fmt::format("http://127.0.0.1:{}/metrics", p.metrics[name])},
+                   {"port", p.metrics[name]},
+                   {"final", fmt::format("{}/{}-tp{}.prom", dir, role, r)}};
+      }
+    }
+    Status st = write_file(c_.out + "/metrics.json", j.dump(2));
+    if (!st.ok()) return early_error(st.message(), false);
+    return 0;
   }
 
   int spawn(const std::string& file, const std::string& display, std::vector<std::string> args) {
@@ -494,6 +532,7 @@ class Run {
 
   // Stops everything, writes the partial report, prints `msg`; returns 1.
   int early_error(const std::string& msg, bool have_children) {
+    end_progress();
     if (have_children) group_.stop_all(std::chrono::milliseconds(2000));
     err_ << "kvferry replay: " << msg << "\n";
     const std::string path = c_.out + "/report.json";
@@ -528,11 +567,76 @@ class Run {
     return 0;
   }
 
+  // --- progress (progress.h) -------------------------------------------------------------------
+
+  // The router's latest snapshot (results.json.progress); nullopt before the first.
+  std::optional<ReplayResults> read_progress() const {
+    bool ok = false;
+    const std::string text = read_file(c_.out + "/results.json.progress", ok);
+    if (!ok) return std::nullopt;
+    auto r = decode_results(text);
+    if (!r.ok()) return std::nullopt;
+    return std::move(*r);
+  }
+
+  void show_progress() {
+    if (c_.progress != "bar" && c_.progress != "lines") return;
+    const bool bar = c_.progress == "bar";
+    const auto period = bar ? std::chrono::duration<double>(0.25)
+                            : std::chrono::duration<double>(c_.progress_interval_s);
+    if (Clock::now() - last_progress_ < period) return;
+    last_progress_ = Clock::now();
+    auto r = read_progress();
+    if (!r) return;
+    const Progress p = progress_of(*r, monotonic_ns());
+    if (bar) {
+      err_ << "\r\033[K" << progress_bar(p, 100) << std::flush;
+      bar_shown_ = true;
+    } else {
+      err_ << progress_line(p) << "\n" << std::flush;
+    }
+  }
+
+  void end_progress() {
+    if (bar_shown_) err_ << "\n" << std::flush;
+    bar_shown_ = false;
+  }
+
+  // SIGINT/SIGTERM: the router first (it writes the results so far and exits), then every rank
+  // (each finishes its step, flushes its log and metrics and exits), then a partial report of the
+  // requests that finished.
   int stopped_by_signal() {
     const int sig = g_signal;
-    early_error(fmt::format("stopped by signal {} ({}); every child process was stopped", sig,
-                            strsignal(sig)),
-                true);
+    end_progress();
+    const std::string msg = fmt::format("stopped by signal {} ({}); every child process was stopped", sig,
+                                        strsignal(sig));
+    if (group_.running("router")) {
+      group_.signal("router", SIGTERM);
+      group_.wait_for("router", std::chrono::milliseconds(3000));
+    }
+    group_.stop_all(std::chrono::milliseconds(3000));
+    err_ << "kvferry replay: " << msg << "\n";
+    bool ok = false;
+    std::optional<ReplayResults> results;
+    if (std::string text = read_file(c_.out + "/results.json", ok); ok) {
+      if (auto r = decode_results(text); r.ok()) results = std::move(*r);
+    }
+    if (!results) results = read_progress();
+    const std::string path = c_.out + "/report.json";
+    std::string report_text = partial_report_json(c_.to_json(), elapsed_s(), msg);
+    if (results) {
+      const ReplayResults done = finished_only(*results);
+      Report rep = build_report(done, scan_log_files(logs_dir(c_)), deaths_, c_.prefill_tp, c_.decode_tp);
+      rep.process_exits = process_exits_;
+      auto j = nlohmann::ordered_json::parse(report_json(rep, done, c_.to_json(), elapsed_s(), msg));
+      j["status"] = "partial";
+      j["partial"] = true;
+      j["requests"]["planned"] = results->requests.size();
+      j["requests"]["unfinished"] = results->requests.size() - done.requests.size();
+      report_text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+      out_ << summary_text(rep, elapsed_s());
+    }
+    if (write_file(path, report_text).ok()) err_ << "kvferry replay: partial report: " << path << "\n";
     return 128 + sig;
   }
 
@@ -547,6 +651,7 @@ class Run {
           if (e.ok()) {
             process_exits_.push_back(fmt::format("router (pid {}) {}", e.pid, e.describe()));
             pending_restarts_.clear();  // the replay is over: a rank still down stays down
+            end_progress();
             return 0;
           }
           return child_failed(e, "(the router failed)");
@@ -567,10 +672,11 @@ class Run {
                                        c_.timeout_s),
                            true);
       }
-      if (Clock::now() > next_note) {
+      if (c_.progress == "off" && Clock::now() > next_note) {
         out_ << fmt::format("replay: running for {:.0f} s\n", elapsed_s()) << std::flush;
         next_note += std::chrono::seconds(30);
       }
+      show_progress();
       serve_router(std::chrono::milliseconds(control_ ? 5 : 50));
     }
   }
@@ -649,6 +755,8 @@ class Run {
   std::vector<PeerDeathRecord> deaths_;
   std::set<pid_t> planned_exits_;
   std::vector<PendingRestart> pending_restarts_;
+  Clock::time_point last_progress_{};
+  bool bar_shown_ = false;
 };
 
 }  // namespace

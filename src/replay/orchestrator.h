@@ -9,7 +9,9 @@
 // Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ..., router).
 // Supervision: any rank or the bootstrap exiting before the router finished, or a failed router,
 // kills the whole group, prints the process and its stderr tail, writes a partial report and
-// returns non-zero. SIGINT/SIGTERM to the orchestrator do the same. No child outlives it
+// returns non-zero. SIGINT/SIGTERM to the orchestrator stop the router first (it writes the results
+// so far), then every rank (SIGTERM; they flush and exit), and write a report of the finished
+// requests marked "partial" (docs/metrics.md). No child outlives it
 // (process group + PR_SET_PDEATHSIG).
 // Planned peer deaths (fault plan): the router asks for the kill over the orchestrator's
 // ControlSocket (router_protocol.h); the orchestrator SIGKILLs that rank, notes the time
@@ -20,6 +22,7 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -58,6 +61,13 @@ struct ReplayConfig {
   // Test hook (hidden option --test-break-rank): this rank ("decode/tp1") is started with
   // --page-size 0, so it cannot start; exercises supervision with real processes.
   std::string break_rank;
+  // --metrics: every rank serves Prometheus metrics on a free port (DIR/metrics.json names them)
+  // and writes its final metrics to DIR/metrics/<role>-tp<r>.prom at exit (docs/metrics.md).
+  bool metrics = false;
+  // Progress on `err`: "bar" (one redrawn terminal line, 4 times a second), "lines" (a plain line
+  // every progress_interval_s), "off". The CLI's default: bar when stderr is a terminal, else lines.
+  std::string progress = "off";
+  double progress_interval_s = 5;
 
   // All options as a JSON object (the report's `config`).
   std::string to_json() const;
@@ -80,6 +90,8 @@ Status validate(ReplayConfig& config);
 struct Ports {
   uint16_t bootstrap = 0, prefill_engine = 0, decode_engine = 0, router = 0;
   uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
+  // --metrics: each rank's Prometheus port by its name ("decode/tp1"); empty: no metrics.
+  std::map<std::string, uint16_t> metrics;
 };
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,

@@ -572,6 +572,7 @@ std::string report_json(const Report& r, const ReplayResults& results,
 std::string partial_report_json(const std::string& config_json, double wall_s,
                                 const std::string& error) {
   json j = {{"status", "failed"},
+            {"partial", true},
             {"error", error},
             {"config", config_object(config_json)},
             {"wall_s", round_to(wall_s, 3)}};

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "core/stop_request.h"
 #include "kvferry/control.h"
 #include "kvferry/log.h"
 #include "replay/results.h"
@@ -32,6 +33,10 @@ int fail(const std::string& msg) {
 }
 
 int64_t seconds_ns(double s) { return static_cast<int64_t>(s * 1e9); }
+
+Status write_file_atomically(const std::string& path, const std::string& text);
+// Stopped by SIGTERM/SIGINT (core/stop_request.h).
+Status stopped() { return {ErrorCode::kAborted, fmt::format("stopped by signal {}", stop_signal())}; }
 
 // Sends `frame` to `dest`, retrying a full queue for up to `patience`.
 Status send_patiently(ControlSocket& sock, const std::string& dest, const std::string& frame,
@@ -85,6 +90,7 @@ class Router {
     bool decode = false;
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.ready_timeout_s);
     while (!(prefill && decode)) {
+      if (stop_requested()) return stopped();
       if (monotonic_ns() > deadline) {
         return {ErrorCode::kWaitingTimeout,
                 fmt::format("engines not ready within {} s (prefill {}, decode {})",
@@ -152,6 +158,8 @@ class Router {
         finished_ += on_frame(*text);
         text = sock_.recv(std::chrono::milliseconds(0));
       }
+      write_progress(monotonic_ns());
+      if (stop_requested()) return stopped();
     }
     log_event(LogLevel::kInfo, kComponent,
               fmt::format("all {} requests finished ({} given up by the router)", plan_.size(),
@@ -180,6 +188,16 @@ class Router {
   }
 
   const ReplayResults& results() const { return res_; }
+
+  // `<results>.progress`: the results so far (same format), at most every 500 ms while something
+  // finished; `kvferry replay` reads it for its progress display.
+  void write_progress(int64_t now) {
+    if (finished_ == progress_finished_ && progress_ns_ != 0) return;
+    if (now - progress_ns_ < 500'000'000) return;
+    progress_ns_ = now;
+    progress_finished_ = finished_;
+    (void)write_file_atomically(c_.results_path + ".progress", encode_results(res_));
+  }
 
  private:
   // --- peer deaths -------------------------------------------------------------------------
@@ -440,6 +458,8 @@ class Router {
   size_t next_ = 0;
   size_t finished_ = 0;
   size_t given_up_ = 0;
+  int64_t progress_ns_ = 0;
+  size_t progress_finished_ = 0;
 };
 
 Status write_file_atomically(const std::string& path, const std::string& text) {
@@ -499,6 +519,7 @@ int run_router(const RouterConfig& c) {
   if (!deaths.empty() && c.orchestrator.empty()) {
     return fail("the fault plan has peer deaths but no --orchestrator endpoint");
   }
+  install_stop_handler();
   auto sock = ControlSocket::bind(c.endpoint);
   if (!sock.ok()) return fail("cannot bind " + c.endpoint + ": " + sock.status().str());
   Router router(c, **sock, plan_requests(*trace, c.seed, faults, c.prefill_tp, c.decode_tp),
@@ -507,8 +528,13 @@ int run_router(const RouterConfig& c) {
             fmt::format("router up on {}: {} requests, faults '{}', waiting for both engines",
                         (*sock)->endpoint(), trace->size(), faults.str()));
   Status st = router.wait_ready();
-  if (!st.ok()) return fail(st.str());
-  st = router.dispatch_all();
+  if (st.ok()) st = router.dispatch_all();
+  if (!st.ok() && stop_requested()) {  // what finished so far, for the partial report
+    Status w = write_file_atomically(c.results_path, encode_results(router.results()));
+    log_event(LogLevel::kInfo, kComponent, st.message() + (w.ok() ? "; results so far written" : "; " + w.str()));
+    flush_logging();
+    return 128 + stop_signal();
+  }
   if (!st.ok()) return fail(st.str());
   router.shutdown_and_collect_stats();
   st = write_file_atomically(c.results_path, encode_results(router.results()));

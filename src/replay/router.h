@@ -13,6 +13,9 @@
 //     the leader, code peer_unreachable, reason "engine leader restarted", ranks_failed 0).
 // Peer deaths run one at a time; before shutting down, the router waits until the last killed
 // rank was restarted and proven back (a later room succeeded) or 3 s passed since its restart.
+// Progress: while requests finish, the results so far go to `<results>.progress` (same format) at
+// most every 500 ms. SIGTERM/SIGINT: the router stops dispatching, writes the results so far to
+// the results file and exits 128+N (core/stop_request.h); the engines are not shut down by it.
 // Thread contract: run_router() runs on the calling thread until done.
 #pragma once
 #include <cstdint>

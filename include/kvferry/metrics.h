@@ -1,0 +1,83 @@
+// Per-rank metrics in the Prometheus text exposition format (version 0.0.4, the format of
+// https://prometheus.io/docs/instrumenting/exposition_formats/), served over HTTP by a rank started
+// with `kvferry rank --metrics-port P` (GET /metrics) and written to a file at exit
+// (`--metrics-file`). docs/metrics.md lists every metric.
+//
+// Every series carries the constant labels rank="prefill/tp1" (RankId::str()) and role. Names
+// follow the Prometheus conventions: counters end in _total, units are base units (_bytes,
+// _seconds). Counted when a room is released on this rank (so a room counts once per rank):
+//   kvferry_rooms_total{outcome="success"|"failed"}
+//   kvferry_sent_bytes_total            prefill: KV and aux bytes this rank wrote
+//   kvferry_verified_bytes_total        decode: KV bytes this rank verified
+//   kvferry_mismatched_bytes_total      decode: KV bytes that did not match
+//   kvferry_failures_total{code, origin_kind="local"|"propagated"}  failed rooms by code_name();
+//       local: this rank observed the root cause (is_from_another_rank == false)
+//   kvferry_transfer_latency_seconds    histogram, decode: init() (metadata sent) to Success
+// Gauges, refreshed by the rank's engine loop (at most every 50 ms, and at exit):
+//   kvferry_rooms_in_flight{state="Failed"|"Bootstrapping"|"WaitingForInput"|"Transferring"|"Success"}
+//   kvferry_peer_connections            peer ranks of the other engine this rank is connected to
+//   kvferry_live_rooms, kvferry_registry_records, kvferry_pages_in_use  leak counters (0 when idle)
+//
+// Thread contract: init_rank_metrics() once per process before the other calls; every other
+// function is thread-safe (the HTTP server reads while the engine loop writes). Without
+// init_rank_metrics() (e.g. unit tests of the drivers) rank_metrics() is null.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kvferry/error.h"
+#include "kvferry/poll.h"
+
+namespace kvferry {
+
+class RankMetrics {
+ public:
+  explicit RankMetrics(const RankId& self);
+  ~RankMetrics();
+  RankMetrics(const RankMetrics&) = delete;
+  RankMetrics& operator=(const RankMetrics&) = delete;
+
+  // A room released on this rank. `latency_s` < 0: not observed (prefill, or no Success).
+  void room_released(bool success, double latency_s);
+  void add_sent_bytes(uint64_t bytes);
+  void add_verified_bytes(uint64_t verified, uint64_t mismatched);
+  void room_failed(ErrorCode code, bool from_another_rank);
+
+  // Gauges. `rooms_by_state[i]`: rooms whose KVPoll is i (Failed=0 ... Success=4).
+  void set_rooms_in_flight(const std::array<uint64_t, 5>& rooms_by_state);
+  void set_leaks(uint64_t live_rooms, uint64_t records, uint64_t pages_in_use, uint64_t peers);
+
+  // The whole exposition (text/plain; version=0.0.4).
+  std::string exposition() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process's metrics (one rank per process).
+void init_rank_metrics(const RankId& self);
+RankMetrics* rank_metrics();  // null before init_rank_metrics()
+
+// Serves GET /metrics (the exposition of `metrics`) on host:port with cpp-httplib.
+class MetricsServer {
+ public:
+  // Port 0 picks a free port (port()). Errors: kInternal when host:port cannot be bound.
+  static Result<std::unique_ptr<MetricsServer>> start(const RankMetrics& metrics, const std::string& host,
+                                                      uint16_t port);
+  ~MetricsServer();  // stops and joins
+  uint16_t port() const;
+
+ private:
+  MetricsServer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes metrics.exposition() to `path` (temporary file, then rename).
+Status write_metrics_file(const RankMetrics& metrics, const std::string& path);
+
+}  // namespace kvferry

@@ -1,0 +1,222 @@
+// Issue 6: a replay's metrics (scraped while it runs, and the final files) agree with its report;
+// `kvferry logs --json` names the injected origin of every failed room as the report does;
+// Ctrl-C (SIGINT) stops every process and still leaves a partial report.
+#include <httplib.h>
+#include <signal.h>
+
+#include <map>
+#include <set>
+#include <thread>
+
+#include "replay_harness.h"
+
+namespace kvferry_itest {
+namespace {
+
+const std::string kTrace = KVFERRY_SOURCE_DIR "/data/traces/conversation_trace.jsonl";
+
+// Starts KVFERRY_CLI with `args` without waiting; stdout+stderr to `output`.
+pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
+  std::vector<std::string> all = {KVFERRY_CLI};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+// Exit code (128 + signal when killed) once `pid` exits; -1 if it did not within `timeout`.
+int wait_exit(pid_t pid, std::chrono::seconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+// Samples of a Prometheus text exposition: "name{labels}" -> value.
+std::map<std::string, double> samples(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    out[line.substr(0, sp)] = std::stod(line.substr(sp + 1));
+  }
+  return out;
+}
+
+// Sum of every sample of `name` whose labels contain all of `labels` (e.g. "outcome=\"success\"").
+double sum(const std::map<std::string, double>& s, const std::string& name, const std::vector<std::string>& labels = {}) {
+  double total = 0;
+  for (const auto& [series, v] : s) {
+    if (series.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const auto& l : labels) all = all && series.find(l) != std::string::npos;
+    if (all) total += v;
+  }
+  return total;
+}
+
+class Observability : public ReplayDir {};
+
+TEST_F(Observability, MetricsAndLogsAgreeWithTheReport) {
+  const pid_t pid = start_cli({"replay", "--trace", kTrace, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
+                               "--decode-tp", "2", "--pool-mib", "1024", "--prefill-pool-mib", "256", "--page-size",
+                               "16", "--max-requests", "40", "--fault-rate", "0.1", "--seed", "3", "--metrics",
+                               "--request-timeout-s", "40", "--out", out().string()},
+                              dir_ / "output.txt");
+  // While it runs: every rank answers /metrics; remember one scrape per rank taken mid-replay.
+  std::map<std::string, std::map<std::string, double>> during;
+  int rc = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      rc = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+      break;
+    }
+    if (during.size() < 4 && fs::exists(out() / "metrics.json")) {
+      json ports = json::parse(slurp(out() / "metrics.json"), nullptr, false);
+      for (auto& [rank, m] : ports.is_object() ? ports.items() : json::object().items()) {
+        if (during.count(rank)) continue;
+        httplib::Client c("127.0.0.1", m["port"].get<int>());
+        c.set_connection_timeout(0, 200'000);
+        auto res = c.Get("/metrics");
+        if (!res || res->status != 200) continue;
+        auto s = samples(res->body);
+        if (sum(s, "kvferry_rooms_total") + sum(s, "kvferry_rooms_in_flight") > 0) during[rank] = s;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(rc, 0) << slurp(dir_ / "output.txt");
+  ASSERT_EQ(during.size(), 4u) << "not every rank was scraped while rooms were live";
+  const json r = report();
+  const json ports = json::parse(slurp(out() / "metrics.json"));
+  const uint64_t ok = r["requests"]["succeeded"], failed = r["requests"]["failed"], rejected = r["requests"]["rejected"];
+  ASSERT_GT(failed, 0u);
+  std::map<std::string, std::map<std::string, double>> final;
+  for (auto& [rank, m] : ports.items()) final[rank] = samples(slurp(m["final"].get<std::string>()));
+  ASSERT_EQ(final.size(), 4u);
+  double sent = 0, verified = 0, mismatched = 0, local = 0, propagated = 0;
+  for (auto& [rank, s] : final) {
+    SCOPED_TRACE(rank);
+    EXPECT_EQ(sum(s, "kvferry_rooms_total", {"outcome=\"success\""}), ok);
+    EXPECT_EQ(sum(s, "kvferry_rooms_total", {"outcome=\"failed\""}), failed + rejected);
+    for (const char* leak : {"kvferry_live_rooms", "kvferry_registry_records", "kvferry_pages_in_use",
+                             "kvferry_rooms_in_flight"})
+      EXPECT_EQ(sum(s, leak), 0) << leak;
+    // Qwen2.5-7B has 4 KV heads: at TP 2 on both sides each rank exchanges data with one peer.
+    EXPECT_EQ(sum(s, "kvferry_peer_connections"), 1);
+    // Counters never go back: the final values are at least the mid-replay ones.
+    for (const auto& [series, v] : during[rank])
+      if (series.find("_total") != std::string::npos) {
+        EXPECT_GE(s[series], v) << series;
+      }
+    if (rank.rfind("decode", 0) == 0) {
+      EXPECT_EQ(sum(s, "kvferry_transfer_latency_seconds_count"), ok);
+    }
+    sent += sum(s, "kvferry_sent_bytes_total");
+    verified += sum(s, "kvferry_verified_bytes_total");
+    mismatched += sum(s, "kvferry_mismatched_bytes_total");
+    local += sum(s, "kvferry_failures_total", {"origin_kind=\"local\""});
+    propagated += sum(s, "kvferry_failures_total", {"origin_kind=\"propagated\""});
+  }
+  EXPECT_EQ(sent, r["bytes"]["transferred"].get<double>());
+  EXPECT_EQ(verified, r["bytes"]["verified"].get<double>());
+  EXPECT_EQ(mismatched, 0);
+  // Each failed room has exactly one origin among the 4 ranks; the 3 others learned it.
+  EXPECT_EQ(local, failed + rejected);
+  EXPECT_EQ(propagated, 3 * (failed + rejected));
+
+  // kvferry logs --json: one entry per failed room, naming the report's origin and code.
+  const CliRun logs = run_cli({"logs", "--json", out().string()}, dir_ / "logs.txt");
+  ASSERT_EQ(logs.exit_code, 0) << logs.output;
+  const json rooms = json::parse(logs.output);
+  std::map<std::string, json> by_room;
+  for (const auto& f : rooms) by_room[f["room"]] = f;
+  EXPECT_EQ(by_room.size(), failed + rejected) << logs.output;
+  ASSERT_EQ(r["faults"].size(), failed);
+  for (const auto& f : r["faults"]) {
+    SCOPED_TRACE(f.dump());
+    ASSERT_TRUE(by_room.count(f["room"]));
+    const json& g = by_room[f["room"]];
+    EXPECT_EQ(g["origin"], f["injected_at"]);
+    EXPECT_EQ(g["code"], f["code"]);
+    EXPECT_EQ(g["reason"], f["reason"]);
+    ASSERT_EQ(g["ranks"].size(), 4u);
+    EXPECT_EQ(g["ranks"][0], f["injected_at"]);  // causal order: the origin first
+  }
+  for (const auto& q : r["rejected_requests"]) {
+    ASSERT_TRUE(by_room.count(q["room"]));
+    EXPECT_EQ(by_room[q["room"]]["code"], "resource_exhausted");
+    EXPECT_EQ(by_room[q["room"]]["origin"], "decode/tp0");
+  }
+  // --room: that room only, as text with its timeline.
+  const std::string room = r["faults"][0]["room"];
+  const CliRun one = run_cli({"logs", out().string(), "--room", room}, dir_ / "room.txt");
+  EXPECT_EQ(one.exit_code, 0);
+  EXPECT_NE(one.output.find("room " + room + ": "), std::string::npos) << one.output;
+  EXPECT_NE(one.output.find("timeline"), std::string::npos) << one.output;
+  for (const auto& [other, f] : by_room)
+    if (other != room) {
+      EXPECT_EQ(one.output.find("room " + other + ": "), std::string::npos) << other;
+    }
+}
+
+TEST_F(Observability, CtrlCStopsEveryProcessAndWritesAPartialReport) {
+  const pid_t pid = start_cli({"replay", "--trace", kTrace, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
+                               "--decode-tp", "2", "--pool-mib", "1024", "--prefill-pool-mib", "256", "--page-size",
+                               "16", "--max-requests", "300", "--progress-interval-s", "1", "--metrics",
+                               "--out", out().string()},
+                              dir_ / "output.txt");
+  // Interrupt once some requests finished (the router's progress file says so).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  size_t finished = 0;
+  while (finished < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    json p = json::parse(slurp(out() / "results.json.progress"), nullptr, false);
+    if (p.is_discarded()) continue;
+    finished = 0;
+    for (const auto& q : p["requests"]) finished += !q["decode"].is_null() && !q["prefill"].is_null();
+  }
+  ASSERT_GE(finished, 3u);
+  ASSERT_EQ(kill(pid, SIGINT), 0);
+  const int rc = wait_exit(pid, std::chrono::seconds(30));
+  const std::string output = slurp(dir_ / "output.txt");
+  EXPECT_EQ(rc, 128 + SIGINT) << output;
+  EXPECT_NE(output.find("requests done"), std::string::npos) << output;  // plain progress lines
+  const json r = report();
+  EXPECT_EQ(r["status"], "partial");
+  EXPECT_EQ(r["partial"], true);
+  EXPECT_NE(r["error"].get<std::string>().find("signal 2"), std::string::npos);
+  EXPECT_EQ(r["requests"]["planned"], 300);
+  EXPECT_GE(r["requests"]["total"].get<uint64_t>(), finished);
+  EXPECT_LT(r["requests"]["total"].get<uint64_t>(), 300u);
+  EXPECT_EQ(r["requests"]["total"].get<uint64_t>() + r["requests"]["unfinished"].get<uint64_t>(), 300u);
+  EXPECT_GT(r["bytes"]["verified"].get<uint64_t>(), 0u);
+  EXPECT_EQ(r["bytes"]["mismatched"], 0);
+  EXPECT_EQ(r["logs"]["invalid_lines"], 0);  // every process flushed whole lines before exiting
+  // Every rank stopped on its own (exit 128+SIGTERM) and still wrote its final metrics.
+  for (const char* f : {"prefill-tp0", "prefill-tp1", "decode-tp0", "decode-tp1"})
+    EXPECT_TRUE(fs::exists(out() / "metrics" / (std::string(f) + ".prom"))) << f;
+  // No process of this replay is left (also checked for every test by TearDown).
+  EXPECT_TRUE(processes_mentioning(dir_.string()).empty());
+}
+
+}  // namespace
+}  // namespace kvferry_itest
