@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   kvferry::cli::add_router_command(app);
   kvferry::cli::add_rank_command(app);
   kvferry::cli::add_bootstrap_command(app);
+  kvferry::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
