@@ -24,6 +24,15 @@ nlohmann::json latency_json(const std::vector<double>& ms) {
           {"count", ms.size()}};
 }
 
+nlohmann::json cdf_points(std::vector<double> ms, size_t max_points) {
+  std::sort(ms.begin(), ms.end());
+  nlohmann::json out = nlohmann::json::array();
+  if (ms.empty() || max_points == 0) return out;
+  const size_t n = std::min(ms.size(), max_points);
+  for (size_t i = 0; i < n; ++i) out.push_back(ms[n == 1 ? ms.size() - 1 : i * (ms.size() - 1) / (n - 1)]);
+  return out;
+}
+
 namespace {
 struct Merged {
   int64_t start = 0, end = 0;
@@ -81,6 +90,7 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& ranks, uint32_t pref
   j["gb_per_s"] = window_s > 0 ? gb / window_s : 0.0;
   j["rooms_per_s"] = window_s > 0 ? static_cast<double>(rooms) / window_s : 0.0;
   j["transfer_latency_ms"] = latency_json(transfer_ms);
+  j["transfer_latency_cdf_ms"] = cdf_points(transfer_ms, 500);
   j["room_latency_ms"] = latency_json(room_ms);
   j["cpu_s"] = cpu;
   j["cpu_s_per_gb"] = gb > 0 ? cpu / gb : 0.0;

@@ -24,6 +24,18 @@ nlohmann::json rank(const std::string& name, const std::string& role, double cpu
           {"pool_bytes", 1}, {"rooms", rooms}};
 }
 
+TEST(CdfPoints, EvenlySpacedInRankWithBothEnds) {
+  std::vector<double> v;
+  for (int i = 1000; i >= 1; --i) v.push_back(i);
+  auto p = cdf_points(v, 5);
+  ASSERT_EQ(p.size(), 5u);
+  EXPECT_EQ(p[0], 1);
+  EXPECT_EQ(p[4], 1000);
+  EXPECT_EQ(p[2], 500);  // rank 999 * 2 / 4 = 499 -> value 500
+  EXPECT_EQ(cdf_points({3, 1}, 10), nlohmann::json({1, 3}));
+  EXPECT_TRUE(cdf_points({}, 10).empty());
+}
+
 TEST(Summarize, RoomsCountOnlyWhenEveryPrefillRankFinishedThem) {
   // Two prefill ranks: room 1 done by both (sends at 1 ms and 2 ms, done at 5 ms and 9 ms),
   // room 2 only by tp0 (its Success on tp1 fell outside the window).
