@@ -144,19 +144,18 @@ awk -v n="$FAIL_REQUESTS" 'BEGIN { for (i = 0; i < n; i++)
   printf "{\"timestamp\": %d, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": []}\n", i * 10 }' \
   >"$OUT/replay/trace.jsonl"
 FAIL_PLAN=transfer@prefill:0.05,transfer@decode:0.05,decode_fail:0.05,abort:0.05
-replay() {  # NAME TP FAULTS
+replay() {  # NAME TP FAULTS TRANSPORT [MORE REPLAY OPTIONS]
   "$KV" replay --trace "$OUT/replay/trace.jsonl" --model "$MODEL" --prefill-tp "$2" --decode-tp "$2" \
-    --pool-mib 256 --prefill-pool-mib 64 --page-size 16 --time-scale 1 --seed 1 --transport shm \
-    --faults "$3" --out "$OUT/replay/$1" | tail -8
+    --pool-mib 256 --prefill-pool-mib 64 --page-size 16 --time-scale 1 --seed 1 --transport "$4" \
+    --request-timeout-s 60 --faults "$3" --out "$OUT/replay/$1" "${@:5}" | tail -8
 }
 step "failure propagation: per-room faults, 1+1 and 4+4 ($FAIL_REQUESTS requests each)"
-replay tp1 1 "$FAIL_PLAN"
-replay tp4 4 "$FAIL_PLAN"
+replay tp1 1 "$FAIL_PLAN" shm
+replay tp4 4 "$FAIL_PLAN" shm
 step "peer death: SIGKILL of prefill/tp0 on 1+1 shm and tcp"
-replay death_shm 1 peer_death@prefill/tp0:once
-"$KV" replay --trace "$OUT/replay/trace.jsonl" --model "$MODEL" --prefill-tp 1 --decode-tp 1 \
-  --pool-mib 256 --prefill-pool-mib 64 --page-size 16 --time-scale 1 --seed 1 --transport tcp \
-  --faults peer_death@prefill/tp0:once --out "$OUT/replay/death_tcp" | tail -4
+# (100 requests: the kill comes while rooms are in flight; the rest only lengthen the run)
+replay death_shm 1 peer_death@prefill/tp0:once shm --max-requests 100 || true
+replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 100 || true
 
 # --- summary ------------------------------------------------------------------------------------
 step "summary"
