@@ -147,15 +147,16 @@ FAIL_PLAN=transfer@prefill:0.05,transfer@decode:0.05,decode_fail:0.05,abort:0.05
 replay() {  # NAME TP FAULTS TRANSPORT [MORE REPLAY OPTIONS]
   "$KV" replay --trace "$OUT/replay/trace.jsonl" --model "$MODEL" --prefill-tp "$2" --decode-tp "$2" \
     --pool-mib 256 --prefill-pool-mib 64 --page-size 16 --time-scale 1 --seed 1 --transport "$4" \
-    --request-timeout-s 60 --faults "$3" --out "$OUT/replay/$1" "${@:5}" | tail -8
+    --faults "$3" --out "$OUT/replay/$1" "${@:5}" | tail -8
 }
 step "failure propagation: per-room faults, 1+1 and 4+4 ($FAIL_REQUESTS requests each)"
-replay tp1 1 "$FAIL_PLAN" shm
-replay tp4 4 "$FAIL_PLAN" shm
+replay tp1 1 "$FAIL_PLAN" shm --request-timeout-s 60 || true
+replay tp4 4 "$FAIL_PLAN" shm --request-timeout-s 60 || true
 step "peer death: SIGKILL of prefill/tp0 on 1+1 shm and tcp"
-# (100 requests: the kill comes while rooms are in flight; the rest only lengthen the run)
-replay death_shm 1 peer_death@prefill/tp0:once shm --max-requests 100 || true
-replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 100 || true
+# 60 requests: the kill comes while rooms are in flight. Rooms after the restart were seen staying
+# unanswered until the router's request timeout (2026-11-30, reported), so that is short here.
+replay death_shm 1 peer_death@prefill/tp0:once shm --max-requests 60 --request-timeout-s 20 || true
+replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 60 --request-timeout-s 20 || true
 
 # --- summary ------------------------------------------------------------------------------------
 step "summary"

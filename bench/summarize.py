@@ -75,16 +75,23 @@ def main():
     }
     # Failure path.
     fails = {}
+    def report(name):  # a replay that stopped early has no faults / peer_deaths: NaN below
+        try:
+            return load(os.path.join(out, "replay", name, "report.json"))
+        except (OSError, ValueError):
+            print(f"summarize.py: no report for replay {name}", file=sys.stderr)
+            return {"faults": [], "peer_deaths": [], "faults_summary": {"attributed": 0, "by_kind": {}}}
+
     for name in ("tp1", "tp4"):
-        rep = load(os.path.join(out, "replay", name, "report.json"))
+        rep = report(name)
         t = [f["time_to_all_failed_ms"] for f in rep.get("faults", []) if f.get("applied", True)]
-        fails[name] = {"faults": len(t), "attributed": rep["faults_summary"]["attributed"],
+        fails[name] = {"faults": len(t), "attributed": rep.get("faults_summary", {}).get("attributed", 0),
                        "p50_ms": nearest_rank(t, 0.5), "p99_ms": nearest_rank(t, 0.99),
                        "max_ms": max(t) if t else float("nan"),
-                       "by_kind": {k: v["time_to_all_failed_ms"] for k, v in rep["faults_summary"]["by_kind"].items()}}
+                       "by_kind": {k: v["time_to_all_failed_ms"] for k, v in rep.get("faults_summary", {}).get("by_kind", {}).items()}}
     deaths = {}
     for name in ("death_shm", "death_tcp"):
-        rep = load(os.path.join(out, "replay", name, "report.json"))
+        rep = report(name)
         det = [d["ms"] for pd in rep.get("peer_deaths", []) for d in pd.get("detections", [])]
         deaths[name] = {"detections_ms": det, "max_ms": max(det) if det else float("nan")}
     s["failure"] = fails
