@@ -24,7 +24,7 @@ set title "Bandwidth vs write size (1+1, Llama-3.1-8B, one room's chunk per writ
 set xlabel "coalesced write size (bytes)"
 set ylabel "GB/s (10^9 B/s)"
 set logscale x 2
-set format x "%.0s%cB"
+set format x "%.0b %BB"
 set key top left
 set grid
 plot "$OUT/bw_shm.dat" using 3:4 with linespoints lw 2 pt 7 title "kvferry bench shm", \
