@@ -6,6 +6,9 @@
 #               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
 #   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
 #               docs/testing.md)
+#   make bench  build and run bench/compare.sh: kvferry bench vs ucx_perftest and memcpy, control
+#               plane, failure path, micro-benchmarks (under 10 min); raw results in out/bench/,
+#               plots by bench/plot.sh; last line: the ratios (docs/BENCHMARKS.md)
 #   make deps   install the Debian packages the build needs (idempotent)
 
 BUILD ?= build
@@ -13,6 +16,7 @@ ASAN_BUILD ?= build-asan
 JOBS ?= $(shell nproc)
 RUN_OUT ?= out/run
 FAULTS_OUT ?= out/faults
+BENCH_OUT ?= out/bench
 # `make faults`: every kind (docs/report.md "Faults"); injected timeouts fire after 500 ms, every
 # other deadline has its default (include/kvferry/deadlines.h).
 # The Azure trace's sizes, its arrivals re-paced to one request per FAULTS_GAP_MS (the recorded ones
@@ -25,9 +29,9 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox prometheus-cpp-dev
+  python3-numpy gnuplot-nox prometheus-cpp-dev jq
 
-.PHONY: deps build run faults test test-sanitize clean
+.PHONY: deps build run faults bench test test-sanitize clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -59,6 +63,9 @@ faults: build $(FAULTS_OUT)/azure_paced.jsonl
 	  --faults $(FAULT_PLAN),peer_death@prefill/tp1:once --out $(FAULTS_OUT)/shm
 	$(BUILD)/kvferry replay $(FAULT_ARGS) --max-requests 150 --time-scale 2 --transport tcp \
 	  --faults $(FAULT_PLAN),peer_death@decode/tp0:once --out $(FAULTS_OUT)/tcp
+
+bench: build
+	bench/compare.sh $(BUILD) $(BENCH_OUT)
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   kvferry::cli::add_rank_command(app);
   kvferry::cli::add_bootstrap_command(app);
   kvferry::cli::add_logs_command(app);
+  kvferry::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,134 @@
+#!/usr/bin/python3
+"""Summary of one bench/compare.sh run: reads OUT/*.json and OUT/replay/*/report.json, writes
+OUT/summary.json and OUT/latency_cdf_*.csv (for bench/plot.sh), prints the tables and, last, the
+line `shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X
+peer_death_detect_ms=Y`.
+
+usage: summarize.py OUT PERFTEST_POSIX_PUT_MBPS PERFTEST_TCP_PUT_MBPS PERFTEST_TCP_AM_MBPS
+"""
+import json
+import math
+import os
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def nearest_rank(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[max(1, math.ceil(q * len(v))) - 1]
+
+
+def write_cdf(path, points):
+    with open(path, "w") as f:
+        f.write("ms,fraction\n")
+        n = len(points)
+        for i, ms in enumerate(points):
+            f.write(f"{ms},{(i + 1) / n if n else 0}\n")
+
+
+def main():
+    out = sys.argv[1]
+    pt_posix, pt_tcp_put, pt_tcp_am = (float(x or 0) / 1000 for x in sys.argv[2:5])  # GB/s
+    shm = load(os.path.join(out, "kvferry_shm.json"))
+    tcp = load(os.path.join(out, "kvferry_tcp.json"))
+    memcpy = load(os.path.join(out, "memcpy.json"))
+    cp_max = load(os.path.join(out, "cp_max.json"))
+    cp_short = load(os.path.join(out, "cp_short.json"))
+    cp_long = load(os.path.join(out, "cp_long.json"))
+    pt_tcp = max(pt_tcp_put, pt_tcp_am)
+    ratio = lambda a, b: a / b if b > 0 else float("nan")
+    s = {
+        "kvferry_shm_gb_per_s": shm["gb_per_s"],
+        "kvferry_tcp_gb_per_s": tcp["gb_per_s"],
+        "write_bytes": shm["write_bytes"],
+        "ucx_perftest_posix_put_gb_per_s": pt_posix,
+        "ucx_perftest_tcp_put_gb_per_s": pt_tcp_put,
+        "ucx_perftest_tcp_am_gb_per_s": pt_tcp_am,
+        "memcpy_gb_per_s": memcpy["median_gb_per_s"],
+        "shm_vs_ucx_perftest": ratio(shm["gb_per_s"], pt_posix),
+        "shm_vs_memcpy": ratio(shm["gb_per_s"], memcpy["median_gb_per_s"]),
+        "tcp_vs_ucx_perftest": ratio(tcp["gb_per_s"], pt_tcp),
+        "cpu_s_per_gb": {"shm": shm["cpu_s_per_gb"], "tcp": tcp["cpu_s_per_gb"]},
+        "latency_ms": {"shm": shm["transfer_latency_ms"], "tcp": tcp["transfer_latency_ms"]},
+    }
+    # Control plane.
+    rss = []
+    for r in cp_long["ranks"]:
+        rss.append({"rank": r["name"], "rooms_at_checkpoint": cp_long["config"]["rss_checkpoint"],
+                    "anon_kib_at_checkpoint": r.get("rss_checkpoint", {}).get("anon_kib"),
+                    "rooms_at_end": r["rooms_total"], "anon_kib_at_end": r["rss_end"]["anon_kib"]})
+    s["control_plane"] = {
+        "max_rooms_per_s": cp_max["rooms_per_s"],
+        "max_rate_latency_ms": cp_max["transfer_latency_ms"],
+        "rate": cp_short["config"]["rate"],
+        "short": {"duration_s": cp_short["window_s"], "rooms": cp_short["rooms"],
+                  "cpu_us_per_room": cp_short["cpu_us_per_room"]},
+        "long": {"duration_s": cp_long["window_s"], "rooms": cp_long["rooms"],
+                 "cpu_us_per_room": cp_long["cpu_us_per_room"]},
+        "rss": rss,
+    }
+    # Failure path.
+    fails = {}
+    def report(name):  # a replay that stopped early has no faults / peer_deaths: NaN below
+        try:
+            return load(os.path.join(out, "replay", name, "report.json"))
+        except (OSError, ValueError):
+            print(f"summarize.py: no report for replay {name}", file=sys.stderr)
+            return {"faults": [], "peer_deaths": [], "faults_summary": {"attributed": 0, "by_kind": {}}}
+
+    for name in ("tp1", "tp4"):
+        rep = report(name)
+        t = [f["time_to_all_failed_ms"] for f in rep.get("faults", []) if f.get("applied", True)]
+        fails[name] = {"faults": len(t), "attributed": rep.get("faults_summary", {}).get("attributed", 0),
+                       "p50_ms": nearest_rank(t, 0.5), "p99_ms": nearest_rank(t, 0.99),
+                       "max_ms": max(t) if t else float("nan"),
+                       "by_kind": {k: v["time_to_all_failed_ms"] for k, v in rep.get("faults_summary", {}).get("by_kind", {}).items()}}
+    deaths = {}
+    for name in ("death_shm", "death_tcp"):
+        rep = report(name)
+        det = [d["ms"] for pd in rep.get("peer_deaths", []) for d in pd.get("detections", [])]
+        deaths[name] = {"detections_ms": det, "max_ms": max(det) if det else float("nan")}
+    s["failure"] = fails
+    s["peer_death"] = deaths
+    s["propagation_p99_ms"] = fails["tp4"]["p99_ms"]
+    s["peer_death_detect_ms"] = max(d["max_ms"] for d in deaths.values())
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(s, f, indent=2)
+    write_cdf(os.path.join(out, "latency_cdf_shm.csv"), shm["transfer_latency_cdf_ms"])
+    write_cdf(os.path.join(out, "latency_cdf_tcp.csv"), tcp["transfer_latency_cdf_ms"])
+    write_cdf(os.path.join(out, "latency_cdf_cp.csv"), cp_max["transfer_latency_cdf_ms"])
+
+    print(f"write size {s['write_bytes']} bytes")
+    print(f"{'':28}{'GB/s':>8}{'ratio':>8}")
+    print(f"{'kvferry bench shm':28}{shm['gb_per_s']:8.3f}")
+    print(f"{'ucx_perftest posix put':28}{pt_posix:8.3f}{s['shm_vs_ucx_perftest']:8.3f}")
+    print(f"{'memcpy (1 thread)':28}{memcpy['median_gb_per_s']:8.3f}{s['shm_vs_memcpy']:8.3f}")
+    print(f"{'kvferry bench tcp':28}{tcp['gb_per_s']:8.3f}")
+    print(f"{'ucx_perftest tcp put / am':28}{pt_tcp_put:8.3f} / {pt_tcp_am:.3f}  ratio to best {s['tcp_vs_ucx_perftest']:.3f}")
+    for k, j in (("shm", shm), ("tcp", tcp)):
+        l = j["transfer_latency_ms"]
+        print(f"latency {k}: p50 {l['p50']:.2f} p90 {l['p90']:.2f} p99 {l['p99']:.2f} ms; {j['cpu_s_per_gb']:.3f} CPU s/GB")
+    cp = s["control_plane"]
+    print(f"control plane: {cp['max_rooms_per_s']:.0f} rooms/s max (1+1 shm); at {cp['rate']:.0f} rooms/s "
+          f"{cp['short']['cpu_us_per_room']:.1f} CPU us/room over {cp['short']['rooms']} rooms, "
+          f"{cp['long']['cpu_us_per_room']:.1f} over {cp['long']['rooms']} rooms")
+    for r in rss:
+        print(f"  {r['rank']}: RssAnon {r['anon_kib_at_checkpoint']} KiB after {r['rooms_at_checkpoint']} rooms, "
+              f"{r['anon_kib_at_end']} KiB after {r['rooms_at_end']} rooms")
+    for name, f in fails.items():
+        print(f"fault -> all ranks Failed, {name}: {f['faults']} faults, p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
+    for name, d in deaths.items():
+        print(f"peer death {name}: detected after {d['detections_ms']} ms")
+    print(f"shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']:.3f} shm_vs_memcpy={s['shm_vs_memcpy']:.3f} "
+          f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']:.3f} propagation_p99_ms={s['propagation_p99_ms']:.3f} "
+          f"peer_death_detect_ms={s['peer_death_detect_ms']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

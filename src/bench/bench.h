@@ -1,0 +1,92 @@
+// `kvferry bench`: a pure transfer benchmark between a prefill and a decode engine, every rank its
+// own process (`kvferry bench-rank`), no trace, no content generation or verification.
+//
+// What runs: the orchestrator (run_bench) starts a BootstrapServer in-process and spawns
+// prefill_tp + decode_tp `kvferry bench-rank` processes. Each rank builds the real manager
+// (EndpointCore over UCX shm/tcp + ZeroMQ control) and the real PrefillEndpoint/DecodeEndpoint,
+// touches its whole pool once (outside the timed region), connects, and writes DIR/ready-NAME.
+// Once every rank is ready the orchestrator writes DIR/go ("start window_start window_end", ns of
+// CLOCK_MONOTONIC, which every process on the machine shares). Then rooms 1, 2, 3, ... run with at
+// most `concurrency` open per rank: decode opens room k (add_room, kv_indices from its page
+// allocator, init) no earlier than start + (k-1)/rate, prefill opens it too and send()s all its
+// pages in chunks of chunk_tokens as soon as it is WaitingForInput; both release it at Success.
+// Warm-up runs from start to window_start; the window [window_start, window_end) is measured.
+// After window_end no new room is opened (prefill still opens rooms decode already sent metadata
+// for), open rooms finish, and each rank writes DIR/NAME.json and exits.
+//
+// Measured per rank inside the window: CPU (getrusage RUSAGE_SELF, user+system, all threads), and
+// RSS (/proc/self/status RssAnon: the pools are SysV shared memory, RssShmem, so they are apart).
+// A room counts when every prefill rank finished it (Success) inside the window.
+// transfer latency = last prefill rank's Success - first prefill rank's first send() (ms);
+// room latency = last decode rank's Success - first decode rank's init() (metadata out; ms).
+// Units: bytes, ns internally; JSON in ms, s, GB (10^9 bytes), KiB for RSS.
+// Thread contract: run_bench() / run_bench_rank() on the process's main thread.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "kvferry/error.h"
+
+namespace kvferry::bench {
+
+struct BenchConfig {
+  std::string model = "Llama-3.1-8B";
+  std::string models_file;         // default: <source dir>/data/models.json
+  uint32_t layers = 0;             // 0: the model's; N: only the first N layers (control-plane mode)
+  uint32_t prefill_tp = 1;
+  uint32_t decode_tp = 1;
+  uint64_t tokens = 4096;          // input tokens per request (room)
+  uint32_t page_size = 64;         // tokens per page
+  uint64_t chunk_tokens = 8192;    // tokens per prefill send()
+  uint32_t concurrency = 4;        // rooms in flight per rank
+  double rate = 0;                 // rooms/s opened by decode; 0: as fast as rooms complete
+  std::string transport = "shm";   // shm | tcp
+  double duration_s = 5;           // measured window
+  double warmup_s = -1;            // before the window; <0: min(1, duration / 5)
+  uint64_t rss_checkpoint = 0;     // >0: each rank also records RssAnon after this many rooms
+  std::string out;                 // JSON result path ("" : none)
+  std::string work_dir;            // ready/go/rank files and rank logs; default: <out dir>/bench-work
+  std::string exe;                 // kvferry executable for the ranks; default: this process's
+  double timeout_s = 120;          // ranks must be ready within this, and finish within this after the window
+};
+
+struct BenchRankOptions {
+  bool prefill = true;
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
+  uint32_t peer_tp_size = 1;
+  std::string model = "Llama-3.1-8B";
+  std::string models_file;
+  uint32_t layers = 0;
+  uint64_t tokens = 4096;
+  uint32_t page_size = 64;
+  uint64_t chunk_tokens = 8192;
+  uint32_t concurrency = 4;
+  double rate = 0;
+  std::string transport = "shm";
+  std::string bootstrap;           // host:port
+  std::string dir;                 // work dir (ready/go files, NAME.json)
+  uint64_t rss_checkpoint = 0;
+  double timeout_s = 120;
+};
+
+// "prefill-tp0", "decode-tp3".
+std::string rank_name(bool prefill, uint32_t tp_rank);
+// The rank's argv (args[0] = exe).
+std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uint32_t tp_rank,
+                                         const std::string& bootstrap, const std::string& dir);
+
+// Checks the options and fills defaults. kInvalidArgument with a message for the user.
+Status validate(BenchConfig& c);
+
+// Runs the benchmark; prints a summary to `out`, errors to `err`. Returns 0 when it ran and every
+// counted room succeeded, 1 when it ran but rooms failed or none finished, 2 on invalid options or
+// when a rank could not start.
+int run_bench(BenchConfig config, std::ostream& out, std::ostream& err);
+
+// One rank (exit code: 0 ok, 2 could not start, 1 stopped early).
+int run_bench_rank(const BenchRankOptions& o);
+
+}  // namespace kvferry::bench

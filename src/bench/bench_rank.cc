@@ -1,0 +1,423 @@
+// One `kvferry bench-rank` process (bench.h describes the protocol).
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "bench/bench.h"
+#include "bench/proc_stats.h"
+#include "endpoint/core.h"
+#include "endpoint/decode_endpoint.h"
+#include "endpoint/page_allocator.h"
+#include "endpoint/prefill_endpoint.h"
+#include "endpoint/topology.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/log.h"
+
+namespace kvferry::bench {
+namespace {
+constexpr std::string_view kComp = "bench";
+constexpr int64_t kPrefillLingerNs = 300'000'000;  // idle after the window: late metadata still served
+constexpr int64_t kDrainCapNs = 20'000'000'000;    // after the window, open rooms get this long
+
+int fail_start(const std::string& what) {
+  log_event(LogLevel::kCritical, kComp, "cannot start: " + what);
+  flush_logging();
+  return 2;
+}
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) return false;
+    f << text;
+    if (!f) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+struct Go {
+  int64_t start = 0, window_start = 0, window_end = 0;
+};
+
+std::optional<Go> read_go(const std::string& dir) {
+  std::ifstream f(dir + "/go");
+  Go g;
+  if (!(f >> g.start >> g.window_start >> g.window_end)) return std::nullopt;
+  return g;
+}
+
+// One room as this rank saw it.
+struct Sample {
+  uint64_t room = 0;
+  int64_t start_ns = 0;  // prefill: first send(); decode: init()
+  int64_t end_ns = 0;    // Success
+  uint64_t bytes = 0;    // prefill: bytes written
+};
+
+// What both roles share: the loop plumbing and the measurements.
+class RankRun {
+ public:
+  RankRun(const BenchRankOptions& o, EndpointCore& core) : o_(o), core_(core) {}
+
+  // Control frames to `on_msg`, transport completions to `on_event`.
+  template <class OnMsg, class OnEvent>
+  void pump(int timeout_ms, OnMsg&& on_msg, OnEvent&& on_event) {
+    int fds[2] = {core_.waker().fd(), core_.control().fd()};
+    wait_readable(fds, 2, timeout_ms);
+    core_.waker().drain();
+    for (int i = 0; i < 4096; ++i) {
+      auto frame = core_.control().recv(std::chrono::milliseconds(0));
+      if (!frame) break;
+      auto msg = decode(*frame);
+      if (!msg.ok()) continue;
+      on_msg(*msg);
+    }
+    for (const TransportEvent& e : core_.take_events()) on_event(e);
+  }
+
+  void window_tick(int64_t now, uint64_t done_total) {
+    if (!window_started_ && now >= go_.window_start) {
+      window_started_ = true;
+      cpu_start_ = cpu_seconds();
+      rss_start_ = read_rss();
+      rooms_at_start_ = done_total;
+    }
+    if (window_started_ && !window_ended_ && now >= go_.window_end) {
+      window_ended_ = true;
+      cpu_end_ = cpu_seconds();
+      rss_end_ = read_rss();
+    }
+    if (o_.rss_checkpoint && !checkpoint_taken_ && done_total >= o_.rss_checkpoint) {
+      checkpoint_taken_ = true;
+      rss_checkpoint_ = read_rss();
+    }
+  }
+
+  void record(const Sample& s) {
+    ++done_total_;
+    if (s.end_ns >= go_.window_start && s.end_ns < go_.window_end) samples_.push_back(s);
+  }
+
+  int finish(const std::string& name, uint64_t failed, uint64_t open_at_exit) {
+    if (!window_ended_) {  // should not happen; measure now so the file is complete
+      cpu_end_ = cpu_seconds();
+      rss_end_ = read_rss();
+    }
+    nlohmann::json j;
+    j["name"] = name;
+    j["role"] = o_.prefill ? "prefill" : "decode";
+    j["tp_rank"] = o_.tp_rank;
+    j["cpu_s"] = cpu_end_ - cpu_start_;
+    j["rooms_total"] = done_total_;
+    j["rooms_before_window"] = rooms_at_start_;
+    j["failed"] = failed;
+    j["open_at_exit"] = open_at_exit;
+    j["rss_start"] = rss_start_.to_json();
+    j["rss_end"] = rss_end_.to_json();
+    if (checkpoint_taken_) j["rss_checkpoint"] = rss_checkpoint_.to_json();
+    j["pool_bytes"] = core_.layout().total_bytes();
+    nlohmann::json rooms = nlohmann::json::array();
+    for (const Sample& s : samples_) rooms.push_back({s.room, s.start_ns, s.end_ns, s.bytes});
+    j["rooms"] = std::move(rooms);
+    if (!write_file(o_.dir + "/" + name + ".json", j.dump())) return fail_start("cannot write result file");
+    flush_logging();
+    return 0;
+  }
+
+  Go go_;
+  uint64_t done_total_ = 0;
+
+ private:
+  const BenchRankOptions& o_;
+  EndpointCore& core_;
+  bool window_started_ = false, window_ended_ = false, checkpoint_taken_ = false;
+  double cpu_start_ = 0, cpu_end_ = 0;
+  RssSample rss_start_, rss_end_, rss_checkpoint_;
+  uint64_t rooms_at_start_ = 0;
+  std::vector<Sample> samples_;
+};
+
+// Waits for DIR/go, pumping the endpoint (heartbeats, registrations) meanwhile.
+template <class Pump>
+std::optional<Go> wait_go(const BenchRankOptions& o, Pump&& pump) {
+  int64_t deadline = monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9);
+  while (monotonic_ns() < deadline) {
+    if (auto g = read_go(o.dir)) return g;
+    pump();
+  }
+  return std::nullopt;
+}
+
+int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<HeadTransfer>& plan,
+                const std::string& name) {
+  PrefillEndpoint ep(c, plan);
+  RankRun run(o, c);
+  const size_t want_peers = dests_of(plan, o.tp_rank).size();
+  PageAllocator staging(c.layout().num_pages);
+  const uint64_t room_pages = c.layout().pages_for(o.tokens);
+  const uint64_t chunk_pages = std::max<uint64_t>(1, o.chunk_tokens / o.page_size);
+  struct Open {
+    int64_t first_send = 0;
+    uint64_t next_page = 0;
+    uint32_t chunks_out = 0;
+  };
+  std::map<uint64_t, Open> open;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> chunk_pages_of;  // tag -> staging pages
+  uint64_t next_tag = 1, next_room = 1, max_meta_room = 0, failed = 0;
+  auto on_msg = [&](const Message& m) {
+    if (auto* md = std::get_if<RoomMetadata>(&m)) max_meta_room = std::max(max_meta_room, md->room);
+    ep.on_message(m);
+  };
+  auto on_event = [&](const TransportEvent& e) {
+    auto done = ep.on_transport_event(e);
+    if (!done) return;
+    auto it = chunk_pages_of.find(done->tag);
+    if (it == chunk_pages_of.end()) return;
+    staging.free(it->second);
+    chunk_pages_of.erase(it);
+    auto r = open.find(done->room);
+    if (r != open.end() && r->second.chunks_out > 0) --r->second.chunks_out;
+  };
+  auto idle_pump = [&] {
+    run.pump(5, on_msg, on_event);
+    ep.tick(monotonic_ns());
+  };
+  // Every destination's pool registration must be here before rooms start.
+  for (int64_t deadline = monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9); ep.peers() < want_peers;) {
+    if (monotonic_ns() > deadline) return fail_start("the decode ranks' pool registrations never arrived");
+    idle_pump();
+  }
+  if (!write_file(o.dir + "/ready-" + name, "ready\n")) return fail_start("cannot write the ready file");
+  auto go = wait_go(o, idle_pump);
+  if (!go) return fail_start("no go from the orchestrator");
+  run.go_ = *go;
+  int64_t idle_since = 0;
+  for (;;) {
+    run.pump(1, on_msg, on_event);
+    int64_t now = monotonic_ns();
+    ep.tick(now);
+    run.window_tick(now, run.done_total_);
+    const bool after = now >= go->window_end;
+    // Open rooms: up to `concurrency`; after the window only those decode already asked for.
+    while (now >= go->start && open.size() < o.concurrency && (!after || next_room <= max_meta_room)) {
+      ep.add_room(next_room, o.tokens);
+      open[next_room] = {};
+      ++next_room;
+    }
+    for (auto it = open.begin(); it != open.end();) {
+      const uint64_t id = it->first;
+      Open& r = it->second;
+      KVPoll p = ep.poll(id);
+      if (p == KVPoll::WaitingForInput || p == KVPoll::Transferring) {
+        const SenderRoom* s = ep.room(id);
+        if (p == KVPoll::WaitingForInput && s && s->dests.empty() && r.next_page == 0) {
+          r.first_send = now;
+          (void)ep.conclude_without_writing(id);
+        }
+        while (s && !s->dests.empty() && r.next_page < room_pages) {
+          uint64_t n = std::min({chunk_pages, room_pages - r.next_page, staging.free_pages()});
+          if (n == 0) break;
+          std::vector<uint64_t> pages = std::move(*staging.alloc(n));
+          uint64_t tag = next_tag++;
+          if (r.first_send == 0) r.first_send = monotonic_ns();
+          Status st = ep.send(id, r.next_page, pages, tag);
+          if (!st.ok()) {
+            staging.free(pages);
+            ep.fail(id, ErrorCode::kInternal, "send() refused: " + st.str(), c.self(), monotonic_ns(), true);
+            break;
+          }
+          chunk_pages_of[tag] = std::move(pages);
+          r.next_page += n;
+          ++r.chunks_out;
+        }
+        p = ep.poll(id);
+      }
+      if (p == KVPoll::Success) {
+        const SenderRoom* s = ep.room(id);
+        run.record({id, r.first_send, monotonic_ns(), s ? s->bytes : 0});
+        ep.release(id);
+        it = open.erase(it);
+        continue;
+      }
+      if (p == KVPoll::Failed && ep.drained(id) && r.chunks_out == 0) {
+        // A room no decode rank asked for fails when decode exits after the window: not a failure.
+        if (id <= max_meta_room) ++failed;
+        ep.release(id);
+        it = open.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    if (after) {
+      bool idle = true;  // nothing open beyond rooms no decode rank asked for
+      for (const auto& [id, r] : open)
+        if (id <= max_meta_room || ep.poll(id) != KVPoll::Bootstrapping) idle = false;
+      if (!idle) {
+        idle_since = 0;
+      } else if (idle_since == 0) {
+        idle_since = now;
+      } else if (now - idle_since > kPrefillLingerNs) {
+        run.window_tick(now, run.done_total_);
+        return run.finish(name, failed, 0);
+      }
+      if (now - go->window_end > kDrainCapNs) return run.finish(name, failed, open.size());
+    }
+  }
+}
+
+int run_decode(const BenchRankOptions& o, EndpointCore& c, const std::vector<HeadTransfer>& plan,
+               const std::string& name) {
+  DecodeEndpoint ep(c, plan, o.bootstrap);
+  BootstrapClient bootstrap(o.bootstrap, 2000);
+  Status s = ep.connect_peers(bootstrap, monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9));
+  if (!s.ok()) return fail_start(s.str());
+  RankRun run(o, c);
+  PageAllocator pages(c.layout().num_pages);
+  PageAllocator aux(c.layout().aux_slots);
+  const uint64_t room_pages = c.layout().pages_for(o.tokens);
+  struct Open {
+    int64_t init_ns = 0;
+    std::vector<uint64_t> kv;
+    uint64_t aux = 0;
+  };
+  std::map<uint64_t, Open> open;
+  uint64_t next_room = 1, failed = 0;
+  auto on_msg = [&](const Message& m) { ep.on_message(m); };
+  auto on_event = [](const TransportEvent&) {};
+  auto idle_pump = [&] {
+    run.pump(5, on_msg, on_event);
+    ep.tick(monotonic_ns());
+  };
+  if (!write_file(o.dir + "/ready-" + name, "ready\n")) return fail_start("cannot write the ready file");
+  auto go = wait_go(o, idle_pump);
+  if (!go) return fail_start("no go from the orchestrator");
+  run.go_ = *go;
+  const double interval_ns = o.rate > 0 ? 1e9 / o.rate : 0;
+  for (;;) {
+    int64_t now = monotonic_ns();
+    // Sleep no longer than until the next room is due.
+    int timeout = 1;
+    run.pump(timeout, on_msg, on_event);
+    now = monotonic_ns();
+    ep.tick(now);
+    run.window_tick(now, run.done_total_);
+    while (now >= go->start && now < go->window_end && open.size() < o.concurrency &&
+           now >= go->start + static_cast<int64_t>(interval_ns * static_cast<double>(next_room - 1))) {
+      auto kv = pages.alloc(room_pages);
+      auto slot = aux.alloc(1);
+      if (!kv || !slot) {
+        if (kv) pages.free(*kv);
+        if (slot) aux.free(*slot);
+        break;  // pool full (quarantined pages of failed rooms): wait
+      }
+      const uint64_t id = next_room++;
+      ep.add_room(id, o.tokens);
+      Open& r = open[id];
+      r.kv = std::move(*kv);
+      r.aux = (*slot)[0];
+      r.init_ns = monotonic_ns();
+      Status st = ep.init(id, r.kv, static_cast<uint32_t>(r.aux));
+      if (!st.ok()) ep.fail(id, ErrorCode::kInternal, "init() refused: " + st.str(), c.self(), monotonic_ns(), true);
+    }
+    for (auto it = open.begin(); it != open.end();) {
+      const uint64_t id = it->first;
+      Open& r = it->second;
+      KVPoll p = ep.poll(id);
+      if (p == KVPoll::Success) {
+        run.record({id, r.init_ns, monotonic_ns(), 0});
+        pages.free(r.kv);
+        aux.free({r.aux});
+        ep.release(id);
+        it = open.erase(it);
+        continue;
+      }
+      if (p == KVPoll::Failed && ep.drained(id, now)) {
+        ++failed;
+        pages.free(r.kv);
+        aux.free({r.aux});
+        ep.release(id);
+        it = open.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    if (now >= go->window_end) {
+      run.window_tick(now, run.done_total_);
+      if (open.empty()) return run.finish(name, failed, 0);
+      if (now - go->window_end > kDrainCapNs) return run.finish(name, failed, open.size());
+    }
+  }
+}
+
+}  // namespace
+
+int run_bench_rank(const BenchRankOptions& o) {
+  const std::string name = rank_name(o.prefill, o.tp_rank);
+  RankId self{o.prefill ? Role::kPrefill : Role::kDecode, 0, o.tp_rank, 0};
+  // Warnings and above only: a debug line per room would be part of what is measured.
+  init_logging({self.str(), o.dir + "/" + name + ".log.jsonl", LogLevel::kWarning, LogLevel::kWarning});
+
+  std::ifstream in(o.models_file);
+  if (!in) return fail_start("cannot read models file " + o.models_file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto models = parse_models_json(text.str());
+  if (!models.ok()) return fail_start(models.status().str());
+  auto model = find_model(*models, o.model);
+  if (!model.ok()) return fail_start(model.status().str());
+  ModelGeometry m = *model;
+  if (o.layers) m.num_layers = std::min(m.num_layers, o.layers);
+  const uint32_t prefill_tp = o.prefill ? o.tp_size : o.peer_tp_size;
+  const uint32_t decode_tp = o.prefill ? o.peer_tp_size : o.tp_size;
+  auto plan = plan_transfers(m, prefill_tp, decode_tp);
+  if (!plan.ok()) return fail_start(plan.status().str());
+  // Pool: `concurrency` rooms of pages (decode: destination pages; prefill: staging), aux slots.
+  const uint32_t aux_slots = std::max<uint32_t>(64, 2 * o.concurrency);
+  auto probe = make_layout(m, o.tp_size, o.tp_rank, o.page_size, 1ull << 50, aux_slots);
+  if (!probe.ok()) return fail_start(probe.status().str());
+  const uint64_t pages = probe->pages_for(o.tokens) * o.concurrency;
+  const uint64_t pool_bytes = pages * probe->page_bytes() * probe->num_buffers() + aux_slots * kAuxSlotBytes;
+  auto layout = make_layout(m, o.tp_size, o.tp_rank, o.page_size, pool_bytes, aux_slots);
+  if (!layout.ok()) return fail_start(layout.status().str());
+
+  EndpointConfig ec;
+  ec.self = self;
+  ec.layout = *layout;
+  ec.transport = o.transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
+  auto core = EndpointCore::create(ec);
+  if (!core.ok()) return fail_start(core.status().str());
+  EndpointCore& c = **core;
+  // Touch the whole pool once: KV pages are resident in serving; page faults are not transfer cost.
+  std::memset(c.base(), 0, layout->total_bytes());
+
+  if (o.prefill) {
+    PrefillRankInfo info;
+    info.tp_rank = o.tp_rank;
+    info.tp_size = o.tp_size;
+    info.host = "127.0.0.1";
+    info.control_endpoint = c.control().endpoint();
+    info.page_size = o.page_size;
+    info.dtype = m.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", m.dtype_bytes);
+    info.model = m.name;
+    info.num_layers = m.num_layers;
+    info.heads_per_rank = layout->heads_per_rank;
+    info.first_head = layout->first_head;
+    BootstrapClient bootstrap(o.bootstrap, 2000);
+    Status s = bootstrap.register_rank(info);
+    if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
+    return run_prefill(o, c, *plan, name);
+  }
+  return run_decode(o, c, *plan, name);
+}
+
+}  // namespace kvferry::bench

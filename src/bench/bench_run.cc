@@ -1,0 +1,237 @@
+// `kvferry bench` orchestrator (bench.h).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include "bench/bench.h"
+#include "bench/summary.h"
+#include "endpoint/topology.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/geometry.h"
+#include "replay/orchestrator.h"
+#include "replay/process.h"
+
+namespace kvferry::bench {
+namespace fs = std::filesystem;
+namespace {
+
+Status invalid(const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); }
+
+Result<ModelGeometry> load_model(const BenchConfig& c) {
+  std::ifstream in(c.models_file);
+  if (!in) return invalid("cannot read the models file " + c.models_file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto models = parse_models_json(text.str());
+  if (!models.ok()) return invalid("models file " + c.models_file + ": " + models.status().message());
+  auto m = find_model(*models, c.model);
+  if (!m.ok()) return invalid(m.status().message());
+  ModelGeometry g = *m;
+  if (c.layers) g.num_layers = std::min(g.num_layers, c.layers);
+  return g;
+}
+
+std::string num(double x) { return fmt::format("{}", x); }
+
+}  // namespace
+
+std::string rank_name(bool prefill, uint32_t tp_rank) {
+  return fmt::format("{}-tp{}", prefill ? "prefill" : "decode", tp_rank);
+}
+
+std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uint32_t tp_rank,
+                                         const std::string& bootstrap, const std::string& dir) {
+  return {c.exe,
+          "bench-rank",
+          "--role", prefill ? "prefill" : "decode",
+          "--tp-rank", std::to_string(tp_rank),
+          "--tp-size", std::to_string(prefill ? c.prefill_tp : c.decode_tp),
+          "--peer-tp-size", std::to_string(prefill ? c.decode_tp : c.prefill_tp),
+          "--model", c.model,
+          "--models-file", c.models_file,
+          "--layers", std::to_string(c.layers),
+          "--tokens", std::to_string(c.tokens),
+          "--page-size", std::to_string(c.page_size),
+          "--chunk-tokens", std::to_string(c.chunk_tokens),
+          "--concurrency", std::to_string(c.concurrency),
+          "--rate", num(c.rate),
+          "--transport", c.transport,
+          "--bootstrap", bootstrap,
+          "--dir", dir,
+          "--rss-checkpoint", std::to_string(c.rss_checkpoint),
+          "--timeout-s", num(c.timeout_s)};
+}
+
+Status validate(BenchConfig& c) {
+  if (c.prefill_tp < 1 || c.prefill_tp > 16) return invalid("--prefill-tp must be in 1..16");
+  if (c.decode_tp < 1 || c.decode_tp > 16) return invalid("--decode-tp must be in 1..16");
+  if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
+  if (c.tokens == 0) return invalid("--tokens must be > 0");
+  if (c.chunk_tokens < c.page_size) return invalid("--chunk-tokens must be at least one page");
+  if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
+  if (!(c.rate >= 0)) return invalid("--rate must be >= 0 rooms/s");
+  if (c.transport != "shm" && c.transport != "tcp") return invalid("--transport must be shm or tcp");
+  if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
+  if (c.warmup_s < 0) c.warmup_s = std::min(1.0, c.duration_s / 5);
+  if (!(c.timeout_s > 0)) return invalid("--timeout-s must be > 0");
+  if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  auto m = load_model(c);
+  if (!m.ok()) return m.status();
+  auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);
+  if (!plan.ok()) return invalid(plan.status().message());
+  // Memory: every rank holds `concurrency` rooms of its share.
+  uint64_t total = 0;
+  for (int side = 0; side < 2; ++side) {
+    uint32_t tp = side == 0 ? c.prefill_tp : c.decode_tp;
+    for (uint32_t r = 0; r < tp; ++r) {
+      auto l = make_layout(*m, tp, r, c.page_size, 1ull << 50, 64);
+      if (!l.ok()) return invalid(l.status().message());
+      total += l->bytes_for_pages(l->pages_for(c.tokens)) * c.concurrency;
+    }
+  }
+  uint64_t avail = replay::mem_available_bytes();
+  if (avail && total > avail * 7 / 10)
+    return invalid(fmt::format("the pools need {} MiB, more than 70% of the {} MiB available; lower "
+                               "--tokens or --concurrency", total >> 20, avail >> 20));
+  if (c.exe.empty()) c.exe = replay::self_exe();
+  if (c.work_dir.empty()) {
+    fs::path base = c.out.empty() ? fs::path("out/bench") : fs::path(c.out).parent_path();
+    if (base.empty()) base = ".";
+    c.work_dir = (base / "bench-work").string();
+  }
+  return Status();
+}
+
+int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
+  Status v = validate(c);
+  if (!v.ok()) {
+    err << "kvferry bench: " << v.message() << "\n";
+    return 2;
+  }
+  std::error_code ec;
+  fs::remove_all(c.work_dir, ec);
+  fs::create_directories(c.work_dir, ec);
+  if (ec) {
+    err << "kvferry bench: cannot create " << c.work_dir << ": " << ec.message() << "\n";
+    return 2;
+  }
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  if (!server.ok()) {
+    err << "kvferry bench: bootstrap service: " << server.status().str() << "\n";
+    return 2;
+  }
+  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  replay::ProcessGroup group;
+  std::vector<std::string> names;
+  for (int side = 0; side < 2; ++side) {
+    const bool prefill = side == 0;
+    for (uint32_t r = 0; r < (prefill ? c.prefill_tp : c.decode_tp); ++r) {
+      std::string name = rank_name(prefill, r);
+      auto pid = group.spawn(name, c.exe, bench_rank_args(c, prefill, r, bootstrap, c.work_dir),
+                             c.work_dir + "/" + name + ".stderr");
+      if (!pid.ok()) {
+        err << "kvferry bench: " << pid.status().str() << "\n";
+        return 2;
+      }
+      names.push_back(name);
+    }
+  }
+  auto fail_child = [&](const replay::ChildExit& e) {
+    err << "kvferry bench: " << e.name << " " << e.describe() << "; its output:\n"
+        << replay::tail_file(c.work_dir + "/" + e.name + ".stderr", 20);
+    group.stop_all(std::chrono::milliseconds(500));
+    return 2;
+  };
+  // Ready: every rank connected and its pool touched.
+  const auto ready_deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(c.timeout_s);
+  for (;;) {
+    for (const auto& e : group.reap()) return fail_child(e);
+    size_t ready = 0;
+    for (const auto& n : names) ready += fs::exists(c.work_dir + "/ready-" + n);
+    if (ready == names.size()) break;
+    if (std::chrono::steady_clock::now() > ready_deadline) {
+      err << "kvferry bench: ranks not ready within " << c.timeout_s << " s\n";
+      return 2;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int64_t start = monotonic_ns() + 20'000'000;
+  const int64_t window_start = start + static_cast<int64_t>(c.warmup_s * 1e9);
+  const int64_t window_end = window_start + static_cast<int64_t>(c.duration_s * 1e9);
+  {
+    std::ofstream go(c.work_dir + "/go.tmp");
+    go << start << " " << window_start << " " << window_end << "\n";
+  }
+  fs::rename(c.work_dir + "/go.tmp", c.work_dir + "/go", ec);
+  // Finish: every rank exits on its own after the window.
+  const auto finish_deadline = std::chrono::steady_clock::now() +
+                               std::chrono::duration<double>(c.warmup_s + c.duration_s + c.timeout_s);
+  while (group.running_count() > 0) {
+    for (const auto& e : group.reap())
+      if (!e.ok()) return fail_child(e);
+    if (std::chrono::steady_clock::now() > finish_deadline) {
+      err << "kvferry bench: ranks did not finish within " << c.timeout_s << " s after the window\n";
+      group.stop_all(std::chrono::milliseconds(500));
+      return 2;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<nlohmann::json> ranks;
+  for (const auto& n : names) {
+    std::ifstream f(c.work_dir + "/" + n + ".json");
+    try {
+      ranks.push_back(nlohmann::json::parse(f));
+    } catch (const std::exception& e) {
+      err << "kvferry bench: result of " << n << " unreadable: " << e.what() << "\n";
+      return 2;
+    }
+  }
+  nlohmann::json j = summarize(ranks, c.prefill_tp, c.decode_tp, c.duration_s);
+  // The size of one coalesced write: a chunk's contiguous pages of one buffer, one head run.
+  auto m = load_model(c);
+  auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);
+  const uint64_t room_pages = (c.tokens + c.page_size - 1) / c.page_size;
+  const uint64_t chunk_pages = std::min<uint64_t>(room_pages, std::max<uint64_t>(1, c.chunk_tokens / c.page_size));
+  const uint64_t head_run = plan->empty() ? 0 : plan->front().num_heads;
+  j["write_bytes"] = chunk_pages * c.page_size * head_run * m->head_dim * m->dtype_bytes;
+  j["config"] = {{"model", c.model},         {"layers", m->num_layers},
+                 {"prefill_tp", c.prefill_tp}, {"decode_tp", c.decode_tp},
+                 {"tokens", c.tokens},       {"page_size", c.page_size},
+                 {"chunk_tokens", c.chunk_tokens}, {"concurrency", c.concurrency},
+                 {"rate", c.rate},           {"transport", c.transport},
+                 {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
+                 {"rss_checkpoint", c.rss_checkpoint}};
+  const auto& tl = j["transfer_latency_ms"];
+  out << fmt::format(
+      "kvferry bench: {} {}+{} {} tokens/room, page {}, concurrency {}, {}: {:.3f} GB/s, {:.1f} rooms/s, "
+      "transfer latency p50 {:.3f} ms p90 {:.3f} ms p99 {:.3f} ms, {:.3f} CPU s/GB, {:.1f} CPU us/room, "
+      "{} rooms, {} failed\n",
+      c.model, c.prefill_tp, c.decode_tp, c.tokens, c.page_size, c.concurrency, c.transport,
+      j["gb_per_s"].get<double>(), j["rooms_per_s"].get<double>(), tl["p50"].get<double>(),
+      tl["p90"].get<double>(), tl["p99"].get<double>(), j["cpu_s_per_gb"].get<double>(),
+      j["cpu_us_per_room"].get<double>(), j["rooms"].get<uint64_t>(), j["failed"].get<uint64_t>());
+  if (!c.out.empty()) {
+    fs::path p(c.out);
+    if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);
+    std::ofstream f(c.out);
+    f << j.dump(2) << "\n";
+    if (!f) {
+      err << "kvferry bench: cannot write " << c.out << "\n";
+      return 2;
+    }
+  }
+  return j["rooms"].get<uint64_t>() > 0 && j["failed"].get<uint64_t>() == 0 ? 0 : 1;
+}
+
+}  // namespace kvferry::bench

@@ -1,0 +1,72 @@
+// `kvferry bench` (transfer benchmark, src/bench/bench.h) and `kvferry bench-rank` (internal: one
+// rank of it).
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <memory>
+
+#include "bench/bench.h"
+#include "cli/commands.h"
+
+namespace kvferry::cli {
+
+void add_bench_command(CLI::App& app) {
+  auto cfg = std::make_shared<bench::BenchConfig>();
+  cfg->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "Transfer benchmark: prefill and decode ranks as processes, no trace, no verification");
+  cmd->add_option("--model", cfg->model, "model geometry name (data/models.json)")->capture_default_str();
+  cmd->add_option("--models-file", cfg->models_file, "model geometry JSON")->capture_default_str();
+  cmd->add_option("--layers", cfg->layers, "only the first N layers (0: all; control-plane mode: 1)")
+      ->capture_default_str();
+  cmd->add_option("--prefill-tp", cfg->prefill_tp, "prefill engine TP size")->capture_default_str();
+  cmd->add_option("--decode-tp", cfg->decode_tp, "decode engine TP size")->capture_default_str();
+  cmd->add_option("--tokens", cfg->tokens, "input tokens per request (room)")->capture_default_str();
+  cmd->add_option("--page-size", cfg->page_size, "tokens per KV page")->capture_default_str();
+  cmd->add_option("--chunk-tokens", cfg->chunk_tokens, "tokens per prefill send()")->capture_default_str();
+  cmd->add_option("--concurrency", cfg->concurrency, "rooms in flight per rank")->capture_default_str();
+  cmd->add_option("--rate", cfg->rate, "rooms/s opened (0: as fast as they complete)")->capture_default_str();
+  cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  cmd->add_option("--duration", cfg->duration_s, "measured window in seconds")->capture_default_str();
+  cmd->add_option("--warmup", cfg->warmup_s, "seconds before the window (default min(1, duration/5))");
+  cmd->add_option("--rss-checkpoint", cfg->rss_checkpoint,
+                  "also record each rank's RssAnon after this many rooms (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--out", cfg->out, "result JSON path");
+  cmd->add_option("--work-dir", cfg->work_dir, "rank files and logs (default: <out dir>/bench-work)");
+  cmd->add_option("--timeout-s", cfg->timeout_s, "ranks ready within, and done this long after the window")
+      ->capture_default_str();
+  cmd->callback([cfg] {
+    const int rc = bench::run_bench(*cfg, std::cout, std::cerr);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+
+  auto o = std::make_shared<bench::BenchRankOptions>();
+  auto role = std::make_shared<std::string>("prefill");
+  CLI::App* r = app.add_subcommand("bench-rank", "one rank of `kvferry bench` (internal)");
+  r->group("");  // hidden
+  r->add_option("--role", *role)->check(CLI::IsMember({"prefill", "decode"}))->required();
+  r->add_option("--tp-rank", o->tp_rank)->required();
+  r->add_option("--tp-size", o->tp_size)->required();
+  r->add_option("--peer-tp-size", o->peer_tp_size)->required();
+  r->add_option("--model", o->model);
+  r->add_option("--models-file", o->models_file)->required();
+  r->add_option("--layers", o->layers);
+  r->add_option("--tokens", o->tokens);
+  r->add_option("--page-size", o->page_size);
+  r->add_option("--chunk-tokens", o->chunk_tokens);
+  r->add_option("--concurrency", o->concurrency);
+  r->add_option("--rate", o->rate);
+  r->add_option("--transport", o->transport)->check(CLI::IsMember({"shm", "tcp"}));
+  r->add_option("--bootstrap", o->bootstrap)->required();
+  r->add_option("--dir", o->dir)->required();
+  r->add_option("--rss-checkpoint", o->rss_checkpoint);
+  r->add_option("--timeout-s", o->timeout_s);
+  r->callback([o, role] {
+    o->prefill = *role == "prefill";
+    const int rc = bench::run_bench_rank(*o);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace kvferry::cli

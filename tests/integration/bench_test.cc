@@ -1,0 +1,85 @@
+// `kvferry bench` as real processes (orchestrator + one prefill and one decode rank over shm):
+// a short run must produce a JSON whose figures are consistent with each other, so the benchmark
+// behind `make bench` cannot rot. No figure is compared against a speed target here.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "replay_harness.h"
+
+namespace kvferry_itest {
+namespace {
+
+class BenchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kvferry_bench_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) fs::remove_all(dir_, ec);
+  }
+  fs::path dir_;
+};
+
+TEST_F(BenchTest, ShortShmRunReportsConsistentFigures) {
+  // Llama-3.1-8B: 32 layers x K,V x 8 heads x 128 x 2 bytes = 131072 bytes per token.
+  constexpr uint64_t kTokens = 512, kBytesPerToken = 131072;
+  const fs::path out = dir_ / "bench.json";
+  CliRun r = run_cli({"bench", "--model", "Llama-3.1-8B", "--tokens", std::to_string(kTokens), "--page-size", "64",
+                      "--concurrency", "2", "--transport", "shm", "--duration", "1.5", "--warmup", "0.3",
+                      "--out", out.string()},
+                     dir_ / "cli.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("GB/s"), std::string::npos) << r.output;
+  json j = json::parse(slurp(out));
+  const uint64_t rooms = j.at("rooms").get<uint64_t>();
+  ASSERT_GT(rooms, 0u);
+  EXPECT_EQ(j.at("failed").get<uint64_t>(), 0u);
+  EXPECT_EQ(j.at("open_at_exit").get<uint64_t>(), 0u);
+  // Every counted room moved its whole KV (plus one aux record of at most 64 bytes).
+  const uint64_t bytes = j.at("bytes").get<uint64_t>();
+  EXPECT_GE(bytes, rooms * kTokens * kBytesPerToken);
+  EXPECT_LE(bytes, rooms * (kTokens * kBytesPerToken + 64));
+  const double window = j.at("window_s").get<double>();
+  EXPECT_DOUBLE_EQ(window, 1.5);
+  EXPECT_NEAR(j.at("gb_per_s").get<double>(), static_cast<double>(bytes) / 1e9 / window, 1e-9);
+  EXPECT_NEAR(j.at("rooms_per_s").get<double>(), static_cast<double>(rooms) / window, 1e-9);
+  const json& lat = j.at("transfer_latency_ms");
+  EXPECT_EQ(lat.at("count").get<uint64_t>(), rooms);
+  EXPECT_GT(lat.at("p50").get<double>(), 0.0);
+  EXPECT_LE(lat.at("p50").get<double>(), lat.at("p90").get<double>());
+  EXPECT_LE(lat.at("p90").get<double>(), lat.at("p99").get<double>());
+  EXPECT_LE(lat.at("p99").get<double>(), lat.at("max").get<double>());
+  // A room cannot take longer than the run.
+  EXPECT_LT(lat.at("max").get<double>(), 1000 * (window + 0.3 + 5));
+  EXPECT_GT(j.at("cpu_s").get<double>(), 0.0);
+  EXPECT_GT(j.at("cpu_s_per_gb").get<double>(), 0.0);
+  // 512 tokens at 64 per page is 8 pages; one chunk: a write is 8 pages x 64 tokens x 8 heads x 256 B.
+  EXPECT_EQ(j.at("write_bytes").get<uint64_t>(), 8u * 64 * 8 * 128 * 2);
+  ASSERT_EQ(j.at("ranks").size(), 2u);
+  for (const json& rank : j.at("ranks")) {
+    EXPECT_GT(rank.at("rss_end").at("rss_kib").get<uint64_t>(), 0u) << rank.dump();
+    EXPECT_GT(rank.at("rss_end").at("anon_kib").get<uint64_t>(), 0u) << rank.dump();
+    // The touched pool (2 rooms of 64 MiB) is resident shared memory.
+    EXPECT_GE(rank.at("rss_end").at("shmem_kib").get<uint64_t>() * 1024, 2 * kTokens * kBytesPerToken)
+        << rank.dump();
+    EXPECT_GE(rank.at("rooms_total").get<uint64_t>(), rooms) << rank.dump();
+  }
+}
+
+TEST_F(BenchTest, BadOptionsAreRefusedBeforeAnyRankStarts) {
+  CliRun r = run_cli({"bench", "--model", "No-Such-Model", "--duration", "1", "--out", (dir_ / "b.json").string()},
+                     dir_ / "cli.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("No-Such-Model"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "b.json"));
+  r = run_cli({"bench", "--tokens", "0", "--duration", "1"}, dir_ / "cli2.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--tokens"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace kvferry_itest
