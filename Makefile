@@ -29,7 +29,7 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox prometheus-cpp-dev jq
+  python3-numpy gnuplot-nox jq
 
 .PHONY: deps build run faults bench test test-sanitize clean
 

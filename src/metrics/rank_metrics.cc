@@ -1,121 +1,141 @@
-// RankMetrics (include/kvferry/metrics.h) on prometheus-cpp's core library (Debian
-// prometheus-cpp-dev): its registry keeps the series, its TextSerializer writes the exposition.
-#include <prometheus/counter.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
-#include <prometheus/text_serializer.h>
-
+// RankMetrics (include/kvferry/metrics.h): a fixed set of series kept in atomics, written in the
+// Prometheus text exposition format 0.0.4 (https://prometheus.io/docs/instrumenting/exposition_formats/:
+// "# HELP"/"# TYPE" lines, one sample per line, histogram buckets cumulative with le="+Inf", _sum,
+// _count). The series are known when the rank starts, apart from failures by code, so no general
+// client library is needed (prometheus-cpp is in Debian but not on the project's agreed list).
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <utility>
 
+#include <fmt/format.h>
+
 #include "kvferry/metrics.h"
 
 namespace kvferry {
 namespace {
 // 1 ms .. 60 s: a room's transfer on one machine takes milliseconds to seconds.
-const prometheus::Histogram::BucketBoundaries kLatencyBuckets = {
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+constexpr std::array<double, 15> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                    0.5,   1,      2.5,   5,    10,   30,    60};
 
 std::unique_ptr<RankMetrics> g_metrics;
+
+void header(std::string& out, std::string_view name, std::string_view type, std::string_view help) {
+  fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// A sample line: name{constant[,extra]} value. Integers are written without exponent.
+void sample(std::string& out, std::string_view name, std::string_view constant, std::string_view extra,
+            uint64_t value) {
+  fmt::format_to(std::back_inserter(out), "{}{{{}{}{}}} {}\n", name, constant, extra.empty() ? "" : ",", extra,
+                 value);
+}
 }  // namespace
 
 struct RankMetrics::Impl {
-  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
-  prometheus::Labels constant;
-  prometheus::Family<prometheus::Counter>* rooms = nullptr;
-  prometheus::Family<prometheus::Counter>* failures = nullptr;
-  prometheus::Counter* ok_rooms = nullptr;
-  prometheus::Counter* failed_rooms = nullptr;
-  prometheus::Counter* sent = nullptr;
-  prometheus::Counter* verified = nullptr;
-  prometheus::Counter* mismatched = nullptr;
-  prometheus::Histogram* latency = nullptr;
-  std::array<prometheus::Gauge*, 5> in_flight{};
-  prometheus::Gauge* peers = nullptr;
-  prometheus::Gauge* live_rooms = nullptr;
-  prometheus::Gauge* records = nullptr;
-  prometheus::Gauge* pages = nullptr;
-  std::mutex mu;  // guards failure_series (Family::Add is thread-safe; the cache is not)
-  std::map<std::pair<ErrorCode, bool>, prometheus::Counter*> failure_series;
-
-  template <typename Builder>
-  auto& family(Builder b, const char* name, const char* help) {
-    return b.Name(name).Help(help).Labels(constant).Register(*registry);
-  }
-  prometheus::Counter& counter(const char* name, const char* help) {
-    return family(prometheus::BuildCounter(), name, help).Add({});
-  }
-  prometheus::Gauge& gauge(const char* name, const char* help) {
-    return family(prometheus::BuildGauge(), name, help).Add({});
-  }
+  std::string constant;  // rank="...",role="..."
+  std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
+  std::array<std::atomic<uint64_t>, 5> in_flight{};
+  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0};
+  mutable std::mutex mu;  // guards the histogram and the failure series
+  std::array<uint64_t, kLatencyBuckets.size()> buckets{};  // per bucket (not cumulative)
+  uint64_t latency_count = 0;
+  double latency_sum = 0;
+  std::map<std::pair<std::string, bool>, uint64_t> failures;  // (code name, propagated) -> count
 };
 
 RankMetrics::RankMetrics(const RankId& self) : impl_(std::make_unique<Impl>()) {
-  Impl& m = *impl_;
-  m.constant = {{"rank", self.str()}, {"role", std::string(role_name(self.role))}};
-  m.rooms = &m.family(prometheus::BuildCounter(), "kvferry_rooms_total",
-                      "Rooms released on this rank, by outcome");
-  m.ok_rooms = &m.rooms->Add({{"outcome", "success"}});
-  m.failed_rooms = &m.rooms->Add({{"outcome", "failed"}});
-  m.failures = &m.family(prometheus::BuildCounter(), "kvferry_failures_total",
-                         "Failed rooms by error code and by whether this rank observed the root cause "
-                         "(local) or learned it from another rank (propagated)");
-  m.sent = &m.counter("kvferry_sent_bytes_total", "Prefill: KV and aux bytes written by this rank");
-  m.verified = &m.counter("kvferry_verified_bytes_total", "Decode: KV bytes verified by this rank");
-  m.mismatched = &m.counter("kvferry_mismatched_bytes_total", "Decode: KV bytes that did not match");
-  m.latency = &m.family(prometheus::BuildHistogram(), "kvferry_transfer_latency_seconds",
-                        "Decode: from init() (metadata sent) to Success of a room")
-                   .Add({}, kLatencyBuckets);
-  auto& flight = m.family(prometheus::BuildGauge(), "kvferry_rooms_in_flight", "Live rooms by KVPoll state");
-  for (int i = 0; i < 5; ++i)
-    m.in_flight[i] = &flight.Add({{"state", std::string(to_string(static_cast<KVPoll>(i)))}});
-  m.peers = &m.gauge("kvferry_peer_connections", "Peer ranks of the other engine this rank is connected to");
-  m.live_rooms = &m.gauge("kvferry_live_rooms", "Rooms held by the driver and the endpoint (leak counter)");
-  m.records = &m.gauge("kvferry_registry_records", "Failure registry records (leak counter)");
-  m.pages = &m.gauge("kvferry_pages_in_use", "Pool pages and aux slots in use (leak counter)");
+  impl_->constant = fmt::format("rank=\"{}\",role=\"{}\"", self.str(), role_name(self.role));
 }
 
 RankMetrics::~RankMetrics() = default;
 
 void RankMetrics::room_released(bool success, double latency_s) {
-  (success ? impl_->ok_rooms : impl_->failed_rooms)->Increment();
-  if (latency_s >= 0) impl_->latency->Observe(latency_s);
+  (success ? impl_->ok_rooms : impl_->failed_rooms).fetch_add(1, std::memory_order_relaxed);
+  if (latency_s < 0) return;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+    if (latency_s <= kLatencyBuckets[i]) {
+      ++impl_->buckets[i];
+      break;
+    }
+  }
+  ++impl_->latency_count;
+  impl_->latency_sum += latency_s;
 }
 
-void RankMetrics::add_sent_bytes(uint64_t bytes) { impl_->sent->Increment(static_cast<double>(bytes)); }
+void RankMetrics::add_sent_bytes(uint64_t bytes) { impl_->sent.fetch_add(bytes, std::memory_order_relaxed); }
 
 void RankMetrics::add_verified_bytes(uint64_t verified, uint64_t mismatched) {
-  impl_->verified->Increment(static_cast<double>(verified));
-  impl_->mismatched->Increment(static_cast<double>(mismatched));
+  impl_->verified.fetch_add(verified, std::memory_order_relaxed);
+  impl_->mismatched.fetch_add(mismatched, std::memory_order_relaxed);
 }
 
 void RankMetrics::room_failed(ErrorCode code, bool from_another_rank) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  auto& c = impl_->failure_series[{code, from_another_rank}];
-  if (!c) {
-    c = &impl_->failures->Add(
-        {{"code", std::string(code_name(code))}, {"origin_kind", from_another_rank ? "propagated" : "local"}});
-  }
-  c->Increment();
+  ++impl_->failures[{std::string(code_name(code)), from_another_rank}];
 }
 
 void RankMetrics::set_rooms_in_flight(const std::array<uint64_t, 5>& rooms_by_state) {
-  for (int i = 0; i < 5; ++i) impl_->in_flight[i]->Set(static_cast<double>(rooms_by_state[i]));
+  for (int i = 0; i < 5; ++i) impl_->in_flight[i].store(rooms_by_state[i], std::memory_order_relaxed);
 }
 
 void RankMetrics::set_leaks(uint64_t live_rooms, uint64_t records, uint64_t pages_in_use, uint64_t peers) {
-  impl_->live_rooms->Set(static_cast<double>(live_rooms));
-  impl_->records->Set(static_cast<double>(records));
-  impl_->pages->Set(static_cast<double>(pages_in_use));
-  impl_->peers->Set(static_cast<double>(peers));
+  impl_->live_rooms.store(live_rooms, std::memory_order_relaxed);
+  impl_->records.store(records, std::memory_order_relaxed);
+  impl_->pages.store(pages_in_use, std::memory_order_relaxed);
+  impl_->peers.store(peers, std::memory_order_relaxed);
 }
 
 std::string RankMetrics::exposition() const {
-  return prometheus::TextSerializer().Serialize(impl_->registry->Collect());
+  const Impl& m = *impl_;
+  const std::string& c = m.constant;
+  std::string out;
+  out.reserve(4096);
+  auto simple = [&](std::string_view name, std::string_view type, std::string_view help,
+                    const std::atomic<uint64_t>& v) {
+    header(out, name, type, help);
+    sample(out, name, c, "", v.load(std::memory_order_relaxed));
+  };
+  header(out, "kvferry_rooms_total", "counter", "Rooms released on this rank, by outcome");
+  sample(out, "kvferry_rooms_total", c, "outcome=\"success\"", m.ok_rooms.load());
+  sample(out, "kvferry_rooms_total", c, "outcome=\"failed\"", m.failed_rooms.load());
+  simple("kvferry_sent_bytes_total", "counter", "Prefill: KV and aux bytes written by this rank", m.sent);
+  simple("kvferry_verified_bytes_total", "counter", "Decode: KV bytes verified by this rank", m.verified);
+  simple("kvferry_mismatched_bytes_total", "counter", "Decode: KV bytes that did not match", m.mismatched);
+  header(out, "kvferry_failures_total", "counter",
+         "Failed rooms by error code and by whether this rank observed the root cause (local) or learned "
+         "it from another rank (propagated)");
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    for (const auto& [key, n] : m.failures) {
+      sample(out, "kvferry_failures_total", c,
+             fmt::format("code=\"{}\",origin_kind=\"{}\"", key.first, key.second ? "propagated" : "local"), n);
+    }
+    header(out, "kvferry_transfer_latency_seconds", "histogram",
+           "Decode: from init() (metadata sent) to Success of a room");
+    uint64_t cumulative = 0;
+    for (size_t i = 0; i < kLatencyBuckets.size(); ++i) {
+      cumulative += m.buckets[i];
+      sample(out, "kvferry_transfer_latency_seconds_bucket", c, fmt::format("le=\"{}\"", kLatencyBuckets[i]),
+             cumulative);
+    }
+    sample(out, "kvferry_transfer_latency_seconds_bucket", c, "le=\"+Inf\"", m.latency_count);
+    fmt::format_to(std::back_inserter(out), "kvferry_transfer_latency_seconds_sum{{{}}} {}\n", c, m.latency_sum);
+    sample(out, "kvferry_transfer_latency_seconds_count", c, "", m.latency_count);
+  }
+  header(out, "kvferry_rooms_in_flight", "gauge", "Live rooms by KVPoll state");
+  for (int i = 0; i < 5; ++i) {
+    sample(out, "kvferry_rooms_in_flight", c, fmt::format("state=\"{}\"", to_string(static_cast<KVPoll>(i))),
+           m.in_flight[i].load());
+  }
+  simple("kvferry_peer_connections", "gauge", "Peer ranks of the other engine this rank is connected to", m.peers);
+  simple("kvferry_live_rooms", "gauge", "Rooms held by the driver and the endpoint (leak counter)", m.live_rooms);
+  simple("kvferry_registry_records", "gauge", "Failure registry records (leak counter)", m.records);
+  simple("kvferry_pages_in_use", "gauge", "Pool pages and aux slots in use (leak counter)", m.pages);
+  return out;
 }
 
 void init_rank_metrics(const RankId& self) {
