@@ -2,7 +2,11 @@
 // driver that does nothing but can stall: what happens to a follower the leader marked down.
 #include "driver/engine_loop.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -41,11 +45,18 @@ class StallingDriver : public EngineDriver {
   std::atomic<size_t> ranks_down{0};
 };
 
-// A free local TCP endpoint (bound once and released).
+// A free local TCP endpoint: a plain socket is bound to port 0 and closed at once (a ZeroMQ
+// socket would release its port only later, on its I/O thread).
 std::string free_endpoint() {
-  auto s = ControlSocket::bind("tcp://127.0.0.1:0");
-  EXPECT_TRUE(s.ok());
-  return (*s)->endpoint();
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ::close(fd);
+  return "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 }
 
 TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
