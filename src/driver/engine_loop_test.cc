@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <thread>
@@ -59,6 +60,22 @@ std::string free_endpoint() {
   return "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 }
 
+// Rescue for a failed test: binds the (gone) leader's endpoint, waits for the follower's hello
+// and steps it to its end.
+void stand_in_for_leader(const std::string& leader_endpoint, std::future<int>& follower_rc) {
+  auto stand_in = ControlSocket::bind(leader_endpoint);
+  ASSERT_TRUE(stand_in.ok()) << stand_in.status().str();
+  std::string endpoint;
+  for (auto until = std::chrono::steady_clock::now() + 10s; endpoint.empty() && std::chrono::steady_clock::now() < until;)
+    if (auto f = (*stand_in)->recv(100ms); f) {
+      auto h = decode_sync_frame(*f);
+      if (h.ok() && h->type == "hello") endpoint = h->endpoint;
+    }
+  ASSERT_FALSE(endpoint.empty());
+  for (int i = 0; i < 50 && follower_rc.wait_for(100ms) != std::future_status::ready; ++i)
+    (void)(*stand_in)->send(endpoint, encode_step(1'000'000 + i, true, {}));
+}
+
 TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   auto router = ControlSocket::bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(router.ok());
@@ -79,6 +96,18 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   EngineLoop follower(fcfg, **follower_core, follower_driver, [](const Message&) {}, [](const TransportEvent&) {});
   auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
   auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
+  // However the test ends, both loops end first (each would run on, and the futures wait for them).
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
+      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
+      leader_rc.wait();
+    }
+    if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
+      stand_in_for_leader(cfg.engine_endpoint, follower_rc);
+  }};
 
   // The engine is up once the leader tells the router it is ready.
   bool ready = false;
@@ -100,26 +129,9 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   EXPECT_EQ(leader_rc.get(), 0);
   // The follower wakes up, finds the shutdown step and exits 0. Without it (the naive leader only
   // steps the followers it still counts) the follower waits for a leader forever.
-  bool follower_done = follower_rc.wait_for(5s) == std::future_status::ready;
-  EXPECT_TRUE(follower_done) << "the follower marked down never got the shutdown step";
-  if (!follower_done) {
-    // Rescue (so the test ends): stand in for the leader and step the follower to its end.
-    auto stand_in = ControlSocket::bind(cfg.engine_endpoint);
-    ASSERT_TRUE(stand_in.ok()) << stand_in.status().str();
-    std::string endpoint;
-    for (auto until = std::chrono::steady_clock::now() + 10s; endpoint.empty() && std::chrono::steady_clock::now() < until;)
-      if (auto f = (*stand_in)->recv(100ms); f) {
-        auto h = decode_sync_frame(*f);
-        if (h.ok() && h->type == "hello") endpoint = h->endpoint;
-      }
-    ASSERT_FALSE(endpoint.empty());
-    for (int i = 0; i < 50 && follower_rc.wait_for(100ms) != std::future_status::ready; ++i)
-      (void)(*stand_in)->send(endpoint, encode_step(1'000'000 + i, true, {}));
-  }
-  ASSERT_EQ(follower_rc.wait_for(0s), std::future_status::ready);
-  if (follower_done) {
-    EXPECT_EQ(follower_rc.get(), 0);
-  }
+  ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready)
+      << "the follower marked down never got the shutdown step";
+  EXPECT_EQ(follower_rc.get(), 0);
 }
 
 }  // namespace
