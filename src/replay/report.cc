@@ -78,6 +78,7 @@ json fault_json(const FaultEntry& f, bool applied) {
   if (applied) {
     j["ranks_total"] = f.ranks_total;
     j["ranks_concluded"] = f.ranks_concluded;
+    j["ranks_lost"] = f.ranks_lost;
     j["concluded_engines"] = f.concluded_engines;
   }
   if (!applied) j["outcome"] = f.outcome;
@@ -445,6 +446,7 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
         // A request the router gave up on has no verdict to account ranks by (it is misattributed).
         if (q.router_failure.empty()) f.ranks_total = prefill_tp + decode_tp;
         for (const auto* e : {&q.prefill, &q.decode}) {
+          if (*e) f.ranks_lost += (*e)->ranks_lost;
           if (!*e || (*e)->state != KVPoll::Success) continue;
           f.concluded_engines.emplace_back(role_name((*e)->role));
           f.ranks_concluded += (*e)->role == Role::kPrefill ? prefill_tp : decode_tp;

@@ -494,6 +494,22 @@ TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
   r = build_report(res, logs, {}, 2, 2);
   ASSERT_EQ(r.faults.size(), 2u);
   EXPECT_EQ(r.faults[1].ranks_unaccounted(), 2u);
+  // A rank killed while the room was live is lost, not unaccounted.
+  RequestOutcome lost;
+  lost.room = 92;
+  lost.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  lost.prefill = failed_result(Role::kPrefill, 92, ErrorCode::kInjected, "decode/tp1");
+  lost.prefill->ranks_lost = 1;
+  lost.decode = failed_result(Role::kDecode, 92, ErrorCode::kInjected, "decode/tp1");
+  lost.decode->ranks_failed = 2;
+  ReplayResults one;
+  one.requests.push_back(lost);
+  logs.above_debug_by_room = {{"92", 1}};
+  Report rl = build_report(one, logs, {}, 2, 2);
+  ASSERT_EQ(rl.faults.size(), 1u);
+  EXPECT_EQ(rl.faults[0].ranks_lost, 1u);
+  EXPECT_EQ(rl.faults[0].ranks_unaccounted(), 0u);
+  EXPECT_TRUE(rl.problems().empty()) << rl.problems().front();
   auto problems = r.problems();
   ASSERT_EQ(problems.size(), 1u);
   EXPECT_NE(problems[0].find("1 faults left ranks neither Failed nor concluded (first: room 91, 2 of 4"),
