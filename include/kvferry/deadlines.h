@@ -9,6 +9,8 @@
 //   prealloc_timeout      KVFERRY_PREALLOC_TIMEOUT_MS      300000   decode: pages never became free (prealloc_timeout)
 //   heartbeat_interval    KVFERRY_HEARTBEAT_INTERVAL_MS    100      period of control-plane heartbeats between peer ranks
 //   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     800      silence after which a peer rank is dead (peer_unreachable)
+//                                                                  if its control endpoint refuses connections; one that
+//                                                                  still accepts (alive, not scheduled) after 4x this
 //   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
 //   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service
 //   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        600      an engine rank stopped answering the per-step agreement

@@ -1,14 +1,45 @@
 // `kvferry rank`: one engine rank (internal; `kvferry replay` spawns these).
 #include <CLI/CLI.hpp>
+#include <pthread.h>
 
+#include <csignal>
+#include <cstring>
 #include <map>
 #include <memory>
+#include <thread>
 
 #include "cli/commands.h"
 #include "driver/rank.h"
 #include "kvferry/deadlines.h"
+#include "kvferry/log.h"
 
 namespace kvferry::cli {
+namespace {
+
+// SIGTERM/SIGINT end a rank the way they always did (killed by that signal), but first a thread
+// that waits for them logs why and flushes the log. Called before any other thread starts, so
+// every thread inherits the blocked mask and only this one receives the signals.
+void log_and_flush_on_termination() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  std::thread([stop] {
+    int sig = 0;
+    if (sigwait(&stop, &sig) != 0) return;
+    log_event(LogLevel::kInfo, "rank", std::string("stopped by ") + strsignal(sig));
+    flush_logging();
+    std::signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    raise(sig);
+  }).detach();
+}
+
+}  // namespace
 
 void add_rank_command(CLI::App& app) {
   auto opts = std::make_shared<RankOptions>();
@@ -40,6 +71,7 @@ void add_rank_command(CLI::App& app) {
   cmd->callback([opts, role, transport] {
     opts->role = *role == "prefill" ? Role::kPrefill : Role::kDecode;
     opts->transport = *transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
+    log_and_flush_on_termination();
     int rc = run_rank(*opts);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

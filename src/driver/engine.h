@@ -112,8 +112,9 @@ class EngineDriver {
 
   // kRelease for a done room (pages quarantined if any rank's drain deadline passed) and the
   // engine's RoomResult with the fields every engine fills; the caller adds its role's fields.
-  static RoomResult& release_room(uint64_t room, Role role, bool ok, const RoomReduction& red,
-                                  std::vector<Decision>* out, std::vector<RoomResult>* results);
+  // Ranks of the engine that are down count as lost (they report nothing any more).
+  RoomResult& release_room(uint64_t room, Role role, bool ok, const RoomReduction& red,
+                           std::vector<Decision>* out, std::vector<RoomResult>* results) const;
 
   // A kFail for `room` if a rank of this engine is down.
   std::optional<Decision> down_rank_failure(uint64_t room) const {

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <utility>
@@ -70,7 +71,9 @@ void EngineLoop::flush_outbox() {
 int EngineLoop::run_leader(ControlSocket& engine) {
   const Role role = cfg_.self.role;
   std::map<uint32_t, std::string> followers;
-  std::set<uint32_t> down;  // followers declared dead, until they say hello again
+  // Followers declared dead, until they say hello again, with their last endpoint: they get no
+  // steps, except the shutdown step (a follower that was only stalled then still exits cleanly).
+  std::map<uint32_t, std::string> down;
   std::set<uint32_t> asked;  // followers the outstanding step was sent to
   std::map<uint32_t, std::vector<RoomReport>> replies;
   std::map<uint32_t, RankLeakStats> follower_stats;
@@ -78,6 +81,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   bool outstanding = false, shutdown_requested = false, shutdown_sent = false, router_seen = false;
   uint64_t seq = 0;
   int64_t last_step = 0, last_ready = 0, outstanding_since = 0;
+  // A down follower's reply to the shutdown step is awaited at most this long (its stats join the
+  // engine's; meanwhile ZeroMQ delivers the step, which closing the socket at once could drop).
+  const int64_t down_shutdown_wait_ns = std::min<int64_t>(cfg_.peer_timeout_ms, 500) * 1'000'000;
   for (;;) {
     int64_t now = monotonic_ns();
     pump_local(engine, now);
@@ -95,7 +101,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         if (old != followers.end() && old->second != f->endpoint) engine.forget(old->second);
         followers[f->tp_rank] = f->endpoint;
         RankId r{role, 0, f->tp_rank, cfg_.self.dp_rank};
-        if (down.erase(f->tp_rank)) {
+        if (down.erase(f->tp_rank) != 0) {
           driver_.on_rank_up(r);
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
         }
@@ -126,9 +132,16 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       last_ready = now;
     }
     if (outstanding) {
-      size_t expected = 0;
-      for (uint32_t tp : asked) expected += followers.count(tp);
-      if (replies.size() < expected) {
+      size_t expected = 0, expected_down = 0, got_down = 0;
+      for (uint32_t tp : asked) {
+        expected += followers.count(tp);
+        if (shutdown_sent && down.count(tp)) {
+          ++expected_down;
+          got_down += replies.count(tp);
+        }
+      }
+      if (got_down < expected_down && now - outstanding_since <= down_shutdown_wait_ns) continue;
+      if (replies.size() - got_down < expected) {
         if (now - outstanding_since <= cfg_.peer_timeout_ms * 1'000'000) continue;
         // Followers that did not answer are dead: the engine fails their rooms and goes on.
         for (auto it = followers.begin(); it != followers.end();) {
@@ -144,8 +157,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
                     {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
                      .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
           driver_.on_rank_down(dead, why);
-          engine.forget(it->second);
-          down.insert(it->first);
+          down[it->first] = it->second;
           it = followers.erase(it);
         }
       }
@@ -187,6 +199,15 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       asked.insert(tp);
       Status s = engine.send(ep, step);
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, fmt::format("step to tp{} not queued: {}", tp, s.str()));
+    }
+    if (shutdown_requested) {
+      // A follower marked down may only have stalled: it must still learn that the run is over.
+      for (auto& [tp, ep] : down) {
+        asked.insert(tp);
+        Status s = engine.send(ep, step);
+        if (!s.ok())
+          log_event(LogLevel::kDebug, kComp, fmt::format("shutdown step to down tp{} not queued: {}", tp, s.str()));
+      }
     }
     shutdown_sent = shutdown_requested;
     outstanding = true;

@@ -210,6 +210,14 @@ TEST_F(PrefillDriverTest, DownRankFailsItsRoomsWithItsOrigin) {
   EXPECT_EQ(mine[0].code, ErrorCode::kPeerUnreachable);
   EXPECT_EQ(mine[0].origin, "prefill/tp1");
   EXPECT_EQ(mine[0].reason, "no step reply for 1000 ms");
+  // Released with this rank's report alone: the down rank is counted as lost, not as failed.
+  auto own = drv_->reports(monotonic_ns());
+  ASSERT_EQ(own.size(), 1u);
+  EXPECT_EQ(own[0].poll, KVPoll::Failed);
+  step({{room, {own[0]}}});
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_EQ(results_[0].ranks_failed, 1u);
+  EXPECT_EQ(results_[0].ranks_lost, 1u);
 }
 
 }  // namespace

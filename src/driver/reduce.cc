@@ -82,7 +82,7 @@ EngineDriver::Verdict EngineDriver::room_verdict(uint64_t room, const std::vecto
 }
 
 RoomResult& EngineDriver::release_room(uint64_t room, Role role, bool ok, const RoomReduction& red,
-                                       std::vector<Decision>* out, std::vector<RoomResult>* results) {
+                                       std::vector<Decision>* out, std::vector<RoomResult>* results) const {
   Decision rel;
   rel.op = Decision::Op::kRelease;
   rel.room = room;
@@ -93,6 +93,7 @@ RoomResult& EngineDriver::release_room(uint64_t room, Role role, bool ok, const 
   res.room = room;
   res.state = ok ? KVPoll::Success : KVPoll::Failed;
   res.ranks_failed = red.ranks_failed;
+  res.ranks_lost = static_cast<uint32_t>(down_ranks_.size());
   if (!ok) {
     res.code = red.winner.code;
     res.origin = red.winner.origin;

@@ -1,5 +1,15 @@
 #include "endpoint/peer_monitor.h"
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <string_view>
 #include <chrono>
 #include <memory>
 
@@ -35,6 +45,7 @@ void PeerMonitor::heard(const RankId& peer, int64_t now_ns) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;
   it->second.last_heard_ns = now_ns;
+  it->second.probed_ns = 0;
   if (it->second.reported) {
     it->second.reported = false;
     it->second.revived = true;
@@ -64,12 +75,49 @@ std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [rank, p] : peers_) {
     int64_t silent = now_ns - p.last_heard_ns;
-    if (!p.reported && silent > deadlines_.heartbeat_timeout_ms * 1'000'000) {
-      p.reported = true;
-      out.push_back({rank, silent / 1'000'000});
+    const int64_t timeout_ns = deadlines_.heartbeat_timeout_ms * 1'000'000;
+    if (p.reported || silent <= timeout_ns) continue;
+    if (silent <= kHungFactor * timeout_ns) {
+      // Suspected: confirmed unless the peer's endpoint still accepts connections.
+      const int64_t real_now = monotonic_ns();
+      if (p.probed_ns == 0 || real_now - p.probed_ns >= kProbeIntervalMs * 1'000'000) {
+        p.probe_alive = endpoint_accepts(p.endpoint, 20);
+        p.probed_ns = real_now;
+      }
+      if (p.probe_alive) continue;
     }
+    p.reported = true;
+    out.push_back({rank, silent / 1'000'000});
   }
   return out;
+}
+
+bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {
+  constexpr std::string_view kTcp = "tcp://";
+  if (endpoint.rfind(kTcp, 0) != 0) return false;
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || colon < kTcp.size()) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  const std::string host = endpoint.substr(kTcp.size(), colon - kTcp.size());
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;
+  char* end = nullptr;
+  const long port = std::strtol(endpoint.c_str() + colon + 1, &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) return false;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  if (!ok && errno == EINPROGRESS) {
+    pollfd pfd{fd, POLLOUT, 0};
+    if (::poll(&pfd, 1, timeout_ms) == 1) {
+      int err = 0;
+      socklen_t len = sizeof err;
+      ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+  }
+  ::close(fd);
+  return ok;
 }
 
 size_t PeerMonitor::watched() const {

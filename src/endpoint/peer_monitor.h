@@ -8,6 +8,13 @@
 // does not misjudge a live peer either. A peer silent for heartbeat_timeout is reported once by
 // take_dead(), until it is heard from again (take_revived()) or watched again (e.g. after it
 // restarted and re-registered); heartbeats keep going to a peer reported dead.
+// A silence alone is only a suspicion: on a heavily loaded host a live peer's heartbeat thread
+// (or ZeroMQ's I/O threads) may not run for a while. It is confirmed by a second signal that does
+// not need the peer to be scheduled: a TCP connect to the peer's control endpoint, which the
+// kernel answers for a live process and refuses at once for a killed one (its sockets closed with
+// it). A suspect whose endpoint still accepts is not reported until it has been silent for
+// kHungFactor x heartbeat_timeout (a hung process). So a kill -9 is still reported after
+// heartbeat_timeout, a busy peer is not. Probes go at most every kProbeIntervalMs per peer.
 // Thread contract: watch/unwatch/heard/take_dead from the main thread; the sender thread is internal.
 #pragma once
 #include <atomic>
@@ -47,12 +54,20 @@ class PeerMonitor {
   void mark_dead(const RankId& peer);
   size_t watched() const;
 
+  static constexpr int64_t kHungFactor = 4;
+  static constexpr int64_t kProbeIntervalMs = 50;
+  // Whether something listens on a "tcp://IPv4:PORT" endpoint (connect within `timeout_ms`).
+  // Unparsable endpoints and failed or timed-out connects are "no".
+  static bool endpoint_accepts(const std::string& endpoint, int timeout_ms);
+
  private:
   struct Peer {
     std::string endpoint;
     int64_t last_heard_ns = 0;
     bool reported = false;
     bool revived = false;
+    int64_t probed_ns = 0;     // last connect probe (0: none since last heard)
+    bool probe_alive = false;  // its answer
   };
   void run();
 

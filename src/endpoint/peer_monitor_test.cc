@@ -152,3 +152,62 @@ TEST(PeerMonitor, UnwatchStopsHeartbeats) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+// A peer silent past the timeout whose control endpoint still accepts connections is alive but
+// not scheduled (a loaded host): not declared dead until it stays silent kHungFactor x the
+// timeout. A naive monitor (silence alone) reports it at 100 ms + 1 ns.
+TEST(PeerMonitor, SilentPeerWhoseEndpointAcceptsIsNotDeadUntilHung) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, (*sock)->endpoint());
+  m.watch(kOther, "tcp://127.0.0.1:1");  // nothing listens: a killed process
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  m.heard(kOther, t);
+  auto dead = m.take_dead(t + 100 * kMs + 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kOther);
+  EXPECT_TRUE(m.take_dead(t + 250 * kMs).empty());
+  EXPECT_TRUE(m.take_dead(t + PeerMonitor::kHungFactor * 100 * kMs).empty());
+  dead = m.take_dead(t + PeerMonitor::kHungFactor * 100 * kMs + 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kPeer);
+}
+
+// Once the peer's process is gone (its socket closed), the next probe confirms the suspicion.
+TEST(PeerMonitor, SuspectIsConfirmedOnceItsEndpointCloses) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  const std::string ep = (*sock)->endpoint();
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, ep);
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  EXPECT_TRUE(m.take_dead(t + 150 * kMs).empty());
+  sock->reset();  // ZeroMQ closes the listening socket on its I/O thread, soon after
+  std::vector<DeadPeer> dead;
+  for (int i = 0; i < 100 && dead.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(PeerMonitor::kProbeIntervalMs / 5));
+    dead = m.take_dead(t + 200 * kMs);
+  }
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kPeer);
+}
+
+TEST(PeerMonitor, EndpointAccepts) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  EXPECT_TRUE(PeerMonitor::endpoint_accepts((*sock)->endpoint(), 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:1", 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://localhost:5000", 100));  // not an IPv4 address
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("ipc:///tmp/x", 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:99999", 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:12x", 100));
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -75,6 +75,12 @@ json fault_json(const FaultEntry& f, bool applied) {
             {"ranks_failed", f.ranks_failed},
             {"time_to_all_failed_ms", round_to(f.time_to_all_failed_ms, 3)},
             {"applied", applied}};
+  if (applied) {
+    j["ranks_total"] = f.ranks_total;
+    j["ranks_concluded"] = f.ranks_concluded;
+    j["ranks_lost"] = f.ranks_lost;
+    j["concluded_engines"] = f.concluded_engines;
+  }
   if (!applied) j["outcome"] = f.outcome;
   return j;
 }
@@ -236,6 +242,17 @@ std::vector<std::string> Report::problems() const {
     p.push_back(fmt::format("{} faults without exactly one log line above debug (first: room {} "
                             "has {})",
                             n, f.room, f.lines_above_debug));
+  }
+  {
+    uint64_t n = 0;
+    const FaultEntry* first = nullptr;
+    for (const auto& f : faults)
+      if (f.ranks_total > 0 && f.ranks_unaccounted() > 0 && n++ == 0) first = &f;
+    if (first) {
+      p.push_back(fmt::format("{} faults left ranks neither Failed nor concluded (first: room {}, {} of {} "
+                              "ranks)",
+                              n, first->room, first->ranks_unaccounted(), first->ranks_total));
+    }
   }
   if (!unexpected_failures.empty()) {
     const auto& u = unexpected_failures.front();
@@ -426,6 +443,14 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
         f.reason = reason;
         f.ranks_failed = (q.prefill ? q.prefill->ranks_failed : 0) +
                          (q.decode ? q.decode->ranks_failed : 0);
+        // A request the router gave up on has no verdict to account ranks by (it is misattributed).
+        if (q.router_failure.empty()) f.ranks_total = prefill_tp + decode_tp;
+        for (const auto* e : {&q.prefill, &q.decode}) {
+          if (*e) f.ranks_lost += (*e)->ranks_lost;
+          if (!*e || (*e)->state != KVPoll::Success) continue;
+          f.concluded_engines.emplace_back(role_name((*e)->role));
+          f.ranks_concluded += (*e)->role == Role::kPrefill ? prefill_tp : decode_tp;
+        }
         f.time_to_all_failed_ms = time_to_all_failed_ms(q);
       }
       if (outcome == "failed" && death < 0) {
@@ -483,17 +508,19 @@ std::string report_json(const Report& r, const ReplayResults& results,
   for (const auto& [kind, injected] : injected_by_kind) {
     const auto& list = applied_by_kind[kind];
     std::vector<double> t;
-    uint64_t ok = 0, one_line = 0;
+    uint64_t ok = 0, one_line = 0, concluded = 0;
     for (const FaultEntry* f : list) {
       t.push_back(f->time_to_all_failed_ms);
       ok += f->attributed() ? 1 : 0;
       one_line += f->lines_above_debug == 1 ? 1 : 0;
+      concluded += f->concluded_engines.empty() ? 0 : 1;
     }
     const Percentiles pt = percentiles(t);
     by_kind[kind] = {{"injected", injected},
                      {"applied", list.size()},
                      {"attributed", ok},
                      {"exactly_one_line", one_line},
+                     {"rooms_with_a_concluded_engine", concluded},
                      {"time_to_all_failed_ms",
                       {{"p50", round_to(pt.p50, 3)},
                        {"p99", round_to(pt.p99, 3)},

@@ -69,6 +69,18 @@ struct FaultEntry {
   uint64_t lines_above_debug = 0;
   uint32_t ranks_failed = 0;
   double time_to_all_failed_ms = 0;
+  // Ranks of an engine that had already concluded the room with Success (every write of the
+  // prefill engine acknowledged) before the failure, observed later on the decode side, could
+  // reach them: they stay at Success, as SGLang's prefill sender does (docs/report.md "Faults").
+  uint32_t ranks_concluded = 0;
+  uint32_t ranks_lost = 0;  // ranks down (killed) when their engine released the room
+  uint32_t ranks_total = 0;  // prefill_tp + decode_tp (0 when the router gave up on the request)
+  std::vector<std::string> concluded_engines;  // "prefill" / "decode" whose verdict is Success
+  // Ranks neither Failed nor concluded (an engine's verdict missing): 0 in a clean replay.
+  uint32_t ranks_unaccounted() const {
+    const uint32_t known = ranks_failed + ranks_concluded + ranks_lost;
+    return ranks_total > known ? ranks_total - known : 0;
+  }
   bool attributed() const {
     return observed_origin == injected_at && (expected_code.empty() || code == expected_code);
   }

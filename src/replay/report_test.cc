@@ -23,6 +23,7 @@ RoomResult failed_result(Role role, uint64_t room, ErrorCode code, const std::st
   r.code = code;
   r.origin = origin;
   r.reason = "because " + origin;
+  r.ranks_failed = 1;  // the one rank of its engine (build_report's default cluster is 1+1)
   return r;
 }
 
@@ -200,6 +201,9 @@ TEST(BuildReport, FaultAttributionAndLineCounts) {
   EXPECT_EQ(a.lines_above_debug, 1u);
   EXPECT_EQ(a.ranks_failed, 4u);
   EXPECT_DOUBLE_EQ(a.time_to_all_failed_ms, 4.5);
+  EXPECT_EQ(a.ranks_total, 2u);  // build_report's default cluster is 1+1
+  EXPECT_EQ(a.ranks_concluded, 0u);
+  EXPECT_TRUE(a.concluded_engines.empty());
 
   const FaultEntry& b = r.faults[1];
   EXPECT_FALSE(b.attributed());
@@ -412,6 +416,9 @@ TEST(ReportJson, HasEveryDocumentedField) {
   EXPECT_EQ(j["faults"][0]["observed_origin"], "prefill/tp0");
   EXPECT_EQ(j["faults"][0]["lines_above_debug"], 1);
   EXPECT_EQ(j["faults"][0]["applied"], true);
+  EXPECT_EQ(j["faults"][0]["ranks_total"], 2);
+  EXPECT_EQ(j["faults"][0]["ranks_concluded"], 0);
+  EXPECT_TRUE(j["faults"][0]["concluded_engines"].empty());
   EXPECT_TRUE(j["faults_not_applied"].is_array());
   EXPECT_EQ(j["faults_summary"]["attributed"], 1);
   EXPECT_EQ(j["faults"][0]["expected_code"], "transfer_error");
@@ -421,6 +428,7 @@ TEST(ReportJson, HasEveryDocumentedField) {
   EXPECT_EQ(kind["applied"], 1);
   EXPECT_EQ(kind["attributed"], 1);
   EXPECT_EQ(kind["exactly_one_line"], 1);
+  EXPECT_EQ(kind["rooms_with_a_concluded_engine"], 0);
   EXPECT_EQ(kind["time_to_all_failed_ms"]["count"], 1);
   EXPECT_EQ(j["faults_summary"]["peer_deaths"], 0);
   EXPECT_TRUE(j["peer_deaths"].empty());
@@ -454,6 +462,59 @@ TEST(ReportJson, HasEveryDocumentedField) {
   const auto partial = nlohmann::json::parse(partial_report_json("{}", 1.0, "decode/tp0 died"));
   EXPECT_EQ(partial["status"], "failed");
   EXPECT_EQ(partial["error"], "decode/tp0 died");
+}
+
+// A failure the decode side observes after the prefill engine concluded the room with Success
+// (transfer@decode, a late abort) is said so: prefill's ranks are concluded, not silently missing.
+// A fault whose engine verdict is missing leaves ranks unaccounted, which is a problem.
+TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
+  ReplayResults res;
+  RequestOutcome late = success(90, 1, 2, 10);
+  late.fault = FaultSpec{"transfer", "decode/tp1"};
+  late.decode = failed_result(Role::kDecode, 90, ErrorCode::kTransferError, "decode/tp1");
+  late.decode->ranks_failed = 2;
+  res.requests.push_back(late);
+  LogScan logs;
+  logs.lines = 5;
+  logs.above_debug_by_room = {{"90", 1}, {"91", 1}};
+  Report r = build_report(res, logs, {}, 2, 2);
+  ASSERT_EQ(r.faults.size(), 1u);
+  EXPECT_EQ(r.faults[0].ranks_failed, 2u);
+  EXPECT_EQ(r.faults[0].ranks_concluded, 2u);
+  EXPECT_EQ(r.faults[0].ranks_total, 4u);
+  EXPECT_EQ(r.faults[0].concluded_engines, std::vector<std::string>{"prefill"});
+  EXPECT_TRUE(r.problems().empty()) << r.problems().front();
+
+  RequestOutcome half;  // the prefill engine's verdict never came
+  half.room = 91;
+  half.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  half.decode = failed_result(Role::kDecode, 91, ErrorCode::kInjected, "decode/tp0");
+  half.decode->ranks_failed = 2;
+  res.requests.push_back(half);
+  r = build_report(res, logs, {}, 2, 2);
+  ASSERT_EQ(r.faults.size(), 2u);
+  EXPECT_EQ(r.faults[1].ranks_unaccounted(), 2u);
+  // A rank killed while the room was live is lost, not unaccounted.
+  RequestOutcome lost;
+  lost.room = 92;
+  lost.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  lost.prefill = failed_result(Role::kPrefill, 92, ErrorCode::kInjected, "decode/tp1");
+  lost.prefill->ranks_lost = 1;
+  lost.decode = failed_result(Role::kDecode, 92, ErrorCode::kInjected, "decode/tp1");
+  lost.decode->ranks_failed = 2;
+  ReplayResults one;
+  one.requests.push_back(lost);
+  logs.above_debug_by_room = {{"92", 1}};
+  Report rl = build_report(one, logs, {}, 2, 2);
+  ASSERT_EQ(rl.faults.size(), 1u);
+  EXPECT_EQ(rl.faults[0].ranks_lost, 1u);
+  EXPECT_EQ(rl.faults[0].ranks_unaccounted(), 0u);
+  EXPECT_TRUE(rl.problems().empty()) << rl.problems().front();
+  auto problems = r.problems();
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("1 faults left ranks neither Failed nor concluded (first: room 91, 2 of 4"),
+            std::string::npos)
+      << problems[0];
 }
 
 }  // namespace

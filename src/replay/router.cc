@@ -298,6 +298,7 @@ class Router {
       r.code = ErrorCode::kPeerUnreachable;
       r.origin = d.rank.str();
       r.reason = "engine leader restarted";
+      r.ranks_lost = role == Role::kPrefill ? c_.prefill_tp : c_.decode_tp;  // no rank reported
       r.first_failed_ns = d.killed_ns > 0 ? d.killed_ns : now;
       r.failed_all_ns = now;
       ++synthesized;

@@ -315,16 +315,38 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
     say_ready(**p, **d, c.endpoint, stop);
     std::deque<uint64_t> pending;  // rooms both engines got and did not answer yet
     bool dead = false;
-    size_t shutdowns = 0;
+    size_t shutdowns = 0, prefill_requests = 0;
     int64_t last_request = monotonic_ns();
+    // One frame from an engine leader's socket, if one comes within `wait`.
+    auto take = [&](ControlSocket* s, std::chrono::milliseconds wait) {
+      auto text = s->recv(wait);
+      if (!text) return;
+      auto f = decode_router_frame(*text);
+      ASSERT_TRUE(f.ok()) << f.status().str();
+      const Role role = s == &**p ? Role::kPrefill : Role::kDecode;
+      if (f->type == "shutdown") {
+        ++shutdowns;
+        s->send(c.endpoint, encode_stats(role, {}));
+      } else if (f->request && role == Role::kPrefill) {
+        if (dead || (killed_ns && !ready_again_ns)) ++requests_while_dead;
+        pending.push_back(f->request->room);
+        ++prefill_requests;
+        last_request = monotonic_ns();
+      }
+    };
     while (!stop && shutdowns < 2) {
-      const int64_t now = monotonic_ns();
       if (auto text = (*o)->recv(std::chrono::milliseconds(0))) {
         auto f = decode_router_frame(*text);
         ASSERT_TRUE(f.ok() && f->type == "kill" && f->rank == "prefill/tp0") << *text;
+        // The router dispatched exactly kill_after requests before it asked for the kill, but they
+        // come on another socket: take them all first, so the leader really had them when it died.
+        for (int64_t until = monotonic_ns() + 5'000'000'000; prefill_requests < kill_after && monotonic_ns() < until;)
+          take(&**p, std::chrono::milliseconds(10));
+        ASSERT_EQ(prefill_requests, kill_after);
         ++kills;
         dead = true;
-        killed_ns = now;
+        killed_ns = monotonic_ns();
+        const int64_t now = killed_ns;
         (*o)->send(c.endpoint, encode_peer_death("killed", f->rank, now, ""));
         for (uint64_t room : pending) {  // decode fails them; the prefill leader lost them
           (*d)->send(c.endpoint, encode_result(result_of(Role::kDecode, room, ErrorCode::kPeerUnreachable, "prefill/tp0")));
@@ -332,28 +354,16 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
         }
         pending.clear();
       }
+      const int64_t now = monotonic_ns();
       if (dead && now - killed_ns > 150'000'000) {
         dead = false;
-        (*o)->send(c.endpoint, encode_peer_death("restarted", "prefill/tp0", now, ""));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        // On the leader's own socket (the router reads one socket, whoever sends): "restarted"
+        // then reaches the router before the new leader's "ready", as the orchestrator's does.
+        (*p)->send(c.endpoint, encode_peer_death("restarted", "prefill/tp0", now, ""));
         ready_again_ns = monotonic_ns();
         (*p)->send(c.endpoint, encode_ready(Role::kPrefill, 2));
       }
-      for (ControlSocket* s : {&**p, &**d}) {
-        auto text = s->recv(std::chrono::milliseconds(3));
-        if (!text) continue;
-        auto f = decode_router_frame(*text);
-        ASSERT_TRUE(f.ok()) << f.status().str();
-        const Role role = s == &**p ? Role::kPrefill : Role::kDecode;
-        if (f->type == "shutdown") {
-          ++shutdowns;
-          s->send(c.endpoint, encode_stats(role, {}));
-        } else if (f->request && role == Role::kPrefill) {
-          if (dead || (killed_ns && !ready_again_ns)) ++requests_while_dead;
-          pending.push_back(f->request->room);
-          last_request = monotonic_ns();
-        }
-      }
+      for (ControlSocket* s : {&**p, &**d}) take(s, std::chrono::milliseconds(3));
       // Keep two rooms in flight; answer the rest when nothing new comes.
       if (!dead && (pending.size() > 2 || (!pending.empty() && monotonic_ns() - last_request > 30'000'000))) {
         for (ControlSocket* s : {&**p, &**d}) {

@@ -169,6 +169,7 @@ Result<RoomResult> decode_result(const json& j) {
   res.bytes_verified = r.u64("bytes_verified");
   res.bytes_mismatched = r.u64("bytes_mismatched");
   res.ranks_failed = r.u32("ranks_failed");
+  res.ranks_lost = r.u32("ranks_lost");
   if (r.failed()) return bad(r.error());
   if (state == "Success") {
     res.state = KVPoll::Success;
@@ -253,7 +254,8 @@ std::string encode_result(const RoomResult& r) {
             {"bytes_transferred", r.bytes_transferred},
             {"bytes_verified", r.bytes_verified},
             {"bytes_mismatched", r.bytes_mismatched},
-            {"ranks_failed", r.ranks_failed}};
+            {"ranks_failed", r.ranks_failed},
+            {"ranks_lost", r.ranks_lost}};
   return dump(j);
 }
 

@@ -63,6 +63,8 @@ struct RoomResult {
   uint64_t bytes_verified = 0;    // decode: bytes checked, summed over ranks
   uint64_t bytes_mismatched = 0;  // decode
   uint32_t ranks_failed = 0;      // ranks of this engine that reached Failed
+  uint32_t ranks_lost = 0;        // ranks of this engine down (dead) when it released the room:
+                                  // their state of the room died with them
 };
 
 struct RankLeakStats {

@@ -4,7 +4,8 @@
 //   - every rank of both engines reached Failed (ranks_failed == prefill_tp + decode_tp), soon
 //     after the failure was first observed; except for failures the decode side observes after
 //     the prefill side finished its part (transfer@decode always: the data arrived; abort when
-//     it comes late): the prefill engine then reports Success, every decode rank Failed;
+//     it comes late): the prefill engine then reports Success, every decode rank Failed, and the
+//     report says so (ranks_concluded, concluded_engines; docs/report.md "Which ranks reach Failed");
 //   - both engines (that failed) report the injected origin and the kind's code;
 //   - exactly one log line above debug across all processes, logged by the origin rank;
 //   - is_from_another_rank is false on the origin only, on every rank's release line;
@@ -102,6 +103,10 @@ TEST_P(FaultMatrix, EveryRankFailsWithTheInjectedOriginAndOneLine) {
     EXPECT_EQ(f["observed_origin"], c.at) << f.dump();
     EXPECT_EQ(f["code"], c.code) << f.dump();
     EXPECT_EQ(f["ranks_failed"], all_ranks) << f.dump();
+    // Every rank is accounted for: Failed, or its engine concluded the room before the failure.
+    EXPECT_EQ(f["ranks_total"], 2 * c.tp) << f.dump();
+    EXPECT_EQ(f["ranks_concluded"], prefill_failed[room] ? 0 : c.tp) << f.dump();
+    EXPECT_EQ(f["concluded_engines"], prefill_failed[room] ? json::array() : json::array({"prefill"})) << f.dump();
     EXPECT_LT(f["time_to_all_failed_ms"].get<double>(), 2000) << f.dump();
     EXPECT_EQ(f["lines_above_debug"], 1) << f.dump();
     const std::string error = f["error"];
