@@ -65,6 +65,9 @@ struct AmScatterEntry {
 inline constexpr uint32_t kScatterMaxEntries = 4096;
 inline constexpr uint64_t kScatterMaxDataBytes = 512ull << 10;
 inline constexpr uint64_t kScatterMaxOpBytes = 64ull << 10;
+// Sender-side only: at most this many local pieces (and bytes) gathered into one message.
+inline constexpr size_t kMaxGatherPieces = 4096;
+inline constexpr uint64_t kMaxGatherBytes = 8ull << 20;
 inline constexpr uint64_t kScatterMaxPayload =
     kScatterMaxEntries * sizeof(AmScatterEntry) + kScatterMaxDataBytes;
 

@@ -9,10 +9,12 @@
 // Write path per kind (measurements in docs/transport.md):
 //   kShm  one ucp_put_nbx per op into the peer's ucp_mem_map(ALLOCATE)'d region (posix/sysv:
 //         a memcpy into the peer's mapping), then ucp_ep_flush_nbx; done after the flush.
-//   kTcp  ops shorter than kScatterMaxOpBytes are packed into scatter AMs (header =
-//         AmScatterHeader, payload = entry table + data, sent as an IOV straight from the region,
-//         up to kScatterMaxEntries / kScatterMaxDataBytes each); longer ops go one ucp_am_send_nbx
-//         each (header = AmWriteHeader). The receiver checks every header and every scatter entry
+//   kTcp  consecutive ops whose remote ranges touch (a head slice into a narrower row) form one
+//         remote range, gathered from the local pieces with an IOV. Ranges of
+//         kScatterMaxOpBytes or more go one ucp_am_send_nbx each (header = AmWriteHeader; the
+//         receiver receives straight into its region); shorter ones are packed into scatter AMs
+//         (header = AmScatterHeader, payload = entry table + data, also sent as an IOV straight
+//         from the region, up to kScatterMaxEntries / kScatterMaxDataBytes each). The receiver checks every header and every scatter entry
 //         against its own region before it writes anything, places the data and replies with one
 //         AmAck per message; done after all acks.
 #pragma once
@@ -117,6 +119,8 @@ class UcxTransport final : public Transport {
   Status register_am_handlers();
   bool send_scatter(Peer& peer, Batch& batch, size_t first_iov, size_t first_entry,
                     uint32_t count, uint64_t data_bytes);
+  bool send_write(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops, size_t first,
+                  size_t end, uint64_t length);
   void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping = false);
   ucs_status_t handle_am_scatter(const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param);
@@ -204,6 +208,7 @@ struct UcxTransport::Batch {
   std::vector<AmScatterHeader> scatter_headers;
   std::vector<AmScatterEntry> entries;  // every scatter message's entry table, back to back
   std::vector<ucp_dt_iov_t> iovs;       // per scatter message: its table, then its pieces
+  std::vector<ucp_dt_iov_t> gather_iovs;  // per gathered write: its local pieces
 };
 
 // A rendezvous AM receive in progress (receiver side).

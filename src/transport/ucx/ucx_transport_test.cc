@@ -236,6 +236,25 @@ TEST(UcxTcpTest, SmallWritesArePackedIntoScatterMessages) {
   }
 }
 
+// A head slice into a narrower row (prefill TP < decode TP): the remote pieces follow each other,
+// so they travel as one remote range gathered from the strided local pieces.
+TEST(UcxTcpTest, RemoteContiguousPiecesAreGatheredIntoOneWrite) {
+  for (uint32_t flags : kAmProtocols) {
+    UcxTestHooks hooks;
+    hooks.am_send_flags = flags;
+    Pair p = make_pair(TransportKind::kTcp, hooks);
+    ASSERT_NE(p.peer, 0u);
+    std::vector<WriteOp> ops;
+    for (uint64_t i = 0; i < 3000; ++i) ops.push_back({i * 1024 + 3, 100 + i * 512, 512});
+    for (uint64_t i = 0; i < 50; ++i) ops.push_back({(4 << 20) + i * 1024, (8 << 20) + i * 256, 256});
+    ASSERT_TRUE(write_and_wait(*p.a, p.peer, 1, ops).ok()) << flags;
+    EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops))) << flags;
+    // 1.5 MB gathered into one write; the 50 x 256 B run (12.5 KiB) is one scatter entry.
+    EXPECT_EQ(p.a->stats().writes, 2u) << flags;
+    EXPECT_EQ(p.a->stats().bytes_written, 3000u * 512 + 50 * 256) << flags;
+  }
+}
+
 TEST(UcxTcpTest, ReceiverRejectsAScatterMessageWithAnOutOfRangeEntry) {
   for (uint32_t flags : kAmProtocols) {
     UcxTestHooks forge;
@@ -255,7 +274,8 @@ TEST(UcxTcpTest, ReceiverRejectsAScatterMessageWithAnOutOfRangeEntry) {
     // Not even the valid entries before the bad one were written.
     EXPECT_TRUE(region_equals(p.rb, std::vector<uint8_t>(kRegion, kFill)));
     ops[60].remote_offset = 60 * 512;
-    EXPECT_TRUE(write_and_wait(*p.a, p.peer, 10, ops).ok());
+    st = write_and_wait(*p.a, p.peer, 10, ops);
+    EXPECT_TRUE(st.ok()) << st.message();
     EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops)));
   }
 }

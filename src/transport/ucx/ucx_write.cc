@@ -115,58 +115,95 @@ void UcxTransport::on_flush_done(void* request, ucs_status_t status, void* user_
 }
 
 void UcxTransport::issue_am_writes(Peer& p, Batch& b, const std::vector<WriteOp>& ops) {
-  size_t small = 0;
-  for (const WriteOp& op : ops) small += op.length > 0 && op.length < kScatterMaxOpBytes;
-  // The sends point into these: size them once (upper bounds), never reallocate.
-  b.headers.reserve(ops.size() - small);
-  b.entries.reserve(small);
-  b.scatter_headers.reserve(small);
-  b.iovs.reserve(2 * small);
+  // The sends point into these: size them once (upper bounds), never reallocate. Every op is at
+  // most one iov, every scatter message adds one more (its entry table).
+  b.headers.reserve(ops.size());
+  b.entries.reserve(ops.size());
+  b.scatter_headers.reserve(ops.size());
+  b.iovs.reserve(2 * ops.size());
+  b.gather_iovs.reserve(ops.size());
   size_t first_iov = 0, first_entry = 0;
   uint32_t count = 0;
+  size_t pieces = 0;
   uint64_t data_bytes = 0;
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const WriteOp& op = ops[i];
-    if (op.length == 0) continue;
-    if (op.length < kScatterMaxOpBytes) {
-      if (count > 0 && (count == kScatterMaxEntries ||
-                        data_bytes + op.length > kScatterMaxDataBytes)) {
-        if (!send_scatter(p, b, first_iov, first_entry, count, data_bytes)) return;
-        count = 0;
-        data_bytes = 0;
-      }
-      if (count == 0) {
-        first_iov = b.iovs.size();
-        first_entry = b.entries.size();
-        b.iovs.push_back({});  // the entry table, filled in by send_scatter
-      }
-      b.entries.push_back({op.remote_offset, op.length});
-      b.iovs.push_back({region_base_ + op.local_offset, op.length});
-      ++count;
-      data_bytes += op.length;
+  for (size_t i = 0; i < ops.size();) {
+    if (ops[i].length == 0) {
+      ++i;
       continue;
     }
-    AmWriteHeader& h = b.headers.emplace_back();
-    h.op_index = static_cast<uint32_t>(i);
-    h.batch_id = b.id;
-    h.offset = op.remote_offset;
-    h.length = op.length;
-    ucp_request_param_t prm{};
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
-    prm.cb.send = &UcxTransport::on_am_sent;
-    prm.user_data = &b;
-    void* req = ucp_am_send_nbx(p.ep, kAmWriteId, &h, sizeof(h), region_base_ + op.local_offset,
-                                op.length, &prm);
-    writes_++;
-    if (UCS_PTR_IS_ERR(req)) return finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
-    b.acks++;
-    b.bytes += op.length;
-    if (req != nullptr) b.requests++;
+    // [i, j): ops whose remote ranges follow each other, bounded in pieces and bytes.
+    size_t j = i + 1;
+    uint64_t length = ops[i].length;
+    while (j < ops.size() && j - i < kMaxGatherPieces && ops[j].length > 0 &&
+           ops[j].remote_offset == ops[j - 1].remote_offset + ops[j - 1].length &&
+           length + ops[j].length <= kMaxGatherBytes) {
+      length += ops[j].length;
+      ++j;
+    }
+    if (length >= kScatterMaxOpBytes) {
+      if (!send_write(p, b, ops, i, j, length)) return;
+      i = j;
+      continue;
+    }
+    if (count > 0 && (count == kScatterMaxEntries || pieces + (j - i) > kMaxGatherPieces ||
+                      data_bytes + length > kScatterMaxDataBytes)) {
+      if (!send_scatter(p, b, first_iov, first_entry, count, data_bytes)) return;
+      count = 0;
+      pieces = 0;
+      data_bytes = 0;
+    }
+    if (count == 0) {
+      first_iov = b.iovs.size();
+      first_entry = b.entries.size();
+      b.iovs.push_back({});  // the entry table, filled in by send_scatter
+    }
+    b.entries.push_back({ops[i].remote_offset, length});
+    for (size_t k = i; k < j; ++k) {
+      b.iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+    }
+    ++count;
+    pieces += j - i;
+    data_bytes += length;
+    i = j;
   }
   if (count > 0 && !send_scatter(p, b, first_iov, first_entry, count, data_bytes)) return;
   if (b.acks == 0) finish(b, Status::Ok());
+}
+
+bool UcxTransport::send_write(Peer& p, Batch& b, const std::vector<WriteOp>& ops, size_t first,
+                              size_t end, uint64_t length) {
+  AmWriteHeader& h = b.headers.emplace_back();
+  h.op_index = static_cast<uint32_t>(first);
+  h.batch_id = b.id;
+  h.offset = ops[first].remote_offset;
+  h.length = length;
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
+  prm.cb.send = &UcxTransport::on_am_sent;
+  prm.user_data = &b;
+  const void* buffer = region_base_ + ops[first].local_offset;
+  size_t count = length;
+  if (end - first > 1) {  // gather the local pieces (their own array: a scatter may be open)
+    buffer = b.gather_iovs.data() + b.gather_iovs.size();  // reserved: stays valid
+    count = end - first;
+    for (size_t k = first; k < end; ++k) {
+      b.gather_iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+    }
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    prm.datatype = ucp_dt_make_iov();
+  }
+  void* req = ucp_am_send_nbx(p.ep, kAmWriteId, &h, sizeof(h), buffer, count, &prm);
+  writes_++;
+  if (UCS_PTR_IS_ERR(req)) {
+    finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
+    return false;
+  }
+  b.acks++;
+  b.bytes += length;
+  if (req != nullptr) b.requests++;
+  return true;
 }
 
 bool UcxTransport::send_scatter(Peer& p, Batch& b, size_t first_iov, size_t first_entry,
@@ -183,8 +220,9 @@ bool UcxTransport::send_scatter(Peer& p, Batch& b, size_t first_iov, size_t firs
   prm.datatype = ucp_dt_make_iov();
   prm.cb.send = &UcxTransport::on_am_sent;
   prm.user_data = &b;
+  // This message's iovs are the last ones appended: its table, then its pieces.
   void* req = ucp_am_send_nbx(p.ep, kAmScatterId, &h, sizeof(h), &b.iovs[first_iov],
-                              size_t(count) + 1, &prm);
+                              b.iovs.size() - first_iov, &prm);
   writes_++;
   if (UCS_PTR_IS_ERR(req)) {
     finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
