@@ -178,8 +178,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, UcxPairTest,
                          ::testing::Values(TransportKind::kShm, TransportKind::kTcp),
                          [](const auto& info) { return std::string(transport_name(info.param)); });
 
-// Both receiver paths: eager (data in the callback) and rendezvous (ucp_am_recv_data_nbx).
-constexpr uint32_t kAmProtocols[] = {UCP_AM_SEND_FLAG_EAGER, UCP_AM_SEND_FLAG_RNDV};
+// UCX's own choice, and both receiver paths: eager (data in the callback) and rendezvous
+// (ucp_am_recv_data_nbx).
+constexpr uint32_t kAmProtocols[] = {0, UCP_AM_SEND_FLAG_EAGER, UCP_AM_SEND_FLAG_RNDV};
 
 TEST(UcxTcpTest, EagerAndRendezvousBothPlaceData) {
   for (uint32_t flags : kAmProtocols) {
