@@ -2,7 +2,7 @@
 
 namespace kvferry {
 
-std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst) {
+std::vector<PageRun> coalesce_pages(std::span<const uint64_t> src, std::span<const uint64_t> dst) {
   std::vector<PageRun> runs;
   for (size_t i = 0; i < src.size() && i < dst.size(); ++i) {
     if (!runs.empty()) {
@@ -17,23 +17,33 @@ std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std:
   return runs;
 }
 
-std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                    const PoolStrides& local, const PoolStrides& remote) {
-  std::vector<WriteOp> ops;
-  ops.reserve(runs.size() * num_buffers);
+std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst) {
+  return coalesce_pages(std::span<const uint64_t>(src), std::span<const uint64_t>(dst));
+}
+
+void append_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
+                   const PoolStrides& remote, std::vector<WriteOp>& ops) {
+  ops.reserve(ops.size() + runs.size() * num_buffers);
   for (uint32_t b = 0; b < num_buffers; ++b) {
     for (const PageRun& r : runs) {
       ops.push_back({b * local.buffer_stride + r.src * local.page_bytes,
                      b * remote.buffer_stride + r.dst * remote.page_bytes, r.pages * local.page_bytes});
     }
   }
+}
+
+std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
+                                    const PoolStrides& local, const PoolStrides& remote) {
+  std::vector<WriteOp> ops;
+  append_writes(runs, num_buffers, local, remote, ops);
   return ops;
 }
 
-std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                          const PoolStrides& local, const PoolStrides& remote,
-                                          const SliceGeometry& g) {
-  std::vector<WriteOp> ops;
+void append_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
+                         const PoolStrides& remote, const SliceGeometry& g, std::vector<WriteOp>& ops) {
+  uint64_t tokens = 0;
+  for (const PageRun& r : runs) tokens += r.pages * g.page_size;
+  ops.reserve(ops.size() + tokens * num_buffers * (g.rotate_heads > 1 ? g.rotate_heads : 1));
   for (uint32_t b = 0; b < num_buffers; ++b) {
     for (const PageRun& r : runs) {
       for (uint64_t t = 0; t < r.pages * g.page_size; ++t) {
@@ -48,6 +58,13 @@ std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint
       }
     }
   }
+}
+
+std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
+                                          const PoolStrides& local, const PoolStrides& remote,
+                                          const SliceGeometry& g) {
+  std::vector<WriteOp> ops;
+  append_slice_writes(runs, num_buffers, local, remote, g, ops);
   return ops;
 }
 

@@ -3,6 +3,7 @@
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kvferry/transport.h"
@@ -15,7 +16,9 @@ struct PageRun {
   uint64_t pages = 0;
 };
 
-// Pairs src[i] -> dst[i]; sizes must match (the caller checks).
+// Pairs src[i] -> dst[i]; sizes must match (the caller checks). The span form reads a slice of a
+// room's kv_indices in place (no copy per chunk).
+std::vector<PageRun> coalesce_pages(std::span<const uint64_t> src, std::span<const uint64_t> dst);
 std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst);
 
 // Geometry of one side's pool for offset computation: buffer b, page p is at
@@ -25,9 +28,12 @@ struct PoolStrides {
   uint64_t buffer_stride = 0;
 };
 
-// One WriteOp per run per buffer, buffers [0, num_buffers).
+// One WriteOp per run per buffer, buffers [0, num_buffers). The append_ forms add to `out` (one
+// batch for every layer and every head transfer of a chunk, no temporary vectors).
 std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
                                     const PoolStrides& local, const PoolStrides& remote);
+void append_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
+                   const PoolStrides& remote, std::vector<WriteOp>& out);
 
 // A head slice moved between ranks holding different head ranges: per token, `slice_bytes` from
 // byte `local_off` of the local token row to byte `remote_off` of the remote token row. One write
@@ -47,5 +53,7 @@ struct SliceGeometry {
 std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
                                           const PoolStrides& local, const PoolStrides& remote,
                                           const SliceGeometry& g);
+void append_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
+                         const PoolStrides& remote, const SliceGeometry& g, std::vector<WriteOp>& out);
 
 }  // namespace kvferry

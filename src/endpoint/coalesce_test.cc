@@ -35,5 +35,35 @@ TEST(Coalesce, WritesPerBufferUseEachSidesStride) {
   EXPECT_EQ(ops[1].remote_offset, 5500u);
 }
 
+TEST(Coalesce, AppendFormsAddToOneBatch) {
+  std::vector<PageRun> runs{{2, 5, 1}};
+  std::vector<WriteOp> ops{{1, 2, 3}};
+  append_writes(runs, 2, {100, 1000}, {100, 5000}, ops);
+  SliceGeometry g;
+  g.page_size = 2;
+  g.local_token_bytes = 50;
+  g.remote_token_bytes = 25;
+  g.local_off = 25;
+  g.slice_bytes = 25;
+  append_slice_writes(runs, 1, {100, 1000}, {50, 5000}, g, ops);
+  ASSERT_EQ(ops.size(), 5u);
+  EXPECT_EQ(ops[0].length, 3u);  // kept
+  EXPECT_EQ(ops[2].local_offset, 1200u);
+  EXPECT_EQ(ops[2].remote_offset, 5500u);
+  // Token 0 and 1 of local page 2 (second half of each 50-byte row) to remote page 5's rows.
+  EXPECT_EQ(ops[3].local_offset, 225u);
+  EXPECT_EQ(ops[3].remote_offset, 250u);
+  EXPECT_EQ(ops[4].local_offset, 275u);
+  EXPECT_EQ(ops[4].remote_offset, 275u);
+  EXPECT_EQ(ops[4].length, 25u);
+  // A slice of kv_indices read in place.
+  std::vector<uint64_t> kv{9, 3, 4, 5, 9};
+  std::vector<uint64_t> src{0, 1, 2};
+  auto r = coalesce_pages(std::span<const uint64_t>(src), std::span<const uint64_t>(kv).subspan(1, 3));
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].dst, 3u);
+  EXPECT_EQ(r[0].pages, 3u);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "endpoint/coalesce.h"
@@ -230,9 +231,10 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
   for (const RankId& d : r.dests) {
     const DecodePeer& peer = peers_.at(d);
     const RoomMetadata& md = r.meta.at(d);
-    std::vector<uint64_t> dst(md.kv_indices.begin() + first_page,
-                              md.kv_indices.begin() + first_page + src_pages.size());
-    auto runs = coalesce_pages(src_pages, dst);
+    // The room's kv_indices slice is read in place; every layer and head transfer of the chunk
+    // goes into one batch (one transport write per destination per chunk).
+    std::span<const uint64_t> dst(md.kv_indices.data() + first_page, src_pages.size());
+    auto runs = coalesce_pages(std::span<const uint64_t>(src_pages), dst);
     PoolStrides local{l.page_bytes(), l.buffer_bytes()};
     PoolStrides remote{peer.reg.page_bytes, peer.reg.page_bytes * peer.reg.num_pages};
     std::vector<WriteOp> ops;
@@ -248,9 +250,11 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       g.head_bytes = head_bytes;
       if (wrong_head_offset_ && t.num_heads > 1) g.rotate_heads = t.num_heads;
       bool whole_rows = g.slice_bytes == g.local_token_bytes && g.slice_bytes == g.remote_token_bytes;
-      auto part = whole_rows && g.rotate_heads == 0 ? runs_to_writes(runs, l.num_buffers(), local, remote)
-                                                    : runs_to_slice_writes(runs, l.num_buffers(), local, remote, g);
-      ops.insert(ops.end(), part.begin(), part.end());
+      if (whole_rows && g.rotate_heads == 0) {
+        append_writes(runs, l.num_buffers(), local, remote, ops);
+      } else {
+        append_slice_writes(runs, l.num_buffers(), local, remote, g, ops);
+      }
     }
     uint64_t bytes = 0;
     for (const WriteOp& op : ops) bytes += op.length;

@@ -178,6 +178,7 @@ struct Case {
   // a transfer fault fails the rank's writes and that rank has none, so the room must succeed, be
   // listed in faults_not_applied, and log nothing above debug.
   bool faults_at_silent_rank = false;
+  std::string transport = "shm";  // tcp: head slices travel as gathered writes / scatter messages
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.name; }
@@ -207,6 +208,10 @@ const std::vector<Case> kCases = {
     {"DeepSeek_2x4_page64_chunked", kDeepSeek, 2, 4, 64, false, 8, 768, 128, 3},
     {"DeepSeek_4x2_page16_chunked", kDeepSeek, 4, 2, 16, false, 10, 768, 128, 5, true},
     {"DeepSeek_4x4_page64_chunked", kDeepSeek, 4, 4, 64, false, 8, 768, 128, 3},
+    // Over tcp: decode rows narrower than prefill's (remote pieces contiguous: gathered writes)
+    // and wider (remote pieces strided: scatter messages checked entry by entry by the receiver).
+    {"Llama_2x4_page1_chunked_tcp", kLlama, 2, 4, 1, false, 8, 512, 128, 3, false, "tcp"},
+    {"Llama_4x2_page16_single_tcp", kLlama, 4, 2, 16, true, 6, 512, 512, 3, false, "tcp"},
 };
 
 // Sets an environment variable for the processes started while it lives, then restores it.
@@ -248,11 +253,11 @@ class ReplayRun : public ::testing::Test {
   }
 
   // A hung engine fails the case within a minute (the router gives up on the request).
-  int replay(std::vector<std::string> args) {
+  int replay(std::vector<std::string> args, const std::string& transport = "shm") {
     ScopedEnv heartbeat("KVFERRY_HEARTBEAT_TIMEOUT_MS", "10000");
     ScopedEnv engine("KVFERRY_ENGINE_TIMEOUT_MS", "10000");
     args.insert(args.begin(), "replay");
-    args.insert(args.end(), {"--trace", kAzure, "--transport", "shm", "--request-timeout-s", "40",
+    args.insert(args.end(), {"--trace", kAzure, "--transport", transport, "--request-timeout-s", "40",
                              "--timeout-s", "240", "--out", out().string()});
     const int rc = run_cli(args, dir_ / "output.txt");
     output_ = slurp(dir_ / "output.txt");
@@ -296,7 +301,7 @@ TEST_P(HeteroTp, EveryByteLandsAndEveryFaultIsAttributed) {
       std::to_string(c.seed)};
   if (c.single) args.insert(args.end(), {"--max-inflight", "1"});
 
-  const int rc = replay(args);
+  const int rc = replay(args, c.transport);
   ASSERT_EQ(rc, 0) << output_;
   const json r = report();
   ASSERT_EQ(r["status"], "ok") << r["error"];
@@ -304,6 +309,7 @@ TEST_P(HeteroTp, EveryByteLandsAndEveryFaultIsAttributed) {
   EXPECT_EQ(r["config"]["prefill_tp"], c.prefill_tp);
   EXPECT_EQ(r["config"]["decode_tp"], c.decode_tp);
   EXPECT_EQ(r["config"]["page_size"], c.page_size);
+  EXPECT_EQ(r["config"]["transport"], c.transport);
   EXPECT_EQ(r["config"]["chunk_tokens"], chunk_tokens);
 
   const auto& q = r["requests"];

@@ -33,6 +33,79 @@ Status parse_write_header(const void* header, size_t header_length, size_t paylo
   return Status::Ok();
 }
 
+Status parse_scatter_header(const void* header, size_t header_length, size_t payload_length,
+                            AmScatterHeader* out) {
+  *out = AmScatterHeader{};
+  out->magic = 0;
+  if (header == nullptr || header_length != sizeof(AmScatterHeader)) {
+    return {ErrorCode::kProtocolError,
+            "scatter header of " + std::to_string(header_length) + " bytes, expected " +
+                std::to_string(sizeof(AmScatterHeader))};
+  }
+  std::memcpy(out, header, sizeof(AmScatterHeader));
+  if (out->magic != kAmMagic) return {ErrorCode::kProtocolError, "scatter header: bad magic"};
+  if (out->count == 0 || out->count > kScatterMaxEntries) {
+    return {ErrorCode::kProtocolError,
+            "scatter of " + std::to_string(out->count) + " entries (1.." +
+                std::to_string(kScatterMaxEntries) + " allowed)"};
+  }
+  if (out->data_bytes > kScatterMaxDataBytes) {
+    return {ErrorCode::kProtocolError,
+            "scatter of " + std::to_string(out->data_bytes) + " data bytes (limit " +
+                std::to_string(kScatterMaxDataBytes) + ")"};
+  }
+  // Both terms are bounded above, so the sum cannot overflow.
+  const uint64_t want = uint64_t(out->count) * sizeof(AmScatterEntry) + out->data_bytes;
+  if (payload_length != want) {
+    return {ErrorCode::kProtocolError, "scatter payload of " + std::to_string(payload_length) +
+                                           " bytes, header says " + std::to_string(want)};
+  }
+  return Status::Ok();
+}
+
+Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t payload_length,
+                     uint8_t* region, uint64_t region_bytes) {
+  const uint64_t table = uint64_t(h.count) * sizeof(AmScatterEntry);
+  if (payload == nullptr || region == nullptr || h.count == 0 || h.count > kScatterMaxEntries ||
+      payload_length != table + h.data_bytes) {
+    return {ErrorCode::kProtocolError, "scatter payload does not match its header"};
+  }
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < h.count; ++i) {  // every entry is checked before anything is written
+    AmScatterEntry e;
+    std::memcpy(&e, payload + uint64_t(i) * sizeof(e), sizeof(e));
+    if (!range_fits(e.offset, e.length, region_bytes)) {
+      std::string msg = "scatter entry ";
+      msg += std::to_string(i);
+      msg += " [";
+      msg += std::to_string(e.offset);
+      msg += ", +";
+      msg += std::to_string(e.length);
+      msg += ") outside the registered region of ";
+      msg += std::to_string(region_bytes);
+      msg += " bytes";
+      return {ErrorCode::kProtocolError, msg};
+    }
+    if (e.length > h.data_bytes - sum) {  // overflow-safe: sum <= data_bytes holds here
+      return {ErrorCode::kProtocolError,
+              "scatter entries exceed the " + std::to_string(h.data_bytes) + " data bytes"};
+    }
+    sum += e.length;
+  }
+  if (sum != h.data_bytes) {
+    return {ErrorCode::kProtocolError, "scatter entries cover " + std::to_string(sum) + " of " +
+                                           std::to_string(h.data_bytes) + " data bytes"};
+  }
+  const uint8_t* src = payload + table;
+  for (uint32_t i = 0; i < h.count; ++i) {
+    AmScatterEntry e;
+    std::memcpy(&e, payload + uint64_t(i) * sizeof(e), sizeof(e));
+    if (e.length > 0) std::memcpy(region + e.offset, src, e.length);
+    src += e.length;
+  }
+  return Status::Ok();
+}
+
 bool parse_ack(const void* data, size_t length, AmAck* out) {
   if (data == nullptr || length != sizeof(AmAck)) return false;
   std::memcpy(out, data, sizeof(AmAck));

@@ -14,6 +14,7 @@ namespace kvferry::ucx {
 inline constexpr unsigned kAmWriteId = 0x4b31;  // ucp AM ids used by this transport
 inline constexpr unsigned kAmAckId = 0x4b32;
 inline constexpr unsigned kAmPingId = 0x4b33;  // payload AmAck{batch_id = token}; acked
+inline constexpr unsigned kAmScatterId = 0x4b34;  // many small writes in one message (below)
 inline constexpr uint32_t kAmMagic = 0x6b766631;  // "kvf1"
 
 struct AmWriteHeader {
@@ -41,6 +42,47 @@ constexpr bool range_fits(uint64_t offset, uint64_t length, uint64_t bytes) {
 // *out.batch_id is filled whenever the header was readable, so the sender can be told.
 Status parse_write_header(const void* header, size_t header_length, size_t payload_length,
                           uint64_t region_bytes, AmWriteHeader* out);
+
+// A scatter message packs many small writes of one batch into one AM (so a head-sliced transfer
+// is not one message per token row): AM header = AmScatterHeader, payload = `count`
+// AmScatterEntry (16 bytes each, host-endian, possibly unaligned), then the entries' data
+// back to back in entry order. One ack answers the whole message.
+struct AmScatterHeader {
+  uint32_t magic = kAmMagic;
+  uint32_t count = 0;       // entries
+  uint64_t batch_id = 0;
+  uint64_t data_bytes = 0;  // sum of the entries' lengths
+};
+
+struct AmScatterEntry {
+  uint64_t offset = 0;  // bytes from the start of the receiver's region
+  uint64_t length = 0;  // bytes
+};
+
+// Limits a receiver enforces (and the sender packs within): they bound the receiver's bounce
+// buffer for rendezvous scatter messages. Ops shorter than kScatterMaxOpBytes are packed; longer
+// ones go one per message, received straight into the region.
+inline constexpr uint32_t kScatterMaxEntries = 4096;
+inline constexpr uint64_t kScatterMaxDataBytes = 512ull << 10;
+inline constexpr uint64_t kScatterMaxOpBytes = 64ull << 10;
+// Sender-side only: at most this many local pieces (and bytes) gathered into one message.
+inline constexpr size_t kMaxGatherPieces = 4096;
+inline constexpr uint64_t kMaxGatherBytes = 8ull << 20;
+inline constexpr uint64_t kScatterMaxPayload =
+    kScatterMaxEntries * sizeof(AmScatterEntry) + kScatterMaxDataBytes;
+
+// Checks a scatter AM header against the payload length and the limits above (before any data
+// is received). Errors (kProtocolError): wrong size or magic, count 0 or over the limit,
+// data_bytes over the limit, payload_length != count * 16 + data_bytes. *out.batch_id is filled
+// whenever the header was readable.
+Status parse_scatter_header(const void* header, size_t header_length, size_t payload_length,
+                            AmScatterHeader* out);
+
+// Places a scatter payload (already checked with parse_scatter_header) into the region: first
+// checks EVERY entry (overflow-safe range inside the region, lengths summing to data_bytes),
+// then copies. On any error nothing is written (kProtocolError).
+Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t payload_length,
+                     uint8_t* region, uint64_t region_bytes);
 
 // Parses an ack; false when malformed.
 bool parse_ack(const void* data, size_t length, AmAck* out);

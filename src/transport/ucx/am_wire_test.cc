@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 namespace kvferry::ucx {
 namespace {
@@ -71,6 +73,110 @@ TEST(AmWireTest, RangeFits) {
   EXPECT_FALSE(range_fits(11, 0, 10));
   EXPECT_FALSE(range_fits(1, UINT64_MAX, UINT64_MAX));
   EXPECT_TRUE(range_fits(1, UINT64_MAX - 1, UINT64_MAX));
+}
+
+// A scatter message as a sender builds it: entry table, then each entry's data in order.
+struct Scatter {
+  AmScatterHeader h;
+  std::vector<uint8_t> payload;
+};
+
+Scatter scatter(const std::vector<AmScatterEntry>& entries) {
+  Scatter s;
+  s.h.batch_id = 42;
+  s.h.count = static_cast<uint32_t>(entries.size());
+  s.payload.resize(entries.size() * sizeof(AmScatterEntry));
+  std::memcpy(s.payload.data(), entries.data(), s.payload.size());
+  uint8_t v = 1;
+  for (const AmScatterEntry& e : entries) {
+    for (uint64_t k = 0; k < e.length; ++k) s.payload.push_back(v++);
+    s.h.data_bytes += e.length;
+  }
+  return s;
+}
+
+TEST(AmWireTest, ScatterPlacesEveryEntryAtItsOffset) {
+  std::vector<uint8_t> region(256, 0xEE);
+  Scatter s = scatter({{200, 3}, {0, 2}, {253, 3}});
+  AmScatterHeader out;
+  ASSERT_TRUE(parse_scatter_header(&s.h, sizeof(s.h), s.payload.size(), &out).ok());
+  EXPECT_EQ(out.batch_id, 42u);
+  EXPECT_EQ(out.count, 3u);
+  EXPECT_EQ(out.data_bytes, 8u);
+  ASSERT_TRUE(place_scatter(out, s.payload.data(), s.payload.size(), region.data(), 256).ok());
+  std::vector<uint8_t> want(256, 0xEE);
+  want[200] = 1, want[201] = 2, want[202] = 3, want[0] = 4, want[1] = 5;
+  want[253] = 6, want[254] = 7, want[255] = 8;
+  EXPECT_EQ(region, want);
+}
+
+TEST(AmWireTest, ScatterWithAnyBadEntryWritesNothing) {
+  const std::vector<std::vector<AmScatterEntry>> bad = {
+      {{0, 4}, {254, 3}},                  // the second entry runs past the end
+      {{0, 4}, {257, 0}},                  // starts past the end
+      {{0, 4}, {UINT64_MAX - 1, 4}},       // offset + length wraps around
+      {{0, 4}, {8, UINT64_MAX}},           // length alone is too big
+  };
+  for (const auto& entries : bad) {
+    std::vector<uint8_t> region(256, 0xEE);
+    Scatter s = scatter({{0, 4}});  // a valid payload, then the forged table
+    s.h.count = static_cast<uint32_t>(entries.size());
+    s.payload.assign(entries.size() * sizeof(AmScatterEntry), 0);
+    std::memcpy(s.payload.data(), entries.data(), s.payload.size());
+    s.payload.insert(s.payload.end(), {1, 2, 3, 4, 5, 6, 7});
+    s.h.data_bytes = 7;
+    Status st = place_scatter(s.h, s.payload.data(), s.payload.size(), region.data(), 256);
+    EXPECT_EQ(st.code(), ErrorCode::kProtocolError) << entries[1].offset;
+    EXPECT_EQ(region, std::vector<uint8_t>(256, 0xEE)) << "written despite a bad entry";
+  }
+}
+
+TEST(AmWireTest, ScatterEntriesMustCoverExactlyTheData) {
+  std::vector<uint8_t> region(256, 0xEE);
+  Scatter s = scatter({{0, 4}, {16, 4}});
+  AmScatterHeader h = s.h;
+  h.data_bytes = 7;  // entries say 8
+  s.payload.pop_back();
+  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), region.data(), 256).code(),
+            ErrorCode::kProtocolError);
+  h.data_bytes = 9;  // entries say 8
+  s.payload.push_back(0);
+  s.payload.push_back(0);
+  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), region.data(), 256).code(),
+            ErrorCode::kProtocolError);
+  EXPECT_EQ(region, std::vector<uint8_t>(256, 0xEE));
+  EXPECT_EQ(place_scatter(s.h, s.payload.data(), s.payload.size(), nullptr, 256).code(),
+            ErrorCode::kProtocolError);
+}
+
+TEST(AmWireTest, ScatterHeaderIsCheckedBeforeAnyDataIsReceived) {
+  AmScatterHeader out;
+  Scatter s = scatter({{0, 4}, {16, 4}});
+  const size_t n = s.payload.size();
+  EXPECT_EQ(parse_scatter_header(&s.h, sizeof(s.h) - 1, n, &out).code(),
+            ErrorCode::kProtocolError);
+  EXPECT_EQ(parse_scatter_header(nullptr, 0, n, &out).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(parse_scatter_header(&s.h, sizeof(s.h), n + 1, &out).code(),
+            ErrorCode::kProtocolError);
+  EXPECT_EQ(out.batch_id, 42u);  // the sender can still be told
+  AmScatterHeader h = s.h;
+  h.magic = 7;
+  EXPECT_EQ(parse_scatter_header(&h, sizeof(h), n, &out).code(), ErrorCode::kProtocolError);
+  h = s.h;
+  h.count = 0;
+  EXPECT_EQ(parse_scatter_header(&h, sizeof(h), 8, &out).code(), ErrorCode::kProtocolError);
+  h.count = kScatterMaxEntries + 1;  // would need a bounce buffer over the limit
+  h.data_bytes = 0;
+  EXPECT_EQ(parse_scatter_header(&h, sizeof(h), h.count * sizeof(AmScatterEntry), &out).code(),
+            ErrorCode::kProtocolError);
+  h.count = 1;
+  h.data_bytes = kScatterMaxDataBytes + 1;
+  EXPECT_EQ(parse_scatter_header(&h, sizeof(h), sizeof(AmScatterEntry) + h.data_bytes, &out)
+                .code(),
+            ErrorCode::kProtocolError);
+  h.data_bytes = kScatterMaxDataBytes;  // the limits themselves are fine
+  EXPECT_TRUE(
+      parse_scatter_header(&h, sizeof(h), sizeof(AmScatterEntry) + h.data_bytes, &out).ok());
 }
 
 }  // namespace

@@ -9,8 +9,14 @@
 // Write path per kind (measurements in docs/transport.md):
 //   kShm  one ucp_put_nbx per op into the peer's ucp_mem_map(ALLOCATE)'d region (posix/sysv:
 //         a memcpy into the peer's mapping), then ucp_ep_flush_nbx; done after the flush.
-//   kTcp  one ucp_am_send_nbx per op (header = AmWriteHeader); the receiver checks the header
-//         against its own region, places the data and replies with an AmAck; done after all acks.
+//   kTcp  consecutive ops whose remote ranges touch (a head slice into a narrower row) form one
+//         remote range, gathered from the local pieces with an IOV. Ranges of
+//         kScatterMaxOpBytes or more go one ucp_am_send_nbx each (header = AmWriteHeader; the
+//         receiver receives straight into its region); shorter ones are packed into scatter AMs
+//         (header = AmScatterHeader, payload = entry table + data, also sent as an IOV straight
+//         from the region, up to kScatterMaxEntries / kScatterMaxDataBytes each). The receiver checks every header and every scatter entry
+//         against its own region before it writes anything, places the data and replies with one
+//         AmAck per message; done after all acks.
 #pragma once
 #include <ucp/api/ucp.h>
 
@@ -113,7 +119,15 @@ class UcxTransport final : public Transport {
   void release_if_idle(Batch& batch);
   void fail_peer_batches(Peer& peer, const Status& status);
   Status register_am_handlers();
+  bool send_scatter(Peer& peer, Batch& batch, size_t first_iov, size_t first_entry,
+                    uint32_t count, uint64_t data_bytes);
+  bool send_write(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops, size_t first,
+                  size_t end, uint64_t length);
   void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping = false);
+  ucs_status_t handle_am_scatter(const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
+  std::unique_ptr<uint8_t[]> take_bounce();
+  void return_bounce(std::unique_ptr<uint8_t[]> buf);
   ucs_status_t handle_am_write(const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
   void handle_am_ack(const void* data, size_t length);
@@ -124,6 +138,8 @@ class UcxTransport final : public Transport {
   static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user_data);
   static ucs_status_t am_write_cb(void* arg, const void* header, size_t header_length, void* data,
                                   size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t am_scatter_cb(void* arg, const void* header, size_t header_length,
+                                    void* data, size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t am_ping_cb(void* arg, const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t am_ack_cb(void* arg, const void* header, size_t header_length, void* data,
@@ -151,6 +167,7 @@ class UcxTransport final : public Transport {
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unordered_set<RecvCtx*> recvs_;
+  std::vector<std::unique_ptr<uint8_t[]>> bounce_free_;  // kScatterMaxPayload each, reused
   std::unordered_set<AckMsg*> acks_in_flight_;
   std::unordered_set<ConnectCtx*> connects_;               // connect() calls in progress
   std::unordered_map<uint64_t, ConnectCtx*> pings_;        // AM mode: ping token -> connect
@@ -188,7 +205,12 @@ struct UcxTransport::Batch {
   uint32_t requests = 0;  // outstanding UCX requests carrying this batch as user_data
   uint64_t acks = 0;      // AM mode: acks still expected
   bool finished = false;
-  std::vector<AmWriteHeader> headers;  // AM mode: kept alive until the sends complete
+  // AM mode: kept alive until the sends complete (reserved up front: never reallocated).
+  std::vector<AmWriteHeader> headers;
+  std::vector<AmScatterHeader> scatter_headers;
+  std::vector<AmScatterEntry> entries;  // every scatter message's entry table, back to back
+  std::vector<ucp_dt_iov_t> iovs;       // per scatter message: its table, then its pieces
+  std::vector<ucp_dt_iov_t> gather_iovs;  // per gathered write: its local pieces
 };
 
 // A rendezvous AM receive in progress (receiver side).
@@ -196,6 +218,10 @@ struct UcxTransport::RecvCtx {
   UcxTransport* owner = nullptr;
   ucp_ep_h reply_ep = nullptr;
   uint64_t batch_id = 0;
+  bool scatter = false;                 // a scatter message received into `bounce`
+  AmScatterHeader scatter_header;
+  size_t length = 0;
+  std::unique_ptr<uint8_t[]> bounce;
 };
 
 // A connect() waiting for wire-up: put mode flushes the ep; AM mode sends a ping and waits for

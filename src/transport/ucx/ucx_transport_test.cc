@@ -75,7 +75,8 @@ TEST_P(UcxPairTest, CoalescedRunsLandExactlyAtTheirOffsets) {
   EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops)));
   TransportStats s = p.a->stats();
   EXPECT_EQ(s.bytes_written, 1u + (64 << 10) + (1 << 20) + (8 << 20) + 4099);
-  EXPECT_EQ(s.writes, 5u);
+  // shm: one put per non-empty op; tcp: the two ops under kScatterMaxOpBytes share one scatter AM.
+  EXPECT_EQ(s.writes, GetParam() == TransportKind::kShm ? 5u : 4u);
   EXPECT_EQ(s.batches, 1u);
   EXPECT_EQ(s.failed_batches, 0u);
   EXPECT_EQ(s.peers, 1u);
@@ -205,8 +206,9 @@ INSTANTIATE_TEST_SUITE_P(Kinds, UcxPairTest,
                          ::testing::Values(TransportKind::kShm, TransportKind::kTcp),
                          [](const auto& info) { return std::string(transport_name(info.param)); });
 
-// Both receiver paths: eager (data in the callback) and rendezvous (ucp_am_recv_data_nbx).
-constexpr uint32_t kAmProtocols[] = {UCP_AM_SEND_FLAG_EAGER, UCP_AM_SEND_FLAG_RNDV};
+// UCX's own choice, and both receiver paths: eager (data in the callback) and rendezvous
+// (ucp_am_recv_data_nbx).
+constexpr uint32_t kAmProtocols[] = {0, UCP_AM_SEND_FLAG_EAGER, UCP_AM_SEND_FLAG_RNDV};
 
 TEST(UcxTcpTest, EagerAndRendezvousBothPlaceData) {
   for (uint32_t flags : kAmProtocols) {
@@ -239,6 +241,71 @@ TEST(UcxTcpTest, ReceiverRejectsAForgedOutOfRangeHeader) {
     EXPECT_TRUE(region_equals(p.rb, untouched));
     // The connection stays usable for valid writes.
     EXPECT_TRUE(write_and_wait(*p.a, p.peer, 10, {{0, 0, 4096}}).ok());
+  }
+}
+
+// Head-sliced transfers: thousands of small strided writes travel packed in a few scatter
+// messages (one ack each), not one message per write.
+TEST(UcxTcpTest, SmallWritesArePackedIntoScatterMessages) {
+  for (uint32_t flags : kAmProtocols) {
+    UcxTestHooks hooks;
+    hooks.am_send_flags = flags;
+    Pair p = make_pair(TransportKind::kTcp, hooks);
+    ASSERT_NE(p.peer, 0u);
+    std::vector<WriteOp> ops;
+    for (uint64_t i = 0; i < 3000; ++i) ops.push_back({i * 1024 + 3, i * 2048 + 100, 512});
+    ops.push_back({8 << 20, 12 << 20, 1 << 20});  // a large op in the same batch: its own message
+    ops.push_back({9 << 20, 14 << 20, 0});         // empty ops are skipped
+    ASSERT_TRUE(write_and_wait(*p.a, p.peer, 1, ops).ok()) << flags;
+    EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops))) << flags;
+    // 3000 x 512 B: 3 scatter messages of <= 512 KiB (1024 entries), plus the large op.
+    EXPECT_EQ(p.a->stats().writes, 4u) << flags;
+    EXPECT_EQ(p.a->stats().bytes_written, 3000u * 512 + (1 << 20)) << flags;
+    EXPECT_EQ(p.b->rejected_incoming(), 0u);
+  }
+}
+
+// A head slice into a narrower row (prefill TP < decode TP): the remote pieces follow each other,
+// so they travel as one remote range gathered from the strided local pieces.
+TEST(UcxTcpTest, RemoteContiguousPiecesAreGatheredIntoOneWrite) {
+  for (uint32_t flags : kAmProtocols) {
+    UcxTestHooks hooks;
+    hooks.am_send_flags = flags;
+    Pair p = make_pair(TransportKind::kTcp, hooks);
+    ASSERT_NE(p.peer, 0u);
+    std::vector<WriteOp> ops;
+    for (uint64_t i = 0; i < 3000; ++i) ops.push_back({i * 1024 + 3, 100 + i * 512, 512});
+    for (uint64_t i = 0; i < 50; ++i) ops.push_back({(4 << 20) + i * 1024, (8 << 20) + i * 256, 256});
+    ASSERT_TRUE(write_and_wait(*p.a, p.peer, 1, ops).ok()) << flags;
+    EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops))) << flags;
+    // 1.5 MB gathered into one write; the 50 x 256 B run (12.5 KiB) is one scatter entry.
+    EXPECT_EQ(p.a->stats().writes, 2u) << flags;
+    EXPECT_EQ(p.a->stats().bytes_written, 3000u * 512 + 50 * 256) << flags;
+  }
+}
+
+TEST(UcxTcpTest, ReceiverRejectsAScatterMessageWithAnOutOfRangeEntry) {
+  for (uint32_t flags : kAmProtocols) {
+    UcxTestHooks forge;
+    forge.skip_local_bounds_check = true;  // A sends what a malicious peer would
+    forge.am_send_flags = flags;
+    Pair p = make_pair(TransportKind::kTcp, forge);
+    ASSERT_NE(p.peer, 0u);
+    std::vector<WriteOp> ops;
+    for (uint64_t i = 0; i < 100; ++i) ops.push_back({i * 512, i * 512, 512});
+    ops[60].remote_offset = kRegion - 100;  // runs 412 bytes past the end of B's region
+    Status st = write_and_wait(*p.a, p.peer, 9, ops);
+    EXPECT_EQ(st.code(), ErrorCode::kProtocolError) << st.message();
+    ops[60].remote_offset = ~0ull - 50;  // wraps around
+    st = write_and_wait(*p.a, p.peer, 9, ops);
+    EXPECT_EQ(st.code(), ErrorCode::kProtocolError) << st.message();
+    EXPECT_EQ(p.b->rejected_incoming(), 2u);
+    // Not even the valid entries before the bad one were written.
+    EXPECT_TRUE(region_equals(p.rb, std::vector<uint8_t>(kRegion, kFill)));
+    ops[60].remote_offset = 60 * 512;
+    st = write_and_wait(*p.a, p.peer, 10, ops);
+    EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(region_equals(p.rb, expected_image(kRegion, kFill, ops)));
   }
 }
 

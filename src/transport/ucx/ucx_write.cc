@@ -1,5 +1,6 @@
 // UcxTransport: the write path (put + flush over shared memory, active messages + acks over
 // TCP) and the receiver-side active-message handlers. Everything here runs on the progress thread.
+#include <memory>
 #include <cstring>
 #include <string>
 
@@ -114,30 +115,123 @@ void UcxTransport::on_flush_done(void* request, ucs_status_t status, void* user_
 }
 
 void UcxTransport::issue_am_writes(Peer& p, Batch& b, const std::vector<WriteOp>& ops) {
-  b.headers.reserve(ops.size());  // the sends point into it: never reallocate
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const WriteOp& op = ops[i];
-    if (op.length == 0) continue;
-    AmWriteHeader& h = b.headers.emplace_back();
-    h.op_index = static_cast<uint32_t>(i);
-    h.batch_id = b.id;
-    h.offset = op.remote_offset;
-    h.length = op.length;
-    ucp_request_param_t prm{};
-    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_FLAGS;
-    prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
-    prm.cb.send = &UcxTransport::on_am_sent;
-    prm.user_data = &b;
-    void* req = ucp_am_send_nbx(p.ep, kAmWriteId, &h, sizeof(h), region_base_ + op.local_offset,
-                                op.length, &prm);
-    writes_++;
-    if (UCS_PTR_IS_ERR(req)) return finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
-    b.acks++;
-    b.bytes += op.length;
-    if (req != nullptr) b.requests++;
+  // The sends point into these: size them once (upper bounds), never reallocate. Every op is at
+  // most one iov, every scatter message adds one more (its entry table).
+  b.headers.reserve(ops.size());
+  b.entries.reserve(ops.size());
+  b.scatter_headers.reserve(ops.size());
+  b.iovs.reserve(2 * ops.size());
+  b.gather_iovs.reserve(ops.size());
+  size_t first_iov = 0, first_entry = 0;
+  uint32_t count = 0;
+  size_t pieces = 0;
+  uint64_t data_bytes = 0;
+  for (size_t i = 0; i < ops.size();) {
+    if (ops[i].length == 0) {
+      ++i;
+      continue;
+    }
+    // [i, j): ops whose remote ranges follow each other, bounded in pieces and bytes.
+    size_t j = i + 1;
+    uint64_t length = ops[i].length;
+    while (j < ops.size() && j - i < kMaxGatherPieces && ops[j].length > 0 &&
+           ops[j].remote_offset == ops[j - 1].remote_offset + ops[j - 1].length &&
+           length + ops[j].length <= kMaxGatherBytes) {
+      length += ops[j].length;
+      ++j;
+    }
+    if (length >= kScatterMaxOpBytes) {
+      if (!send_write(p, b, ops, i, j, length)) return;
+      i = j;
+      continue;
+    }
+    if (count > 0 && (count == kScatterMaxEntries || pieces + (j - i) > kMaxGatherPieces ||
+                      data_bytes + length > kScatterMaxDataBytes)) {
+      if (!send_scatter(p, b, first_iov, first_entry, count, data_bytes)) return;
+      count = 0;
+      pieces = 0;
+      data_bytes = 0;
+    }
+    if (count == 0) {
+      first_iov = b.iovs.size();
+      first_entry = b.entries.size();
+      b.iovs.push_back({});  // the entry table, filled in by send_scatter
+    }
+    b.entries.push_back({ops[i].remote_offset, length});
+    for (size_t k = i; k < j; ++k) {
+      b.iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+    }
+    ++count;
+    pieces += j - i;
+    data_bytes += length;
+    i = j;
   }
+  if (count > 0 && !send_scatter(p, b, first_iov, first_entry, count, data_bytes)) return;
   if (b.acks == 0) finish(b, Status::Ok());
+}
+
+bool UcxTransport::send_write(Peer& p, Batch& b, const std::vector<WriteOp>& ops, size_t first,
+                              size_t end, uint64_t length) {
+  AmWriteHeader& h = b.headers.emplace_back();
+  h.op_index = static_cast<uint32_t>(first);
+  h.batch_id = b.id;
+  h.offset = ops[first].remote_offset;
+  h.length = length;
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS;
+  prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
+  prm.cb.send = &UcxTransport::on_am_sent;
+  prm.user_data = &b;
+  const void* buffer = region_base_ + ops[first].local_offset;
+  size_t count = length;
+  if (end - first > 1) {  // gather the local pieces (their own array: a scatter may be open)
+    buffer = b.gather_iovs.data() + b.gather_iovs.size();  // reserved: stays valid
+    count = end - first;
+    for (size_t k = first; k < end; ++k) {
+      b.gather_iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+    }
+    prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+    prm.datatype = ucp_dt_make_iov();
+  }
+  void* req = ucp_am_send_nbx(p.ep, kAmWriteId, &h, sizeof(h), buffer, count, &prm);
+  writes_++;
+  if (UCS_PTR_IS_ERR(req)) {
+    finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
+    return false;
+  }
+  b.acks++;
+  b.bytes += length;
+  if (req != nullptr) b.requests++;
+  return true;
+}
+
+bool UcxTransport::send_scatter(Peer& p, Batch& b, size_t first_iov, size_t first_entry,
+                                uint32_t count, uint64_t data_bytes) {
+  AmScatterHeader& h = b.scatter_headers.emplace_back();
+  h.count = count;
+  h.batch_id = b.id;
+  h.data_bytes = data_bytes;
+  b.iovs[first_iov] = {&b.entries[first_entry], count * sizeof(AmScatterEntry)};
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                     UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE;
+  prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
+  prm.datatype = ucp_dt_make_iov();
+  prm.cb.send = &UcxTransport::on_am_sent;
+  prm.user_data = &b;
+  // This message's iovs are the last ones appended: its table, then its pieces.
+  void* req = ucp_am_send_nbx(p.ep, kAmScatterId, &h, sizeof(h), &b.iovs[first_iov],
+                              b.iovs.size() - first_iov, &prm);
+  writes_++;
+  if (UCS_PTR_IS_ERR(req)) {
+    finish(b, ucx_failure("am send", UCS_PTR_STATUS(req)));
+    return false;
+  }
+  b.acks++;
+  b.bytes += data_bytes;
+  if (req != nullptr) b.requests++;
+  return true;
 }
 
 void UcxTransport::on_am_sent(void* request, ucs_status_t status, void* user_data) {
@@ -196,6 +290,7 @@ Status UcxTransport::register_am_handlers() {
     ucp_am_recv_callback_t cb;
   };
   for (Handler h : {Handler{kAmWriteId, &UcxTransport::am_write_cb},
+                    Handler{kAmScatterId, &UcxTransport::am_scatter_cb},
                     Handler{kAmAckId, &UcxTransport::am_ack_cb},
                     Handler{kAmPingId, &UcxTransport::am_ping_cb}}) {
     ucp_am_handler_param_t hp{};
@@ -254,14 +349,87 @@ ucs_status_t UcxTransport::handle_am_write(const void* header, size_t header_len
   return UCS_OK;
 }
 
+ucs_status_t UcxTransport::am_scatter_cb(void* arg, const void* header, size_t header_length,
+                                         void* data, size_t length,
+                                         const ucp_am_recv_param_t* param) {
+  return static_cast<UcxTransport*>(arg)->handle_am_scatter(header, header_length, data, length,
+                                                            param);
+}
+
+std::unique_ptr<uint8_t[]> UcxTransport::take_bounce() {
+  if (bounce_free_.empty()) return std::make_unique_for_overwrite<uint8_t[]>(kScatterMaxPayload);
+  auto buf = std::move(bounce_free_.back());
+  bounce_free_.pop_back();
+  return buf;
+}
+
+void UcxTransport::return_bounce(std::unique_ptr<uint8_t[]> buf) {
+  constexpr size_t kKeep = 8;  // enough for the rendezvous receives one peer keeps in flight
+  if (buf && bounce_free_.size() < kKeep) bounce_free_.push_back(std::move(buf));
+}
+
+ucs_status_t UcxTransport::handle_am_scatter(const void* header, size_t header_length,
+                                             void* data, size_t length,
+                                             const ucp_am_recv_param_t* param) {
+  ucp_ep_h reply_ep =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  AmScatterHeader h;
+  // Header first (bounds the bounce buffer), then every entry inside place_scatter: together
+  // they keep a remote peer inside our registered region.
+  Status st = parse_scatter_header(header, header_length, length, &h);
+  if (!st.ok() || region_base_ == nullptr) {
+    rejected_incoming_++;
+    send_ack(reply_ep, h.batch_id, ErrorCode::kProtocolError);
+    return UCS_OK;
+  }
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    st = place_scatter(h, static_cast<const uint8_t*>(data), length, region_base_, region_bytes_);
+    if (!st.ok()) rejected_incoming_++;
+    send_ack(reply_ep, h.batch_id, st.ok() ? ErrorCode::kOk : ErrorCode::kProtocolError);
+    return UCS_OK;
+  }
+  auto* ctx = new RecvCtx{this, reply_ep, h.batch_id};
+  ctx->scatter = true;
+  ctx->scatter_header = h;
+  ctx->length = length;
+  ctx->bounce = take_bounce();
+  ucp_request_param_t prm{};
+  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  prm.cb.recv_am = &UcxTransport::on_recv_done;
+  prm.user_data = ctx;
+  void* req = ucp_am_recv_data_nbx(worker_, data, ctx->bounce.get(), length, &prm);
+  if (req == nullptr) {  // received at once
+    on_recv_done(nullptr, UCS_OK, length, ctx);
+  } else if (UCS_PTR_IS_ERR(req)) {
+    send_ack(reply_ep, h.batch_id, ErrorCode::kTransferError);
+    return_bounce(std::move(ctx->bounce));
+    delete ctx;
+  } else {
+    recvs_.insert(ctx);
+  }
+  return UCS_OK;
+}
+
 void UcxTransport::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
                                 void* user_data) {
-  ucp_request_free(request);
+  if (request != nullptr) ucp_request_free(request);
   auto* ctx = static_cast<RecvCtx*>(user_data);
   UcxTransport* self = ctx->owner;
   self->recvs_.erase(ctx);
   // On failure the sender is usually gone (its reply ep with it); its own error fails the batch.
-  if (status == UCS_OK) self->send_ack(ctx->reply_ep, ctx->batch_id, ErrorCode::kOk);
+  if (status == UCS_OK) {
+    ErrorCode code = ErrorCode::kOk;
+    if (ctx->scatter) {
+      Status st = place_scatter(ctx->scatter_header, ctx->bounce.get(), ctx->length,
+                                self->region_base_, self->region_bytes_);
+      if (!st.ok()) {
+        self->rejected_incoming_++;
+        code = ErrorCode::kProtocolError;
+      }
+    }
+    self->send_ack(ctx->reply_ep, ctx->batch_id, code);
+  }
+  self->return_bounce(std::move(ctx->bounce));
   delete ctx;
 }
 
