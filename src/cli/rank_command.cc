@@ -32,6 +32,8 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();
   cmd->add_option("--transport", *transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
+  cmd->add_option("--port-file", opts->port_file,
+                  "leader: write the bound port of --engine-endpoint here (port 0: any free port)");
   opts->deadlines = deadlines_from_env();
   for (const DeadlineField& f : deadline_fields())
     cmd->add_option(f.option, opts->deadlines.*f.member, std::string(f.help) + " (env " + f.env + ")");

@@ -9,6 +9,7 @@
 #include "endpoint/coalesce.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 
 namespace kvferry {
 namespace {
@@ -185,7 +186,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
-    r.dests.push_back({Role::kDecode, 0, d, static_cast<uint32_t>(room % decode_dp_)});
+    r.dests.push_back({Role::kDecode, 0, d, dp_rank_for_room(room, decode_dp_)});
   if (r.dests.empty()) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));

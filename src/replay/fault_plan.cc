@@ -72,7 +72,7 @@ std::string FaultPlan::str() const {
 }
 
 Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
-                                   uint32_t decode_tp) {
+                                   uint32_t decode_tp, uint32_t prefill_dp, uint32_t decode_dp) {
   FaultPlan plan;
   if (trim(spec).empty()) return plan;
   size_t pos = 0;
@@ -102,8 +102,17 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     }
     if (!f.place.empty() && f.place != "prefill" && f.place != "decode") {
       auto r = RankId::parse(f.place);
-      if (!r || r->engine_id != 0 || r->dp_rank != 0) {
+      if (!r || r->engine_id != 0) {
         return bad_item(item, "place '" + f.place + "' is not prefill, decode or a rank like prefill/tp1");
+      }
+      if (r->dp_rank != 0 && f.kind != "peer_death") {
+        return bad_item(item, "only peer_death names a DP group: a room's fault acts in the group "
+                              "that serves the room");
+      }
+      const uint32_t dp = r->role == Role::kPrefill ? prefill_dp : decode_dp;
+      if (r->dp_rank >= std::max(1u, dp)) {
+        return bad_item(item, fmt::format("{} does not exist: the {} engine has DP {}", f.place,
+                                          role_name(r->role), std::max(1u, dp)));
       }
       const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
       if (r->tp_rank >= tp) {

@@ -45,8 +45,12 @@ struct FaultPlan {
 
 // Parses and checks `spec` against the cluster (ranks must exist). An empty spec is an empty
 // plan. kInvalidArgument naming the offending item for anything else.
+// Data parallelism: a per-room fault's rank names no DP group (the router places it in the
+// group that serves the room, router.h plan_requests()); a peer_death's may
+// ("peer_death@decode/tp1/dp1:once"; without one: DP group 0).
 Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
-                                   uint32_t decode_tp);
+                                   uint32_t decode_tp, uint32_t prefill_dp = 1,
+                                   uint32_t decode_dp = 1);
 
 // `--fault-rate P`: transfer@prefill:P/2,decode_fail@decode:P/2 (empty plan for P == 0).
 FaultPlan fault_rate_plan(double p);
