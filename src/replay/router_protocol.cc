@@ -140,9 +140,10 @@ Result<RouterRequest> decode_request(const json& j) {
     spec.kind = fr.str("kind");
     spec.at = fr.str("at");
     if (fr.failed()) return bad("fault: " + fr.error());
-    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "timeout") {
-      return bad("fault kind must be \"transfer\", \"decode_fail\" or \"timeout\", got '" +
-                 spec.kind + "'");
+    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "prefill_fail" &&
+        spec.kind != "timeout") {
+      return bad("fault kind must be \"transfer\", \"decode_fail\", \"prefill_fail\" or "
+                 "\"timeout\", got '" + spec.kind + "'");
     }
     if (!valid_rank_string(spec.at)) return bad("fault 'at' is not a rank: '" + spec.at + "'");
     q.fault = std::move(spec);

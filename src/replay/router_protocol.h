@@ -35,7 +35,8 @@ namespace kvferry {
 
 struct FaultSpec {
   std::string kind;  // sent to the engines: "transfer" (the rank fails the room's transfer),
-                     // "decode_fail" (the decode rank fails the room, code injected), "timeout"
+                     // "decode_fail" (the decode rank fails the room, code injected),
+                     // "prefill_fail" (the prefill rank fails the room, code injected), "timeout"
                      // (the rank's peer stays silent, so the rank's deadline expires);
                      // router only, never sent: "abort" (replay/fault_plan.h)
   std::string at;    // rank string, e.g. "prefill/tp1", "decode/tp0"

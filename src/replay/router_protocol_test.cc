@@ -36,6 +36,11 @@ TEST(RouterProtocol, TimeoutFaultsReachTheEnginesAbortsAndPeerDeathsDoNot) {
   auto f = decode_router_frame(encode_request(q));
   ASSERT_TRUE(f.ok()) << f.status().str();
   EXPECT_EQ(f->request->fault->kind, "timeout");
+  q.fault = FaultSpec{"prefill_fail", "prefill/tp3/dp1"};
+  f = decode_router_frame(encode_request(q));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_EQ(f->request->fault->kind, "prefill_fail");
+  EXPECT_EQ(f->request->fault->at, "prefill/tp3/dp1");
   for (const char* kind : {"abort", "peer_death"}) {
     q.fault = FaultSpec{kind, "decode/tp0"};
     EXPECT_FALSE(decode_router_frame(encode_request(q)).ok()) << kind;
