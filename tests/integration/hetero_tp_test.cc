@@ -428,6 +428,71 @@ TEST(HeteroTpMatrix, CoversTheRequiredCombinations) {
   }
 }
 
+// prefill_fail (the prefill rank fails the room itself, before sending) on a prefill rank that
+// writes and on one that writes nothing: an MLA rank that is no decode rank's source, and a
+// replica of a replicated GQA head. Unlike a transfer fault it takes effect on a rank that writes
+// nothing, and the room must still fail on every rank of both engines with that rank as origin.
+struct SilentCase {
+  std::string name, model;
+  uint32_t prefill_tp, decode_tp, pool_mib, prefill_pool_mib;
+};
+void PrintTo(const SilentCase& c, std::ostream* os) { *os << c.name; }
+
+class PrefillFail : public ReplayRun, public ::testing::WithParamInterface<SilentCase> {};
+
+TEST_P(PrefillFail, OnASendingAndANonSendingRankFailsTheRoomEverywhere) {
+  const SilentCase& c = GetParam();
+  const Model m = load_model(c.model);
+  const std::set<uint32_t> senders = sending_prefill_ranks(m, c.prefill_tp, c.decode_tp);
+  uint32_t silent = c.prefill_tp;
+  for (uint32_t p = c.prefill_tp; p-- > 0;) {
+    if (!senders.count(p)) silent = p;
+  }
+  ASSERT_LT(silent, c.prefill_tp) << "every prefill rank writes: no silent rank in this layout";
+  const uint32_t sender = *senders.begin();
+  const std::string at_sender = "prefill/tp" + std::to_string(sender);
+  const std::string at_silent = "prefill/tp" + std::to_string(silent);
+  const int rc = replay({"--model", c.model, "--prefill-tp", std::to_string(c.prefill_tp),
+                         "--decode-tp", std::to_string(c.decode_tp), "--page-size", "16",
+                         "--chunk-tokens", std::to_string(kChunkTokens), "--max-requests", "4",
+                         "--pool-mib", std::to_string(c.pool_mib), "--prefill-pool-mib",
+                         std::to_string(c.prefill_pool_mib), "--faults",
+                         "prefill_fail@" + at_sender + ":once,prefill_fail@" + at_silent + ":once"});
+  ASSERT_EQ(rc, 0) << output_;
+  const json r = report();
+  ASSERT_EQ(r["status"], "ok") << r["error"];
+  EXPECT_TRUE(r["problems"].empty()) << r["problems"].dump();
+  EXPECT_EQ(r["bytes"]["mismatched"], 0u);
+  EXPECT_EQ(r["requests"]["failed"], 2u);
+  EXPECT_EQ(r["requests"]["succeeded"], 2u);
+  EXPECT_TRUE(r["unexpected_failures"].empty()) << r["unexpected_failures"].dump();
+  EXPECT_TRUE(r["faults_not_applied"].empty()) << r["faults_not_applied"].dump();
+  const Logs logs = read_logs(out());
+  std::set<std::string> origins;
+  for (const auto& f : r["faults"]) {
+    EXPECT_EQ(f["kind"], "prefill_fail");
+    EXPECT_EQ(f["observed_origin"], f["injected_at"]) << f.dump();
+    EXPECT_EQ(f["code"], "injected") << f.dump();
+    EXPECT_EQ(f["ranks_failed"], c.prefill_tp + c.decode_tp) << f.dump();
+    const std::string room = f["room"].get<std::string>();
+    const auto it = logs.above_debug_by_room.find(room);
+    EXPECT_EQ(it == logs.above_debug_by_room.end() ? 0 : it->second, 1u) << f.dump();
+    origins.insert(f["observed_origin"].get<std::string>());
+  }
+  EXPECT_EQ(origins, (std::set<std::string>{at_sender, at_silent}));
+  for (const char* engine : {"prefill", "decode"}) {
+    for (const auto& s : r["leaks"][engine]) {
+      EXPECT_EQ(s["live_rooms"], 0) << s.dump();
+      EXPECT_EQ(s["pages_in_use"], 0) << s.dump();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SilentRank, PrefillFail,
+                         ::testing::Values(SilentCase{"DeepSeek_4x2", kDeepSeek, 4, 2, 768, 128},
+                                           SilentCase{"Qwen_8x2_replicated", kQwen, 8, 2, 512, 64}),
+                         [](const auto& info) { return info.param.name; });
+
 class WrongHeadOffset : public ReplayRun,
                         public ::testing::WithParamInterface<std::pair<uint32_t, uint32_t>> {};
 
