@@ -14,6 +14,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A command line as one string, arguments separated by one space.
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
 class Validate : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -185,11 +192,6 @@ TEST(ChildArgs, RankRouterBootstrap) {
   c.time_scale = 0.5;
   c.fault_rate = 0.2;
   Ports p{.bootstrap = 1001, .router = 1004, .prefill_engines = {1002}, .decode_engines = {1003}};
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
-    return s;
-  };
   c.deadlines.waiting_timeout_ms = 1234;
   EXPECT_EQ(join(rank_args(c, p, false, 1)),
             "/x/kvferry rank --role decode --tp-rank 1 --tp-size 2 --peer-tp-size 2 "
@@ -247,36 +249,32 @@ TEST(Args, DataParallelRanksAndPortFiles) {
   c.prefill_dp = 2;
   c.decode_tp = 2;
   c.decode_dp = 3;
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
-    return s + " ";
-  };
+  auto joined = [](const std::vector<std::string>& v) { return join(v) + " "; };
   EXPECT_EQ(rank_name(true, 0, 0), "prefill/tp0");
   EXPECT_EQ(rank_name(false, 1, 2), "decode/tp1/dp2");
   EXPECT_EQ(rank_file(false, 1, 2), "decode-tp1-dp2");
   Ports p;  // nothing known yet: everything binds port 0
-  const std::string boot = join(bootstrap_args(c, p));
+  const std::string boot = joined(bootstrap_args(c, p));
   EXPECT_NE(boot.find("--port 0 --log-file /o/logs/bootstrap.jsonl --port-file /o/logs/bootstrap.port "),
             std::string::npos) << boot;
-  const std::string router = join(router_args(c, p));
+  const std::string router = joined(router_args(c, p));
   EXPECT_NE(router.find("--prefill-dp 2 --decode-dp 3 --endpoint tcp://127.0.0.1:0 "), std::string::npos)
       << router;
   EXPECT_NE(router.find("--port-file /o/logs/router.port "), std::string::npos) << router;
   p.bootstrap = 1001;
   p.router = 1004;
-  const std::string leader = join(rank_args(c, p, false, 0, 2));
+  const std::string leader = joined(rank_args(c, p, false, 0, 2));
   EXPECT_NE(leader.find("--engine-endpoint tcp://127.0.0.1:0 "), std::string::npos) << leader;
   EXPECT_NE(leader.find("--log-file /o/logs/decode-tp0-dp2.jsonl "), std::string::npos) << leader;
   EXPECT_NE(leader.find("--dp-rank 2 --peer-dp-size 2 "), std::string::npos) << leader;
   EXPECT_NE(leader.find("--port-file /o/logs/decode-tp0-dp2.port "), std::string::npos) << leader;
   p.decode_engines = {2000, 2001, 2002};
-  const std::string follower = join(rank_args(c, p, false, 1, 2));
+  const std::string follower = joined(rank_args(c, p, false, 1, 2));
   EXPECT_NE(follower.find("--engine-endpoint tcp://127.0.0.1:2002 "), std::string::npos) << follower;
   EXPECT_EQ(follower.find("--port-file"), std::string::npos) << follower;
   EXPECT_NE(follower.find("--dp-rank 2 --peer-dp-size 2 "), std::string::npos) << follower;
   // A prefill rank of group 0 still tells its DP size to the peers' engine (decode DP 3).
-  const std::string prefill = join(rank_args(c, p, true, 0, 0));
+  const std::string prefill = joined(rank_args(c, p, true, 0, 0));
   EXPECT_NE(prefill.find("--dp-rank 0 --peer-dp-size 3 "), std::string::npos) << prefill;
   EXPECT_NE(prefill.find("--log-file /o/logs/prefill-tp0.jsonl "), std::string::npos) << prefill;
 }
