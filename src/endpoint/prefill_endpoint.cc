@@ -135,6 +135,19 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
 }
 
 void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  if (r.state.get() == KVPoll::Failed) {
+    // The room failed before this destination's metadata arrived (e.g. a failure on this rank
+    // when the room was created): our failure status may have reached the decode rank before it
+    // knew the room, so answer the metadata with the cause, as for a released room.
+    auto peer = peers_.find(md.sender);
+    auto e = core_.registry().get(r.room);
+    if (peer != peers_.end() && e) {
+      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->code, e->origin, e->first_seen_ns, e->failure_reason};
+      (void)core_.send(peer->second.reg.control_endpoint, st);
+    }
+    log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
+    return;
+  }
   if (r.state.terminal()) return;
   auto peer = peers_.find(md.sender);
   bool expected = false;

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvferry/control.h"
+#include "endpoint/topology.h"
 #include "kvferry/geometry.h"
 #include "kvferry/port_file.h"
 #include "kvferry/trace.h"
@@ -469,6 +470,19 @@ class Run {
 
   // --- planned peer deaths (orchestrator.h) --------------------------------------------------
 
+  // Whether the other engine has a data path to `rank` (report.h PeerDeathRecord).
+  bool has_other_engine_peers(const std::string& rank) {
+    auto r = RankId::parse(rank);
+    bool ok = false;
+    auto models = parse_models_json(read_file(c_.models_file, ok));
+    if (!r || !ok || !models.ok()) return true;
+    auto model = find_model(*models, c_.model);
+    if (!model.ok()) return true;
+    auto plan = plan_transfers(*model, c_.prefill_tp, c_.decode_tp);
+    if (!plan.ok()) return true;
+    return !(r->role == Role::kPrefill ? dests_of(*plan, r->tp_rank) : sources_of(*plan, r->tp_rank)).empty();
+  }
+
   void tell_router(const std::string& type, const std::string& rank, int64_t time_ns,
                    const std::string& reason) {
     Status st = control_->send(router_endpoint_, encode_peer_death(type, rank, time_ns, reason));
@@ -486,6 +500,7 @@ class Run {
     }
     PeerDeathRecord d;
     d.rank = rank;
+    d.other_engine_peers = has_other_engine_peers(rank);
     d.killed_ns = monotonic_ns();
     d.killed_at_s = elapsed_s();
     ::kill(*pid, SIGKILL);

@@ -76,7 +76,8 @@ TEST_P(DataParallel, RoomsGoToTheirGroupAndFaultsAreAttributedThere) {
 
   // Rooms spread over the groups; every log line about a room is from a rank of its group.
   std::set<std::string> groups_used;
-  for (const auto& rq : results()["requests"]) {
+  const json res = results();
+  for (const auto& rq : res["requests"]) {
     const uint64_t room = std::stoull(rq["room"].get<std::string>());
     groups_used.insert("prefill" + std::to_string(kvferry::dp_rank_for_room(room, c.prefill_dp)));
     groups_used.insert("decode" + std::to_string(kvferry::dp_rank_for_room(room, c.decode_dp)));
