@@ -42,7 +42,7 @@ void add_replay_command(CLI::App& app) {
                   "shorthand for --faults transfer@prefill:P/2,decode_fail@decode:P/2")
       ->capture_default_str();
   cmd->add_option("--faults", cfg->faults,
-                  "fault plan: KIND[@PLACE]:RATE|once,... with KIND transfer, decode_fail, timeout, "
+                  "fault plan: KIND[@PLACE]:RATE|once,... with KIND transfer, decode_fail, prefill_fail, timeout, "
                   "abort, peer_death (docs/report.md)");
   cmd->add_option("--restart-delay-ms", cfg->restart_delay_ms,
                   "peer_death: restart the killed rank this long after the kill")
