@@ -133,7 +133,7 @@ class Router {
       }
       if (ready.insert({role, f->dp_rank}).second) {
         log_event(LogLevel::kInfo, kComponent,
-                  fmt::format("{} engine dp{} ready (tp {}) at {}", role_name(role), f->dp_rank,
+                  fmt::format("{} engine ready (dp {}, tp {}) at {}", role_name(role), f->dp_rank,
                               want, leaders(role)[f->dp_rank]));
       }
     }
