@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
+#include "kvferry/port_file.h"
 
 namespace kvferry::cli {
 namespace {
@@ -17,6 +18,7 @@ struct BootstrapOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
   std::string log_file;
+  std::string port_file;
 };
 
 int run_bootstrap(const BootstrapOptions& o) {
@@ -35,6 +37,12 @@ int run_bootstrap(const BootstrapOptions& o) {
     return 1;
   }
   std::cout << (*server)->port() << std::endl;
+  if (!o.port_file.empty()) {
+    if (Status st = write_port_file(o.port_file, (*server)->port()); !st.ok()) {
+      std::cerr << "kvferry bootstrap: " << st.str() << "\n";
+      return 1;
+    }
+  }
   log_event(LogLevel::kInfo, "bootstrap",
             "listening on " + o.host + ":" + std::to_string((*server)->port()));
   int sig = 0;
@@ -53,6 +61,7 @@ void add_bootstrap_command(CLI::App& app) {
   cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port, printed)")->capture_default_str();
   cmd->add_option("--log-file", o->log_file, "JSON log file");
+  cmd->add_option("--port-file", o->port_file, "write the bound port here once listening");
   cmd->callback([o] {
     const int rc = run_bootstrap(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -65,6 +65,8 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
   cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics");
   cmd->add_option("--metrics-file", opts->metrics_file, "write the final metrics (text format) here at exit");
+  cmd->add_option("--port-file", opts->port_file,
+                  "leader: write the bound port of --engine-endpoint here (port 0: any free port)");
   opts->deadlines = deadlines_from_env();
   for (const DeadlineField& f : deadline_fields())
     cmd->add_option(f.option, opts->deadlines.*f.member, std::string(f.help) + " (env " + f.env + ")");

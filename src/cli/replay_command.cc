@@ -22,10 +22,16 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--models-file", cfg->models_file, "model geometry JSON")->capture_default_str();
   cmd->add_option("--prefill-tp", cfg->prefill_tp, "prefill engine TP size")->capture_default_str();
   cmd->add_option("--decode-tp", cfg->decode_tp, "decode engine TP size")->capture_default_str();
+  cmd->add_option("--prefill-dp", cfg->prefill_dp,
+                  "prefill DP groups (each --prefill-tp ranks; a room goes to group room % DP)")
+      ->capture_default_str();
+  cmd->add_option("--decode-dp", cfg->decode_dp,
+                  "decode DP groups (each --decode-tp ranks; a room goes to group room % DP)")
+      ->capture_default_str();
   cmd->add_option("--page-size", cfg->page_size, "tokens per KV page")->capture_default_str();
   cmd->add_option("--pool-mib", cfg->pool_mib,
                   "decode KV pool per rank in MiB (default: min(7168, (60% of MemAvailable - "
-                  "prefill staging) / decode TP))");
+                  "prefill staging) / decode ranks))");
   cmd->add_option("--prefill-pool-mib", cfg->prefill_pool_mib, "prefill staging pool per rank in MiB")
       ->capture_default_str();
   cmd->add_option("--chunk-tokens", cfg->chunk_tokens, "tokens per prefill send() chunk")
@@ -38,7 +44,7 @@ void add_replay_command(CLI::App& app) {
                   "shorthand for --faults transfer@prefill:P/2,decode_fail@decode:P/2")
       ->capture_default_str();
   cmd->add_option("--faults", cfg->faults,
-                  "fault plan: KIND[@PLACE]:RATE|once,... with KIND transfer, decode_fail, timeout, "
+                  "fault plan: KIND[@PLACE]:RATE|once,... with KIND transfer, decode_fail, prefill_fail, timeout, "
                   "abort, peer_death (docs/report.md)");
   cmd->add_option("--restart-delay-ms", cfg->restart_delay_ms,
                   "peer_death: restart the killed rank this long after the kill")

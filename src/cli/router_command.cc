@@ -23,9 +23,14 @@ void add_router_command(CLI::App& app) {
   cmd->add_option("--seed", cfg->seed);
   cmd->add_option("--prefill-tp", cfg->prefill_tp)->required();
   cmd->add_option("--decode-tp", cfg->decode_tp)->required();
+  cmd->add_option("--prefill-dp", cfg->prefill_dp);
+  cmd->add_option("--decode-dp", cfg->decode_dp);
+  cmd->add_option("--port-file", cfg->port_file, "write the bound port of --endpoint here");
   cmd->add_option("--endpoint", cfg->endpoint, "bind the router's PULL socket here")->required();
-  cmd->add_option("--prefill-leader", cfg->prefill_leader, "prefill tp0 engine endpoint")->required();
-  cmd->add_option("--decode-leader", cfg->decode_leader, "decode tp0 engine endpoint")->required();
+  cmd->add_option("--prefill-leader", cfg->prefill_leaders,
+                  "prefill tp0 engine endpoint per DP group (default: from their ready frames)");
+  cmd->add_option("--decode-leader", cfg->decode_leaders,
+                  "decode tp0 engine endpoint per DP group (default: from their ready frames)");
   cmd->add_option("--max-inflight", cfg->max_inflight);
   cmd->add_option("--results", cfg->results_path)->required();
   cmd->add_option("--log-file", *log_file);

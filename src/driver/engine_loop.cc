@@ -12,6 +12,7 @@
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
+#include "kvferry/port_file.h"
 
 namespace kvferry {
 namespace {
@@ -37,6 +38,13 @@ int EngineLoop::run() {
   if (!sock.ok()) {
     log_event(LogLevel::kCritical, kComp, "cannot bind engine socket: " + sock.status().str());
     return 2;
+  }
+  if (leader && !cfg_.port_file.empty()) {
+    Status st = write_port_file(cfg_.port_file, endpoint_port((*sock)->endpoint()).value_or(0));
+    if (!st.ok()) {
+      log_event(LogLevel::kCritical, kComp, "cannot write the port file: " + st.str());
+      return 2;
+    }
   }
   return leader ? run_leader(**sock) : run_follower(**sock);
 }
@@ -128,7 +136,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     flush_outbox();
     if (followers.size() + down.size() + 1 < cfg_.tp_size) continue;  // still starting
     if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
-      outbox_.push_back(encode_ready(role, cfg_.tp_size));
+      outbox_.push_back(encode_ready(role, cfg_.tp_size, cfg_.self.dp_rank, engine.endpoint()));
       last_ready = now;
     }
     if (outstanding) {
@@ -165,7 +173,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       if (shutdown_sent) {
         std::vector<RankLeakStats> stats{driver_.leak_stats()};
         for (auto& [tp, st] : follower_stats) stats.push_back(st);
-        outbox_.push_back(encode_stats(role, stats));
+        outbox_.push_back(encode_stats(role, stats, cfg_.self.dp_rank));
         for (int i = 0; i < 200 && !outbox_.empty(); ++i) {
           flush_outbox();
           if (!outbox_.empty()) wait_readable(nullptr, 0, 10);

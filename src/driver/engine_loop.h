@@ -21,11 +21,12 @@ namespace kvferry {
 struct EngineLoopConfig {
   RankId self;
   uint32_t tp_size = 1;
-  std::string engine_endpoint;  // the leader's; the leader binds it
+  std::string engine_endpoint;  // the leader's; the leader binds it (port 0: any free port)
   std::string router_endpoint;
   int64_t step_interval_us = 1000;
   int64_t idle_step_interval_us = 20000;
   int64_t peer_timeout_ms = 30000;
+  std::string port_file;  // leader: the bound engine port is written here (kvferry/port_file.h)
 };
 
 class EngineLoop {

@@ -30,6 +30,11 @@ void PrefillDriver::apply(const Decision& d) {
       r.req = d.request;
       ep_.add_room(d.room, d.request.input_tokens);
       const RankId self = core_.self();
+      if (fault_at(d.request, "prefill_fail", self)) {  // fails here, before any byte is sent
+        ep_.fail(d.room, ErrorCode::kInjected, "injected prefill failure (replay fault plan)", self,
+                 monotonic_ns(), true);
+        return;
+      }
       if (fault_at(d.request, "transfer", self))
         core_.faults().fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
       if (fault_at(d.request, "timeout", self))  // our decode peer stays silent: bootstrap timeout here

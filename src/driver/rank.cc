@@ -88,6 +88,7 @@ int run_rank(const RankOptions& o) {
   BootstrapClient bootstrap(o.bootstrap, 2000);
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
+  lc.port_file = o.port_file;
   int rc = 0;
   if (o.role == Role::kPrefill) {
     PrefillRankInfo info;

@@ -19,7 +19,7 @@ struct RankOptions {
   uint32_t tp_size = 1;
   uint32_t peer_tp_size = 0;     // the other engine's TP size (0: same as tp_size)
   uint32_t dp_rank = 0;          // this rank's DP group (each DP group is its own TP engine)
-  uint32_t peer_dp_size = 1;     // the other engine's DP size (rooms go to DP rank room % size)
+  uint32_t peer_dp_size = 1;     // the other engine's DP size (rooms go to DP rank dp_rank_for_room(), kvferry/routing.h)
   std::string model = "Llama-3.1-8B";
   std::string models_file;       // data/models.json
   uint32_t page_size = 64;       // tokens
@@ -33,6 +33,7 @@ struct RankOptions {
   std::string log_file;
   uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none)
   std::string metrics_file;      // write the final metrics here at exit (empty: none)
+  std::string port_file;         // leader: the engine endpoint's bound port goes here (port_file.h)
   Deadlines deadlines;
 };
 

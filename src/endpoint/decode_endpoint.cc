@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 
 namespace kvferry {
 namespace {
@@ -196,7 +197,7 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
-    r.sources.push_back({Role::kPrefill, 0, p, static_cast<uint32_t>(room % prefill_dp_)});
+    r.sources.push_back({Role::kPrefill, 0, p, dp_rank_for_room(room, prefill_dp_)});
   core_.registry().open(room);
   for (const RankId& src : r.sources) {
     if (dead_peers_.count(src)) {

@@ -53,7 +53,8 @@ struct ReceiverRoom {
 class DecodeEndpoint {
  public:
   // `bootstrap_address` ("host:port") is used again to find a prefill peer that restarted.
-  // `prefill_dp`: the prefill engine's DP size; a room is served by prefill DP rank room % prefill_dp.
+  // `prefill_dp`: the prefill engine's DP size; a room is served by prefill DP rank
+  // dp_rank_for_room(room, prefill_dp) (kvferry/routing.h).
   DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
                  uint32_t prefill_dp = 1);
   ~DecodeEndpoint();

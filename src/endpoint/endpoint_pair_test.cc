@@ -284,6 +284,33 @@ TEST(EndpointPair, Defect5_LateMetadataDoesNotResurrect) {
   EXPECT_TRUE(p->decode().drained(room, monotonic_ns()));
 }
 
+// A prefill rank fails the room as it creates it (replay fault prefill_fail), before decode knew
+// the room: the failure status it sent then found no room on decode. The room is not released
+// yet (the engine waits for agreement), so the metadata decode sends later reaches a Failed
+// room; it must be answered with the cause, or decode waits until its waiting deadline.
+TEST(EndpointPair, MetadataForARoomThatFailedBeforeItIsAnsweredWithTheCause) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1502;
+  p->prefill().add_room(room, 32);
+  p->prefill().fail(room, ErrorCode::kInjected, "injected prefill failure", prefill_rank0(),
+                    monotonic_ns(), true);
+  ASSERT_EQ(p->prefill().poll(room), KVPoll::Failed);
+  p->pump_until([] { return false; }, std::chrono::milliseconds(50));  // the early status lands
+
+  p->decode().add_room(room, 32);  // decode gets the request after prefill failed it
+  ASSERT_TRUE(p->decode().init(room, {6, 7}, 4).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 2s))
+      << "decode still " << to_string(p->decode().poll(room));
+  EXPECT_TRUE(p->prefill().has_room(room));  // answered while the room still exists
+  auto d = p->dcore().registry().get(room);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->code, ErrorCode::kInjected);
+  EXPECT_EQ(d->origin, prefill_rank0());
+  EXPECT_EQ(d->failure_reason, "injected prefill failure");
+  EXPECT_TRUE(d->is_from_another_rank);
+}
+
 // Naive design: a sender waits for metadata forever and a receiver waits for data forever (no
 // deadline on those states), so one lost message pins memory until restart.
 TEST(EndpointPair, Defect5_RoomsNeverStuck) {

@@ -10,6 +10,7 @@
 #include "endpoint/coalesce.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 
 namespace kvferry {
 namespace {
@@ -135,6 +136,19 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
 }
 
 void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  if (r.state.get() == KVPoll::Failed) {
+    // The room failed before this destination's metadata arrived (e.g. a failure on this rank
+    // when the room was created): our failure status may have reached the decode rank before it
+    // knew the room, so answer the metadata with the cause, as for a released room.
+    auto peer = peers_.find(md.sender);
+    auto e = core_.registry().get(r.room);
+    if (peer != peers_.end() && e) {
+      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->code, e->origin, e->first_seen_ns, e->failure_reason};
+      (void)core_.send(peer->second.reg.control_endpoint, st);
+    }
+    log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
+    return;
+  }
   if (r.state.terminal()) return;
   auto peer = peers_.find(md.sender);
   bool expected = false;
@@ -186,7 +200,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
-    r.dests.push_back({Role::kDecode, 0, d, static_cast<uint32_t>(room % decode_dp_)});
+    r.dests.push_back({Role::kDecode, 0, d, dp_rank_for_room(room, decode_dp_)});
   if (r.dests.empty()) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));

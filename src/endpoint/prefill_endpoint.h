@@ -63,7 +63,8 @@ struct ChunkDone {
 class PrefillEndpoint {
  public:
   // `plan`: which heads this engine's ranks write to which decode ranks (topology.h).
-  // `decode_dp`: the decode engine's DP size; a room is served by decode DP rank room % decode_dp.
+  // `decode_dp`: the decode engine's DP size; a room is served by decode DP rank
+  // dp_rank_for_room(room, decode_dp) (kvferry/routing.h).
   PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, uint32_t decode_dp = 1);
 
   void on_message(const Message& m);

@@ -12,7 +12,8 @@
 namespace kvferry::replay {
 namespace {
 
-constexpr const char* kKinds[] = {"transfer", "decode_fail", "timeout", "abort", "peer_death"};
+constexpr const char* kKinds[] = {"transfer", "decode_fail", "prefill_fail", "timeout", "abort",
+                                  "peer_death"};
 // Independent seeded streams (room ids use the plain seed in plan_requests).
 constexpr uint64_t kRoomFaultStream = 0x6661756c74730001ULL;
 constexpr uint64_t kPeerDeathStream = 0x6661756c74730002ULL;
@@ -34,7 +35,9 @@ std::string rank_str(Role role, uint32_t tp) { return RankId{role, 0, tp, 0}.str
 std::string resolve(const std::string& kind, const std::string& place, std::mt19937_64& rng,
                     uint32_t prefill_tp, uint32_t decode_tp) {
   if (kind == "abort") return rank_str(Role::kDecode, 0);
-  if (place == "prefill") return rank_str(Role::kPrefill, uint32_t(rng() % prefill_tp));
+  if (place == "prefill" || (place.empty() && kind == "prefill_fail")) {
+    return rank_str(Role::kPrefill, uint32_t(rng() % prefill_tp));
+  }
   if (place == "decode" || (place.empty() && kind == "decode_fail")) {
     return rank_str(Role::kDecode, uint32_t(rng() % decode_tp));
   }
@@ -72,7 +75,7 @@ std::string FaultPlan::str() const {
 }
 
 Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
-                                   uint32_t decode_tp) {
+                                   uint32_t decode_tp, uint32_t prefill_dp, uint32_t decode_dp) {
   FaultPlan plan;
   if (trim(spec).empty()) return plan;
   size_t pos = 0;
@@ -98,12 +101,21 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     f.kind = head;
     if (std::find(std::begin(kKinds), std::end(kKinds), f.kind) == std::end(kKinds)) {
       return bad_item(item, "unknown kind '" + f.kind +
-                                "' (known: transfer, decode_fail, timeout, abort, peer_death)");
+                                "' (known: transfer, decode_fail, prefill_fail, timeout, abort, peer_death)");
     }
     if (!f.place.empty() && f.place != "prefill" && f.place != "decode") {
       auto r = RankId::parse(f.place);
-      if (!r || r->engine_id != 0 || r->dp_rank != 0) {
+      if (!r || r->engine_id != 0) {
         return bad_item(item, "place '" + f.place + "' is not prefill, decode or a rank like prefill/tp1");
+      }
+      if (r->dp_rank != 0 && f.kind != "peer_death") {
+        return bad_item(item, "only peer_death names a DP group: a room's fault acts in the group "
+                              "that serves the room");
+      }
+      const uint32_t dp = r->role == Role::kPrefill ? prefill_dp : decode_dp;
+      if (r->dp_rank >= std::max(1u, dp)) {
+        return bad_item(item, fmt::format("{} does not exist: the {} engine has DP {}", f.place,
+                                          role_name(r->role), std::max(1u, dp)));
       }
       const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
       if (r->tp_rank >= tp) {
@@ -114,6 +126,9 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     }
     const bool on_prefill = f.place.rfind("prefill", 0) == 0;
     if (f.kind == "decode_fail" && on_prefill) return bad_item(item, "decode_fail acts on decode ranks only");
+    if (f.kind == "prefill_fail" && !f.place.empty() && !on_prefill) {
+      return bad_item(item, "prefill_fail acts on prefill ranks only");
+    }
     if (f.kind == "abort" && !f.place.empty() && f.place != "decode" && f.place != "decode/tp0") {
       return bad_item(item, "abort is sent to the decode leader (decode/tp0); no other place");
     }
@@ -152,7 +167,7 @@ FaultPlan fault_rate_plan(double p) {
 std::string expected_code(const FaultSpec& f) {
   const bool decode = f.at.rfind("decode", 0) == 0;
   if (f.kind == "transfer") return "transfer_error";
-  if (f.kind == "decode_fail") return "injected";
+  if (f.kind == "decode_fail" || f.kind == "prefill_fail") return "injected";
   if (f.kind == "timeout") return decode ? "waiting_timeout" : "bootstrap_timeout";
   if (f.kind == "abort") return "aborted";
   return "";

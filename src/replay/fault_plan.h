@@ -5,13 +5,18 @@
 // KIND   transfer     the rank's transport fails the room's writes (prefill) or the rank declares
 //                     the arrived data failed (decode)                          -> transfer_error
 //        decode_fail  the decode rank fails the room on admission (decode only)  -> injected
+//        prefill_fail the prefill rank fails the room itself when the room arrives, before it
+//                     sends anything (prefill only). Unlike transfer it needs no write of its
+//                     own, so it also hits a rank that writes nothing (an MLA prefill rank that
+//                     is no decode rank's source, a replica of a replicated KV head) -> injected
 //        timeout      the rank's peer stays silent for the room: prefill         -> bootstrap_timeout,
 //                     decode                                                     -> waiting_timeout
 //        abort        the router aborts the room at the decode leader            -> aborted
 //        peer_death   the orchestrator SIGKILLs the rank's process and restarts it (once only)
 // PLACE  absent (any rank the kind can act on), a role ("prefill", "decode": a rank of that role),
 //        or a rank ("prefill/tp1"). A role or absent place is resolved per fault, seeded.
-//        abort always acts at the decode leader (decode/tp0); decode_fail only on decode ranks.
+//        abort always acts at the decode leader (decode/tp0); decode_fail only on decode ranks,
+//        prefill_fail only on prefill ranks.
 // RATE   probability per request in [0, 1]; the rates of all items add up to at most 1: each
 //        request draws once against their sum and gets at most one fault.
 // once   per-room kinds: exactly one request (seeded) gets it; peer_death: one kill of the rank
@@ -29,7 +34,7 @@
 namespace kvferry::replay {
 
 struct FaultItem {
-  std::string kind;   // transfer | decode_fail | timeout | abort | peer_death
+  std::string kind;   // transfer | decode_fail | prefill_fail | timeout | abort | peer_death
   std::string place;  // "" | "prefill" | "decode" | a rank string
   double rate = 0;    // when !once
   bool once = false;
@@ -45,8 +50,12 @@ struct FaultPlan {
 
 // Parses and checks `spec` against the cluster (ranks must exist). An empty spec is an empty
 // plan. kInvalidArgument naming the offending item for anything else.
+// Data parallelism: a per-room fault's rank names no DP group (the router places it in the
+// group that serves the room, router.h plan_requests()); a peer_death's may
+// ("peer_death@decode/tp1/dp1:once"; without one: DP group 0).
 Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
-                                   uint32_t decode_tp);
+                                   uint32_t decode_tp, uint32_t prefill_dp = 1,
+                                   uint32_t decode_dp = 1);
 
 // `--fault-rate P`: transfer@prefill:P/2,decode_fail@decode:P/2 (empty plan for P == 0).
 FaultPlan fault_rate_plan(double p);

@@ -50,6 +50,8 @@ TEST(FaultPlan, BadSpecsNameTheItem) {
   EXPECT_NE(error_of("timeout@decode/tp2:0.1").find("decode/tp2 does not exist"), std::string::npos);
   EXPECT_NE(error_of("timeout@gpu7:0.1").find("place 'gpu7'"), std::string::npos);
   EXPECT_NE(error_of("decode_fail@prefill/tp0:0.1").find("decode ranks only"), std::string::npos);
+  EXPECT_NE(error_of("prefill_fail@decode/tp0:0.1").find("prefill ranks only"), std::string::npos);
+  EXPECT_NE(error_of("prefill_fail@decode:0.1").find("prefill ranks only"), std::string::npos);
   EXPECT_NE(error_of("abort@prefill/tp0:0.1").find("decode leader"), std::string::npos);
   EXPECT_NE(error_of("abort@decode/tp1:0.1").find("decode leader"), std::string::npos);
   EXPECT_NE(error_of("peer_death@decode/tp1:0.5").find("'once'"), std::string::npos);
@@ -70,6 +72,30 @@ TEST(FaultPlan, ExpectedCodePerKindAndSide) {
   EXPECT_EQ(expected_code({"timeout", "prefill/tp0"}), "bootstrap_timeout");
   EXPECT_EQ(expected_code({"timeout", "decode/tp1"}), "waiting_timeout");
   EXPECT_EQ(expected_code({"abort", "decode/tp0"}), "aborted");
+  EXPECT_EQ(expected_code({"prefill_fail", "prefill/tp3"}), "injected");
+}
+
+TEST(AssignRoomFaults, PrefillFailWithoutPlaceActsOnPrefillRanksOnly) {
+  std::set<std::string> at;
+  for (const auto& f : assign_room_faults(*parse_fault_plan("prefill_fail:1", 4, 2), 300, 5, 4, 2)) {
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->kind, "prefill_fail");
+    at.insert(f->at);
+  }
+  EXPECT_EQ(at, (std::set<std::string>{"prefill/tp0", "prefill/tp1", "prefill/tp2", "prefill/tp3"}));
+}
+
+// DP groups: a room's fault names none (the router places it); a peer death may name one.
+TEST(FaultPlan, DataParallelPlaces) {
+  auto p = parse_fault_plan("peer_death@decode/tp1/dp2:once", 2, 2, 1, 3);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  EXPECT_EQ(p->items[0].place, "decode/tp1/dp2");
+  auto q = parse_fault_plan("peer_death@decode/tp1/dp3:once", 2, 2, 1, 3);
+  ASSERT_FALSE(q.ok());
+  EXPECT_NE(q.status().message().find("DP 3"), std::string::npos) << q.status().message();
+  auto r = parse_fault_plan("transfer@prefill/tp0/dp1:0.1", 2, 2, 2, 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("only peer_death names a DP group"), std::string::npos);
 }
 
 TEST(AssignRoomFaults, RateOneOfOneKindAtARoleCoversItsRanks) {

@@ -19,7 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "kvferry/control.h"
+#include "endpoint/topology.h"
 #include "kvferry/geometry.h"
+#include "kvferry/port_file.h"
 #include "kvferry/trace.h"
 #include "replay/process.h"
 #include "replay/progress.h"
@@ -100,7 +102,9 @@ void clean_previous(const ReplayConfig& c) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(logs_dir(c), ec)) {
     const auto ext = e.path().extension();
-    if (ext == ".jsonl" || ext == ".stderr" || ext == ".killed-tail") fs::remove(e.path(), ec);
+    if (ext == ".jsonl" || ext == ".stderr" || ext == ".killed-tail" || ext == ".port" || ext == ".tmp") {
+      fs::remove(e.path(), ec);
+    }
   }
   fs::remove(c.out + "/report.json", ec);
   fs::remove(c.out + "/results.json", ec);
@@ -137,6 +141,8 @@ std::string ReplayConfig::to_json() const {
                       {"models_file", models_file},
                       {"prefill_tp", prefill_tp},
                       {"decode_tp", decode_tp},
+                      {"prefill_dp", prefill_dp},
+                      {"decode_dp", decode_dp},
                       {"page_size", page_size},
                       {"pool_mib", pool_mib},
                       {"pool_mib_auto", pool_mib_auto},
@@ -167,7 +173,7 @@ std::string ReplayConfig::to_json() const {
 }
 
 uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
-                          uint64_t prefill_pool_mib, uint32_t decode_tp) {
+                          uint64_t prefill_pool_mib, uint32_t decode_tp) {  // ranks, not TP
   const uint64_t budget_mib = mem_available_bytes / (1024 * 1024) * 6 / 10;
   const uint64_t staging = uint64_t(prefill_tp) * prefill_pool_mib;
   const uint64_t left = budget_mib > staging ? budget_mib - staging : 0;
@@ -192,6 +198,10 @@ Status validate(ReplayConfig& c) {
   if (c.trace.empty()) return invalid("--trace is required");
   if (c.prefill_tp < 1 || c.prefill_tp > 64) return invalid("--prefill-tp must be in 1..64");
   if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
+  if (c.prefill_dp < 1 || c.prefill_dp > 16) return invalid("--prefill-dp must be in 1..16");
+  if (c.decode_dp < 1 || c.decode_dp > 16) return invalid("--decode-dp must be in 1..16");
+  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp;
+  const uint32_t decode_ranks = c.decode_tp * c.decode_dp;
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
   if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
@@ -201,7 +211,8 @@ Status validate(ReplayConfig& c) {
     return invalid("--fault-rate is a shorthand for a --faults plan: give one of them, not both");
   }
   {
-    auto plan = parse_fault_plan(effective_faults(c), c.prefill_tp, c.decode_tp);
+    auto plan = parse_fault_plan(effective_faults(c), c.prefill_tp, c.decode_tp, c.prefill_dp,
+                                 c.decode_dp);
     if (!plan.ok()) return invalid(plan.status().message());
     c.fault_plan = *plan;
   }
@@ -243,8 +254,8 @@ Status validate(ReplayConfig& c) {
   if (!model.ok()) return invalid(model.status().message());
 
   if (c.pool_mib == 0) {
-    c.pool_mib = default_pool_mib(mem_available_bytes(), c.prefill_tp, c.prefill_pool_mib,
-                                  c.decode_tp);
+    c.pool_mib = default_pool_mib(mem_available_bytes(), prefill_ranks, c.prefill_pool_mib,
+                                  decode_ranks);
     c.pool_mib_auto = true;
   }
   // The same layout check the ranks make: each pool must hold at least one page per buffer.
@@ -258,17 +269,18 @@ Status validate(ReplayConfig& c) {
   }
   // Pools larger than the machine can never be backed; refuse them here rather than let a rank
   // thrash and be OOM-killed (other processes with it).
-  const uint64_t want_mib = uint64_t(c.prefill_tp) * c.prefill_pool_mib + uint64_t(c.decode_tp) * c.pool_mib;
+  const uint64_t want_mib = uint64_t(prefill_ranks) * c.prefill_pool_mib + uint64_t(decode_ranks) * c.pool_mib;
   const uint64_t total = meminfo_bytes("MemTotal");
   if (total > 0 && want_mib * 1024 * 1024 > total) {
     return invalid(fmt::format("the pools need {} MiB ({} x --prefill-pool-mib {} + {} x --pool-mib {}) "
                                "but this machine has {} MiB of memory",
-                               want_mib, c.prefill_tp, c.prefill_pool_mib, c.decode_tp, c.pool_mib,
+                               want_mib, prefill_ranks, c.prefill_pool_mib, decode_ranks, c.pool_mib,
                                total / (1024 * 1024)));
   }
   if (!c.break_rank.empty()) {
     auto r = RankId::parse(c.break_rank);
-    if (!r || r->engine_id != 0 || r->dp_rank != 0 ||
+    if (!r || r->engine_id != 0 ||
+        r->dp_rank >= (r->role == Role::kPrefill ? c.prefill_dp : c.decode_dp) ||
         r->tp_rank >= (r->role == Role::kPrefill ? c.prefill_tp : c.decode_tp)) {
       return invalid("--test-break-rank must name a rank of this replay, got '" + c.break_rank + "'");
     }
@@ -280,17 +292,35 @@ Status validate(ReplayConfig& c) {
   return Status::Ok();
 }
 
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
+  return RankId{prefill ? Role::kPrefill : Role::kDecode, 0, tp_rank, dp_rank}.str();
+}
+
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
+  std::string f = rank_name(prefill, tp_rank, dp_rank);
+  std::replace(f.begin(), f.end(), '/', '-');
+  return f;
+}
+
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
-  return {c.exe,  "bootstrap", "--host", "127.0.0.1", "--port", std::to_string(p.bootstrap),
-          "--log-file", logs_dir(c) + "/bootstrap.jsonl"};
+  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", "127.0.0.1", "--port",
+                                   std::to_string(p.bootstrap), "--log-file",
+                                   logs_dir(c) + "/bootstrap.jsonl"};
+  if (p.bootstrap == 0) {
+    args.push_back("--port-file");
+    args.push_back(logs_dir(c) + "/bootstrap.port");
+  }
+  return args;
 }
 
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
-                                   uint32_t tp_rank) {
+                                   uint32_t tp_rank, uint32_t dp_rank) {
   const std::string role = prefill ? "prefill" : "decode";
   const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
-  const uint16_t engine_port = prefill ? p.prefill_engine : p.decode_engine;
-  const bool broken = c.break_rank == fmt::format("{}/tp{}", role, tp_rank);
+  const auto& engines = prefill ? p.prefill_engines : p.decode_engines;
+  const uint16_t engine_port = dp_rank < engines.size() ? engines[dp_rank] : 0;
+  const std::string file = rank_file(prefill, tp_rank, dp_rank);
+  const bool broken = c.break_rank == rank_name(prefill, tp_rank, dp_rank);
   std::vector<std::string> args = {c.exe,
           "rank",
           "--role", role,
@@ -305,8 +335,19 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--engine-endpoint", "tcp://127.0.0.1:" + std::to_string(engine_port),
           "--router-endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
           "--transport", c.transport,
-          "--log-file", fmt::format("{}/{}-tp{}.jsonl", logs_dir(c), role, tp_rank),
+          "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  const uint32_t peer_dp = prefill ? c.decode_dp : c.prefill_dp;
+  if (dp_rank != 0 || peer_dp != 1) {
+    for (std::string a : {std::string("--dp-rank"), std::to_string(dp_rank),
+                          std::string("--peer-dp-size"), std::to_string(peer_dp)}) {
+      args.push_back(std::move(a));
+    }
+  }
+  if (tp_rank == 0 && engine_port == 0) {
+    args.push_back("--port-file");
+    args.push_back(fmt::format("{}/{}.port", logs_dir(c), file));
+  }
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
   if (auto m = p.metrics.find(fmt::format("{}/tp{}", role, tp_rank)); m != p.metrics.end()) {
     args.insert(args.end(), {"--metrics-port", std::to_string(m->second), "--metrics-file",
@@ -328,9 +369,9 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--seed", std::to_string(c.seed),
           "--prefill-tp", std::to_string(c.prefill_tp),
           "--decode-tp", std::to_string(c.decode_tp),
+          "--prefill-dp", std::to_string(c.prefill_dp),
+          "--decode-dp", std::to_string(c.decode_dp),
           "--endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
-          "--prefill-leader", "tcp://127.0.0.1:" + std::to_string(p.prefill_engine),
-          "--decode-leader", "tcp://127.0.0.1:" + std::to_string(p.decode_engine),
           "--max-inflight", std::to_string(c.max_inflight),
           "--results", c.out + "/results.json",
           "--log-file", logs_dir(c) + "/router.jsonl",
@@ -340,6 +381,11 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
     args.push_back("--faults");
     args.push_back(faults);
   }
+  if (p.router == 0) {
+    args.push_back("--port-file");
+    args.push_back(logs_dir(c) + "/router.port");
+  }
+  // The leaders' engine endpoints reach the router in their "ready" frames.
   if (p.orchestrator != 0) {
     args.push_back("--orchestrator");
     args.push_back("tcp://127.0.0.1:" + std::to_string(p.orchestrator));
@@ -361,41 +407,57 @@ class Run {
     if (ec) return early_error("cannot create " + logs_dir(c_) + ": " + ec.message(), false);
     clean_previous(c_);
     SignalGuard signals;
-    auto ports = pick_free_ports(5);
-    if (!ports.ok()) return early_error("cannot pick free ports: " + ports.status().str(), false);
-    Ports p{(*ports)[0], (*ports)[1], (*ports)[2], (*ports)[3]};
+    Ports p;
     if (c_.fault_plan.has_peer_death()) {
-      p.orchestrator = (*ports)[4];
-      auto sock = ControlSocket::bind("tcp://127.0.0.1:" + std::to_string(p.orchestrator));
+      auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
       if (!sock.ok()) return early_error("cannot bind the orchestrator's socket: " + sock.status().str(), false);
       control_ = std::move(*sock);
-      router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
+      p.orchestrator = endpoint_port(control_->endpoint()).value_or(0);
     }
     if (c_.metrics) {
       if (int rc = setup_metrics(p); rc != 0) return rc;
     }
 
-    out_ << fmt::format("replay: {} requests of {} at prefill TP {} / decode TP {}, {} transport, "
-                        "decode pool {} MiB/rank{}\n",
+    out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}, "
+                        "{} transport, decode pool {} MiB/rank{}\n",
                         c_.max_requests == 0 ? std::string("all") : std::to_string(c_.max_requests),
-                        c_.model, c_.prefill_tp, c_.decode_tp, c_.transport, c_.pool_mib,
-                        c_.pool_mib_auto ? " (automatic)" : "");
+                        c_.model, c_.prefill_tp, c_.prefill_dp, c_.decode_tp, c_.decode_dp,
+                        c_.transport, c_.pool_mib, c_.pool_mib_auto ? " (automatic)" : "");
     out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
 
-    // The bootstrap service and the router listen before any rank starts, so the ranks' first
-    // registration and "ready" frame find them.
+    // Every listening child binds port 0 and reports its port (Ports, orchestrator.h). The
+    // bootstrap service and the router listen before any rank starts, so the ranks' first
+    // registration and "ready" frame find them; each DP group's leader before its followers.
     if (int rc = spawn("bootstrap", "bootstrap", bootstrap_args(c_, p)); rc != 0) return rc;
+    if (int rc = wait_port("bootstrap", p.bootstrap); rc != 0) return rc;
     if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
-    if (int rc = wait_listening("bootstrap", p.bootstrap); rc != 0) return rc;
-    if (int rc = wait_listening("router", p.router); rc != 0) return rc;
+    if (int rc = wait_port("router", p.router); rc != 0) return rc;
+    if (control_) router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
     for (bool prefill : {true, false}) {
       const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
-      for (uint32_t r = 0; r < tp; ++r) {
-        const std::string role = prefill ? "prefill" : "decode";
-        if (int rc = spawn(fmt::format("{}-tp{}", role, r), fmt::format("{}/tp{}", role, r),
-                           rank_args(c_, p, prefill, r));
+      const uint32_t dp = prefill ? c_.prefill_dp : c_.decode_dp;
+      auto& engines = prefill ? p.prefill_engines : p.decode_engines;
+      for (uint32_t g = 0; g < dp; ++g) {
+        if (int rc = spawn(rank_file(prefill, 0, g), rank_name(prefill, 0, g),
+                           rank_args(c_, p, prefill, 0, g));
             rc != 0) {
           return rc;
+        }
+      }
+      engines.assign(dp, 0);
+      for (uint32_t g = 0; g < dp; ++g) {
+        const std::string leader = rank_file(prefill, 0, g);
+        if (int rc = wait_port(leader, engines[g]); rc != 0) return rc;
+        // A restarted leader (peer death) binds the same port: its followers know only that one.
+        args_[leader] = rank_args(c_, p, prefill, 0, g);
+      }
+      for (uint32_t g = 0; g < dp; ++g) {
+        for (uint32_t r = 1; r < tp; ++r) {
+          if (int rc = spawn(rank_file(prefill, r, g), rank_name(prefill, r, g),
+                             rank_args(c_, p, prefill, r, g));
+              rc != 0) {
+            return rc;
+          }
         }
       }
     }
@@ -446,6 +508,19 @@ class Run {
 
   // --- planned peer deaths (orchestrator.h) --------------------------------------------------
 
+  // Whether the other engine has a data path to `rank` (report.h PeerDeathRecord).
+  bool has_other_engine_peers(const std::string& rank) {
+    auto r = RankId::parse(rank);
+    bool ok = false;
+    auto models = parse_models_json(read_file(c_.models_file, ok));
+    if (!r || !ok || !models.ok()) return true;
+    auto model = find_model(*models, c_.model);
+    if (!model.ok()) return true;
+    auto plan = plan_transfers(*model, c_.prefill_tp, c_.decode_tp);
+    if (!plan.ok()) return true;
+    return !(r->role == Role::kPrefill ? dests_of(*plan, r->tp_rank) : sources_of(*plan, r->tp_rank)).empty();
+  }
+
   void tell_router(const std::string& type, const std::string& rank, int64_t time_ns,
                    const std::string& reason) {
     Status st = control_->send(router_endpoint_, encode_peer_death(type, rank, time_ns, reason));
@@ -463,6 +538,7 @@ class Run {
     }
     PeerDeathRecord d;
     d.rank = rank;
+    d.other_engine_peers = has_other_engine_peers(rank);
     d.killed_ns = monotonic_ns();
     d.killed_at_s = elapsed_s();
     ::kill(*pid, SIGKILL);
@@ -553,18 +629,24 @@ class Run {
     return early_error(msg, true);
   }
 
-  int wait_listening(const std::string& name, uint16_t port) {
-    const auto deadline = Clock::now() + std::chrono::seconds(15);
-    while (!port_accepts(port)) {
+  // Waits for the port file of child `file` (Ports, orchestrator.h) and stores the port.
+  int wait_port(const std::string& file, uint16_t& port) {
+    const std::string path = logs_dir(c_) + "/" + file + ".port";
+    const auto deadline = Clock::now() + std::chrono::duration<double>(c_.ready_timeout_s);
+    while (true) {
+      if (auto got = read_port_file(path)) {
+        port = *got;
+        return 0;
+      }
       for (const auto& e : group_.reap()) return child_failed(e, "before it was listening");
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
-        return early_error(fmt::format("the {} did not listen on port {} within 15 s", name, port),
+        return early_error(fmt::format("{} did not report a listening port within {} s ({})",
+                                       display_name(kids_, file), c_.ready_timeout_s, path),
                            true);
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return 0;
   }
 
   // --- progress (progress.h) -------------------------------------------------------------------

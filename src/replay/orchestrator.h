@@ -4,9 +4,11 @@
 //
 // Processes (argv[1] is the subcommand of the same executable):
 //   bootstrap  kvferry bootstrap --host 127.0.0.1 --port P --log-file DIR/logs/bootstrap.jsonl
-//   ranks      kvferry rank --role prefill|decode --tp-rank R ... (see rank_args())
+//   ranks      kvferry rank --role prefill|decode --tp-rank R [--dp-rank D] ... (see rank_args()):
+//              dp x tp ranks per engine, each DP group its own engine (leader tp0 + followers)
 //   router     kvferry router ... --results DIR/results.json
-// Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ..., router).
+// Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ...,
+// prefill-tp0-dp1, ..., router; see rank_file()).
 // Supervision: any rank or the bootstrap exiting before the router finished, or a failed router,
 // kills the whole group, prints the process and its stderr tail, writes a partial report and
 // returns non-zero. SIGINT/SIGTERM to the orchestrator stop the router first (it writes the results
@@ -38,6 +40,8 @@ struct ReplayConfig {
   std::string models_file;  // default: <source dir>/data/models.json
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
+  uint32_t prefill_dp = 1;  // DP groups of the prefill engine, each prefill_tp ranks
+  uint32_t decode_dp = 1;
   uint32_t page_size = 64;         // tokens
   uint64_t pool_mib = 0;           // decode pool per rank; 0: automatic (default_pool_mib)
   bool pool_mib_auto = false;      // set by validate() when pool_mib was chosen automatically
@@ -74,9 +78,10 @@ struct ReplayConfig {
 };
 
 // Default decode pool per rank in MiB: 60% of MemAvailable minus the prefill staging
-// (prefill_tp x prefill_pool_mib), split over the decode ranks, capped at 7168 and at least 64.
-uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
-                          uint64_t prefill_pool_mib, uint32_t decode_tp);
+// (prefill ranks x prefill_pool_mib), split over the decode ranks, capped at 7168 and at least
+// 64. Ranks: TP x DP of each engine.
+uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_ranks,
+                          uint64_t prefill_pool_mib, uint32_t decode_ranks);
 // A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes (0 when unknown).
 uint64_t meminfo_bytes(const std::string& field);
 uint64_t mem_available_bytes();  // meminfo_bytes("MemAvailable")
@@ -86,16 +91,27 @@ uint64_t mem_available_bytes();  // meminfo_bytes("MemAvailable")
 // absolute. kInvalidArgument with a message for the user.
 Status validate(ReplayConfig& config);
 
-// argv of each child process (exposed for tests).
+// argv of each child process (exposed for tests). A listening child whose port is 0 here binds
+// any free port and writes the port it got to a port file (kvferry/port_file.h) in DIR/logs:
+// bootstrap.port, router.port, <rank file>.port for an engine leader. The orchestrator starts
+// the children in the order that lets each learn the ports it needs: bootstrap, router, the
+// leaders, then their followers (with the leader's bound port). No port is picked ahead of its
+// bind, so no other process can take it in between.
 struct Ports {
-  uint16_t bootstrap = 0, prefill_engine = 0, decode_engine = 0, router = 0;
+  uint16_t bootstrap = 0, router = 0;
   uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
   // --metrics: each rank's Prometheus port by its name ("decode/tp1"); empty: no metrics.
   std::map<std::string, uint16_t> metrics;
+  // Engine endpoint of each DP group's leader, index = DP rank (missing or 0: bind any port).
+  std::vector<uint16_t> prefill_engines, decode_engines;
 };
+// A rank's name ("prefill/tp1", "decode/tp0/dp1": RankId::str(), the DP group only when not 0,
+// as in every error's origin) and its file name in DIR/logs ("prefill-tp1", "decode-tp0-dp1").
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
-                                   uint32_t tp_rank);
+                                   uint32_t tp_rank, uint32_t dp_rank = 0);
 std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
 // The fault plan as passed to the router: `faults` if given, else fault_rate_plan(fault_rate).
 std::string effective_faults(const ReplayConfig& c);

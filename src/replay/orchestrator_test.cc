@@ -14,6 +14,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A command line as one string, arguments separated by one space.
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
 class Validate : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -184,12 +191,7 @@ TEST(ChildArgs, RankRouterBootstrap) {
   c.out = "/o";
   c.time_scale = 0.5;
   c.fault_rate = 0.2;
-  Ports p{1001, 1002, 1003, 1004};
-  auto join = [](const std::vector<std::string>& v) {
-    std::string s;
-    for (const auto& a : v) s += (s.empty() ? "" : " ") + a;
-    return s;
-  };
+  Ports p{.bootstrap = 1001, .router = 1004, .prefill_engines = {1002}, .decode_engines = {1003}};
   c.deadlines.waiting_timeout_ms = 1234;
   EXPECT_EQ(join(rank_args(c, p, false, 1)),
             "/x/kvferry rank --role decode --tp-rank 1 --tp-size 2 --peer-tp-size 2 "
@@ -226,12 +228,55 @@ TEST(ChildArgs, RankRouterBootstrap) {
   EXPECT_NE(router2.find("--faults peer_death@decode/tp1:once"), std::string::npos) << router2;
   EXPECT_NE(router2.find("--orchestrator tcp://127.0.0.1:1005"), std::string::npos) << router2;
   EXPECT_NE(router.find("--endpoint tcp://127.0.0.1:1004"), std::string::npos);
-  EXPECT_NE(router.find("--prefill-leader tcp://127.0.0.1:1002"), std::string::npos);
-  EXPECT_NE(router.find("--decode-leader tcp://127.0.0.1:1003"), std::string::npos);
+  EXPECT_NE(router.find("--prefill-dp 1 --decode-dp 1 "), std::string::npos) << router;
+  EXPECT_EQ(router.find("--prefill-leader"), std::string::npos);  // from the ready frames
+  EXPECT_EQ(router.find("--port-file"), std::string::npos);
   EXPECT_NE(router.find("--results /o/results.json"), std::string::npos);
   EXPECT_NE(router.find("--log-file /o/logs/router.jsonl"), std::string::npos);
   EXPECT_EQ(join(bootstrap_args(c, p)),
             "/x/kvferry bootstrap --host 127.0.0.1 --port 1001 --log-file /o/logs/bootstrap.jsonl");
+  // dp == 1 on both sides: no DP options, names without a DP group.
+  EXPECT_EQ(join(rank_args(c, p, true, 0)).find("--dp-rank"), std::string::npos);
+}
+
+// Data parallelism and port files: dp x tp ranks per engine, names carry the DP group when it is
+// not 0, each leader without a known port binds any port and reports it in its port file.
+TEST(Args, DataParallelRanksAndPortFiles) {
+  ReplayConfig c;
+  c.exe = "/x/kvferry";
+  c.out = "/o";
+  c.prefill_tp = 1;
+  c.prefill_dp = 2;
+  c.decode_tp = 2;
+  c.decode_dp = 3;
+  auto joined = [](const std::vector<std::string>& v) { return join(v) + " "; };
+  EXPECT_EQ(rank_name(true, 0, 0), "prefill/tp0");
+  EXPECT_EQ(rank_name(false, 1, 2), "decode/tp1/dp2");
+  EXPECT_EQ(rank_file(false, 1, 2), "decode-tp1-dp2");
+  Ports p;  // nothing known yet: everything binds port 0
+  const std::string boot = joined(bootstrap_args(c, p));
+  EXPECT_NE(boot.find("--port 0 --log-file /o/logs/bootstrap.jsonl --port-file /o/logs/bootstrap.port "),
+            std::string::npos) << boot;
+  const std::string router = joined(router_args(c, p));
+  EXPECT_NE(router.find("--prefill-dp 2 --decode-dp 3 --endpoint tcp://127.0.0.1:0 "), std::string::npos)
+      << router;
+  EXPECT_NE(router.find("--port-file /o/logs/router.port "), std::string::npos) << router;
+  p.bootstrap = 1001;
+  p.router = 1004;
+  const std::string leader = joined(rank_args(c, p, false, 0, 2));
+  EXPECT_NE(leader.find("--engine-endpoint tcp://127.0.0.1:0 "), std::string::npos) << leader;
+  EXPECT_NE(leader.find("--log-file /o/logs/decode-tp0-dp2.jsonl "), std::string::npos) << leader;
+  EXPECT_NE(leader.find("--dp-rank 2 --peer-dp-size 2 "), std::string::npos) << leader;
+  EXPECT_NE(leader.find("--port-file /o/logs/decode-tp0-dp2.port "), std::string::npos) << leader;
+  p.decode_engines = {2000, 2001, 2002};
+  const std::string follower = joined(rank_args(c, p, false, 1, 2));
+  EXPECT_NE(follower.find("--engine-endpoint tcp://127.0.0.1:2002 "), std::string::npos) << follower;
+  EXPECT_EQ(follower.find("--port-file"), std::string::npos) << follower;
+  EXPECT_NE(follower.find("--dp-rank 2 --peer-dp-size 2 "), std::string::npos) << follower;
+  // A prefill rank of group 0 still tells its DP size to the peers' engine (decode DP 3).
+  const std::string prefill = joined(rank_args(c, p, true, 0, 0));
+  EXPECT_NE(prefill.find("--dp-rank 0 --peer-dp-size 3 "), std::string::npos) << prefill;
+  EXPECT_NE(prefill.find("--log-file /o/logs/prefill-tp0.jsonl "), std::string::npos) << prefill;
 }
 
 // The supervision path end to end with a stand-in executable: a "rank" that cannot start stops
@@ -240,18 +285,16 @@ TEST_F(Validate, ChildThatCannotStartStopsTheReplay) {
   const fs::path fake = dir_ / "fake_kvferry.sh";
   {
     std::ofstream f(fake);
+    // Listening children bind port 0 and write the port file they are given (--port-file).
     f << "#!/bin/sh\n"
+         "pf=''; prev=''; for a in \"$@\"; do [ \"$prev\" = --port-file ] && pf=$a; prev=$a; done\n"
+         "listen() { exec /usr/bin/python3 -c \"import socket,time,os;s=socket.socket();"
+         "s.bind(('127.0.0.1',0));s.listen();open('$pf.tmp','w').write(str(s.getsockname()[1]));"
+         "os.rename('$pf.tmp','$pf');time.sleep(60)\"; }\n"
          "case \"$1\" in\n"
-         "  bootstrap) shift; while [ \"$1\" != --port ]; do shift; done;\n"
-         "             python3 -c \"import socket,time;s=socket.socket();"
-         "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',$2));"
-         "s.listen();time.sleep(60)\" ;;\n"
-         "  router) shift; while [ \"$1\" != --endpoint ]; do shift; done;\n"
-         "          port=${2##*:}; python3 -c \"import socket,time;s=socket.socket();"
-         "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('127.0.0.1',$port));"
-         "s.listen();time.sleep(60)\" ;;\n"
+         "  bootstrap|router) listen ;;\n"
          "  rank) case \"$*\" in *'--role decode --tp-rank 1'*) echo 'cannot map the pool' >&2; "
-         "exit 4;; esac; sleep 60 ;;\n"
+         "exit 4;; esac; [ -n \"$pf\" ] && listen; exec sleep 60 ;;\n"
          "esac\n";
   }
   fs::permissions(fake, fs::perms::owner_all);

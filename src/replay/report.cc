@@ -342,7 +342,7 @@ void add_detections(PeerDeathEntry& e, const LogScan& logs, const std::vector<Pe
   auto dead = RankId::parse(d.rank);
   if (dead) {
     const Role other = dead->role == Role::kPrefill ? Role::kDecode : Role::kPrefill;
-    e.expected_engines.emplace_back(role_name(other));
+    if (d.other_engine_peers) e.expected_engines.emplace_back(role_name(other));
     if ((dead->role == Role::kPrefill ? prefill_tp : decode_tp) > 1) e.expected_engines.emplace_back(role_name(dead->role));
     std::sort(e.expected_engines.begin(), e.expected_engines.end());
   }

@@ -358,6 +358,17 @@ TEST(BuildReport, PeerDeathRoomsDetectionsAndLines) {
   ASSERT_EQ(np.size(), 3u);
   EXPECT_EQ(np[0], "peer death of decode/tp1: the decode engine logged no peer_dead line above debug");
   EXPECT_EQ(np[1], "peer death of decode/tp1: the prefill engine logged no peer_dead line above debug");
+
+  // A rank the other engine has no data path to (an MLA prefill rank that is no decode rank's
+  // source): only its own engine can see it die, once.
+  logs.peer_dead = {peer_dead("prefill/tp0", "prefill/tp2", kill + 600'000'000, true)};
+  PeerDeathRecord silent{"prefill/tp2", kill, 1, true, kill + 1'500'000'000};
+  silent.other_engine_peers = false;
+  Report s = build_report(ReplayResults{}, logs, {silent}, 4, 2);
+  EXPECT_EQ(s.peer_deaths[0].expected_engines, (std::vector<std::string>{"prefill"}));
+  EXPECT_TRUE(s.problems().empty()) << s.problems()[0];
+  silent.other_engine_peers = true;  // the same lines for a rank the decode engine talks to
+  EXPECT_FALSE(build_report(ReplayResults{}, logs, {silent}, 4, 2).problems().empty());
 }
 
 TEST(LogScan, CollectsPeerDeadLines) {

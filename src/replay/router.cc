@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -17,6 +18,8 @@
 #include "core/stop_request.h"
 #include "kvferry/control.h"
 #include "kvferry/log.h"
+#include "kvferry/port_file.h"
+#include "kvferry/routing.h"
 #include "replay/results.h"
 
 namespace kvferry::replay {
@@ -77,6 +80,10 @@ class Router {
       index_[q.room] = i;
     }
     done_.assign(plan_.size(), false);
+    leaders_[0] = c_.prefill_leaders;
+    leaders_[0].resize(std::max<uint32_t>(1, c_.prefill_dp));
+    leaders_[1] = c_.decode_leaders;
+    leaders_[1].resize(std::max<uint32_t>(1, c_.decode_dp));
     for (auto& d : deaths) {
       Death x;
       x.rank = *RankId::parse(d.rank);
@@ -86,16 +93,20 @@ class Router {
   }
 
   Status wait_ready() {
-    bool prefill = false;
-    bool decode = false;
+    std::set<std::pair<Role, uint32_t>> ready;
+    const size_t groups = leaders_[0].size() + leaders_[1].size();
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.ready_timeout_s);
-    while (!(prefill && decode)) {
+    while (ready.size() < groups) {
       if (stop_requested()) return stopped();
       if (monotonic_ns() > deadline) {
+        std::string missing;
+        for (Role role : {Role::kPrefill, Role::kDecode}) {
+          for (uint32_t dp = 0; dp < leaders(role).size(); ++dp) {
+            if (!ready.count({role, dp})) missing += fmt::format(" {} dp{}", role_name(role), dp);
+          }
+        }
         return {ErrorCode::kWaitingTimeout,
-                fmt::format("engines not ready within {} s (prefill {}, decode {})",
-                            c_.ready_timeout_s, prefill ? "ready" : "not ready",
-                            decode ? "ready" : "not ready")};
+                fmt::format("engines not ready within {} s (not ready:{})", c_.ready_timeout_s, missing)};
       }
       auto text = sock_.recv(std::chrono::milliseconds(100));
       if (!text) continue;
@@ -108,15 +119,29 @@ class Router {
         log_event(LogLevel::kWarning, kComponent, "unexpected '" + f->type + "' frame before ready");
         continue;
       }
-      const uint32_t want = *f->ready_role == Role::kPrefill ? c_.prefill_tp : c_.decode_tp;
+      const Role role = *f->ready_role;
+      const uint32_t want = role == Role::kPrefill ? c_.prefill_tp : c_.decode_tp;
       if (f->ready_tp_size != want) {
         return {ErrorCode::kProtocolError,
                 fmt::format("{} engine reports tp_size {}, expected {}",
-                            role_name(*f->ready_role), f->ready_tp_size, want)};
+                            role_name(role), f->ready_tp_size, want)};
       }
-      (*f->ready_role == Role::kPrefill ? prefill : decode) = true;
-      log_event(LogLevel::kInfo, kComponent,
-                fmt::format("{} engine ready (tp {})", role_name(*f->ready_role), want));
+      if (f->dp_rank >= leaders(role).size()) {
+        return {ErrorCode::kProtocolError,
+                fmt::format("{} engine reports dp_rank {}, expected DP size {}", role_name(role),
+                            f->dp_rank, leaders(role).size())};
+      }
+      if (!f->ready_endpoint.empty()) leaders(role)[f->dp_rank] = f->ready_endpoint;
+      if (leaders(role)[f->dp_rank].empty()) {
+        return {ErrorCode::kProtocolError,
+                fmt::format("{} engine dp{} is ready but no endpoint is known for it",
+                            role_name(role), f->dp_rank)};
+      }
+      if (ready.insert({role, f->dp_rank}).second) {
+        log_event(LogLevel::kInfo, kComponent,
+                  fmt::format("{} engine ready (dp {}, tp {}) at {}", role_name(role), f->dp_rank,
+                              want, leaders(role)[f->dp_rank]));
+      }
     }
     return Status::Ok();
   }
@@ -169,21 +194,27 @@ class Router {
 
   void shutdown_and_collect_stats() {
     const std::string bye = encode_shutdown();
-    for (const auto& leader : {c_.prefill_leader, c_.decode_leader}) {
-      Status st = send_patiently(sock_, leader, bye, std::chrono::milliseconds(2000));
-      if (!st.ok()) {
-        log_event(LogLevel::kWarning, kComponent, "cannot send shutdown to " + leader + ": " + st.str());
+    for (Role role : {Role::kPrefill, Role::kDecode}) {
+      for (const auto& leader : leaders(role)) {
+        Status st = send_patiently(sock_, leader, bye, std::chrono::milliseconds(2000));
+        if (!st.ok()) {
+          log_event(LogLevel::kWarning, kComponent, "cannot send shutdown to " + leader + ": " + st.str());
+        }
       }
     }
+    const size_t groups = leaders_[0].size() + leaders_[1].size();
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.stats_timeout_s);
-    while ((!res_.prefill_stats || !res_.decode_stats) && monotonic_ns() < deadline) {
+    while (stats_from_.size() < groups && monotonic_ns() < deadline) {
       auto text = sock_.recv(std::chrono::milliseconds(100));
       if (text) on_frame(*text);
     }
-    if (!res_.prefill_stats || !res_.decode_stats) {
-      log_event(LogLevel::kWarning, kComponent,
-                fmt::format("no stats within {} s from {}", c_.stats_timeout_s,
-                            !res_.prefill_stats ? "the prefill engine" : "the decode engine"));
+    for (Role role : {Role::kPrefill, Role::kDecode}) {
+      for (uint32_t dp = 0; dp < leaders(role).size(); ++dp) {
+        if (stats_from_.count({role, dp})) continue;
+        log_event(LogLevel::kWarning, kComponent,
+                  fmt::format("no stats within {} s from the {} engine dp{}", c_.stats_timeout_s,
+                              role_name(role), dp));
+      }
     }
   }
 
@@ -290,7 +321,7 @@ class Router {
     for (size_t i : std::vector<size_t>(inflight_)) {
       RequestOutcome& o = res_.requests[i];
       auto& slot = role == Role::kPrefill ? o.prefill : o.decode;
-      if (slot) continue;
+      if (slot || dp_rank_for_room(o.room, uint32_t(leaders(role).size())) != d.rank.dp_rank) continue;
       RoomResult r;
       r.role = role;
       r.room = o.room;
@@ -326,7 +357,7 @@ class Router {
       aborts_.erase(aborts_.begin());
       RequestOutcome& o = res_.requests[i];
       if (done_[i] || o.decode) continue;  // the room ended first: nothing to abort
-      Status st = sock_.send(c_.decode_leader, encode_abort(o.room));
+      Status st = sock_.send(leader_for(Role::kDecode, o.room), encode_abort(o.room));
       if (!st.ok()) {
         log_event(LogLevel::kWarning, kComponent, "abort not sent: " + st.str(), LogFields{.room = o.room});
         continue;
@@ -342,7 +373,7 @@ class Router {
     RouterRequest q = plan_[i];
     if (q.fault && q.fault->kind == "abort") q.fault.reset();  // the router acts on it, not the engines
     const std::string frame = encode_request(q);
-    for (const auto& leader : {c_.prefill_leader, c_.decode_leader}) {
+    for (const auto& leader : {leader_for(Role::kPrefill, q.room), leader_for(Role::kDecode, q.room)}) {
       Status st = send_patiently(sock_, leader, frame, std::chrono::milliseconds(10000));
       if (!st.ok()) return {st.code(), "cannot send a request to " + leader + ": " + st.message()};
     }
@@ -384,7 +415,11 @@ class Router {
       return 0;
     }
     if (f->stats) {
-      (f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats) = *f->stats;
+      // One frame per DP group; the engine's list holds every group's ranks.
+      if (!stats_from_.insert({f->stats_role, f->dp_rank}).second) return 0;
+      auto& all = f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats;
+      if (!all) all.emplace();
+      all->insert(all->end(), f->stats->begin(), f->stats->end());
       return 0;
     }
     if (f->type == "killed" || f->type == "restarted" || f->type == "kill_failed") {
@@ -394,7 +429,10 @@ class Router {
     if (f->type == "ready" && f->ready_role) {
       // A leader sends "ready" again only after it restarted.
       Death* d = current_death();
-      if (d && d->leader() && d->rank.role == *f->ready_role &&
+      if (!f->ready_endpoint.empty() && f->dp_rank < leaders(*f->ready_role).size()) {
+        leaders(*f->ready_role)[f->dp_rank] = f->ready_endpoint;
+      }
+      if (d && d->leader() && d->rank.role == *f->ready_role && d->rank.dp_rank == f->dp_rank &&
           (d->state == Death::State::kKilled || d->state == Death::State::kRequested)) {
         on_leader_back(*d, monotonic_ns());  // adds what it finishes to finished_ itself
       }
@@ -446,7 +484,16 @@ class Router {
     return 1;
   }
 
+  std::vector<std::string>& leaders(Role role) { return leaders_[role == Role::kPrefill ? 0 : 1]; }
+  // The leader of the DP group of `role`'s engine that serves `room`.
+  const std::string& leader_for(Role role, uint64_t room) {
+    auto& l = leaders(role);
+    return l[dp_rank_for_room(room, uint32_t(l.size()))];
+  }
+
   const RouterConfig& c_;
+  std::vector<std::string> leaders_[2];  // [prefill, decode] engine endpoints by DP rank
+  std::set<std::pair<Role, uint32_t>> stats_from_;  // DP groups whose stats arrived
   ControlSocket& sock_;
   std::vector<RouterRequest> plan_;
   ReplayResults res_;
@@ -481,7 +528,8 @@ Status write_file_atomically(const std::string& path, const std::string& text) {
 
 std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace, uint64_t seed,
                                          const FaultPlan& faults, uint32_t prefill_tp,
-                                         uint32_t decode_tp) {
+                                         uint32_t decode_tp, uint32_t prefill_dp,
+                                         uint32_t decode_dp) {
   std::vector<TraceRequest> sorted = trace;
   std::stable_sort(sorted.begin(), sorted.end(), [](const TraceRequest& a, const TraceRequest& b) {
     return a.arrival_ms < b.arrival_ms;
@@ -500,6 +548,12 @@ std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace,
     q.output_tokens = sorted[i].output_tokens;
     q.arrival_ms = sorted[i].arrival_ms;
     q.fault = std::move(assigned[i]);
+    if (q.fault) {
+      if (auto at = RankId::parse(q.fault->at)) {  // the rank of the group serving the room
+        at->dp_rank = dp_rank_for_room(q.room, at->role == Role::kPrefill ? prefill_dp : decode_dp);
+        q.fault->at = at->str();
+      }
+    }
     plan.push_back(std::move(q));
   }
   return plan;
@@ -510,7 +564,7 @@ int run_router(const RouterConfig& c) {
   if (!trace.ok()) return fail("cannot load the trace: " + trace.status().str());
   FaultPlan faults = fault_rate_plan(c.fault_rate);
   if (!c.faults.empty()) {
-    auto parsed = parse_fault_plan(c.faults, c.prefill_tp, c.decode_tp);
+    auto parsed = parse_fault_plan(c.faults, c.prefill_tp, c.decode_tp, c.prefill_dp, c.decode_dp);
     if (!parsed.ok()) return fail(parsed.status().message());
     faults = *parsed;
   }
@@ -523,7 +577,13 @@ int run_router(const RouterConfig& c) {
   install_stop_handler();
   auto sock = ControlSocket::bind(c.endpoint);
   if (!sock.ok()) return fail("cannot bind " + c.endpoint + ": " + sock.status().str());
-  Router router(c, **sock, plan_requests(*trace, c.seed, faults, c.prefill_tp, c.decode_tp),
+  if (!c.port_file.empty()) {
+    Status st = write_port_file(c.port_file, endpoint_port((*sock)->endpoint()).value_or(0));
+    if (!st.ok()) return fail(st.str());
+  }
+  Router router(c, **sock,
+                plan_requests(*trace, c.seed, faults, c.prefill_tp, c.decode_tp, c.prefill_dp,
+                              c.decode_dp),
                 std::move(deaths));
   log_event(LogLevel::kInfo, kComponent,
             fmt::format("router up on {}: {} requests, faults '{}', waiting for both engines",

@@ -1,5 +1,7 @@
 // The replay router (`kvferry router`, spawned by `kvferry replay`): assigns rooms and faults,
 // sends every request to both engines' leaders at its scaled arrival time with back-pressure,
+// to the DP group of each engine that serves the room (dp_rank_for_room(), kvferry/routing.h,
+// the same rule the ranks use); waits for "ready" from every DP group's leader first;
 // collects one RoomResult per engine per room, shuts the engines down and writes the results
 // file (results.h). Messages: router_protocol.h over ControlSocket.
 // Faults (fault_plan.h): per-room faults go to both engines with the request, except abort: the
@@ -39,9 +41,14 @@ struct RouterConfig {
   std::string orchestrator;    // endpoint of the orchestrator (peer deaths); "" when none planned
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
+  uint32_t prefill_dp = 1;     // DP groups per engine: each its own leader and followers
+  uint32_t decode_dp = 1;
   std::string endpoint;        // bind (PULL), e.g. tcp://127.0.0.1:5600
-  std::string prefill_leader;  // engine endpoints of the leaders
-  std::string decode_leader;
+  // Engine endpoints of the leaders, index = DP rank. Empty (or fewer than dp): learned from the
+  // leaders' "ready" frames, which carry the endpoint; a "ready" endpoint always wins.
+  std::vector<std::string> prefill_leaders;
+  std::vector<std::string> decode_leaders;
+  std::string port_file;       // when set: the bound port of `endpoint` is written here (decimal)
   uint32_t max_inflight = 16;  // unfinished requests at most
   std::string results_path;
   double ready_timeout_s = 180;
@@ -51,10 +58,12 @@ struct RouterConfig {
 
 // Deterministic request plan: unique non-zero 63-bit rooms from `seed` (independent of the fault
 // plan) and per-room faults from assign_room_faults(). Requests keep the trace's order, stably
-// sorted by arrival_ms.
+// sorted by arrival_ms. A fault's rank is placed in the DP group that serves its room
+// ("prefill/tp1" becomes "prefill/tp1/dp1" for a room of prefill DP group 1).
 std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace, uint64_t seed,
                                          const FaultPlan& faults, uint32_t prefill_tp,
-                                         uint32_t decode_tp);
+                                         uint32_t decode_tp, uint32_t prefill_dp = 1,
+                                         uint32_t decode_dp = 1);
 
 // Runs the router. Returns 0 when every request finished (successfully or not) and the results
 // file was written; non-zero with a message on stderr otherwise (engines never ready, cannot

@@ -125,8 +125,8 @@ class RouterLoop : public ::testing::Test {
     c.prefill_tp = 2;
     c.decode_tp = 2;
     c.endpoint = "tcp://127.0.0.1:" + std::to_string((*ports)[0]);
-    c.prefill_leader = p.endpoint();
-    c.decode_leader = d.endpoint();
+    c.prefill_leaders = {p.endpoint()};
+    c.decode_leaders = {d.endpoint()};
     c.max_inflight = 4;
     c.results_path = (dir_ / "results.json").string();
     c.ready_timeout_s = 10;

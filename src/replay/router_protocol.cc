@@ -140,9 +140,10 @@ Result<RouterRequest> decode_request(const json& j) {
     spec.kind = fr.str("kind");
     spec.at = fr.str("at");
     if (fr.failed()) return bad("fault: " + fr.error());
-    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "timeout") {
-      return bad("fault kind must be \"transfer\", \"decode_fail\" or \"timeout\", got '" +
-                 spec.kind + "'");
+    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "prefill_fail" &&
+        spec.kind != "timeout") {
+      return bad("fault kind must be \"transfer\", \"decode_fail\", \"prefill_fail\" or "
+                 "\"timeout\", got '" + spec.kind + "'");
     }
     if (!valid_rank_string(spec.at)) return bad("fault 'at' is not a rank: '" + spec.at + "'");
     q.fault = std::move(spec);
@@ -216,6 +217,16 @@ Result<std::vector<RankLeakStats>> decode_stats(const json& j) {
   return out;
 }
 
+// An optional unsigned field (absent: 0).
+Result<uint32_t> optional_u32(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end()) return uint32_t{0};
+  if (!it->is_number_unsigned() || it->get<uint64_t>() > UINT32_MAX) {
+    return bad(std::string("field '") + name + "' must be an unsigned 32-bit integer");
+  }
+  return it->get<uint32_t>();
+}
+
 }  // namespace
 
 std::string encode_request(const RouterRequest& r) {
@@ -234,8 +245,11 @@ std::string encode_request(const RouterRequest& r) {
 
 std::string encode_shutdown() { return dump(json{{"type", "shutdown"}}); }
 
-std::string encode_ready(Role role, uint32_t tp_size) {
-  return dump(json{{"type", "ready"}, {"role", std::string(role_name(role))}, {"tp_size", tp_size}});
+std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank, const std::string& endpoint) {
+  json j{{"type", "ready"}, {"role", std::string(role_name(role))}, {"tp_size", tp_size}};
+  if (dp_rank != 0) j["dp_rank"] = dp_rank;
+  if (!endpoint.empty()) j["endpoint"] = endpoint;
+  return dump(j);
 }
 
 std::string encode_result(const RoomResult& r) {
@@ -259,7 +273,7 @@ std::string encode_result(const RoomResult& r) {
   return dump(j);
 }
 
-std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks) {
+std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank) {
   json arr = json::array();
   for (const auto& s : ranks) {
     arr.push_back({{"rank", s.rank},
@@ -268,7 +282,9 @@ std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks) {
                    {"pages_in_use", s.pages_in_use},
                    {"peers", s.peers}});
   }
-  return dump(json{{"type", "stats"}, {"role", std::string(role_name(role))}, {"ranks", arr}});
+  json j{{"type", "stats"}, {"role", std::string(role_name(role))}, {"ranks", arr}};
+  if (dp_rank != 0) j["dp_rank"] = dp_rank;
+  return dump(j);
 }
 
 std::string encode_abort(uint64_t room) {
@@ -303,6 +319,12 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     f.ready_tp_size = r.u32("tp_size");
     if (r.failed()) return bad(r.error());
     if (f.ready_tp_size == 0) return bad("ready tp_size must be > 0");
+    if (auto dp = optional_u32(j, "dp_rank"); !dp.ok()) return dp.status();
+    else f.dp_rank = *dp;
+    if (auto e = j.find("endpoint"); e != j.end()) {
+      if (!e->is_string()) return bad("ready 'endpoint' must be a string");
+      f.ready_endpoint = e->get<std::string>();
+    }
   } else if (f.type == "result") {
     auto res = decode_result(j);
     if (!res.ok()) return res.status();
@@ -311,6 +333,8 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     Reader r(j);
     f.stats_role = r.role("role");
     if (r.failed()) return bad(r.error());
+    if (auto dp = optional_u32(j, "dp_rank"); !dp.ok()) return dp.status();
+    else f.dp_rank = *dp;
     auto s = decode_stats(j);
     if (!s.ok()) return s.status();
     f.stats = std::move(s).value();

@@ -10,9 +10,12 @@
 //   {"type":"abort","room":"<u64>"}         (decode leader only) fail the room, code aborted
 //                                            (encoded here, decoded by the engine's sync codec)
 // Leader -> router (to the router endpoint):
-//   EngineReady     {"type":"ready","role":"prefill","tp_size":N}
+//   EngineReady     {"type":"ready","role":"prefill","tp_size":N[,"dp_rank":D][,"endpoint":"tcp://.."]}
+//                   sent by the leader of each DP group (dp_rank absent: 0); endpoint: the
+//                   leader's engine endpoint, where the router sends that group's requests
 //   RoomResult      see struct below, "type":"result"
-//   EngineStats     {"type":"stats","role":..,"ranks":[{rank, live_rooms, records, pages_in_use, peers}...]}
+//   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
+//                   pages_in_use, peers}...]}   one per DP group, from its leader
 // Router <-> orchestrator (replay peer deaths; to the orchestrator's / router's endpoint):
 //   {"type":"kill","rank":"prefill/tp1"}                         router asks for the planned kill
 //   {"type":"killed","rank":..,"time_ns":N}                      SIGKILL sent at N (CLOCK_MONOTONIC)
@@ -32,7 +35,8 @@ namespace kvferry {
 
 struct FaultSpec {
   std::string kind;  // sent to the engines: "transfer" (the rank fails the room's transfer),
-                     // "decode_fail" (the decode rank fails the room, code injected), "timeout"
+                     // "decode_fail" (the decode rank fails the room, code injected),
+                     // "prefill_fail" (the prefill rank fails the room, code injected), "timeout"
                      // (the rank's peer stays silent, so the rank's deadline expires);
                      // router only, never sent: "abort" (replay/fault_plan.h)
   std::string at;    // rank string, e.g. "prefill/tp1", "decode/tp0"
@@ -77,9 +81,10 @@ struct RankLeakStats {
 
 std::string encode_request(const RouterRequest& r);
 std::string encode_shutdown();
-std::string encode_ready(Role role, uint32_t tp_size);
+std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
+                         const std::string& endpoint = "");
 std::string encode_result(const RoomResult& r);
-std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks);
+std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0);
 std::string encode_abort(uint64_t room);
 // Router <-> orchestrator frames; `type` is kill, killed, restarted or kill_failed.
 std::string encode_peer_death(const std::string& type, const std::string& rank, int64_t time_ns,
@@ -93,6 +98,8 @@ struct RouterFrame {
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;
   uint32_t ready_tp_size = 0;
+  std::string ready_endpoint;  // ready: the leader's engine endpoint ("" when not given)
+  uint32_t dp_rank = 0;        // ready, stats: the DP group of the engine that sent it
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
   uint64_t abort_room = 0;   // abort

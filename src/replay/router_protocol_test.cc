@@ -36,6 +36,11 @@ TEST(RouterProtocol, TimeoutFaultsReachTheEnginesAbortsAndPeerDeathsDoNot) {
   auto f = decode_router_frame(encode_request(q));
   ASSERT_TRUE(f.ok()) << f.status().str();
   EXPECT_EQ(f->request->fault->kind, "timeout");
+  q.fault = FaultSpec{"prefill_fail", "prefill/tp3/dp1"};
+  f = decode_router_frame(encode_request(q));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_EQ(f->request->fault->kind, "prefill_fail");
+  EXPECT_EQ(f->request->fault->at, "prefill/tp3/dp1");
   for (const char* kind : {"abort", "peer_death"}) {
     q.fault = FaultSpec{kind, "decode/tp0"};
     EXPECT_FALSE(decode_router_frame(encode_request(q)).ok()) << kind;
@@ -122,6 +127,19 @@ TEST(RouterProtocol, ReadyShutdownStats) {
   ASSERT_TRUE(r->ready_role.has_value());
   EXPECT_EQ(*r->ready_role, Role::kDecode);
   EXPECT_EQ(r->ready_tp_size, 4u);
+  EXPECT_EQ(r->dp_rank, 0u);
+  EXPECT_EQ(r->ready_endpoint, "");
+
+  // A DP group's leader names its group and its engine endpoint.
+  auto g = decode_router_frame(encode_ready(Role::kPrefill, 2, 3, "tcp://127.0.0.1:4242"));
+  ASSERT_TRUE(g.ok()) << g.status().str();
+  EXPECT_EQ(g->dp_rank, 3u);
+  EXPECT_EQ(g->ready_endpoint, "tcp://127.0.0.1:4242");
+  EXPECT_FALSE(decode_router_frame(R"({"type":"ready","role":"decode","tp_size":1,"dp_rank":-1})").ok());
+  EXPECT_FALSE(decode_router_frame(R"({"type":"ready","role":"decode","tp_size":1,"endpoint":5})").ok());
+  auto gs = decode_router_frame(encode_stats(Role::kDecode, {}, 2));
+  ASSERT_TRUE(gs.ok()) << gs.status().str();
+  EXPECT_EQ(gs->dp_rank, 2u);
 
   auto s = decode_router_frame(encode_shutdown());
   ASSERT_TRUE(s.ok());

@@ -4,6 +4,7 @@
 
 #include <set>
 
+#include "kvferry/routing.h"
 #include "replay/fault_plan.h"
 
 namespace kvferry::replay {
@@ -71,6 +72,28 @@ TEST(PlanRequests, FaultRateShorthandKindsAndRanks) {
   for (const auto& q : some) n += q.fault ? 1 : 0;
   EXPECT_GT(n, 300u);  // 400 expected; 5+ sigma margins
   EXPECT_LT(n, 500u);
+}
+
+// With DP groups, a room's fault names the rank of the group that serves the room, by the same
+// rule the ranks use (dp_rank_for_room), so the rank that acts on it is the one that has the room.
+TEST(PlanRequests, FaultsLandInTheRoomsDpGroup) {
+  auto plan = *parse_fault_plan("transfer@prefill:0.5,decode_fail@decode:0.5", 2, 2, 2, 3);
+  std::set<std::string> groups;
+  for (const auto& q : plan_requests(trace_of(300), 9, plan, 2, 2, 2, 3)) {
+    ASSERT_TRUE(q.fault.has_value());
+    auto at = RankId::parse(q.fault->at);
+    ASSERT_TRUE(at.has_value()) << q.fault->at;
+    const uint32_t dp = at->role == Role::kPrefill ? 2 : 3;
+    EXPECT_EQ(at->dp_rank, dp_rank_for_room(q.room, dp)) << q.fault->at << " room " << q.room;
+    EXPECT_EQ(at->dp_rank, q.room % dp);
+    groups.insert(std::string(role_name(at->role)) + std::to_string(at->dp_rank));
+  }
+  EXPECT_EQ(groups, (std::set<std::string>{"prefill0", "prefill1", "decode0", "decode1", "decode2"}));
+  // DP 1: unchanged names.
+  for (const auto& q : plan_requests(trace_of(50), 9, plan, 2, 2)) {
+    ASSERT_TRUE(q.fault.has_value());
+    EXPECT_EQ(q.fault->at.find("/dp"), std::string::npos) << q.fault->at;
+  }
 }
 
 }  // namespace

@@ -2,115 +2,27 @@
 // replicated heads (Qwen2.5-7B, 4 KV heads, prefill TP 8) and MLA (DeepSeek-V3); page sizes 1, 16
 // and 64; chunked and single sends; injected faults. Checked from the outside, independently of the
 // report's own checks: report.json, results.json (per request) and every process's JSON log.
-#include <fcntl.h>
-#include <gtest/gtest.h>
-#include <spawn.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "kvferry/geometry.h"
+#include "replay_harness.h"
 
-extern char** environ;
-
+namespace kvferry_itest {
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-const std::string kCli = KVFERRY_CLI;
 const std::string kAzure = KVFERRY_SOURCE_DIR "/data/traces/AzureLLMInferenceTrace_code.csv";
 const std::string kModels = KVFERRY_SOURCE_DIR "/data/models.json";
 constexpr double kFaultRate = 0.3;
 constexpr uint64_t kChunkTokens = 256;     // chunked: a 7433-token request takes 30 send() calls
 constexpr uint64_t kSingleTokens = 16384;  // single: larger than every request of the cases
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Runs KVFERRY_CLI with `args` (stdout+stderr to `output`) and waits: exit code or 128 + signal.
-int run_cli(const std::vector<std::string>& args, const fs::path& output) {
-  std::vector<std::string> all = {kCli};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, kCli.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return -1;
-  int st = 0;
-  if (waitpid(pid, &st, 0) != pid) return -1;
-  return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
-}
-
-// Processes (other than this test) whose command line mentions `needle`.
-std::vector<std::string> processes_mentioning(const std::string& needle) {
-  std::vector<std::string> found;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (!std::all_of(name.begin(), name.end(), ::isdigit) || std::stoi(name) == getpid()) continue;
-    std::string cmd = slurp(e.path() / "cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) found.push_back(name + ": " + cmd);
-  }
-  return found;
-}
-
-// Every log line of every process, counted here.
-struct Logs {
-  std::vector<std::string> bad;                    // "file:line: why"
-  std::map<std::string, int> above_debug_by_room;  // level not trace/debug, by "room"
-  std::map<std::string, size_t> lines_by_file;
-};
-
-Logs read_logs(const fs::path& dir) {
-  Logs logs;
-  for (const auto& e : fs::directory_iterator(dir / "logs")) {
-    if (e.path().extension() != ".jsonl") continue;
-    const std::string file = e.path().filename().string();
-    logs.lines_by_file[file] = 0;
-    std::ifstream in(e.path());
-    std::string line;
-    for (size_t n = 1; std::getline(in, line); ++n) {
-      if (line.empty()) continue;
-      ++logs.lines_by_file[file];
-      const json o = json::parse(line, nullptr, false);
-      if (o.is_discarded() || !o.is_object() || !o.contains("level") || !o["level"].is_string()) {
-        logs.bad.push_back(file + ":" + std::to_string(n) + ": not a JSON object with a level");
-        continue;
-      }
-      const std::string level = o["level"];
-      if (!o.contains("room") || level == "trace" || level == "debug") continue;
-      if (!o["room"].is_string()) {
-        logs.bad.push_back(file + ":" + std::to_string(n) + ": room is not a decimal string");
-      } else {
-        ++logs.above_debug_by_room[o["room"].get<std::string>()];
-      }
-    }
-  }
-  return logs;
-}
 
 // KV geometry from the vendored models file.
 struct Model {
@@ -240,34 +152,18 @@ class ScopedEnv {
 // 1-2 s, and the default liveness deadlines (heartbeat 800 ms, engine agreement 1000 ms) then
 // declared live ranks dead. These tests are about where bytes land and who an injected fault is
 // attributed to, not about peer death, so the ranks they start get 10 s liveness deadlines.
-class ReplayRun : public ::testing::Test {
+class ReplayRun : public ReplayDir {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvferry_hetero_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    EXPECT_TRUE(processes_mentioning(dir_.string()).empty());
-    if (!HasFailure()) fs::remove_all(dir_);  // kept for inspection when a test failed
-  }
-
   // A hung engine fails the case within a minute (the router gives up on the request).
   int replay(std::vector<std::string> args, const std::string& transport = "shm") {
     ScopedEnv heartbeat("KVFERRY_HEARTBEAT_TIMEOUT_MS", "10000");
     ScopedEnv engine("KVFERRY_ENGINE_TIMEOUT_MS", "10000");
-    args.insert(args.begin(), "replay");
-    args.insert(args.end(), {"--trace", kAzure, "--transport", transport, "--request-timeout-s", "40",
-                             "--timeout-s", "240", "--out", out().string()});
-    const int rc = run_cli(args, dir_ / "output.txt");
-    output_ = slurp(dir_ / "output.txt");
-    return rc;
+    args.insert(args.end(), {"--trace", kAzure, "--transport", transport, "--timeout-s", "240"});
+    const CliRun run = ReplayDir::replay(args);
+    output_ = run.output;
+    return run.exit_code;
   }
-  fs::path out() const { return dir_ / "out"; }
-  json report() const { return json::parse(slurp(out() / "report.json")); }
-  json results() const { return json::parse(slurp(out() / "results.json")); }
 
-  fs::path dir_;
   std::string output_;
 };
 
@@ -434,6 +330,71 @@ TEST(HeteroTpMatrix, CoversTheRequiredCombinations) {
   }
 }
 
+// prefill_fail (the prefill rank fails the room itself, before sending) on a prefill rank that
+// writes and on one that writes nothing: an MLA rank that is no decode rank's source, and a
+// replica of a replicated GQA head. Unlike a transfer fault it takes effect on a rank that writes
+// nothing, and the room must still fail on every rank of both engines with that rank as origin.
+struct SilentCase {
+  std::string name, model;
+  uint32_t prefill_tp, decode_tp, pool_mib, prefill_pool_mib;
+};
+void PrintTo(const SilentCase& c, std::ostream* os) { *os << c.name; }
+
+class PrefillFail : public ReplayRun, public ::testing::WithParamInterface<SilentCase> {};
+
+TEST_P(PrefillFail, OnASendingAndANonSendingRankFailsTheRoomEverywhere) {
+  const SilentCase& c = GetParam();
+  const Model m = load_model(c.model);
+  const std::set<uint32_t> senders = sending_prefill_ranks(m, c.prefill_tp, c.decode_tp);
+  uint32_t silent = c.prefill_tp;
+  for (uint32_t p = c.prefill_tp; p-- > 0;) {
+    if (!senders.count(p)) silent = p;
+  }
+  ASSERT_LT(silent, c.prefill_tp) << "every prefill rank writes: no silent rank in this layout";
+  const uint32_t sender = *senders.begin();
+  const std::string at_sender = "prefill/tp" + std::to_string(sender);
+  const std::string at_silent = "prefill/tp" + std::to_string(silent);
+  const int rc = replay({"--model", c.model, "--prefill-tp", std::to_string(c.prefill_tp),
+                         "--decode-tp", std::to_string(c.decode_tp), "--page-size", "16",
+                         "--chunk-tokens", std::to_string(kChunkTokens), "--max-requests", "4",
+                         "--pool-mib", std::to_string(c.pool_mib), "--prefill-pool-mib",
+                         std::to_string(c.prefill_pool_mib), "--faults",
+                         "prefill_fail@" + at_sender + ":once,prefill_fail@" + at_silent + ":once"});
+  ASSERT_EQ(rc, 0) << output_;
+  const json r = report();
+  ASSERT_EQ(r["status"], "ok") << r["error"];
+  EXPECT_TRUE(r["problems"].empty()) << r["problems"].dump();
+  EXPECT_EQ(r["bytes"]["mismatched"], 0u);
+  EXPECT_EQ(r["requests"]["failed"], 2u);
+  EXPECT_EQ(r["requests"]["succeeded"], 2u);
+  EXPECT_TRUE(r["unexpected_failures"].empty()) << r["unexpected_failures"].dump();
+  EXPECT_TRUE(r["faults_not_applied"].empty()) << r["faults_not_applied"].dump();
+  const Logs logs = read_logs(out());
+  std::set<std::string> origins;
+  for (const auto& f : r["faults"]) {
+    EXPECT_EQ(f["kind"], "prefill_fail");
+    EXPECT_EQ(f["observed_origin"], f["injected_at"]) << f.dump();
+    EXPECT_EQ(f["code"], "injected") << f.dump();
+    EXPECT_EQ(f["ranks_failed"], c.prefill_tp + c.decode_tp) << f.dump();
+    const std::string room = f["room"].get<std::string>();
+    const auto it = logs.above_debug_by_room.find(room);
+    EXPECT_EQ(it == logs.above_debug_by_room.end() ? 0 : it->second, 1) << f.dump();
+    origins.insert(f["observed_origin"].get<std::string>());
+  }
+  EXPECT_EQ(origins, (std::set<std::string>{at_sender, at_silent}));
+  for (const char* engine : {"prefill", "decode"}) {
+    for (const auto& s : r["leaks"][engine]) {
+      EXPECT_EQ(s["live_rooms"], 0) << s.dump();
+      EXPECT_EQ(s["pages_in_use"], 0) << s.dump();
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(SilentRank, PrefillFail,
+                         ::testing::Values(SilentCase{"DeepSeek_4x2", kDeepSeek, 4, 2, 768, 128},
+                                           SilentCase{"Qwen_8x2_replicated", kQwen, 8, 2, 512, 64}),
+                         [](const auto& info) { return info.param.name; });
+
 class WrongHeadOffset : public ReplayRun,
                         public ::testing::WithParamInterface<std::pair<uint32_t, uint32_t>> {};
 
@@ -471,3 +432,4 @@ INSTANTIATE_TEST_SUITE_P(Llama, WrongHeadOffset,
                          });
 
 }  // namespace
+}  // namespace kvferry_itest

@@ -116,5 +116,34 @@ INSTANTIATE_TEST_SUITE_P(Ranks, PeerDeath,
                            return n;
                          });
 
+// DeepSeek-V3 (MLA) at prefill TP 4, decode TP 2: decode ranks read the latent from prefill tp0
+// and tp1 only, so prefill/tp2 writes nothing and no decode rank talks to it. Killing it must
+// still fail its rooms with origin prefill/tp2 (not the leader), detected by its own engine.
+TEST_F(ReplayDir, KilledNonWritingMlaRankIsTheOrigin) {
+  const fs::path trace = write_trace(10, 0, {700, 1200});
+  const CliRun run = replay({"--trace", trace.string(), "--model", "DeepSeek-V3", "--prefill-tp",
+                             "4", "--decode-tp", "2", "--pool-mib", "256", "--prefill-pool-mib",
+                             "64", "--page-size", "16", "--chunk-tokens", "256", "--faults",
+                             "peer_death@prefill/tp2:once", "--engine-timeout-ms", "600"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json r = report();
+  EXPECT_TRUE(r["problems"].empty()) << r["problems"].dump();
+  ASSERT_EQ(r["peer_deaths"].size(), 1u);
+  const json& d = r["peer_deaths"][0];
+  EXPECT_EQ(d["expected_engines"], json::array({"prefill"}));
+  ASSERT_EQ(d["detections"].size(), 1u) << d.dump();
+  EXPECT_EQ(d["detections"][0]["engine"], "prefill");
+  EXPECT_GT(d["rooms_failed"].get<uint64_t>(), 0u) << d.dump();
+  EXPECT_EQ(d["rooms_misattributed"], 0) << d.dump();
+  EXPECT_TRUE(r["unexpected_failures"].empty()) << r["unexpected_failures"].dump();
+  for (const auto& q : results()["requests"].get<std::vector<json>>()) {
+    if (q["decode"].is_null() || q["decode"]["state"] == "Success") continue;
+    EXPECT_EQ(q["decode"]["origin"], "prefill/tp2") << q.dump();
+    EXPECT_EQ(q["decode"]["code"], "peer_unreachable") << q.dump();
+  }
+  EXPECT_EQ(r["bytes"]["mismatched"], 0);
+  expect_no_leaks(r);
+}
+
 }  // namespace
 }  // namespace kvferry_itest

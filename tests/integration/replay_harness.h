@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -37,8 +38,8 @@ struct CliRun {
   double seconds = 0;
 };
 
-// Runs KVFERRY_CLI with `args` to completion, stdout+stderr to `output`.
-inline CliRun run_cli(const std::vector<std::string>& args, const fs::path& output) {
+// Starts KVFERRY_CLI with `args`, stdout+stderr to `output`. Returns the pid (-1: not started).
+inline pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
   std::vector<std::string> all = {KVFERRY_CLI};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -48,16 +49,25 @@ inline CliRun run_cli(const std::vector<std::string>& args, const fs::path& outp
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  const auto t0 = std::chrono::steady_clock::now();
   pid_t pid = 0;
-  CliRun r;
   const int rc = posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   EXPECT_EQ(rc, 0) << "cannot start " << KVFERRY_CLI;
+  return rc == 0 ? pid : -1;
+}
+
+// Waits for `pid`; its exit code, or 128 + signal (-1: no such child).
+inline int wait_cli(pid_t pid) {
   int st = 0;
-  if (rc == 0 && waitpid(pid, &st, 0) == pid) {
-    r.exit_code = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
-  }
+  if (pid <= 0 || waitpid(pid, &st, 0) != pid) return -1;
+  return WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+}
+
+// Runs KVFERRY_CLI with `args` to completion, stdout+stderr to `output`.
+inline CliRun run_cli(const std::vector<std::string>& args, const fs::path& output) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CliRun r;
+  r.exit_code = wait_cli(start_cli(args, output));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.output = slurp(output);
   return r;
@@ -101,6 +111,56 @@ inline LogLines read_log_lines(const fs::path& out) {
         continue;
       }
       logs.lines.push_back(std::move(o));
+    }
+  }
+  return logs;
+}
+
+// Every log line of every process (logs/*.jsonl), checked and counted by the test itself: each
+// must be a JSON object with string ts, level, rank and msg, a known level, and a room (where
+// present) as a decimal string; problems go to `bad` as "file:line: why".
+struct Logs {
+  size_t files = 0;
+  size_t lines = 0;
+  std::vector<std::string> bad;
+  std::map<std::string, int> above_debug_by_room;  // level not trace/debug, by "room"
+  std::map<std::string, size_t> lines_by_file;     // non-empty lines per file name
+};
+
+inline Logs read_logs(const fs::path& out) {
+  Logs logs;
+  for (const auto& e : fs::directory_iterator(out / "logs")) {
+    if (e.path().extension() != ".jsonl") continue;
+    ++logs.files;
+    const std::string file = e.path().filename().string();
+    std::ifstream in(e.path());
+    std::string line;
+    for (size_t n = 1; std::getline(in, line); ++n) {
+      if (line.empty()) continue;
+      ++logs.lines;
+      ++logs.lines_by_file[file];
+      const std::string where = file + ":" + std::to_string(n) + ": ";
+      const json o = json::parse(line, nullptr, false);
+      if (o.is_discarded() || !o.is_object()) {
+        logs.bad.push_back(where + "not JSON");
+        continue;
+      }
+      for (const char* k : {"ts", "level", "rank", "msg"}) {
+        if (!o.contains(k) || !o[k].is_string()) logs.bad.push_back(where + "no string " + k);
+      }
+      const std::string level = o.value("level", "");
+      static const std::vector<std::string> kLevels = {"trace", "debug",  "info",
+                                                      "warning", "error", "critical"};
+      if (std::find(kLevels.begin(), kLevels.end(), level) == kLevels.end()) {
+        logs.bad.push_back(where + "level '" + level + "'");
+      }
+      if (o.contains("room")) {
+        if (!o["room"].is_string()) {
+          logs.bad.push_back(where + "room is not a decimal string");
+        } else if (level != "trace" && level != "debug") {
+          ++logs.above_debug_by_room[o["room"].get<std::string>()];
+        }
+      }
     }
   }
   return logs;

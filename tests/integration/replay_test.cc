@@ -1,164 +1,22 @@
 // `kvferry replay` end to end: real processes on loopback, checked from the outside (the report
 // and every rank's JSON log, counted here independently of the report's own counts).
-#include <fcntl.h>
-#include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-extern char** environ;
+#include "replay_harness.h"
 
+namespace kvferry_itest {
 namespace {
 
-namespace fs = std::filesystem;
-using json = nlohmann::json;
-
-const std::string kCli = KVFERRY_CLI;
 const std::string kAzure = KVFERRY_SOURCE_DIR "/data/traces/AzureLLMInferenceTrace_code.csv";
 const std::string kConversation = KVFERRY_SOURCE_DIR "/data/traces/conversation_trace.jsonl";
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Starts KVFERRY_CLI with `args`, stdout+stderr to `output`. Returns the pid.
-pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
-  std::vector<std::string> all = {kCli};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, kCli.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  EXPECT_EQ(rc, 0) << "cannot start " << kCli;
-  return rc == 0 ? pid : -1;
-}
-
-// Waits for `pid`; exit code, or 128 + signal.
-int wait_cli(pid_t pid) {
-  int st = 0;
-  if (pid <= 0 || waitpid(pid, &st, 0) != pid) return -1;
-  if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-  return WEXITSTATUS(st);
-}
-
-struct CliRun {
-  int exit_code = -1;
-  std::string output;  // stdout + stderr
-  double seconds = 0;
-};
-
-// Processes (other than this test) whose command line mentions `needle`, as "pid: cmdline".
-std::vector<std::string> processes_mentioning(const std::string& needle) {
-  std::vector<std::string> found;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename().string();
-    if (!std::all_of(name.begin(), name.end(), ::isdigit) || std::stoi(name) == getpid()) continue;
-    std::string cmd = slurp(e.path() / "cmdline");
-    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
-    if (cmd.find(needle) != std::string::npos) found.push_back(name + ": " + cmd);
-  }
-  return found;
-}
-
-// Every log line of every rank, checked and counted by this test.
-struct Logs {
-  size_t files = 0;
-  size_t lines = 0;
-  std::vector<std::string> bad;                    // problems, "file:line: why"
-  std::map<std::string, int> above_debug_by_room;  // level not trace/debug, by "room"
-  std::map<std::string, size_t> lines_by_file;
-};
-
-Logs read_logs(const fs::path& dir) {
-  Logs logs;
-  for (const auto& e : fs::directory_iterator(dir / "logs")) {
-    if (e.path().extension() != ".jsonl") continue;
-    ++logs.files;
-    std::ifstream in(e.path());
-    std::string line;
-    size_t n = 0;
-    while (std::getline(in, line)) {
-      ++n;
-      if (line.empty()) continue;
-      ++logs.lines;
-      ++logs.lines_by_file[e.path().filename().string()];
-      const std::string where = e.path().filename().string() + ":" + std::to_string(n) + ": ";
-      const json o = json::parse(line, nullptr, false);
-      if (o.is_discarded() || !o.is_object()) {
-        logs.bad.push_back(where + "not JSON");
-        continue;
-      }
-      for (const char* k : {"ts", "level", "rank", "msg"}) {
-        if (!o.contains(k) || !o[k].is_string()) logs.bad.push_back(where + "no string " + k);
-      }
-      const std::string level = o.value("level", "");
-      static const std::vector<std::string> kLevels = {"trace", "debug",  "info",
-                                                      "warning", "error", "critical"};
-      if (std::find(kLevels.begin(), kLevels.end(), level) == kLevels.end()) {
-        logs.bad.push_back(where + "level '" + level + "'");
-      }
-      if (o.contains("room")) {
-        if (!o["room"].is_string()) {
-          logs.bad.push_back(where + "room is not a decimal string");
-        } else if (level != "trace" && level != "debug") {
-          ++logs.above_debug_by_room[o["room"].get<std::string>()];
-        }
-      }
-    }
-  }
-  return logs;
-}
-
-class Replay : public ::testing::Test {
+class Replay : public ReplayDir {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/kvferry_replay_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    EXPECT_TRUE(processes_mentioning(dir_.string()).empty());
-    if (!HasFailure()) fs::remove_all(dir_);  // kept for inspection when a test failed
-  }
-
-  // A hung engine fails the case in about a minute (the router gives up on the request).
-  CliRun replay(std::vector<std::string> args) {
-    args.insert(args.begin(), "replay");
-    args.insert(args.end(), {"--request-timeout-s", "40"});
-    args.push_back("--out");
-    args.push_back(out().string());
-    const auto t0 = std::chrono::steady_clock::now();
-    CliRun r;
-    r.exit_code = wait_cli(start_cli(args, dir_ / "output.txt"));
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.output = slurp(dir_ / "output.txt");
-    return r;
-  }
-
-  fs::path out() const { return dir_ / "out"; }
-  json report() const { return json::parse(slurp(out() / "report.json")); }
-
   // The invariants every clean replay must satisfy, checked from the report and the logs.
   void expect_clean(const CliRun& run, uint64_t total) {
     ASSERT_EQ(run.exit_code, 0) << run.output;
@@ -201,17 +59,8 @@ class Replay : public ::testing::Test {
     }
     // Every failed request here is a fault's room.
     EXPECT_EQ(r["faults"].size(), q["failed"].get<size_t>());
-    // Nothing left behind in the engines.
-    for (const char* engine : {"prefill", "decode"}) {
-      ASSERT_TRUE(r["leaks"][engine].is_array()) << engine;
-      for (const auto& s : r["leaks"][engine]) {
-        EXPECT_EQ(s["live_rooms"], 0) << s.dump();
-        EXPECT_EQ(s["pages_in_use"], 0) << s.dump();
-      }
-    }
+    expect_no_leaks(r);  // nothing left behind in the engines
   }
-
-  fs::path dir_;
 };
 
 TEST_F(Replay, ShmTwoByTwoWithFaults) {
@@ -374,6 +223,7 @@ TEST_F(Replay, SigtermStopsEveryProcess) {
 }
 
 }  // namespace
+}  // namespace kvferry_itest
 
 namespace {
 // These tests are about per-room faults, not peer death (peer_death_test.cc covers that with the
