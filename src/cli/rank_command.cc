@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <pthread.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <map>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "core/stop_request.h"
 #include "driver/rank.h"
 #include "kvferry/deadlines.h"
 #include "kvferry/log.h"
@@ -16,10 +18,25 @@
 namespace kvferry::cli {
 namespace {
 
-// SIGTERM/SIGINT end a rank the way they always did (killed by that signal), but first a thread
-// that waits for them logs why and flushes the log. Called before any other thread starts, so
-// every thread inherits the blocked mask and only this one receives the signals.
-void log_and_flush_on_termination() {
+// SIGTERM/SIGINT stop a rank in two steps. A thread waiting for them (installed before any other
+// thread starts, so every thread inherits the blocked mask and only this one receives them) logs
+// why, flushes the log and asks the engine loop to stop (core/stop_request.h): the loop finishes
+// its step, the rank writes its metrics file and flushes again, and the process then ends by the
+// signal (as a plain kill would). A rank not yet in its engine loop (registering, connecting) or
+// stuck in a step is ended by the signal after kStopGraceMs, its log already flushed.
+constexpr int kStopGraceMs = 3000;
+
+void end_by_signal(int sig) {
+  flush_logging();
+  std::signal(sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+  raise(sig);
+}
+
+void stop_on_termination_signals() {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
@@ -30,12 +47,9 @@ void log_and_flush_on_termination() {
     if (sigwait(&stop, &sig) != 0) return;
     log_event(LogLevel::kInfo, "rank", std::string("stopped by ") + strsignal(sig));
     flush_logging();
-    std::signal(sig, SIG_DFL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
-    raise(sig);
+    request_stop(sig);
+    std::this_thread::sleep_for(std::chrono::milliseconds(kStopGraceMs));
+    end_by_signal(sig);
   }).detach();
 }
 
@@ -73,8 +87,9 @@ void add_rank_command(CLI::App& app) {
   cmd->callback([opts, role, transport] {
     opts->role = *role == "prefill" ? Role::kPrefill : Role::kDecode;
     opts->transport = *transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
-    log_and_flush_on_termination();
+    stop_on_termination_signals();
     int rc = run_rank(*opts);
+    if (stop_signal() != 0) end_by_signal(stop_signal());
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -19,6 +19,8 @@ void install_stop_handler() {
   ::sigaction(SIGINT, &sa, nullptr);
 }
 
+void request_stop(int sig) { g_stop.store(sig); }
+
 bool stop_requested() { return g_stop.load() != 0; }
 int stop_signal() { return g_stop.load(); }
 

@@ -8,6 +8,8 @@
 namespace kvferry {
 
 void install_stop_handler();
+// The same request from code (e.g. a thread that received the signal with sigwait).
+void request_stop(int sig);
 bool stop_requested();
 int stop_signal();  // the signal that asked (0: none)
 
