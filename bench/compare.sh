@@ -153,8 +153,10 @@ step "failure propagation: per-room faults, 1+1 and 4+4 ($FAIL_REQUESTS requests
 replay tp1 1 "$FAIL_PLAN" shm --request-timeout-s 60 || true
 replay tp4 4 "$FAIL_PLAN" shm --request-timeout-s 60 || true
 step "peer death: SIGKILL of prefill/tp0 on 1+1 shm and tcp"
-# 60 requests: the kill comes while rooms are in flight. Rooms after the restart were seen staying
-# unanswered until the router's request timeout (2026-11-30, reported), so that is short here.
+# 60 requests: the kill comes while rooms are in flight. Rooms dispatched right after the restart,
+# before decode found the restarted rank again, used to stay unanswered until the router's request
+# timeout (issue 3, fixed: decode waits for the source to register again); it stays short here so
+# a regression shows as "router: no result within 20 s" instead of a long stall.
 replay death_shm 1 peer_death@prefill/tp0:once shm --max-requests 60 --request-timeout-s 20 || true
 replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 60 --request-timeout-s 20 || true
 

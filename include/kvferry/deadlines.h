@@ -12,7 +12,9 @@
 //                                                                  if its control endpoint refuses connections; one that
 //                                                                  still accepts (alive, not scheduled) after 4x this
 //   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
-//   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service
+//   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service, or
+//                                                                  a dead one did not appear again there (decode: rooms that
+//                                                                  wait for it fail, peer_unreachable)
 //   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        600      an engine rank stopped answering the per-step agreement
 //   fault_timeout         KVFERRY_FAULT_TIMEOUT_MS         1000     replay only: the deadline of a room given a timeout fault
 //

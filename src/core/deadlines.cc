@@ -20,7 +20,7 @@ const std::vector<DeadlineField>& deadline_fields() {
       {"--drain-timeout-ms", "KVFERRY_DRAIN_TIMEOUT_MS", &Deadlines::drain_timeout_ms,
        "decode: quarantine a failed room's pages if prefill has not confirmed its writes drained"},
       {"--lookup-timeout-ms", "KVFERRY_LOOKUP_TIMEOUT_MS", &Deadlines::lookup_timeout_ms,
-       "give up on a prefill rank that never registers with the bootstrap service"},
+       "give up on a prefill rank that never registers with the bootstrap service (or, after its death, never registers again)"},
       {"--engine-timeout-ms", "KVFERRY_ENGINE_TIMEOUT_MS", &Deadlines::engine_timeout_ms,
        "a rank of the same engine silent this long in the per-step agreement is dead"},
       {"--fault-timeout-ms", "KVFERRY_FAULT_TIMEOUT_MS", &Deadlines::fault_timeout_ms,

@@ -49,10 +49,78 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
   peers_[peer] = {peer, endpoint};
-  dead_peers_.erase(peer);
+  const bool was_dead = dead_peers_.erase(peer) != 0;
   core_.monitor().watch(peer, endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
+  if (was_dead) on_peer_back(peer, endpoint);  // after the registration: the peer reads it first
   return Status::Ok();
+}
+
+void DecodeEndpoint::on_peer_back(const RankId& peer, const std::string& endpoint) {
+  size_t resumed = 0;
+  for (auto& [id, r] : rooms_) {
+    if (!r.init_called || r.state.get() != KVPoll::Bootstrapping || r.metadata_sent.count(peer)) continue;
+    if (std::find(r.sources.begin(), r.sources.end(), peer) == r.sources.end()) continue;
+    if (!send_metadata(r, peer, endpoint)) continue;
+    ++resumed;
+    maybe_waiting(r);
+  }
+  auto owed = owed_.find(peer);
+  size_t told = 0;
+  if (owed != owed_.end()) {
+    for (const RoomStatus& st : owed->second) {
+      Status s = core_.send(endpoint, st);
+      if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = st.room});
+      else ++told;
+    }
+    owed_.erase(owed);
+  }
+  if (resumed || told)
+    log_event(LogLevel::kDebug, kComp,
+              fmt::format("{} is back: metadata of {} waiting rooms sent, {} failures told", peer.str(), resumed, told));
+}
+
+bool DecodeEndpoint::send_metadata(ReceiverRoom& r, const RankId& src, const std::string& endpoint) {
+  RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_slot, static_cast<uint32_t>(r.sources.size())};
+  Status s = core_.send(endpoint, md);
+  if (!s.ok()) {
+    fail(r.room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()), src,
+         monotonic_ns(), false);
+    return false;
+  }
+  r.metadata_sent.insert(src);
+  return true;
+}
+
+void DecodeEndpoint::maybe_waiting(ReceiverRoom& r) {
+  if (r.state.get() != KVPoll::Bootstrapping || r.metadata_sent.size() < r.sources.size()) return;
+  r.state.advance(KVPoll::WaitingForInput);
+  r.init_ns = monotonic_ns();
+  r.waiting_deadline_ns = r.init_ns + core_.config().deadlines.waiting_timeout_ms * 1'000'000;
+}
+
+int64_t DecodeEndpoint::rejoin_deadline_ns(const RankId& peer) const {
+  auto it = peers_.find(peer);
+  int64_t since = it == peers_.end() ? 0 : it->second.dead_since_ns;
+  return since + core_.config().deadlines.lookup_timeout_ms * 1'000'000;
+}
+
+void DecodeEndpoint::expire_dead_sources(int64_t now_ns) {
+  for (const RankId& peer : dead_peers_) {
+    if (now_ns <= rejoin_deadline_ns(peer)) continue;
+    owed_.erase(peer);
+    std::string why = fmt::format("{} is down and did not register again within {} ms", peer.str(),
+                                  core_.config().deadlines.lookup_timeout_ms);
+    std::vector<uint64_t> waiting;
+    for (auto& [id, r] : rooms_) {
+      if (r.state.terminal() || r.terminal.count(peer)) continue;
+      if (std::find(r.sources.begin(), r.sources.end(), peer) != r.sources.end()) waiting.push_back(id);
+    }
+    for (uint64_t id : waiting) {
+      rooms_.at(id).terminal.insert(peer);  // it never had the metadata, and it is gone
+      fail(id, ErrorCode::kPeerUnreachable, why, peer, now_ns, false);
+    }
+  }
 }
 
 void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpoint) {
@@ -95,6 +163,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     ++failed;
   }
+  it->second.dead_since_ns = now;
   log_event(LogLevel::kError, kComp,
             fmt::format("prefill peer {} unreachable: {}; {} rooms failed", peer.str(), reason, failed),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
@@ -199,12 +268,21 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
     r.sources.push_back({Role::kPrefill, 0, p, dp_rank_for_room(room, prefill_dp_)});
   core_.registry().open(room);
+  // A source that is down may already be back (its engine may hold this room): the room waits
+  // for it to register again, up to its rejoin deadline (expire_dead_sources).
+  const int64_t now = monotonic_ns();
   for (const RankId& src : r.sources) {
-    if (dead_peers_.count(src)) {
+    if (!dead_peers_.count(src)) continue;
+    if (now > rejoin_deadline_ns(src)) {
       r.terminal.insert(src);
-      fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", src.str()), src, monotonic_ns(), false);
+      fail(room, ErrorCode::kPeerUnreachable,
+           fmt::format("{} is down and did not register again within {} ms", src.str(),
+                       core_.config().deadlines.lookup_timeout_ms),
+           src, now, false);
       return;
     }
+    log_event(LogLevel::kDebug, kComp, fmt::format("{} is down: the room waits for it to register again", src.str()),
+              {.room = room});
   }
 }
 
@@ -216,6 +294,7 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   if (kv_indices.size() != r.total_pages) return {ErrorCode::kInvalidArgument, "kv_indices size != room pages"};
   r.kv_indices = kv_indices;
   r.aux_slot = aux_slot;
+  r.init_called = true;
   std::memset(core_.base() + core_.layout().aux_offset(aux_slot), 0, kAuxSlotBytes);
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);
@@ -223,18 +302,10 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("no connection to {}", src.str()), src, monotonic_ns(), false);
       return Status::Ok();
     }
-    RoomMetadata md{room, core_.self(), kv_indices, aux_slot, static_cast<uint32_t>(r.sources.size())};
-    Status s = core_.send(peer->second.control_endpoint, md);
-    if (!s.ok()) {
-      fail(room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()),
-           src, monotonic_ns(), false);
-      return Status::Ok();
-    }
-    r.metadata_sent.insert(src);
+    if (dead_peers_.count(src)) continue;  // sent when it registers again (on_peer_back)
+    if (!send_metadata(r, src, peer->second.control_endpoint)) return Status::Ok();
   }
-  r.state.advance(KVPoll::WaitingForInput);
-  r.init_ns = monotonic_ns();
-  r.waiting_deadline_ns = r.init_ns + core_.config().deadlines.waiting_timeout_ms * 1'000'000;
+  maybe_waiting(r);
   return Status::Ok();
 }
 
@@ -246,6 +317,10 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
     if (r.terminal.count(src)) continue;  // it told us, or already finished
     auto peer = peers_.find(src);
     if (peer == peers_.end()) continue;
+    if (dead_peers_.count(src)) {  // it may be back with this room before we find it again
+      owed_[src].push_back(st);
+      continue;
+    }
     Status s = core_.send(peer->second.control_endpoint, st);
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = r.room});
   }
@@ -316,6 +391,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     }
     it = rediscovery_.erase(it);
   }
+  if (!dead_peers_.empty()) expire_dead_sources(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);

@@ -7,6 +7,14 @@
 // engine's agreement) makes it Failed and is told once to every source that did not itself report
 // it. drained(): no source can still write into the room's pages (each source we sent metadata to
 // has sent a terminal status, or the drain deadline passed — then the pages must be quarantined).
+//
+// A source that is down (declared dead, being looked up again at the bootstrap service) may be
+// back before this rank has found it: its engine can already hold a room that waits for our
+// metadata. So a room added while a source is down is not failed at once: it stays Bootstrapping
+// (init() sends the metadata to the live sources only) and the rest goes out when the source
+// registers again. If the source is still down `lookup_timeout_ms` after its death, such a room
+// fails with peer_unreachable and the source as origin (a room added after that fails at once).
+// A failure that should be told to a source while it is down is told to it when it is back.
 // Thread contract: main thread only.
 #pragma once
 #include <cstdint>
@@ -30,6 +38,7 @@ namespace kvferry {
 struct PrefillPeer {
   RankId rank;
   std::string control_endpoint;
+  int64_t dead_since_ns = 0;  // when it was declared dead (0: alive)
 };
 
 struct ReceiverRoom {
@@ -44,6 +53,7 @@ struct ReceiverRoom {
   std::vector<uint64_t> kv_indices;
   uint32_t aux_slot = 0;
   bool failure_told = false;
+  bool init_called = false;  // kv_indices and aux_slot are set; sources still down get them later
   int64_t init_ns = 0;
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
@@ -99,6 +109,17 @@ class DecodeEndpoint {
   void tell_sources(ReceiverRoom& r, const KVTransferError& e);
   Status send_registration(const RankId& peer, const std::string& endpoint);
   void rediscover(const RankId& peer, const std::string& old_endpoint);
+  // A source that was down registered again: sends it the metadata of rooms that waited for it
+  // and the failures it missed.
+  void on_peer_back(const RankId& peer, const std::string& endpoint);
+  // Sends the metadata to `src`; fails the room if it cannot. False if the room failed.
+  bool send_metadata(ReceiverRoom& r, const RankId& src, const std::string& endpoint);
+  // Bootstrapping -> WaitingForInput once every source has the metadata.
+  void maybe_waiting(ReceiverRoom& r);
+  // Past this a room still waiting for the dead `peer` fails (dead_since + lookup_timeout).
+  int64_t rejoin_deadline_ns(const RankId& peer) const;
+  // Fails every unfinished room fed by a dead peer past its rejoin deadline.
+  void expire_dead_sources(int64_t now_ns);
 
   // A background lookup of a dead prefill peer at the bootstrap service.
   struct Rediscovery {
@@ -114,6 +135,9 @@ class DecodeEndpoint {
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
+  // Failures of rooms to tell a source that was down when they failed, sent when it is back;
+  // dropped at its rejoin deadline.
+  std::map<RankId, std::vector<RoomStatus>> owed_;
   std::map<RankId, std::unique_ptr<Rediscovery>> rediscovery_;
   std::unordered_map<uint64_t, ReceiverRoom> rooms_;
 };

@@ -431,6 +431,95 @@ TEST(EndpointPair, Defect8_PrefillDeathDetectedFast_Defect7_RestartedPrefillIsFo
   EXPECT_EQ(p->decode().poll(0x1812), KVPoll::Success);
 }
 
+// Issue 3 ("No rank waits forever"): a killed prefill rank restarts and its engine takes rooms
+// again before this decode rank has found it at the bootstrap service (a lookup every 100 ms).
+// Before the fix such a room failed here at once ("prefill/tp0 is down", a wrong attribution)
+// and the restarted prefill rank was never told: it waited for metadata until its 300 s
+// bootstrap timeout, and the router for its request timeout. Now the room waits for the source
+// to register again and then goes through.
+void kill_prefill_until_detected(EndpointPair& p) {
+  const uint64_t seen = 0x1830;  // a room in flight, so the death is observed through it
+  open_room(p, seen, 32, {0, 1}, 1);
+  p.kill_prefill();
+  ASSERT_TRUE(p.pump_until([&] { return p.decode().poll(seen) == KVPoll::Failed; }, 3s));
+  ASSERT_TRUE(p.decode().drained(seen, monotonic_ns()));
+  p.decode().release(seen);
+}
+
+TEST(EndpointPair, Issue3_RoomForRestartedPrefillNotYetFoundAgainSucceeds) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  kill_prefill_until_detected(*p);
+  ASSERT_TRUE(p->start_prefill().ok());  // back at the bootstrap service, not yet found again
+  const uint64_t room = 0x1831;
+  p->prefill().add_room(room, 32);
+  p->decode().add_room(room, 32);  // no pump in between: decode still has the peer down
+  ASSERT_TRUE(p->decode().init(room, {2, 3}, 2).ok());
+  EXPECT_EQ(p->decode().poll(room), KVPoll::Bootstrapping) << "failed at once: "
+      << (p->dcore().registry().get(room) ? p->dcore().registry().get(room)->str() : "");
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) != KVPoll::Bootstrapping; }, 3s))
+      << "the restarted prefill rank never got the room's metadata";
+  ASSERT_EQ(p->prefill().poll(room), KVPoll::WaitingForInput);
+  EXPECT_EQ(p->decode().poll(room), KVPoll::WaitingForInput);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 3s));
+  EXPECT_EQ(p->verify_decode(room, {2, 3}), 0u);
+  EXPECT_FALSE(p->dcore().registry().get(room));
+}
+
+// The same window, but the room fails here (an abort, a local fault) before the source is found
+// again: the restarted prefill rank is told when it is found, so it does not wait for metadata.
+TEST(EndpointPair, Issue3_FailureWhileSourceDownIsToldWhenItIsBack) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  kill_prefill_until_detected(*p);
+  ASSERT_TRUE(p->start_prefill().ok());
+  const uint64_t room = 0x1832;
+  p->prefill().add_room(room, 32);
+  p->decode().add_room(room, 32);
+  p->decode().fail(room, ErrorCode::kAborted, "aborted by the router", decode_rank0(), monotonic_ns(), true);
+  ASSERT_TRUE(p->decode().drained(room, monotonic_ns()));  // no metadata went out
+  p->decode().release(room);
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 3s))
+      << "the restarted prefill rank still waits for metadata";
+  auto e = p->pcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_EQ(e->origin, decode_rank0());
+  EXPECT_TRUE(e->is_from_another_rank);
+}
+
+// A source that stays down: a room waiting for it fails within the lookup timeout after the death,
+// with the source as origin; once that passed, a new room for it fails at once.
+TEST(EndpointPair, Issue3_RoomWaitingForDeadSourceFailsAtLookupTimeout) {
+  PairConfig cfg;
+  cfg.decode_deadlines.lookup_timeout_ms = 1500;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  kill_prefill_until_detected(*p);
+  const int64_t t_detected = monotonic_ns();
+  const uint64_t room = 0x1833;
+  p->decode().add_room(room, 32);
+  ASSERT_TRUE(p->decode().init(room, {2, 3}, 2).ok());
+  EXPECT_EQ(p->decode().poll(room), KVPoll::Bootstrapping);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 4s));
+  const int64_t failed_after_ms = ms_since(t_detected);
+  EXPECT_GE(failed_after_ms, 1400);  // not before the deadline: the source could have come back
+  EXPECT_LT(failed_after_ms, 2500);
+  auto e = p->dcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(e->origin, prefill_rank0());
+  EXPECT_NE(e->failure_reason.find("did not register again within 1500 ms"), std::string::npos) << e->failure_reason;
+  EXPECT_TRUE(p->decode().drained(room, monotonic_ns()));
+  p->decode().release(room);
+
+  const uint64_t late = 0x1834;
+  p->decode().add_room(late, 32);
+  EXPECT_EQ(p->decode().poll(late), KVPoll::Failed);
+  EXPECT_TRUE(p->decode().drained(late, monotonic_ns()));
+}
+
 // Naive design: a single transport error marks the peer dead until it re-registers, but a live
 // peer never re-registers, so every later room bound for it fails (Mooncake's blacklist) or waits
 // for its timeout.
