@@ -19,6 +19,8 @@
 // A room counts when every prefill rank finished it (Success) inside the window.
 // transfer latency = last prefill rank's Success - first prefill rank's first send() (ms);
 // room latency = last decode rank's Success - first decode rank's init() (metadata out; ms).
+// The window's per-room samples go to a scratch file (DIR/NAME.samples, removed at exit) as they
+// come, so a rank's memory does not grow with the rooms it served; NAME.json lists them.
 // Units: bytes, ns internally; JSON in ms, s, GB (10^9 bytes), KiB for RSS.
 // Thread contract: run_bench() / run_bench_rank() on the process's main thread.
 #pragma once

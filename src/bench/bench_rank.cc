@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -67,7 +68,20 @@ struct Sample {
 // What both roles share: the loop plumbing and the measurements.
 class RankRun {
  public:
-  RankRun(const BenchRankOptions& o, EndpointCore& core) : o_(o), core_(core) {}
+  // Samples of the window's rooms go to a scratch file as they come (a fixed stdio buffer), not
+  // to memory: the rank's resident memory must not grow with the rooms it served.
+  RankRun(const BenchRankOptions& o, EndpointCore& core, const std::string& name)
+      : o_(o), core_(core), samples_path_(o.dir + "/" + name + ".samples") {
+    samples_ = std::fopen(samples_path_.c_str(), "w+b");
+  }
+  ~RankRun() {
+    if (samples_) {
+      std::fclose(samples_);
+      std::remove(samples_path_.c_str());
+    }
+  }
+  RankRun(const RankRun&) = delete;
+  RankRun& operator=(const RankRun&) = delete;
 
   // Control frames to `on_msg`, transport completions to `on_event`.
   template <class OnMsg, class OnEvent>
@@ -105,7 +119,9 @@ class RankRun {
 
   void record(const Sample& s) {
     ++done_total_;
-    if (s.end_ns >= go_.window_start && s.end_ns < go_.window_end) samples_.push_back(s);
+    if (s.end_ns >= go_.window_start && s.end_ns < go_.window_end && samples_) {
+      if (std::fwrite(&s, sizeof s, 1, samples_) != 1) samples_failed_ = true;
+    }
   }
 
   int finish(const std::string& name, uint64_t failed, uint64_t open_at_exit) {
@@ -126,8 +142,12 @@ class RankRun {
     j["rss_end"] = rss_end_.to_json();
     if (checkpoint_taken_) j["rss_checkpoint"] = rss_checkpoint_.to_json();
     j["pool_bytes"] = core_.layout().total_bytes();
+    if (!samples_ || samples_failed_ || std::fflush(samples_) != 0)
+      return fail_start("cannot write the room samples to " + samples_path_);
     nlohmann::json rooms = nlohmann::json::array();
-    for (const Sample& s : samples_) rooms.push_back({s.room, s.start_ns, s.end_ns, s.bytes});
+    std::rewind(samples_);
+    for (Sample s; std::fread(&s, sizeof s, 1, samples_) == 1;)
+      rooms.push_back({s.room, s.start_ns, s.end_ns, s.bytes});
     j["rooms"] = std::move(rooms);
     if (!write_file(o_.dir + "/" + name + ".json", j.dump())) return fail_start("cannot write result file");
     flush_logging();
@@ -144,7 +164,9 @@ class RankRun {
   double cpu_start_ = 0, cpu_end_ = 0;
   RssSample rss_start_, rss_end_, rss_checkpoint_;
   uint64_t rooms_at_start_ = 0;
-  std::vector<Sample> samples_;
+  std::string samples_path_;
+  std::FILE* samples_ = nullptr;
+  bool samples_failed_ = false;
 };
 
 // Waits for DIR/go, pumping the endpoint (heartbeats, registrations) meanwhile.
@@ -161,7 +183,7 @@ std::optional<Go> wait_go(const BenchRankOptions& o, Pump&& pump) {
 int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<HeadTransfer>& plan,
                 const std::string& name) {
   PrefillEndpoint ep(c, plan);
-  RankRun run(o, c);
+  RankRun run(o, c, name);
   const size_t want_peers = dests_of(plan, o.tp_rank).size();
   PageAllocator staging(c.layout().num_pages);
   const uint64_t room_pages = c.layout().pages_for(o.tokens);
@@ -281,7 +303,7 @@ int run_decode(const BenchRankOptions& o, EndpointCore& c, const std::vector<Hea
   BootstrapClient bootstrap(o.bootstrap, 2000);
   Status s = ep.connect_peers(bootstrap, monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9));
   if (!s.ok()) return fail_start(s.str());
-  RankRun run(o, c);
+  RankRun run(o, c, name);
   PageAllocator pages(c.layout().num_pages);
   PageAllocator aux(c.layout().aux_slots);
   const uint64_t room_pages = c.layout().pages_for(o.tokens);

@@ -628,5 +628,58 @@ TEST(EndpointPair, Defect9_DrainWaitIsBounded) {
   EXPECT_EQ(r->terminal.count(prefill_rank0()), 0u);  // drained by deadline, not by confirmation
 }
 
+// Tombstones are capped (memory does not grow with rooms served), succeeded rooms' churn does not
+// push out a failed room's cause, and a room released, added and released again keeps its newer
+// tombstone when the older FIFO entry is popped.
+TEST(EndpointPair, TombstonesCappedAndKeepGuarantees) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t failed_room = 0x1601;
+  p->prefill().add_room(failed_room, 32);
+  p->prefill().set_bootstrap_deadline(failed_room, monotonic_ns() - 1);
+  p->prefill().tick(monotonic_ns());
+  ASSERT_EQ(p->prefill().poll(failed_room), KVPoll::Failed);
+  p->prefill().release(failed_room);
+
+  const uint64_t again = 0x1602;  // released, added again, released again
+  p->prefill().add_room(again, 32);
+  p->prefill().release(again);
+  p->prefill().add_room(again, 32);
+  p->prefill().release(again);
+
+  // Push the first `again` entry out of the FIFO, but not the second.
+  const size_t cap = PrefillEndpoint::kMaxOkTombstones;
+  for (uint64_t i = 0; i < cap - 1; ++i) {
+    p->prefill().add_room(0x100000 + i, 32);
+    p->prefill().release(0x100000 + i);
+  }
+  EXPECT_EQ(p->prefill().tombstones(), cap + 1);  // `cap` succeeded + the failed one
+  RoomStatus late{again, decode_rank0(), KVPoll::Failed, ErrorCode::kWaitingTimeout, decode_rank0(),
+                  monotonic_ns(), "late"};
+  ASSERT_TRUE(p->dcore().send(p->pcore().control().endpoint(), late).ok());
+  p->pump_for(50ms);
+  p->prefill().add_room(again, 32);
+  EXPECT_NE(p->prefill().poll(again), KVPoll::Failed);  // the late status was for the old room
+  EXPECT_FALSE(p->pcore().registry().get(again));
+  p->prefill().release(again);
+
+  // Many more succeeded rooms: the count stays at the cap.
+  for (uint64_t i = 0; i < 3 * cap; ++i) {
+    p->prefill().add_room(0x200000 + i, 32);
+    p->prefill().release(0x200000 + i);
+  }
+  EXPECT_EQ(p->prefill().tombstones(), cap + 1);
+
+  // The failed room's cause survived the churn: late metadata is answered with it.
+  p->decode().add_room(failed_room, 32);
+  ASSERT_TRUE(p->decode().init(failed_room, {6, 7}, 4).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(failed_room) == KVPoll::Failed; }, 2s));
+  EXPECT_FALSE(p->prefill().has_room(failed_room));
+  auto d = p->dcore().registry().get(failed_room);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->code, ErrorCode::kBootstrapTimeout);
+  EXPECT_EQ(d->origin, prefill_rank0());
+}
+
 }  // namespace
 }  // namespace kvferry

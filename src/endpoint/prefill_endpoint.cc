@@ -124,8 +124,8 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   auto tomb = tombstones_.find(md.room);
   if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
     auto peer = peers_.find(md.sender);
-    if (tomb->second.second && peer != peers_.end()) {
-      const KVTransferError& e = *tomb->second.second;
+    if (tomb->second.cause && peer != peers_.end()) {
+      const KVTransferError& e = *tomb->second.cause;
       RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
@@ -432,9 +432,30 @@ void PrefillEndpoint::release(uint64_t room) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
-  tombstones_[room] = {monotonic_ns(), core_.registry().get(room)};
+  bury(room, core_.registry().get(room), monotonic_ns());
   core_.registry().release(room);
   rooms_.erase(it);
+}
+
+void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns) {
+  const uint64_t seq = next_tomb_seq_++;
+  Tombstone& t = tombstones_[room];
+  t.seq = seq;
+  const bool failed = cause.has_value();
+  t.cause = failed ? std::make_unique<KVTransferError>(std::move(*cause)) : nullptr;
+  std::deque<TombstoneRef>& fifo = failed ? failed_fifo_ : ok_fifo_;
+  fifo.push_back({now_ns, room, seq});
+  expire_tombstones(fifo, failed ? kMaxFailedTombstones : kMaxOkTombstones, now_ns);
+}
+
+void PrefillEndpoint::expire_tombstones(std::deque<TombstoneRef>& fifo, size_t cap, int64_t now_ns) {
+  while (!fifo.empty() && (fifo.size() > cap || now_ns - fifo.front().release_ns > kTombstoneTtlNs)) {
+    const TombstoneRef& ref = fifo.front();
+    auto it = tombstones_.find(ref.room);
+    // A room added again (add_room erased it) or released again (a newer seq) is not this entry's.
+    if (it != tombstones_.end() && it->second.seq == ref.seq) tombstones_.erase(it);
+    fifo.pop_front();
+  }
 }
 
 void PrefillEndpoint::set_bootstrap_deadline(uint64_t room, int64_t deadline_ns) {
@@ -480,7 +501,8 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   std::erase_if(pending_meta_, [&](const auto& kv) {
     return kv.second.empty() || now_ns - kv.second.front().first > kPendingTtlNs;
   });
-  std::erase_if(tombstones_, [&](const auto& kv) { return now_ns - kv.second.first > kTombstoneTtlNs; });
+  expire_tombstones(ok_fifo_, kMaxOkTombstones, now_ns);
+  expire_tombstones(failed_fifo_, kMaxFailedTombstones, now_ns);
 }
 
 }  // namespace kvferry

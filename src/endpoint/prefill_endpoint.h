@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -102,7 +103,23 @@ class PrefillEndpoint {
   // bound for it fails with origin = the peer and code peer_unreachable; one line above debug.
   void on_peer_dead(const RankId& peer, const std::string& reason);
 
+  // Tombstone caps (oldest dropped first), also aged out after 120 s. Memory: ~80 bytes per
+  // tombstone (map node, bucket, FIFO entry) plus the cause of a failed room (a few hundred bytes
+  // with its reason): under 1 MiB at the caps, whatever the number of rooms served.
+  // Why dropping the oldest is safe: a frame for a room whose tombstone is gone is handled like a
+  // frame for a room not added yet: kept at most kPendingTtlNs (120 s) and applied only if a room
+  // with that id is added within that time. Room ids are not reused (SGLang and kvferry's router
+  // draw bootstrap_room at random from 2^63; the bench numbers rooms upward), and the registry
+  // drops records for rooms that are not open, so it never attaches to another room.
+  // What the caps trade: late metadata for a failed room that fell out of the failed FIFO is not
+  // answered with its cause; decode then fails that room by its own waiting_timeout. A succeeded
+  // room can only get frames that were already in flight when it succeeded (decode's timeout
+  // racing prefill's Success), so a short history suffices: 1024 rooms = 0.5 s at 2000 rooms/s.
+  static constexpr size_t kMaxOkTombstones = 1024;
+  static constexpr size_t kMaxFailedTombstones = 2048;
+
   size_t live_rooms() const { return rooms_.size(); }
+  size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
   size_t peers() const { return peers_.size(); }
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
 
@@ -136,9 +153,27 @@ class PrefillEndpoint {
   // Frames for rooms not added yet (arrival ns kept for expiry).
   std::unordered_map<uint64_t, std::vector<std::pair<int64_t, RoomMetadata>>> pending_meta_;
   std::unordered_map<uint64_t, std::pair<int64_t, RoomStatus>> pending_fail_;
-  // Released rooms (release time, failure if it failed): late frames never resurrect a room or
-  // attach to a later one; late metadata for a failed room is answered with its cause.
-  std::unordered_map<uint64_t, std::pair<int64_t, std::optional<KVTransferError>>> tombstones_;
+  // Released rooms: late frames never resurrect a room or attach to a later one; late metadata
+  // for a failed room is answered with its cause. A tombstone is the room id, a sequence number
+  // and, for a failed room only, its cause. Each lives in one of two FIFOs (release order) next
+  // to the map; tick() and release() pop from their fronts, so expiry costs O(expired) and the
+  // number kept is capped (prefill_endpoint.cc, kMax*Tombstones: why dropping the oldest is safe).
+  struct Tombstone {
+    uint64_t seq = 0;                          // matches the FIFO entry that owns it
+    std::unique_ptr<KVTransferError> cause;    // null: the room succeeded (or never failed)
+  };
+  struct TombstoneRef {
+    int64_t release_ns = 0;
+    uint64_t room = 0;
+    uint64_t seq = 0;
+  };
+  void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns);
+  void expire_tombstones(std::deque<TombstoneRef>& fifo, size_t cap, int64_t now_ns);
+
+  std::unordered_map<uint64_t, Tombstone> tombstones_;
+  std::deque<TombstoneRef> ok_fifo_;      // rooms released without a failure
+  std::deque<TombstoneRef> failed_fifo_;  // rooms released with a failure cause
+  uint64_t next_tomb_seq_ = 1;
 };
 
 }  // namespace kvferry
