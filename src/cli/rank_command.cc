@@ -78,6 +78,9 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--transport", *transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
   cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics");
+  cmd->add_option("--metrics-port-file", opts->metrics_port_file,
+                  "also serve metrics, and write their bound port here (without --metrics-port: any free "
+                  "port)");
   cmd->add_option("--metrics-file", opts->metrics_file, "write the final metrics (text format) here at exit");
   cmd->add_option("--port-file", opts->port_file,
                   "leader: write the bound port of --engine-endpoint here (port 0: any free port)");

@@ -69,7 +69,7 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
       ->capture_default_str();
   cmd->add_flag("--metrics", cfg->metrics,
-               "every rank serves Prometheus metrics on a free port (listed in DIR/metrics.json) and "
+               "every rank serves Prometheus metrics on a port it binds (listed in DIR/metrics.json) and "
                "writes its final metrics to DIR/metrics/ (docs/metrics.md)");
   auto progress = std::make_shared<std::string>("auto");
   cmd->add_option("--progress", *progress,

@@ -16,6 +16,7 @@
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 #include "kvferry/metrics.h"
+#include "kvferry/port_file.h"
 
 namespace kvferry {
 namespace {
@@ -45,10 +46,14 @@ int run_rank(const RankOptions& o) {
   init_rank_metrics(self);
   install_stop_handler();
   std::unique_ptr<MetricsServer> metrics_server;
-  if (o.metrics_port != 0) {
+  if (o.metrics_port != 0 || !o.metrics_port_file.empty()) {
     auto server = MetricsServer::start(*rank_metrics(), "127.0.0.1", o.metrics_port);
     if (!server.ok()) return fail_start(server.status().str());
     metrics_server = std::move(*server);
+    if (!o.metrics_port_file.empty()) {
+      Status s = write_port_file(o.metrics_port_file, metrics_server->port());
+      if (!s.ok()) return fail_start("metrics port file: " + s.str());
+    }
   }
 
   std::ifstream in(o.models_file);

@@ -31,7 +31,9 @@ struct RankOptions {
   std::string router_endpoint;
   TransportKind transport = TransportKind::kShm;
   std::string log_file;
-  uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none)
+  uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none, or any free
+                                 // port when metrics_port_file is set)
+  std::string metrics_port_file; // serve metrics and write their bound port here (kvferry/port_file.h)
   std::string metrics_file;      // write the final metrics here at exit (empty: none)
   std::string port_file;         // leader: the engine endpoint's bound port goes here (port_file.h)
   Deadlines deadlines;

@@ -72,11 +72,19 @@ std::string read_file(const std::string& path, bool& ok) {
   return ss.str();
 }
 
+// Writes PATH.tmp, then renames it to PATH: a reader (a scraper reading metrics.json while the
+// replay runs) never sees a partial file.
 Status write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return {ErrorCode::kInternal, "cannot write " + path};
-  out << text << "\n";
-  if (!out.flush()) return {ErrorCode::kInternal, "cannot write " + path};
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) return {ErrorCode::kInternal, "cannot write " + tmp};
+    out << text << "\n";
+    if (!out.flush()) return {ErrorCode::kInternal, "cannot write " + tmp};
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return {ErrorCode::kInternal, "cannot rename " + tmp + " to " + path + ": " + ec.message()};
   return Status::Ok();
 }
 
@@ -349,9 +357,9 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
     args.push_back(fmt::format("{}/{}.port", logs_dir(c), file));
   }
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
-  if (auto m = p.metrics.find(fmt::format("{}/tp{}", role, tp_rank)); m != p.metrics.end()) {
-    args.insert(args.end(), {"--metrics-port", std::to_string(m->second), "--metrics-file",
-                             fmt::format("{}/metrics/{}-tp{}.prom", c.out, role, tp_rank)});
+  if (c.metrics) {
+    args.insert(args.end(), {"--metrics-port-file", fmt::format("{}/metrics/{}.port", c.out, file),
+                             "--metrics-file", fmt::format("{}/metrics/{}.prom", c.out, file)});
   }
   return args;
 }
@@ -415,7 +423,7 @@ class Run {
       p.orchestrator = endpoint_port(control_->endpoint()).value_or(0);
     }
     if (c_.metrics) {
-      if (int rc = setup_metrics(p); rc != 0) return rc;
+      if (int rc = setup_metrics(); rc != 0) return rc;
     }
 
     out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}, "
@@ -461,6 +469,9 @@ class Run {
         }
       }
     }
+    if (c_.metrics) {
+      if (int rc = wait_metrics_ports(); rc != 0) return rc;
+    }
     if (int rc = supervise(); rc != 0) return rc;
     finish_processes();
     return report();
@@ -471,30 +482,54 @@ class Run {
     return std::chrono::duration<double>(Clock::now() - t0_).count();
   }
 
-  // --metrics: a free port per rank, DIR/metrics.json naming them (written before any rank starts,
-  // so a scraper can find them while the replay runs), an empty DIR/metrics/ for the final files.
-  int setup_metrics(Ports& p) {
-    const std::string dir = c_.out + "/metrics";
+  // --metrics (docs/metrics.md): every rank of every DP group binds its metrics server to port 0
+  // and writes the port to DIR/metrics/<file>.port. DIR/metrics.json names every rank's port file
+  // and final file before any rank starts ("port" and "url" null), and is rewritten with each
+  // rank's port and URL once every port file exists, and again when a restarted rank (peer death)
+  // reports its new port.
+  std::string metrics_dir() const { return c_.out + "/metrics"; }
+  std::string metrics_port_file(const std::string& file) const { return metrics_dir() + "/" + file + ".port"; }
+
+  int setup_metrics() {
     std::error_code ec;
-    fs::remove_all(dir, ec);
-    fs::create_directories(dir, ec);
-    if (ec) return early_error("cannot create " + dir + ": " + ec.message(), false);
-    auto ports = pick_free_ports(c_.prefill_tp + c_.decode_tp);
-    if (!ports.ok()) return early_error("cannot pick free metrics ports: " + ports.status().str(), false);
-    nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    size_t i = 0;
+    fs::remove_all(metrics_dir(), ec);
+    fs::create_directories(metrics_dir(), ec);
+    if (ec) return early_error("cannot create " + metrics_dir() + ": " + ec.message(), false);
     for (bool prefill : {true, false}) {
-      const std::string role = prefill ? "prefill" : "decode";
-      for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
-        const std::string name = fmt::format("{}/tp{}", role, r);
-        p.metrics[name] = (*ports)[i++];
-        j[name] = {{"url", fmt::format("http://127.0.0.1:{}/metrics", p.metrics[name])},
-                   {"port", p.metrics[name]},
-                   {"final", fmt::format("{}/{}-tp{}.prom", dir, role, r)}};
+      for (uint32_t g = 0; g < (prefill ? c_.prefill_dp : c_.decode_dp); ++g) {
+        for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
+          metrics_ranks_.emplace_back(rank_name(prefill, r, g), rank_file(prefill, r, g));
+        }
       }
     }
-    Status st = write_file(c_.out + "/metrics.json", j.dump(2));
-    if (!st.ok()) return early_error(st.message(), false);
+    if (Status st = write_metrics_json(); !st.ok()) return early_error(st.message(), false);
+    return 0;
+  }
+
+  // Writes DIR/metrics.json from the port files there now; all_ports_: every rank has one.
+  Status write_metrics_json() {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    all_ports_ = true;
+    for (const auto& [name, file] : metrics_ranks_) {
+      const std::string port_file = metrics_port_file(file);
+      const auto port = read_port_file(port_file);
+      all_ports_ = all_ports_ && port.has_value();
+      j[name] = {{"url", port ? nlohmann::ordered_json(fmt::format("http://127.0.0.1:{}/metrics", *port))
+                              : nlohmann::ordered_json(nullptr)},
+                 {"port", port ? nlohmann::ordered_json(*port) : nlohmann::ordered_json(nullptr)},
+                 {"port_file", port_file},
+                 {"final", fmt::format("{}/{}.prom", metrics_dir(), file)}};
+    }
+    return write_file(c_.out + "/metrics.json", j.dump(2));
+  }
+
+  // After every rank started: waits for every metrics port file, then rewrites metrics.json.
+  int wait_metrics_ports() {
+    for (const auto& [name, file] : metrics_ranks_) {
+      uint16_t port = 0;
+      if (int rc = wait_port_file(file, metrics_port_file(file), port); rc != 0) return rc;
+    }
+    if (Status st = write_metrics_json(); !st.ok()) return early_error(st.message(), true);
     return 0;
   }
 
@@ -571,6 +606,12 @@ class Run {
         continue;
       }
       const std::string display = display_name(kids_, it->file);
+      if (c_.metrics) {
+        // The new process binds a new metrics port: metrics.json says "none yet" until it reports it.
+        std::error_code ec;
+        fs::remove(metrics_port_file(it->file), ec);
+        (void)write_metrics_json();
+      }
       auto pid = group_.spawn(it->file, c_.exe, args_[it->file],
                               logs_dir(c_) + "/" + it->file + ".stderr", /*append=*/true);
       if (!pid.ok()) {
@@ -631,7 +672,9 @@ class Run {
 
   // Waits for the port file of child `file` (Ports, orchestrator.h) and stores the port.
   int wait_port(const std::string& file, uint16_t& port) {
-    const std::string path = logs_dir(c_) + "/" + file + ".port";
+    return wait_port_file(file, logs_dir(c_) + "/" + file + ".port", port);
+  }
+  int wait_port_file(const std::string& file, const std::string& path, uint16_t& port) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(c_.ready_timeout_s);
     while (true) {
       if (auto got = read_port_file(path)) {
@@ -748,6 +791,7 @@ class Run {
         return child_failed(e, "before the replay finished");
       }
       if (int rc = restart_due(); rc != 0) return rc;
+      if (c_.metrics && !all_ports_) (void)write_metrics_json();  // a restarted rank's new port
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
         return early_error(fmt::format("the replay did not finish within --timeout-s {}",
@@ -839,6 +883,8 @@ class Run {
   std::vector<PendingRestart> pending_restarts_;
   Clock::time_point last_progress_{};
   bool bar_shown_ = false;
+  std::vector<std::pair<std::string, std::string>> metrics_ranks_;  // --metrics: (name, file) per rank
+  bool all_ports_ = false;  // metrics.json names every rank's metrics port
 };
 
 }  // namespace

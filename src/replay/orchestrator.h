@@ -65,8 +65,10 @@ struct ReplayConfig {
   // Test hook (hidden option --test-break-rank): this rank ("decode/tp1") is started with
   // --page-size 0, so it cannot start; exercises supervision with real processes.
   std::string break_rank;
-  // --metrics: every rank serves Prometheus metrics on a free port (DIR/metrics.json names them)
-  // and writes its final metrics to DIR/metrics/<role>-tp<r>.prom at exit (docs/metrics.md).
+  // --metrics: every rank of every DP group serves Prometheus metrics on a port it binds itself
+  // (port 0) and reports in DIR/metrics/<file>.port; DIR/metrics.json names every rank's port
+  // file, port and URL; each rank writes its final metrics to DIR/metrics/<file>.prom at exit
+  // (<file> as its log file: "decode-tp0-dp1"; docs/metrics.md).
   bool metrics = false;
   // Progress on `err`: "bar" (one redrawn terminal line, 4 times a second), "lines" (a plain line
   // every progress_interval_s), "off". The CLI's default: bar when stderr is a terminal, else lines.
@@ -100,8 +102,6 @@ Status validate(ReplayConfig& config);
 struct Ports {
   uint16_t bootstrap = 0, router = 0;
   uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
-  // --metrics: each rank's Prometheus port by its name ("decode/tp1"); empty: no metrics.
-  std::map<std::string, uint16_t> metrics;
   // Engine endpoint of each DP group's leader, index = DP rank (missing or 0: bind any port).
   std::vector<uint16_t> prefill_engines, decode_engines;
 };

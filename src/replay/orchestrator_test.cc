@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace kvferry::replay {
 namespace {
@@ -277,6 +278,29 @@ TEST(Args, DataParallelRanksAndPortFiles) {
   const std::string prefill = joined(rank_args(c, p, true, 0, 0));
   EXPECT_NE(prefill.find("--dp-rank 0 --peer-dp-size 3 "), std::string::npos) << prefill;
   EXPECT_NE(prefill.find("--log-file /o/logs/prefill-tp0.jsonl "), std::string::npos) << prefill;
+  EXPECT_EQ(prefill.find("--metrics"), std::string::npos) << prefill;  // no --metrics, no server
+}
+
+// --metrics: every rank of every DP group binds its metrics port itself and reports it in a port
+// file; port file and final file are named like the rank's log file.
+TEST(Args, MetricsForEveryRankOfEveryGroup) {
+  ReplayConfig c;
+  c.exe = "/x/kvferry";
+  c.out = "/o";
+  c.prefill_dp = 2;
+  c.decode_tp = 2;
+  c.decode_dp = 2;
+  c.metrics = true;
+  Ports p;
+  for (auto [prefill, tp, dp] : {std::tuple{true, 0u, 0u}, std::tuple{true, 0u, 1u}, std::tuple{false, 1u, 1u}}) {
+    const std::string file = rank_file(prefill, tp, dp);
+    const std::string a = join(rank_args(c, p, prefill, tp, dp)) + " ";
+    EXPECT_NE(a.find("--metrics-port-file /o/metrics/" + file + ".port --metrics-file /o/metrics/" + file +
+                     ".prom "),
+              std::string::npos)
+        << a;
+    EXPECT_EQ(a.find("--metrics-port "), std::string::npos) << a;  // no port picked ahead of its bind
+  }
 }
 
 // The supervision path end to end with a stand-in executable: a "rank" that cannot start stops

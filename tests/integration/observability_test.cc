@@ -92,7 +92,7 @@ TEST_F(Observability, MetricsAndLogsAgreeWithTheReport) {
     if (during.size() < 4 && fs::exists(out() / "metrics.json")) {
       json ports = json::parse(slurp(out() / "metrics.json"), nullptr, false);
       for (auto& [rank, m] : ports.is_object() ? ports.items() : json::object().items()) {
-        if (during.count(rank)) continue;
+        if (during.count(rank) || !m["port"].is_number()) continue;  // null until the rank reported it
         httplib::Client c("127.0.0.1", m["port"].get<int>());
         c.set_connection_timeout(0, 200'000);
         auto res = c.Get("/metrics");
@@ -176,6 +176,80 @@ TEST_F(Observability, MetricsAndLogsAgreeWithTheReport) {
     if (other != room) {
       EXPECT_EQ(one.output.find("room " + other + ": "), std::string::npos) << other;
     }
+}
+
+// Data parallelism: every rank of every DP group serves metrics on the port it bound itself, under
+// its own name, and writes a final file named like its log file; the totals agree with the report.
+TEST_F(Observability, EveryRankOfEveryDataParallelGroupHasMetrics) {
+  const fs::path trace = write_trace(8, 5, {600, 1500, 900, 1200});
+  const pid_t pid = start_cli({"replay", "--trace", trace.string(), "--model", "Llama-3.1-8B", "--prefill-tp", "1",
+                               "--prefill-dp", "2", "--decode-tp", "1", "--decode-dp", "2", "--page-size", "16",
+                               "--pool-mib", "384", "--prefill-pool-mib", "64", "--seed", "5", "--metrics",
+                               "--request-timeout-s", "40", "--out", out().string()},
+                              dir_ / "output.txt");
+  const std::map<std::string, std::string> files = {{"prefill/tp0", "prefill-tp0"},
+                                                    {"prefill/tp0/dp1", "prefill-tp0-dp1"},
+                                                    {"decode/tp0", "decode-tp0"},
+                                                    {"decode/tp0/dp1", "decode-tp0-dp1"}};
+  std::set<std::string> scraped;  // ranks that answered /metrics (under their own name) while it ran
+  int rc = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      rc = WIFSIGNALED(st) ? 128 + WTERMSIG(st) : WEXITSTATUS(st);
+      break;
+    }
+    json ports = json::parse(slurp(out() / "metrics.json"), nullptr, false);
+    for (auto& [rank, m] : ports.is_object() ? ports.items() : json::object().items()) {
+      if (scraped.count(rank) || !m["port"].is_number()) continue;
+      httplib::Client c("127.0.0.1", m["port"].get<int>());
+      c.set_connection_timeout(0, 200'000);
+      auto res = c.Get("/metrics");
+      if (res && res->status == 200 && res->body.find("rank=\"" + rank + "\"") != std::string::npos) {
+        scraped.insert(rank);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(rc, 0) << slurp(dir_ / "output.txt");
+  EXPECT_EQ(scraped.size(), 4u) << "not every rank of both DP groups was scraped while the replay ran";
+  const json r = report();
+  const json ports = json::parse(slurp(out() / "metrics.json"));
+  ASSERT_EQ(ports.size(), files.size()) << ports.dump(2);
+  const uint64_t ok = r["requests"]["succeeded"], failed = r["requests"]["failed"], rejected = r["requests"]["rejected"];
+  EXPECT_EQ(ok, 8u);
+  double sent = 0, verified = 0, prefill_rooms = 0, decode_rooms = 0;
+  for (const auto& [rank, file] : files) {
+    SCOPED_TRACE(rank);
+    EXPECT_TRUE(scraped.count(rank));
+    ASSERT_TRUE(ports.contains(rank));
+    EXPECT_EQ(ports[rank]["final"], (out() / "metrics" / (file + ".prom")).string());
+    EXPECT_EQ(ports[rank]["port_file"], (out() / "metrics" / (file + ".port")).string());
+    const std::string text = slurp(out() / "metrics" / (file + ".prom"));
+    EXPECT_NE(text.find("rank=\"" + rank + "\""), std::string::npos) << text;
+    const auto s = samples(text);
+    const double rooms = sum(s, "kvferry_rooms_total");
+    EXPECT_GT(rooms, 0) << "both DP groups of each engine serve rooms";
+    EXPECT_EQ(sum(s, "kvferry_rooms_total", {"outcome=\"failed\""}), 0);
+    for (const char* leak : {"kvferry_live_rooms", "kvferry_registry_records", "kvferry_pages_in_use",
+                             "kvferry_rooms_in_flight"})
+      EXPECT_EQ(sum(s, leak), 0) << leak;
+    (rank.rfind("prefill", 0) == 0 ? prefill_rooms : decode_rooms) += rooms;
+    if (rank.rfind("decode", 0) == 0) {
+      EXPECT_EQ(sum(s, "kvferry_sent_bytes_total"), 0);
+    } else {
+      EXPECT_EQ(sum(s, "kvferry_verified_bytes_total"), 0);
+    }
+    sent += sum(s, "kvferry_sent_bytes_total");
+    verified += sum(s, "kvferry_verified_bytes_total");
+  }
+  // Each room is served by one group of each engine (TP 1): counted once over each engine's ranks.
+  EXPECT_EQ(prefill_rooms, ok + failed + rejected);
+  EXPECT_EQ(decode_rooms, ok + failed + rejected);
+  EXPECT_EQ(sent, r["bytes"]["transferred"].get<double>());
+  EXPECT_EQ(verified, r["bytes"]["verified"].get<double>());
+  EXPECT_GT(verified, 0);
 }
 
 TEST_F(Observability, CtrlCStopsEveryProcessAndWritesAPartialReport) {
