@@ -15,23 +15,6 @@ namespace {
 
 const std::string kTrace = KVFERRY_SOURCE_DIR "/data/traces/conversation_trace.jsonl";
 
-// Starts KVFERRY_CLI with `args` without waiting; stdout+stderr to `output`.
-pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
-  std::vector<std::string> all = {KVFERRY_CLI};
-  all.insert(all.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : all) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
 // Exit code (128 + signal when killed) once `pid` exits; -1 if it did not within `timeout`.
 int wait_exit(pid_t pid, std::chrono::seconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -15,20 +15,12 @@ TEST(RankSigterm, DebugLinesAndTheStopReachTheLogFile) {
   const fs::path log = dir / "rank.jsonl", output = dir / "rank.out";
   // A prefill rank whose bootstrap service does not exist: it logs its pool (debug), then retries
   // its registration for up to 30 s, until the SIGTERM.
-  std::vector<std::string> args = {KVFERRY_CLI, "rank", "--role", "prefill", "--tp-rank", "0", "--tp-size", "1",
+  std::vector<std::string> args = {"rank", "--role", "prefill", "--tp-rank", "0", "--tp-size", "1",
                                    "--pool-mib", "16", "--bootstrap", "127.0.0.1:1", "--engine-endpoint",
                                    "tcp://127.0.0.1:1", "--router-endpoint", "tcp://127.0.0.1:1",
                                    "--lookup-timeout-ms", "30000", "--log-file", log.string()};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = start_cli(args, output);
+  ASSERT_GT(pid, 0);
 
   // The debug line about the pool is in the file while the rank still runs.
   bool pool_line = false;
