@@ -38,6 +38,9 @@ struct ModelGeometry {
 Result<std::vector<ModelGeometry>> parse_models_json(const std::string& text);
 // Finds `name` in `models`; the error lists every known name.
 Result<ModelGeometry> find_model(const std::vector<ModelGeometry>& models, const std::string& name);
+// Reads the models file at `path` and finds `name` in it. Errors: kInvalidArgument when the file
+// cannot be read or parsed (the message names the file) or the model is unknown (lists the names).
+Result<ModelGeometry> load_model_file(const std::string& path, const std::string& name);
 
 // Bytes of one aux slot (an AuxRecord padded to a cache line).
 constexpr uint64_t kAuxSlotBytes = 64;

@@ -389,13 +389,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   // Warnings and above only: a debug line per room would be part of what is measured.
   init_logging({self.str(), o.dir + "/" + name + ".log.jsonl", LogLevel::kWarning, LogLevel::kWarning});
 
-  std::ifstream in(o.models_file);
-  if (!in) return fail_start("cannot read models file " + o.models_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto models = parse_models_json(text.str());
-  if (!models.ok()) return fail_start(models.status().str());
-  auto model = find_model(*models, o.model);
+  auto model = load_model_file(o.models_file, o.model);
   if (!model.ok()) return fail_start(model.status().str());
   ModelGeometry m = *model;
   if (o.layers) m.num_layers = std::min(m.num_layers, o.layers);

@@ -29,13 +29,7 @@ namespace {
 Status invalid(const std::string& m) { return Status(ErrorCode::kInvalidArgument, m); }
 
 Result<ModelGeometry> load_model(const BenchConfig& c) {
-  std::ifstream in(c.models_file);
-  if (!in) return invalid("cannot read the models file " + c.models_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto models = parse_models_json(text.str());
-  if (!models.ok()) return invalid("models file " + c.models_file + ": " + models.status().message());
-  auto m = find_model(*models, c.model);
+  auto m = load_model_file(c.models_file, c.model);
   if (!m.ok()) return invalid(m.status().message());
   ModelGeometry g = *m;
   if (c.layers) g.num_layers = std::min(g.num_layers, c.layers);

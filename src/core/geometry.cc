@@ -1,7 +1,9 @@
 // Model geometry (models.json parsing, lookup) and the per-rank pool layout.
 #include "kvferry/geometry.h"
 
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 namespace kvferry {
@@ -148,6 +150,18 @@ Result<PoolLayout> make_layout(const ModelGeometry& m, uint32_t tp_size, uint32_
   }
   l.num_pages = (pool_bytes - aux_bytes) / stripe;
   return l;
+}
+
+Result<ModelGeometry> load_model_file(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  if (!in) return Status(ErrorCode::kInvalidArgument, "cannot read the models file " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto models = parse_models_json(text.str());
+  if (!models.ok()) {
+    return Status(ErrorCode::kInvalidArgument, "models file " + path + ": " + models.status().message());
+  }
+  return find_model(*models, name);
 }
 
 }  // namespace kvferry

@@ -162,3 +162,21 @@ TEST(Layout, PagesAndOffsets) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+TEST(LoadModelFile, ReadsTheVendoredFileAndNamesWhatIsWrong) {
+  const std::string file = KVFERRY_SOURCE_DIR "/data/models.json";
+  auto m = load_model_file(file, "Llama-3.1-8B");
+  ASSERT_TRUE(m.ok()) << m.status().str();
+  EXPECT_EQ(m->num_layers, 32u);
+  auto unknown = load_model_file(file, "NoSuchModel");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("Llama-3.1-8B"), std::string::npos);  // lists known names
+  auto missing = load_model_file("/nonexistent/models.json", "Llama-3.1-8B");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("/nonexistent/models.json"), std::string::npos);
+}
+}  // namespace
+}  // namespace kvferry

@@ -56,13 +56,7 @@ int run_rank(const RankOptions& o) {
     }
   }
 
-  std::ifstream in(o.models_file);
-  if (!in) return fail_start("cannot read models file " + o.models_file);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto models = parse_models_json(text.str());
-  if (!models.ok()) return fail_start(models.status().str());
-  auto model = find_model(*models, o.model);
+  auto model = load_model_file(o.models_file, o.model);
   if (!model.ok()) return fail_start(model.status().str());
   if (o.page_size == 0) return fail_start("page size must be at least 1 token");
   auto layout = make_layout(*model, o.tp_size, o.tp_rank, o.page_size, o.pool_mib << 20, o.aux_slots);
