@@ -15,7 +15,8 @@
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
 #   shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X peer_death_detect_ms=Y
 # Knobs (environment): BENCH_DURATION (s, default 8), SWEEP_DURATION (s, 4; twice that from 16384
-# tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x), SWEEP_TOKENS ("256 1024 4096 16384"), FAIL_REQUESTS (300).
+# tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x), SWEEP_TOKENS
+# ("256 1024 4096 16384"), FAIL_REQUESTS (300).
 set -euo pipefail
 
 BUILD=${1:-build}
