@@ -14,15 +14,17 @@
 #      Failed, p50/p99 from report.json faults[]), and a SIGKILLed prefill rank (detection ms)
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
 #   shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X peer_death_detect_ms=Y
-# Knobs (environment): BENCH_DURATION (s, default 5), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the
-# long run is 10x), SWEEP_TOKENS ("256 1024 4096 16384"), FAIL_REQUESTS (300).
+# Knobs (environment): BENCH_DURATION (s, default 8), SWEEP_DURATION (s, 4; twice that from 16384
+# tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x), SWEEP_TOKENS
+# ("256 1024 4096 16384"), FAIL_REQUESTS (300).
 set -euo pipefail
 
 BUILD=${1:-build}
 OUT=${2:-out/bench}
 KV="$BUILD/kvferry"
 PY=/usr/bin/python3
-DUR=${BENCH_DURATION:-5}
+DUR=${BENCH_DURATION:-8}
+SWEEP_DUR=${SWEEP_DURATION:-4}
 CP_RATE=${CP_RATE:-2000}
 CP_SHORT=${CP_SHORT:-5}
 SWEEP_TOKENS=${SWEEP_TOKENS:-"256 1024 4096 16384"}
@@ -107,13 +109,16 @@ memcpy_bw() {  # BENCH_JSON -> memcpy JSON with the bench's pools, write size, v
 memcpy_bw "$OUT/kvferry_shm.json" | tee "$OUT/memcpy.json"
 
 # --- 5. request-size sweep ----------------------------------------------------------------------
-step "request-size sweep: tokens/room $SWEEP_TOKENS on shm and tcp"
+step "request-size sweep: tokens/room $SWEEP_TOKENS on shm and tcp, ${SWEEP_DUR}s each (twice from 16384 on)"
 echo "transport,tokens,write_bytes,kvferry_gb_per_s,ucx_perftest_gb_per_s,memcpy_gb_per_s,p50_ms,p99_ms" >"$OUT/bw_vs_size.csv"
 for tok in $SWEEP_TOKENS; do
   conc=$CONC
-  [ "$tok" -ge 16384 ] && conc=2
+  sdur=$SWEEP_DUR
+  # 2 GiB rooms, 2 in flight: a batch can take seconds; twice the window so that rooms complete
+  # inside it (latency columns) and more than one batch is averaged.
+  [ "$tok" -ge 16384 ] && conc=2 && sdur=$(awk -v d="$SWEEP_DUR" 'BEGIN { print 2 * d }')
   for tr in shm tcp; do
-    kv_bench "sweep_${tr}_${tok}" --page-size "$PAGE" --tokens "$tok" --concurrency "$conc" --transport "$tr" --duration 3 --warmup 0.5
+    kv_bench "sweep_${tr}_${tok}" --page-size "$PAGE" --tokens "$tok" --concurrency "$conc" --transport "$tr" --duration "$sdur" --warmup 0.5
     j="$OUT/sweep_${tr}_${tok}.json"
     w=$(jq .write_bytes "$j")
     if [ "$tr" = shm ]; then

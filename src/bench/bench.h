@@ -16,11 +16,19 @@
 //
 // Measured per rank inside the window: CPU (getrusage RUSAGE_SELF, user+system, all threads), and
 // RSS (/proc/self/status RssAnon: the pools are SysV shared memory, RssShmem, so they are apart).
-// A room counts when every prefill rank finished it (Success) inside the window.
-// transfer latency = last prefill rank's Success - first prefill rank's first send() (ms);
-// room latency = last decode rank's Success - first decode rank's init() (metadata out; ms).
-// The window's per-room samples go to a scratch file (DIR/NAME.samples, removed at exit) as they
-// come, so a rank's memory does not grow with the rooms it served; NAME.json lists them.
+// Bandwidth = bytes moved inside the window / the window. Each prefill rank's room contributes its
+// bytes times the fraction of its transfer interval [that rank's first send(), its Success] that
+// lies inside the window: the bytes are assumed to move at an even rate within a room's interval
+// on a rank (a room's pages go out as a few large writes whose completions the rank does not time
+// one by one). So rooms in flight at either edge count in part, and the figure is not quantized
+// by whole rooms (with 512 MiB rooms finishing 4 at a time, whole rooms made a 5 s window count
+// 8, 12 or 16 of them).
+// `rooms`: rooms every prefill rank finished whose last prefill Success is inside the window.
+// transfer latency (over those rooms) = last prefill rank's Success - first prefill rank's first
+// send() (ms); room latency (over rooms whose last decode Success is inside the window) = last
+// decode rank's Success - first decode rank's init() (metadata out; ms).
+// Every finished room's sample goes to a scratch file (DIR/NAME.samples, removed at exit) as it
+// comes, so a rank's memory does not grow with the rooms it served; NAME.json lists them.
 // Units: bytes, ns internally; JSON in ms, s, GB (10^9 bytes), KiB for RSS.
 // Thread contract: run_bench() / run_bench_rank() on the process's main thread.
 #pragma once

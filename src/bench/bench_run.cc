@@ -191,7 +191,12 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
       return 2;
     }
   }
-  nlohmann::json j = summarize(ranks, c.prefill_tp, c.decode_tp, c.duration_s);
+  auto summary = summarize(ranks, c.prefill_tp, c.decode_tp, Window{window_start, window_end});
+  if (!summary.ok()) {
+    err << "kvferry bench: " << summary.status().message() << "\n";
+    return 2;
+  }
+  nlohmann::json& j = *summary;
   // The size of one coalesced write: a chunk's contiguous pages of one buffer, one head run.
   auto m = load_model(c);
   auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);

@@ -33,6 +33,13 @@ nlohmann::json cdf_points(std::vector<double> ms, size_t max_points) {
   return out;
 }
 
+double bytes_in_window(uint64_t bytes, int64_t start_ns, int64_t end_ns, Window w) {
+  if (end_ns <= start_ns) return end_ns >= w.start_ns && end_ns < w.end_ns ? static_cast<double>(bytes) : 0.0;
+  const int64_t overlap = std::min(end_ns, w.end_ns) - std::max(start_ns, w.start_ns);
+  if (overlap <= 0) return 0.0;
+  return static_cast<double>(bytes) * (static_cast<double>(overlap) / static_cast<double>(end_ns - start_ns));
+}
+
 namespace {
 struct Merged {
   int64_t start = 0, end = 0;
@@ -45,21 +52,30 @@ void merge(std::map<uint64_t, Merged>& into, const nlohmann::json& rooms) {
     Merged& m = into[r[0].get<uint64_t>()];
     int64_t s = r[1].get<int64_t>(), e = r[2].get<int64_t>();
     m.start = m.ranks == 0 ? s : std::min(m.start, s);
-    m.end = std::max(m.end, e);
+    m.end = m.ranks == 0 ? e : std::max(m.end, e);
     m.bytes += r[3].get<uint64_t>();
     ++m.ranks;
   }
 }
+
+bool inside(int64_t t, Window w) { return t >= w.start_ns && t < w.end_ns; }
 }  // namespace
 
-nlohmann::json summarize(const std::vector<nlohmann::json>& ranks, uint32_t prefill_tp, uint32_t decode_tp,
-                         double window_s) {
+Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint32_t prefill_tp, uint32_t decode_tp,
+                                 Window window) {
+  if (window.end_ns <= window.start_ns)
+    return Status(ErrorCode::kInvalidArgument, "summarize: the measured window is empty");
+  const double window_s = static_cast<double>(window.end_ns - window.start_ns) / 1e9;
   std::map<uint64_t, Merged> sent, received;
-  double cpu = 0;
+  double cpu = 0, window_bytes = 0;
   uint64_t failed = 0, open_at_exit = 0;
   nlohmann::json per_rank = nlohmann::json::array();
   for (const auto& r : ranks) {
-    merge(r.at("role") == "prefill" ? sent : received, r.at("rooms"));
+    const bool prefill = r.at("role") == "prefill";
+    merge(prefill ? sent : received, r.at("rooms"));
+    if (prefill)
+      for (const auto& row : r.at("rooms"))
+        window_bytes += bytes_in_window(row[3].get<uint64_t>(), row[1].get<int64_t>(), row[2].get<int64_t>(), window);
     cpu += r.at("cpu_s").get<double>();
     failed += r.at("failed").get<uint64_t>();
     open_at_exit += r.at("open_at_exit").get<uint64_t>();
@@ -71,24 +87,26 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& ranks, uint32_t pref
     per_rank.push_back(std::move(pr));
   }
   std::vector<double> transfer_ms, room_ms;
-  uint64_t bytes = 0, rooms = 0;
+  uint64_t completed_bytes = 0, rooms = 0;
   for (const auto& [id, m] : sent) {
-    if (m.ranks != prefill_tp) continue;
+    if (m.ranks != prefill_tp || !inside(m.end, window)) continue;
     ++rooms;
-    bytes += m.bytes;
+    completed_bytes += m.bytes;
     transfer_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
   }
   for (const auto& [id, m] : received)
-    if (m.ranks == decode_tp) room_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
+    if (m.ranks == decode_tp && inside(m.end, window)) room_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
+  const uint64_t bytes = static_cast<uint64_t>(std::llround(window_bytes));
   const double gb = static_cast<double>(bytes) / 1e9;
   nlohmann::json j;
   j["window_s"] = window_s;
   j["rooms"] = rooms;
   j["bytes"] = bytes;
+  j["completed_bytes"] = completed_bytes;
   j["failed"] = failed;
   j["open_at_exit"] = open_at_exit;
-  j["gb_per_s"] = window_s > 0 ? gb / window_s : 0.0;
-  j["rooms_per_s"] = window_s > 0 ? static_cast<double>(rooms) / window_s : 0.0;
+  j["gb_per_s"] = gb / window_s;
+  j["rooms_per_s"] = static_cast<double>(rooms) / window_s;
   j["transfer_latency_ms"] = latency_json(transfer_ms);
   j["transfer_latency_cdf_ms"] = cdf_points(transfer_ms, 500);
   j["room_latency_ms"] = latency_json(room_ms);
