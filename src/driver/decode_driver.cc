@@ -279,9 +279,14 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
 
 std::vector<SiblingFailure> DecodeDriver::take_failures_to_fan_out() {
   std::vector<SiblingFailure> out;
+  const int64_t now = monotonic_ns();
   for (uint64_t id : ep_.take_fresh_failures()) {
     auto it = rooms_.find(id);
-    if (it == rooms_.end() || it->second.fail_decided || it->second.siblings_know) continue;
+    if (it == rooms_.end()) continue;
+    // A room whose transfer had concluded here: the endpoint keeps its state (and no failed_ns),
+    // yet this rank is Failed from now on (its reports say so).
+    if (it->second.failed_ns == 0) it->second.failed_ns = now;
+    if (it->second.fail_decided || it->second.siblings_know) continue;
     auto e = core_.registry().get(id);
     if (!e) continue;
     it->second.siblings_know = true;
