@@ -49,7 +49,7 @@ int EngineLoop::run() {
   return leader ? run_leader(**sock) : run_follower(**sock);
 }
 
-void EngineLoop::pump_local(ControlSocket& engine, int64_t now) {
+void EngineLoop::pump_local(ControlSocket& engine) {
   int fds[3] = {core_.waker().fd(), core_.control().fd(), engine.fd()};
   wait_readable(fds, 3, 1);
   core_.waker().drain();
@@ -65,7 +65,9 @@ void EngineLoop::pump_local(ControlSocket& engine, int64_t now) {
     on_control_(*msg);
   }
   for (const TransportEvent& e : core_.take_events()) on_transport_(e);
-  driver_.pump(now);
+  // The time after the wait: what the driver observes now is stamped now (first_seen_ns), not
+  // with the time the loop went to sleep, which can be before the news that caused it arrived.
+  driver_.pump(monotonic_ns());
 }
 
 void EngineLoop::flush_outbox() {
@@ -140,7 +142,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   const int64_t down_shutdown_wait_ns = std::min<int64_t>(cfg_.peer_timeout_ms, 500) * 1'000'000;
   for (;;) {
     int64_t now = monotonic_ns();
-    pump_local(engine, now);
+    pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
     for (int i = 0; i < 4096; ++i) {
       auto text = engine.recv(std::chrono::milliseconds(0));
@@ -294,7 +296,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   };
   for (;;) {
     int64_t now = monotonic_ns();
-    pump_local(engine, now);
+    pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
     fan_out(engine, fan_out_targets());
     if (last_step == 0 && orphans.empty() && now - last_hello > 100'000'000) {

@@ -49,7 +49,7 @@ class EngineLoop {
  private:
   int run_leader(ControlSocket& engine);
   int run_follower(ControlSocket& engine);
-  void pump_local(ControlSocket& engine, int64_t now);
+  void pump_local(ControlSocket& engine);
   void flush_outbox();
   // Sends every failure the driver has to fan out to `to` (tp_rank -> engine endpoint).
   void fan_out(ControlSocket& engine, const std::map<uint32_t, std::string>& to);
