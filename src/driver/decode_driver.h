@@ -34,6 +34,8 @@ class DecodeDriver : public EngineDriver {
   std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
                                std::vector<RouterRequest> new_requests, int64_t now_ns,
                                std::vector<RoomResult>* results) override;
+  std::vector<SiblingFailure> take_failures_to_fan_out() override;
+  bool on_sibling_failure(const SiblingFailure& f) override;
   RankLeakStats leak_stats() const override;
   bool idle() const override { return rooms_.empty(); }
 
@@ -52,6 +54,7 @@ class DecodeDriver : public EngineDriver {
     uint64_t verified = 0;
     uint64_t mismatched = 0;
     int64_t failed_ns = 0;
+    bool siblings_know = false;  // the fan-out: told, or learned from a sibling
     bool fail_decided = false;
     Decision failure;
   };

@@ -238,5 +238,53 @@ TEST_F(DecodeDriverTest, Defect10_RanksAgree) {
   EXPECT_EQ(drv_->leak_stats().pages_in_use, 0u);  // quarantine is not counted as a leak
 }
 
+// The fan-out (SiblingFailure) on a decode rank: a sibling's failure fails the room here at once,
+// as from another rank with its origin and code unchanged, and this rank's endpoint tells its
+// prefill sources as for any failure; it is not sent on. The agreement still releases the room.
+TEST_F(DecodeDriverTest, SiblingFailureFailsTheRoomAndTellsPrefillWithoutAStep) {
+  make();
+  const uint64_t room = 0x4041;
+  pair_->prefill().add_room(room, 2 * pair_->layout().page_size);
+  step({}, {req(room, 2)});
+  step({});  // admitted: metadata to prefill
+  ASSERT_TRUE(pair_->pump_until([&] { return pair_->prefill().poll(room) == KVPoll::WaitingForInput; }, 2s));
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
+  SiblingFailure f{room, 3, ErrorCode::kInjected, "decode/tp3", "injected decode failure", 777};
+  ASSERT_TRUE(drv_->on_sibling_failure(f));
+  auto e = pair_->dcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kInjected);
+  EXPECT_EQ(e->origin.str(), "decode/tp3");
+  EXPECT_EQ(e->first_seen_ns, 777);
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());  // never sent on
+  auto reps = own_reports();
+  ASSERT_EQ(reps[room].size(), 1u);
+  EXPECT_EQ(reps[room][0].poll, KVPoll::Failed);
+  EXPECT_GT(reps[room][0].failed_ns, 0);
+  // The prefill source learns it with no step in between.
+  ASSERT_TRUE(pair_->pump_until([&] { return pair_->prefill().poll(room) == KVPoll::Failed; }, 2s));
+  auto p = pair_->pcore().registry().get(room);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->origin.str(), "decode/tp3");
+  EXPECT_EQ(p->code, ErrorCode::kInjected);
+
+  // The agreement decides kFail with the same attribution, then releases the drained room.
+  auto ds = step(own_reports());
+  ASSERT_EQ(ops_for(ds, room).size(), 1u);
+  EXPECT_EQ(ops_for(ds, room)[0].op, Decision::Op::kFail);
+  EXPECT_EQ(ops_for(ds, room)[0].origin, "decode/tp3");
+  EXPECT_EQ(ops_for(ds, room)[0].code, ErrorCode::kInjected);
+  ASSERT_TRUE(pair_->pump_until([&] { return own_reports()[room][0].drained; }, 2s));
+  ds = step(own_reports());
+  ASSERT_EQ(ops_for(ds, room).size(), 1u);
+  EXPECT_EQ(ops_for(ds, room)[0].op, Decision::Op::kRelease);
+  ASSERT_EQ(results_.size(), 1u);
+  EXPECT_EQ(results_[0].origin, "decode/tp3");
+  EXPECT_EQ(drv_->leak_stats().pages_in_use, 0u);
+  EXPECT_EQ(drv_->leak_stats().live_rooms, 0u);
+  EXPECT_EQ(drv_->leak_stats().records, 0u);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -53,6 +53,25 @@ struct Decision {
   bool observed_by_leader = false;
 };
 
+// A failure one rank of an engine tells every other rank of its engine directly (the fan-out,
+// DESIGN §3 "Propagation, within an engine"), ahead of the per-step agreement, which stays the
+// authority for release and the router's result. Sent once per room by the rank that first
+// recorded the failure first-hand or from the other engine; a receiver never sends it on.
+struct SiblingFailure {
+  uint64_t room = 0;
+  uint32_t tp_rank = 0;      // the sending rank (logged as "via")
+  ErrorCode code = ErrorCode::kOk;
+  std::string origin;        // RankId::str() of the failure's origin (unchanged by the fan-out)
+  std::string reason;
+  int64_t first_seen_ns = 0; // monotonic ns, when the origin first saw the failure
+};
+
+// One rank of an engine as the leader announces it in a step: where its engine socket listens.
+struct EngineMember {
+  uint32_t tp_rank = 0;
+  std::string endpoint;  // "tcp://host:port"
+};
+
 // The reduction of one room over all ranks of an engine.
 struct RoomReduction {
   KVPoll min_poll = KVPoll::Success;
@@ -96,6 +115,16 @@ class EngineDriver {
   void on_rank_up(const RankId& rank) { down_ranks_.erase(rank.str()); }
   virtual RankLeakStats leak_stats() const = 0;
   virtual bool idle() const = 0;  // no live rooms
+
+  // The fan-out (SiblingFailure). Failures this rank recorded since the last call that its
+  // siblings must be told: first-hand, or learned from the other engine; never those that came
+  // from the agreement (a kFail) or from a sibling. Each room at most once.
+  virtual std::vector<SiblingFailure> take_failures_to_fan_out() { return {}; }
+  // A sibling's failure: the room fails here at once as a failure from another rank (its failed_ns
+  // is set, it logs at debug only, the endpoint tells its peers in the other engine as for any
+  // failure), unless the room already has a failure record here. Returns false if this rank does
+  // not have the room (not created yet, or already released); then nothing changed.
+  virtual bool on_sibling_failure(const SiblingFailure& /*f*/) { return false; }
 
  protected:
   // kNew decisions for the router's new requests, then kFail(aborted) for aborted rooms;
@@ -143,7 +172,7 @@ bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& sel
 bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
                    const std::vector<uint32_t>& peers, uint32_t peer_dp_rank);
 
-// JSON codecs for the step frames (see engine_sync.h).
+// JSON codecs for the step frames (see sync_codec.h).
 std::string encode_decision_json(const Decision& d);
 std::string encode_report_json(const RoomReport& r);
 

@@ -49,7 +49,7 @@ int EngineLoop::run() {
   return leader ? run_leader(**sock) : run_follower(**sock);
 }
 
-void EngineLoop::pump_local(ControlSocket& engine, int64_t now) {
+void EngineLoop::pump_local(ControlSocket& engine) {
   int fds[3] = {core_.waker().fd(), core_.control().fd(), engine.fd()};
   wait_readable(fds, 3, 1);
   core_.waker().drain();
@@ -65,7 +65,9 @@ void EngineLoop::pump_local(ControlSocket& engine, int64_t now) {
     on_control_(*msg);
   }
   for (const TransportEvent& e : core_.take_events()) on_transport_(e);
-  driver_.pump(now);
+  // The time after the wait: what the driver observes now is stamped now (first_seen_ns), not
+  // with the time the loop went to sleep, which can be before the news that caused it arrived.
+  driver_.pump(monotonic_ns());
 }
 
 void EngineLoop::flush_outbox() {
@@ -74,6 +76,51 @@ void EngineLoop::flush_outbox() {
     if (!core_.control().send(cfg_.router_endpoint, outbox_[sent]).ok()) break;
   }
   outbox_.erase(outbox_.begin(), outbox_.begin() + static_cast<long>(sent));
+}
+
+void EngineLoop::fan_out(ControlSocket& engine, const std::map<uint32_t, std::string>& to) {
+  for (const SiblingFailure& f : driver_.take_failures_to_fan_out()) {
+    std::string frame = encode_fail(f);
+    for (const auto& [tp, ep] : to) {
+      if (tp == cfg_.self.tp_rank) continue;
+      Status s = engine.send(ep, frame);
+      if (!s.ok())
+        log_event(LogLevel::kDebug, kComp, fmt::format("fail frame to tp{} not queued: {}", tp, s.str()),
+                  {.room = f.room});
+    }
+  }
+}
+
+void EngineLoop::on_sibling_fail(const SiblingFailure& f, int64_t now) {
+  if (driver_.on_sibling_failure(f)) return;
+  // Not here yet (the step creating it is on its way) or released already: keep it a while.
+  if (early_fails_.size() >= kMaxEarlyFails) early_fails_.pop_front();
+  early_fails_.emplace_back(now, f);
+}
+
+void EngineLoop::retry_early_fails(int64_t now) {
+  std::erase_if(early_fails_, [&](const std::pair<int64_t, SiblingFailure>& e) {
+    return now - e.first > kEarlyFailTtlNs || driver_.on_sibling_failure(e.second);
+  });
+}
+
+void EngineLoop::set_siblings(ControlSocket& engine, const std::vector<EngineMember>& members) {
+  std::map<uint32_t, std::string> next;
+  for (const EngineMember& m : members)
+    if (m.tp_rank != cfg_.self.tp_rank && m.endpoint != cfg_.engine_endpoint) next[m.tp_rank] = m.endpoint;
+  for (const auto& [tp, ep] : siblings_) {
+    auto it = next.find(tp);
+    if (it == next.end() || it->second != ep) engine.forget(ep);  // gone, or restarted elsewhere
+  }
+  std::string hi = encode_hi(cfg_.self.tp_rank);
+  for (const auto& [tp, ep] : next) {
+    auto it = siblings_.find(tp);
+    if (it != siblings_.end() && it->second == ep) continue;
+    // Opens the connection now, so a fail frame never waits for a connection to be set up.
+    Status s = engine.send(ep, hi);
+    if (!s.ok()) log_event(LogLevel::kDebug, kComp, fmt::format("hi to tp{} not queued: {}", tp, s.str()));
+  }
+  siblings_ = std::move(next);
 }
 
 int EngineLoop::run_leader(ControlSocket& engine) {
@@ -89,12 +136,13 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   bool outstanding = false, shutdown_requested = false, shutdown_sent = false, router_seen = false;
   uint64_t seq = 0;
   int64_t last_step = 0, last_ready = 0, outstanding_since = 0;
+  bool members_changed = false;  // the followers changed since the last step (fan-out targets)
   // A down follower's reply to the shutdown step is awaited at most this long (its stats join the
   // engine's; meanwhile ZeroMQ delivers the step, which closing the socket at once could drop).
   const int64_t down_shutdown_wait_ns = std::min<int64_t>(cfg_.peer_timeout_ms, 500) * 1'000'000;
   for (;;) {
     int64_t now = monotonic_ns();
-    pump_local(engine, now);
+    pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
     for (int i = 0; i < 4096; ++i) {
       auto text = engine.recv(std::chrono::milliseconds(0));
@@ -108,6 +156,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         auto old = followers.find(f->tp_rank);
         if (old != followers.end() && old->second != f->endpoint) engine.forget(old->second);
         followers[f->tp_rank] = f->endpoint;
+        members_changed = true;
         RankId r{role, 0, f->tp_rank, cfg_.self.dp_rank};
         if (down.erase(f->tp_rank) != 0) {
           driver_.on_rank_up(r);
@@ -118,6 +167,10 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           replies[f->tp_rank] = std::move(f->rooms);
           follower_stats[f->tp_rank] = f->stats;
         }
+      } else if (f->type == "fail") {
+        on_sibling_fail(f->fail, now);
+      } else if (f->type == "hi") {
+        // followers open connections to each other only; nothing to do
       } else if (f->type == "abort") {
         router_seen = true;
         driver_.on_abort(f->room);
@@ -134,6 +187,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       }
     }
     flush_outbox();
+    fan_out(engine, followers);
     if (followers.size() + down.size() + 1 < cfg_.tp_size) continue;  // still starting
     if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
       outbox_.push_back(encode_ready(role, cfg_.tp_size, cfg_.self.dp_rank, engine.endpoint()));
@@ -165,6 +219,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
                     {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
                      .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
           driver_.on_rank_down(dead, why);
+          members_changed = true;
           down[it->first] = it->second;
           it = followers.erase(it);
         }
@@ -200,8 +255,12 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     for (const Decision& d : decisions) driver_.apply(d);
     for (const RoomResult& r : results) outbox_.push_back(encode_result(r));
     flush_outbox();
+    retry_early_fails(now);
     ++seq;
-    std::string step = encode_step(seq, shutdown_requested, decisions);
+    std::vector<EngineMember> members;
+    for (const auto& [tp, ep] : followers) members.push_back({tp, ep});
+    std::string step = encode_step(seq, shutdown_requested, decisions, members_changed ? &members : nullptr);
+    members_changed = false;
     asked.clear();
     for (auto& [tp, ep] : followers) {
       asked.insert(tp);
@@ -217,6 +276,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           log_event(LogLevel::kDebug, kComp, fmt::format("shutdown step to down tp{} not queued: {}", tp, s.str()));
       }
     }
+    fan_out(engine, followers);  // failures first seen while applying (e.g. at admission)
     shutdown_sent = shutdown_requested;
     outstanding = true;
     outstanding_since = now;
@@ -228,10 +288,17 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   std::string hello = encode_hello(cfg_.self.tp_rank, engine.endpoint());
   int64_t last_hello = 0, last_step = 0;
   std::set<uint64_t> orphans;  // rooms failed because the leader died, not yet released
+  // The fan-out goes to the other followers, and to the leader while it is alive.
+  auto fan_out_targets = [&] {
+    std::map<uint32_t, std::string> to = siblings_;
+    if (last_step != 0) to[0] = cfg_.engine_endpoint;
+    return to;
+  };
   for (;;) {
     int64_t now = monotonic_ns();
-    pump_local(engine, now);
+    pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
+    fan_out(engine, fan_out_targets());
     if (last_step == 0 && orphans.empty() && now - last_hello > 100'000'000) {
       (void)engine.send(cfg_.engine_endpoint, hello);
       last_hello = now;
@@ -240,13 +307,26 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       auto text = engine.recv(std::chrono::milliseconds(0));
       if (!text) break;
       auto f = decode_sync_frame(*text);
-      if (!f.ok() || f->type != "step") {
-        log_event(LogLevel::kWarning, kComp, "unexpected engine frame");
+      if (!f.ok()) {
+        log_event(LogLevel::kWarning, kComp, "rejected engine frame: " + f.status().str(),
+                  {.code = std::string(code_name(ErrorCode::kProtocolError))});
+        continue;
+      }
+      if (f->type == "fail") {
+        on_sibling_fail(f->fail, monotonic_ns());
+        continue;
+      }
+      if (f->type == "hi") continue;
+      if (f->type != "step") {
+        log_event(LogLevel::kWarning, kComp, "unexpected engine frame of type " + f->type);
         continue;
       }
       last_step = monotonic_ns();
+      if (f->has_members) set_siblings(engine, f->members);
       for (const Decision& d : f->decisions) driver_.apply(d);
       driver_.pump(last_step);
+      retry_early_fails(last_step);
+      fan_out(engine, fan_out_targets());
       std::vector<RoomReport> own = driver_.reports(last_step);
       metrics_on_step(driver_, own, last_step, f->shutdown);
       Status s = engine.send(cfg_.engine_endpoint,

@@ -5,13 +5,22 @@
 //                 broadcasts them as the next step; forwards router requests as decisions and sends
 //                 the router one RoomResult per released room;
 //   follower:     applies each step's decisions in order and replies with its reports.
+// Failure fan-out: a rank that records a room's failure first-hand or from the other engine sends
+// one "fail" frame straight to every other rank of its engine (the leader announces the members in
+// its steps), which fail the room at once; the agreement still decides release and the result.
+// Fail frames for a room a rank does not have yet are kept (at most kMaxEarlyFails, for
+// kEarlyFailTtlNs) and applied when the step that creates the room arrives.
 // Deadlines: a follower that does not reply, or a leader that sends no step, for
 // `peer_timeout_ms` ends the rank with a critical log line and exit code 3.
 // Thread contract: run() on the rank's main thread.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "driver/engine.h"
 #include "endpoint/core.h"
@@ -40,8 +49,19 @@ class EngineLoop {
  private:
   int run_leader(ControlSocket& engine);
   int run_follower(ControlSocket& engine);
-  void pump_local(ControlSocket& engine, int64_t now);
+  void pump_local(ControlSocket& engine);
   void flush_outbox();
+  // Sends every failure the driver has to fan out to `to` (tp_rank -> engine endpoint).
+  void fan_out(ControlSocket& engine, const std::map<uint32_t, std::string>& to);
+  // A sibling's fail frame: applied now, or kept until the room exists here (bounded).
+  void on_sibling_fail(const SiblingFailure& f, int64_t now);
+  // Applies kept fail frames whose room exists now; drops expired ones.
+  void retry_early_fails(int64_t now);
+  // Follower: the leader's new member list; opens connections to new siblings.
+  void set_siblings(ControlSocket& engine, const std::vector<EngineMember>& members);
+
+  static constexpr size_t kMaxEarlyFails = 256;
+  static constexpr int64_t kEarlyFailTtlNs = 2'000'000'000;
 
   EngineLoopConfig cfg_;
   EndpointCore& core_;
@@ -49,6 +69,8 @@ class EngineLoop {
   std::function<void(const Message&)> on_control_;
   std::function<void(const TransportEvent&)> on_transport_;
   std::vector<std::string> outbox_;  // frames for the router not yet accepted
+  std::map<uint32_t, std::string> siblings_;  // follower: the other followers' engine endpoints
+  std::deque<std::pair<int64_t, SiblingFailure>> early_fails_;  // (arrival ns, frame), oldest first
 };
 
 }  // namespace kvferry

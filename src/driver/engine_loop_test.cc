@@ -1,5 +1,6 @@
 // EngineLoop's leader/follower agreement over real ZeroMQ sockets, one thread per rank, with a
-// driver that does nothing but can stall: what happens to a follower the leader marked down.
+// driver that does nothing but can stall: what happens to a follower the leader marked down; and
+// the failure fan-out, which reaches a sibling with no step in between.
 #include "driver/engine_loop.h"
 
 #include <arpa/inet.h>
@@ -13,6 +14,8 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "driver/sync_codec.h"
@@ -132,6 +135,147 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready)
       << "the follower marked down never got the shutdown step";
   EXPECT_EQ(follower_rc.get(), 0);
+}
+
+// Rooms it is told about; a failure to fan out when asked to; what siblings told it, with the
+// number of steps the leader had made by then (`leader_steps`: reports() runs once per step).
+// Its decide() never fails a room, so the agreement cannot carry a failure.
+class FanOutDriver : public StallingDriver {
+ public:
+  std::vector<RoomReport> reports(int64_t) override {
+    ++steps;
+    return {};
+  }
+  std::vector<SiblingFailure> take_failures_to_fan_out() override {
+    std::lock_guard lock(mu);
+    return std::exchange(to_send, {});
+  }
+  bool on_sibling_failure(const SiblingFailure& f) override {
+    std::lock_guard lock(mu);
+    ++attempts;
+    if (!rooms.count(f.room)) return false;
+    received.push_back(f);
+    leader_steps_at_receipt.push_back(leader_steps ? leader_steps->load() : 0);
+    return true;
+  }
+  void fail_first_hand(const SiblingFailure& f) {
+    std::lock_guard lock(mu);
+    to_send.push_back(f);
+  }
+  std::vector<SiblingFailure> got() {
+    std::lock_guard lock(mu);
+    return received;
+  }
+
+  std::mutex mu;
+  std::set<uint64_t> rooms;
+  std::vector<SiblingFailure> to_send, received;
+  std::vector<uint64_t> leader_steps_at_receipt;
+  std::atomic<uint64_t> steps{0};
+  const std::atomic<uint64_t>* leader_steps = nullptr;
+  std::atomic<uint64_t> attempts{0};
+};
+
+bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  for (auto until = std::chrono::steady_clock::now() + timeout; std::chrono::steady_clock::now() < until;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(2ms);
+  }
+  return pred();
+}
+
+TEST(EngineLoop, FollowerFailureReachesSiblingWithoutAStep) {
+  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  constexpr uint32_t kTp = 3;
+  std::vector<std::unique_ptr<EndpointCore>> cores;
+  std::vector<std::unique_ptr<FanOutDriver>> drivers;
+  std::vector<std::unique_ptr<EngineLoop>> loops;
+  EngineLoopConfig cfg{RankId{Role::kPrefill, 0, 0, 0}, kTp, free_endpoint(), (*router)->endpoint()};
+  cfg.idle_step_interval_us = 2000;
+  cfg.peer_timeout_ms = 20000;  // the leader's stall below must not make it give up on anyone
+  for (uint32_t tp = 0; tp < kTp; ++tp) {
+    RankId id{Role::kPrefill, 0, tp, 0};
+    auto core = testing::make_test_core(id);
+    ASSERT_TRUE(core.ok()) << core.status().str();
+    cores.push_back(std::move(*core));
+    drivers.push_back(std::make_unique<FanOutDriver>());
+    if (tp > 0) drivers.back()->leader_steps = &drivers[0]->steps;
+    EngineLoopConfig c = cfg;
+    c.self = id;
+    loops.push_back(std::make_unique<EngineLoop>(c, *cores.back(), *drivers.back(), [](const Message&) {},
+                                                 [](const TransportEvent&) {}));
+  }
+  std::vector<std::future<int>> rcs;
+  for (auto& l : loops) rcs.push_back(std::async(std::launch::async, [&l] { return l->run(); }));
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    drivers[0]->stall_ms = 0;
+    if (rcs[0].valid() && rcs[0].wait_for(0s) != std::future_status::ready) {
+      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
+      rcs[0].wait();
+    }
+    for (uint32_t tp = 1; tp < kTp; ++tp)
+      if (rcs[tp].valid() && rcs[tp].wait_for(0s) != std::future_status::ready)
+        stand_in_for_leader(cfg.engine_endpoint, rcs[tp]);
+  }};
+  bool ready = false;
+  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
+    auto f = (*router)->recv(100ms);
+    ready = f && f->find("\"ready\"") != std::string::npos;
+  }
+  ASSERT_TRUE(ready);
+  // Every follower answered a few steps: the step naming both followers went out before those.
+  ASSERT_TRUE(wait_for([&] { return drivers[1]->steps >= 3 && drivers[2]->steps >= 3; }, 5s));
+  for (auto& d : drivers) {
+    std::lock_guard lock(d->mu);
+    d->rooms = {11};
+  }
+  // The leader stalls (no step) while follower tp1 fails room 11 first-hand.
+  drivers[0]->stall_ms = 1500;
+  ASSERT_TRUE(wait_for([&] { return drivers[0]->stall_ms == 0; }, 2s));  // the stall began
+  const uint64_t leader_steps_before = drivers[0]->steps;
+  SiblingFailure f{11, 1, ErrorCode::kTransferError, "prefill/tp1", "write failed", 12345};
+  drivers[1]->fail_first_hand(f);
+  ASSERT_TRUE(wait_for([&] { return !drivers[2]->got().empty(); }, 1s)) << "tp2 never heard of tp1's failure";
+  auto got = drivers[2]->got();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].room, 11u);
+  EXPECT_EQ(got[0].tp_rank, 1u);
+  EXPECT_EQ(got[0].code, ErrorCode::kTransferError);
+  EXPECT_EQ(got[0].origin, "prefill/tp1");
+  EXPECT_EQ(got[0].reason, "write failed");
+  EXPECT_EQ(got[0].first_seen_ns, 12345);
+  {
+    std::lock_guard lock(drivers[2]->mu);
+    EXPECT_EQ(drivers[2]->leader_steps_at_receipt[0], leader_steps_before) << "the leader stepped in between";
+  }
+  // The leader hears of it too once its stall is over; the sender is not told its own failure.
+  ASSERT_TRUE(wait_for([&] { return !drivers[0]->got().empty(); }, 5s));
+  EXPECT_EQ(drivers[0]->got()[0].origin, "prefill/tp1");
+  EXPECT_TRUE(drivers[1]->got().empty());
+
+  // A fail frame for a room tp2 does not have yet is kept and applied once a step has made it.
+  SiblingFailure early{12, 1, ErrorCode::kInjected, "prefill/tp1", "early", 777};
+  const uint64_t attempts_before = drivers[2]->attempts;
+  drivers[1]->fail_first_hand(early);
+  ASSERT_TRUE(wait_for([&] { return drivers[2]->attempts > attempts_before; }, 5s));
+  EXPECT_EQ(drivers[2]->got().size(), 1u);
+  {
+    std::lock_guard lock(drivers[2]->mu);
+    drivers[2]->rooms.insert(12);
+  }
+  ASSERT_TRUE(wait_for([&] { return drivers[2]->got().size() == 2; }, 5s)) << "the kept frame was never applied";
+  EXPECT_EQ(drivers[2]->got()[1].room, 12u);
+  EXPECT_EQ(drivers[2]->got()[1].first_seen_ns, 777);
+
+  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
+  for (auto& rc : rcs) {
+    ASSERT_EQ(rc.wait_for(5s), std::future_status::ready);
+    EXPECT_EQ(rc.get(), 0);
+  }
 }
 
 }  // namespace

@@ -42,6 +42,8 @@ class PrefillDriver : public EngineDriver {
   std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
                                std::vector<RouterRequest> new_requests, int64_t now_ns,
                                std::vector<RoomResult>* results) override;
+  std::vector<SiblingFailure> take_failures_to_fan_out() override;
+  bool on_sibling_failure(const SiblingFailure& f) override;
   RankLeakStats leak_stats() const override;
   bool idle() const override { return rooms_.empty(); }
 
@@ -53,6 +55,7 @@ class PrefillDriver : public EngineDriver {
     uint64_t next_page = 0;
     uint32_t chunks_out = 0;  // filling or writing
     int64_t failed_ns = 0;
+    bool siblings_know = false;  // the fan-out: told, or learned from a sibling
     // leader only
     bool start_decided = false;
     bool fail_decided = false;

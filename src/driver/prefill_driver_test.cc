@@ -220,5 +220,66 @@ TEST_F(PrefillDriverTest, DownRankFailsItsRoomsWithItsOrigin) {
   EXPECT_EQ(results_[0].ranks_lost, 1u);
 }
 
+// The fan-out (SiblingFailure): a first-hand failure goes out once; one learned from a sibling
+// fails the room here as from another rank and is never sent on; one from the agreement is not sent.
+TEST_F(PrefillDriverTest, FanOutSendsFirstHandFailuresOnceAndNeverForwards) {
+  add(1, 64);
+  add(2, 64);
+  add(3, 64);
+  const RankId self = prefill_rank0();
+  const RankId decode1{Role::kDecode, 0, 1, 0};
+  // Room 1: first-hand (a transfer error here).
+  ep_->fail(1, ErrorCode::kTransferError, "write failed", self, 1000, true);
+  auto out = drv_->take_failures_to_fan_out();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].room, 1u);
+  EXPECT_EQ(out[0].tp_rank, self.tp_rank);
+  EXPECT_EQ(out[0].code, ErrorCode::kTransferError);
+  EXPECT_EQ(out[0].origin, self.str());
+  EXPECT_EQ(out[0].reason, "write failed");
+  EXPECT_EQ(out[0].first_seen_ns, 1000);
+  ep_->fail(1, ErrorCode::kInternal, "a second cause", self, 2000, true);
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());  // once per room
+
+  // Room 2: a sibling (tp1) tells us; origin and code unchanged, from another rank, not sent on.
+  SiblingFailure f{2, 1, ErrorCode::kPeerUnreachable, decode1.str(), "decode tp1 died", 3000};
+  EXPECT_TRUE(drv_->on_sibling_failure(f));
+  auto e = core_->registry().get(2);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(e->origin, decode1);
+  EXPECT_EQ(e->first_seen_ns, 3000);
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_EQ(ep_->poll(2), KVPoll::Failed);
+  auto reps = drv_->reports(monotonic_ns());
+  for (const RoomReport& r : reps) {
+    if (r.room == 2) {
+      EXPECT_GT(r.failed_ns, 0);
+    }
+  }
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
+  // A second sibling's frame for a room that has a record changes nothing.
+  SiblingFailure g{2, 2, ErrorCode::kInjected, self.str(), "other", 1};
+  EXPECT_TRUE(drv_->on_sibling_failure(g));
+  EXPECT_EQ(core_->registry().get(2)->code, ErrorCode::kPeerUnreachable);
+
+  // Room 3: the agreement's kFail: every rank got it in the step, nothing to fan out.
+  Decision d;
+  d.op = Decision::Op::kFail;
+  d.room = 3;
+  d.code = ErrorCode::kAborted;
+  d.origin = self.str();
+  d.reason = "aborted by the router";
+  d.first_seen_ns = 4000;
+  drv_->apply(d);
+  EXPECT_EQ(ep_->poll(3), KVPoll::Failed);
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
+
+  // A room this rank does not have: nothing changes, the caller keeps the frame.
+  SiblingFailure unknown{99, 1, ErrorCode::kInjected, decode1.str(), "x", 5};
+  EXPECT_FALSE(drv_->on_sibling_failure(unknown));
+  EXPECT_FALSE(core_->registry().get(99).has_value());
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -110,11 +110,27 @@ std::string encode_hello(uint32_t tp_rank, const std::string& endpoint) {
   return json{{"type", "hello"}, {"tp_rank", tp_rank}, {"endpoint", endpoint}}.dump();
 }
 
-std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions) {
+std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions,
+                        const std::vector<EngineMember>* members) {
   json arr = json::array();
   for (const Decision& d : decisions) arr.push_back(to_json(d));
-  return json{{"type", "step"}, {"seq", seq}, {"shutdown", shutdown}, {"decisions", std::move(arr)}}.dump();
+  json j{{"type", "step"}, {"seq", seq}, {"shutdown", shutdown}, {"decisions", std::move(arr)}};
+  if (members) {
+    json m = json::array();
+    for (const EngineMember& x : *members) m.push_back({{"tp", x.tp_rank}, {"endpoint", x.endpoint}});
+    j["members"] = std::move(m);
+  }
+  return j.dump();
 }
+
+std::string encode_fail(const SiblingFailure& f) {
+  return json{{"type", "fail"},         {"tp_rank", f.tp_rank}, {"room", room_str(f.room)},
+              {"code", static_cast<int>(f.code)}, {"origin", f.origin},   {"reason", f.reason},
+              {"first_seen_ns", f.first_seen_ns}}
+      .dump();
+}
+
+std::string encode_hi(uint32_t tp_rank) { return json{{"type", "hi"}, {"tp_rank", tp_rank}}.dump(); }
 
 std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
                          const RankLeakStats& stats) {
@@ -138,6 +154,29 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.seq = j.at("seq").get<uint64_t>();
       f.shutdown = j.at("shutdown").get<bool>();
       for (const json& d : j.at("decisions")) f.decisions.push_back(decision_from(d));
+      if (j.contains("members")) {
+        f.has_members = true;
+        for (const json& m : j.at("members")) {
+          EngineMember x{m.at("tp").get<uint32_t>(), m.at("endpoint").get<std::string>()};
+          if (x.endpoint.empty()) throw std::runtime_error("empty member endpoint");
+          f.members.push_back(std::move(x));
+        }
+      }
+    } else if (f.type == "fail") {
+      f.tp_rank = j.at("tp_rank").get<uint32_t>();
+      f.fail.tp_rank = f.tp_rank;
+      f.fail.room = room_of(j);
+      f.room = f.fail.room;
+      auto c = code_from_int(j.at("code").get<int>());
+      if (!c || *c == ErrorCode::kOk) throw std::runtime_error("bad code");
+      f.fail.code = *c;
+      f.fail.origin = j.at("origin").get<std::string>();
+      if (!RankId::parse(f.fail.origin)) throw std::runtime_error("origin is not a rank id: " + f.fail.origin);
+      f.fail.reason = j.at("reason").get<std::string>();
+      f.fail.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
+      if (f.fail.first_seen_ns < 0) throw std::runtime_error("negative first_seen_ns");
+    } else if (f.type == "hi") {
+      f.tp_rank = j.at("tp_rank").get<uint32_t>();
     } else if (f.type == "abort") {
       f.room = room_of(j);
     } else if (f.type == "reply") {

@@ -1,6 +1,11 @@
 // JSON frames of the engine's per-step agreement (leader tp0 <-> followers), internal to an engine:
 //   {"type":"hello","tp_rank":R,"endpoint":"tcp://..."}                       follower -> leader
-//   {"type":"step","seq":K,"shutdown":false,"decisions":[Decision...]}       leader -> followers
+//   {"type":"step","seq":K,"shutdown":false,"decisions":[Decision...],
+//    "members":[{"tp":R,"endpoint":"tcp://..."}...]}                          leader -> followers
+//       ("members": the engine's followers, only in a step after the list changed)
+//   {"type":"fail","tp_rank":R,"room":"<u64>","code":C,"origin":"<RankId>","reason":"...",
+//    "first_seen_ns":N}                                                       any rank -> its siblings
+//   {"type":"hi","tp_rank":R}   follower -> follower: opens the connection the fan-out will use
 //   {"type":"reply","seq":K,"tp_rank":R,"rooms":[RoomReport...],"stats":{}}  follower -> leader
 //   {"type":"abort","room":"<u64>"}                                         router -> leader
 // Room ids are decimal strings. Parsing never throws: malformed frames give kProtocolError.
@@ -20,13 +25,22 @@ struct SyncFrame {
   uint64_t room = 0;  // abort
   bool shutdown = false;
   std::vector<Decision> decisions;
+  bool has_members = false;             // step: the member list changed
+  std::vector<EngineMember> members;    // step, when has_members
+  SiblingFailure fail;                  // fail
   std::vector<RoomReport> rooms;
   RankLeakStats stats;
   std::string raw;  // the frame text (router frames are decoded by router_protocol)
 };
 
 std::string encode_hello(uint32_t tp_rank, const std::string& endpoint);
-std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions);
+// `members`: null when the list did not change since the last step.
+std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions,
+                        const std::vector<EngineMember>* members = nullptr);
+// The fan-out frame. Decoding rejects (kProtocolError) an unknown code, an origin that is not a
+// RankId, a negative first_seen_ns, a missing field or a field of the wrong type.
+std::string encode_fail(const SiblingFailure& f);
+std::string encode_hi(uint32_t tp_rank);
 std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
                          const RankLeakStats& stats);
 Result<SyncFrame> decode_sync_frame(const std::string& text);

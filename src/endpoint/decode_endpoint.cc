@@ -331,7 +331,7 @@ void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reas
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   ReceiverRoom& r = it->second;
-  core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here);
+  if (core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here)) fresh_failures_.push_back(room);
   // A room that already succeeded here can still fail on another rank of the engine: its sources
   // are done with it, the registry holds the cause and the driver reports it; Success stays.
   if (r.state.terminal()) return;
@@ -412,6 +412,7 @@ void DecodeEndpoint::release(uint64_t room) {
   if (it == rooms_.end()) return;
   core_.registry().release(room);
   rooms_.erase(it);
+  std::erase(fresh_failures_, room);
 }
 
 }  // namespace kvferry

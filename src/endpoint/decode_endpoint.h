@@ -26,6 +26,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "endpoint/core.h"
@@ -101,6 +102,10 @@ class DecodeEndpoint {
   void on_peer_dead(const RankId& peer, const std::string& reason);
   void release(uint64_t room);
 
+  // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
+  // released before the call is left out (so the list stays bounded by the live rooms).
+  std::vector<uint64_t> take_fresh_failures() { return std::exchange(fresh_failures_, {}); }
+
   size_t live_rooms() const { return rooms_.size(); }
   size_t peers() const { return peers_.size(); }
 
@@ -130,6 +135,7 @@ class DecodeEndpoint {
   };
 
   EndpointCore& core_;
+  std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
   std::vector<HeadTransfer> plan_;
   uint32_t prefill_dp_ = 1;
   std::string bootstrap_address_;

@@ -410,7 +410,7 @@ void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& rea
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   SenderRoom& r = it->second;
-  core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here);
+  if (core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here)) fresh_failures_.push_back(room);
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
@@ -435,6 +435,7 @@ void PrefillEndpoint::release(uint64_t room) {
   bury(room, core_.registry().get(room), monotonic_ns());
   core_.registry().release(room);
   rooms_.erase(it);
+  std::erase(fresh_failures_, room);
 }
 
 void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns) {

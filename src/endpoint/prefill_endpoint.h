@@ -20,6 +20,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "endpoint/core.h"
@@ -118,6 +119,10 @@ class PrefillEndpoint {
   static constexpr size_t kMaxOkTombstones = 1024;
   static constexpr size_t kMaxFailedTombstones = 2048;
 
+  // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
+  // released before the call is left out (so the list stays bounded by the live rooms).
+  std::vector<uint64_t> take_fresh_failures() { return std::exchange(fresh_failures_, {}); }
+
   size_t live_rooms() const { return rooms_.size(); }
   size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
   size_t peers() const { return peers_.size(); }
@@ -139,6 +144,7 @@ class PrefillEndpoint {
   void send_status(SenderRoom& r, KVPoll state);
 
   EndpointCore& core_;
+  std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
   std::vector<HeadTransfer> plan_;
   uint32_t decode_dp_ = 1;
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)

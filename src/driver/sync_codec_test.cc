@@ -1,0 +1,117 @@
+// The engine's step frames (sync_codec.h): the fan-out's fail frame, the step's member list and
+// the hi frame round-trip; malformed frames are rejected with kProtocolError, never thrown.
+#include "driver/sync_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace kvferry {
+namespace {
+
+SiblingFailure sample() {
+  return {0xfedcba9876543210ull, 2, ErrorCode::kTransferError, "prefill/tp3", "write to decode/tp3 failed: \"x\"",
+          123456789012345};
+}
+
+TEST(SyncCodec, FailFrameRoundTrips) {
+  SiblingFailure f = sample();
+  auto d = decode_sync_frame(encode_fail(f));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  EXPECT_EQ(d->type, "fail");
+  EXPECT_EQ(d->tp_rank, 2u);
+  EXPECT_EQ(d->fail.room, f.room);
+  EXPECT_EQ(d->fail.tp_rank, 2u);
+  EXPECT_EQ(d->fail.code, ErrorCode::kTransferError);
+  EXPECT_EQ(d->fail.origin, "prefill/tp3");
+  EXPECT_EQ(d->fail.reason, f.reason);
+  EXPECT_EQ(d->fail.first_seen_ns, f.first_seen_ns);
+}
+
+TEST(SyncCodec, StepCarriesMembersOnlyWhenGiven) {
+  Decision fail;
+  fail.op = Decision::Op::kFail;
+  fail.room = 7;
+  fail.code = ErrorCode::kAborted;
+  fail.origin = "decode/tp0";
+  fail.reason = "aborted by the router";
+  fail.first_seen_ns = 42;
+  auto plain = decode_sync_frame(encode_step(5, false, {fail}));
+  ASSERT_TRUE(plain.ok()) << plain.status().str();
+  EXPECT_FALSE(plain->has_members);
+  EXPECT_TRUE(plain->members.empty());
+  ASSERT_EQ(plain->decisions.size(), 1u);
+  EXPECT_EQ(plain->decisions[0].origin, "decode/tp0");
+
+  std::vector<EngineMember> members{{1, "tcp://127.0.0.1:4001"}, {3, "tcp://127.0.0.1:4003"}};
+  auto with = decode_sync_frame(encode_step(6, true, {}, &members));
+  ASSERT_TRUE(with.ok()) << with.status().str();
+  EXPECT_EQ(with->seq, 6u);
+  EXPECT_TRUE(with->shutdown);
+  EXPECT_TRUE(with->has_members);
+  ASSERT_EQ(with->members.size(), 2u);
+  EXPECT_EQ(with->members[0].tp_rank, 1u);
+  EXPECT_EQ(with->members[0].endpoint, "tcp://127.0.0.1:4001");
+  EXPECT_EQ(with->members[1].tp_rank, 3u);
+  EXPECT_EQ(with->members[1].endpoint, "tcp://127.0.0.1:4003");
+
+  std::vector<EngineMember> none;  // every follower is down: an empty list is still a change
+  auto empty = decode_sync_frame(encode_step(7, false, {}, &none));
+  ASSERT_TRUE(empty.ok());
+  EXPECT_TRUE(empty->has_members);
+  EXPECT_TRUE(empty->members.empty());
+}
+
+TEST(SyncCodec, HiRoundTrips) {
+  auto d = decode_sync_frame(encode_hi(3));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->type, "hi");
+  EXPECT_EQ(d->tp_rank, 3u);
+}
+
+// Each malformed frame is rejected with kProtocolError and a message naming the problem.
+TEST(SyncCodec, MalformedFailFramesAreRejected) {
+  const std::string ok = encode_fail(sample());
+  ASSERT_TRUE(decode_sync_frame(ok).ok());
+  auto mutate = [&](const std::string& from, const std::string& to) {
+    std::string s = ok;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return s.replace(at, from.size(), to);
+  };
+  struct Case {
+    std::string name, frame, says;
+  };
+  const std::vector<Case> cases{
+      {"not json", "{\"type\":\"fail\",", "bad engine frame"},
+      {"unknown code", mutate("\"code\":1", "\"code\":9999"), "bad code"},
+      {"code ok is not a failure", mutate("\"code\":1", "\"code\":0"), "bad code"},
+      {"origin not a rank", mutate("\"origin\":\"prefill/tp3\"", "\"origin\":\"somewhere\""), "not a rank id"},
+      {"negative first_seen_ns", mutate("\"first_seen_ns\":123456789012345", "\"first_seen_ns\":-1"),
+       "negative first_seen_ns"},
+      {"room missing", mutate("\"room\":", "\"rooom\":"), "room"},
+      {"room not a number", mutate("\"room\":\"18364758544493064720\"", "\"room\":\"abc\""), "bad engine frame"},
+      {"reason of the wrong type", mutate("\"reason\":\"", "\"reason\":5,\"x\":\""), "bad engine frame"},
+      {"tp_rank missing", mutate("\"tp_rank\":2", "\"tp\":2"), "tp_rank"},
+  };
+  for (const Case& c : cases) {
+    auto d = decode_sync_frame(c.frame);
+    ASSERT_FALSE(d.ok()) << c.name << ": " << c.frame;
+    EXPECT_EQ(d.status().code(), ErrorCode::kProtocolError) << c.name;
+    EXPECT_NE(d.status().message().find(c.says), std::string::npos) << c.name << ": " << d.status().str();
+  }
+}
+
+TEST(SyncCodec, MalformedMembersAreRejected) {
+  for (const std::string& members : {std::string(R"([{"tp":1,"endpoint":""}])"),
+                                     std::string(R"([{"endpoint":"tcp://a:1"}])"), std::string(R"({"tp":1})")}) {
+    std::string frame = R"({"type":"step","seq":1,"shutdown":false,"decisions":[],"members":)" + members + "}";
+    auto d = decode_sync_frame(frame);
+    ASSERT_FALSE(d.ok()) << frame;
+    EXPECT_EQ(d.status().code(), ErrorCode::kProtocolError) << frame;
+  }
+}
+
+}  // namespace
+}  // namespace kvferry
