@@ -349,9 +349,12 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--engine-endpoint", "tcp://127.0.0.1:" + std::to_string(engine_port),
           "--router-endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
           "--transport", c.transport,
-          "--transfer-shards", std::to_string(c.transfer_shards),
           "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  if (c.transfer_shards != 1) {  // the rank's default is 1
+    args.push_back("--transfer-shards");
+    args.push_back(std::to_string(c.transfer_shards));
+  }
   const uint32_t peer_dp = prefill ? c.decode_dp : c.prefill_dp;
   if (dp_rank != 0 || peer_dp != 1) {
     for (std::string a : {std::string("--dp-rank"), std::to_string(dp_rank),

@@ -180,6 +180,39 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ShardedTcpPairTest,
                                            Shape{TransportKind::kTcp, 3, 2}),
                          shape_name);
 
+// Caller-owned memory registered by shard 0 and shared by the others: over shm UCX carries such
+// puts out through the receiving worker (no shared mapping), here on both receiving shards.
+TEST(ShardedTransport, RegisteredCallerMemoryReceivesOnEveryShard) {
+  for (TransportKind kind : {TransportKind::kShm, TransportKind::kTcp}) {
+    TransportOptions opt;
+    opt.kind = kind;
+    opt.shards = 2;
+    auto a = ShardedTransport::create(opt);
+    auto b = ShardedTransport::create(opt);
+    ASSERT_TRUE(a.ok() && b.ok());
+    constexpr uint64_t kBytes = 1 << 20;
+    std::vector<uint8_t> src(kBytes), dst(kBytes + 3, kFill);
+    auto ra = a.value()->register_region(src.data(), kBytes);
+    auto rb = b.value()->register_region(dst.data() + 3, kBytes);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().str() << " " << rb.status().str();
+    testing::fill_pattern(ra->base, kBytes);
+    auto id = a.value()->connect(testing::remote_info(*b.value(), *rb));
+    ASSERT_TRUE(id.ok()) << id.status().str();
+    std::vector<WriteOp> ops0 = {{0, 10, 4096}, {70000, 200000, 300000}};
+    std::vector<WriteOp> ops1 = {{5, 600000, 100000}, {kBytes - 8, kBytes - 8, 8}};
+    ASSERT_TRUE(write_and_wait(*a.value(), *id, 0, ops0).ok()) << transport_name(kind);
+    ASSERT_TRUE(write_and_wait(*a.value(), *id, 1, ops1).ok()) << transport_name(kind);
+    EXPECT_EQ(a.value()->shard(0).stats().batches, 1u);
+    EXPECT_EQ(a.value()->shard(1).stats().batches, 1u);
+    ops0.insert(ops0.end(), ops1.begin(), ops1.end());
+    std::vector<uint8_t> img = expected_image(kBytes, kFill, ops0);
+    EXPECT_EQ(std::memcmp(dst.data() + 3, img.data(), kBytes), 0) << transport_name(kind);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(dst[i], kFill);
+    b.value().reset();  // the transports are gone before the memory they registered
+    a.value().reset();
+  }
+}
+
 TEST(ShardedTransport, ShardCountOutsideTheBoundIsRefused) {
   for (uint32_t n : {0u, kMaxTransportShards + 1}) {
     TransportOptions opt;

@@ -1,5 +1,6 @@
 // The UCX transport (internal header; the public face is make_ucx_transport in transport.h).
 //
+// One shard of the transport (ShardedTransport, sharded_transport.h, composes N of them).
 // One worker, owned by a progress thread: every UCX call on it happens on that thread. The ucp
 // context is the transport's own, or (a shard of ShardedTransport) one shared by several shards'
 // workers, created by the owner with create_context(shared_workers=true) and outliving them. Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
