@@ -1,3 +1,4 @@
+// The sharded worker address codec (format in shard_address.h).
 #include "transport/ucx/shard_address.h"
 
 #include <cstdint>

@@ -1,3 +1,5 @@
+// ShardedTransport: N UcxTransport shards behind one Transport (routing, composite peers, one
+// peer error per peer). make_ucx_transport lives here: every rank gets one, N = 1 included.
 #include "transport/ucx/sharded_transport.h"
 
 #include <utility>
