@@ -9,7 +9,10 @@
 // the receiver, so a remote peer never makes us write outside a registered region.
 //
 // Thread contract: every method may be called from any thread. Completion callbacks run on the
-// transport's own progress thread: they must be short and must not call back into the transport.
+// transport's own progress thread(s): they must be short and must not call back into the
+// transport. With TransportOptions::shards > 1 there is one progress thread per shard, so
+// callbacks of different rooms may run concurrently on different threads; the callbacks of one
+// room's batches run on one thread, in the order the batches were written.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -24,9 +27,18 @@ namespace kvferry {
 enum class TransportKind { kShm, kTcp };
 std::string_view transport_name(TransportKind k);  // "shm" / "tcp"
 
+inline constexpr uint32_t kMaxTransportShards = 8;
+
 struct TransportOptions {
   TransportKind kind = TransportKind::kShm;
   std::string ucx_tls_override;  // empty: chosen from kind
+  // Transfer worker shards, 1..kMaxTransportShards: each shard is one UCX worker with its own
+  // progress thread (over shm, the thread that copies the data of a put; over tcp, the one that
+  // sends and receives). A room's batches always go through the same shard (room % shards), so
+  // they stay in order; rooms spread over the shards. All shards share one UCX context and one
+  // registered region. Peers with different shard counts interoperate (local shard i talks to the
+  // peer's shard i % its shards); shards = 1 is one worker and one thread, as before sharding.
+  uint32_t shards = 1;
 };
 
 // Local registered memory. Owned by the transport; valid until the transport is destroyed.
@@ -92,7 +104,8 @@ class Transport {
   virtual TransportStats stats() const = 0;
 };
 
-// The UCX implementation. Errors: kInternal if UCX cannot be initialised.
+// The UCX implementation (options.shards workers). Errors: kInvalidArgument if options.shards is
+// outside 1..kMaxTransportShards, kInternal if UCX cannot be initialised.
 Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportOptions& options);
 
 // Wraps `inner`; write() batches tagged with a room in the fail set complete with `code` instead of

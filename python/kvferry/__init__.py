@@ -107,6 +107,8 @@ class KVManager:
     (bootstrap_timeout_ms, waiting_timeout_ms, heartbeat_interval_ms, heartbeat_timeout_ms,
     drain_timeout_ms, lookup_timeout_ms, ...; KVFERRY_* environment variables are the defaults).
     log_file: optional JSON-lines log of this rank (as `kvferry replay` writes).
+    transfer_shards: transfer worker shards, 1..8 (each a UCX worker with its own progress thread;
+    a room's writes stay on one shard; `--transfer-shards` in the CLI). Peers may use other counts.
     """
 
     def __init__(self, role: str, kv_pool, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -114,13 +116,13 @@ class KVManager:
                  attention: str = "GQA", model_name: str = "custom", aux_slots: int = 64,
                  transport: str = "shm", tp_rank: int = 0, tp_size: int = 1,
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
-                 log_file: Optional[str] = None):
+                 log_file: Optional[str] = None, transfer_shards: int = 1):
         _logging_start()
         g = _geometry(num_layers, num_kv_heads, head_dim, dtype_bytes, tensors_per_layer, model_name, attention)
         self.role = role
         self._impl = _kvferry.Manager(role, kv_pool, g, page_size, aux_slots, bootstrap_addr, transport,
                                       tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
-                                      os.fspath(log_file) if log_file else "")
+                                      os.fspath(log_file) if log_file else "", transfer_shards)
 
     @property
     def layout(self) -> dict:

@@ -51,6 +51,7 @@ Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& c) {
   ec.self = m->self_;
   ec.layout = m->layout_;
   ec.transport = c.transport;
+  ec.transfer_shards = c.transfer_shards;
   ec.deadlines = c.deadlines;
   ec.external_base = c.pool;
   ec.external_bytes = c.pool_bytes;

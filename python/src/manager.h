@@ -46,6 +46,7 @@ struct ManagerConfig {
   uint32_t aux_slots = 64;
   std::string bootstrap;      // "host:port" of the bootstrap service
   TransportKind transport = TransportKind::kShm;
+  uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   Deadlines deadlines;
   uint8_t* pool = nullptr;    // the engine's pool; the layout uses as many pages as fit
   uint64_t pool_bytes = 0;

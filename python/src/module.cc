@@ -57,7 +57,8 @@ class PyManager {
  public:
   PyManager(const std::string& role, const py::object& pool, const py::dict& geometry, uint32_t page_size,
             uint32_t aux_slots, const std::string& bootstrap, const std::string& transport, uint32_t tp_rank,
-            uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines, const std::string& log_file)
+            uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines, const std::string& log_file,
+            uint32_t transfer_shards)
       : pool_(std::make_unique<PoolBuffer>(pool)) {
     ManagerConfig c;
     if (role == "prefill") c.role = Role::kPrefill;
@@ -66,6 +67,9 @@ class PyManager {
     if (transport == "shm") c.transport = TransportKind::kShm;
     else if (transport == "tcp") c.transport = TransportKind::kTcp;
     else throw py::value_error("transport must be 'shm' or 'tcp', not '" + transport + "'");
+    if (transfer_shards < 1 || transfer_shards > kMaxTransportShards)
+      throw py::value_error("transfer_shards must be in 1.." + std::to_string(kMaxTransportShards));
+    c.transfer_shards = transfer_shards;
     c.model = geometry_from(geometry);
     c.page_size = page_size;
     c.aux_slots = aux_slots;
@@ -171,10 +175,11 @@ PYBIND11_MODULE(_kvferry, mod) {
 
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::dict&, uint32_t, uint32_t, const std::string&,
-                    const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&, const std::string&>(),
+                    const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&, const std::string&,
+                    uint32_t>(),
            py::arg("role"), py::arg("pool"), py::arg("geometry"), py::arg("page_size"), py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
-           py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"))
+           py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"))
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })

@@ -24,9 +24,9 @@ def make_pool():
     return np.zeros(n, dtype=np.uint8)
 
 
-def make_manager(role, pool, bootstrap_addr, transport):
+def make_manager(role, pool, bootstrap_addr, transport, transfer_shards=1):
     return kvferry.KVManager(role, pool, bootstrap_addr=bootstrap_addr, transport=transport, aux_slots=AUX_SLOTS,
-                             deadlines=DEADLINES, **GEOMETRY)
+                             deadlines=DEADLINES, transfer_shards=transfer_shards, **GEOMETRY)
 
 
 def room_content(mgr, room):

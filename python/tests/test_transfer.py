@@ -29,8 +29,9 @@ def kv_records():
     logger.setLevel(old)
 
 
-@pytest.mark.parametrize("transport", ["shm", "tcp"])
-def test_two_process_transfer_and_failures(transport, kv_records):
+# shards: this decode rank's transfer worker shards (the prefill peer has 1: mixed counts).
+@pytest.mark.parametrize("transport,shards", [("shm", 1), ("tcp", 1), ("shm", 2), ("tcp", 2)])
+def test_two_process_transfer_and_failures(transport, shards, kv_records):
     server = kvferry.BootstrapServer()
     addr = f"127.0.0.1:{server.port}"
     peer = subprocess.Popen([sys.executable, os.path.join(HERE, "prefill_peer.py"), addr, transport],
@@ -38,7 +39,7 @@ def test_two_process_transfer_and_failures(transport, kv_records):
                             env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
     try:
         pool = make_pool()
-        mgr = make_manager("decode", pool, addr, transport)
+        mgr = make_manager("decode", pool, addr, transport, transfer_shards=shards)
         assert mgr.rank == "decode/tp0"
         assert mgr.peers() == 1
 
@@ -145,6 +146,8 @@ def test_pool_must_be_writable_and_large_enough():
         make_manager("router", make_pool(), addr, "tcp")
     with pytest.raises(ValueError, match="KV pool of 100 bytes"):
         make_manager("prefill", np.zeros(100, dtype=np.uint8), addr, "tcp")
+    with pytest.raises(ValueError, match=r"transfer_shards must be in 1\.\.8"):
+        make_manager("prefill", make_pool(), addr, "tcp", transfer_shards=9)
     pool = make_pool()
     mgr = make_manager("prefill", pool, addr, "tcp")
     sender = kvferry.KVSender(mgr, 9)

@@ -53,6 +53,7 @@ struct BenchConfig {
   uint32_t concurrency = 4;        // rooms in flight per rank
   double rate = 0;                 // rooms/s opened by decode; 0: as fast as rooms complete
   std::string transport = "shm";   // shm | tcp
+  uint32_t transfer_shards = 1;    // per rank (TransportOptions::shards)
   double duration_s = 5;           // measured window
   double warmup_s = -1;            // before the window; <0: min(1, duration / 5)
   uint64_t rss_checkpoint = 0;     // >0: each rank also records RssAnon after this many rooms
@@ -76,6 +77,7 @@ struct BenchRankOptions {
   uint32_t concurrency = 4;
   double rate = 0;
   std::string transport = "shm";
+  uint32_t transfer_shards = 1;
   std::string bootstrap;           // host:port
   std::string dir;                 // work dir (ready/go files, NAME.json)
   uint64_t rss_checkpoint = 0;

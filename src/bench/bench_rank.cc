@@ -411,6 +411,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   ec.self = self;
   ec.layout = *layout;
   ec.transport = o.transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
+  ec.transfer_shards = o.transfer_shards;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return fail_start(core.status().str());
   EndpointCore& c = **core;

@@ -19,6 +19,7 @@
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/geometry.h"
+#include "kvferry/transport.h"
 #include "replay/orchestrator.h"
 #include "replay/process.h"
 
@@ -61,6 +62,7 @@ std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uin
           "--concurrency", std::to_string(c.concurrency),
           "--rate", num(c.rate),
           "--transport", c.transport,
+          "--transfer-shards", std::to_string(c.transfer_shards),
           "--bootstrap", bootstrap,
           "--dir", dir,
           "--rss-checkpoint", std::to_string(c.rss_checkpoint),
@@ -76,6 +78,8 @@ Status validate(BenchConfig& c) {
   if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
   if (!(c.rate >= 0)) return invalid("--rate must be >= 0 rooms/s");
   if (c.transport != "shm" && c.transport != "tcp") return invalid("--transport must be shm or tcp");
+  if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
+    return invalid(fmt::format("--transfer-shards must be in 1..{}", kMaxTransportShards));
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
   if (c.warmup_s < 0) c.warmup_s = std::min(1.0, c.duration_s / 5);
   if (!(c.timeout_s > 0)) return invalid("--timeout-s must be > 0");
@@ -209,6 +213,7 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
                  {"tokens", c.tokens},       {"page_size", c.page_size},
                  {"chunk_tokens", c.chunk_tokens}, {"concurrency", c.concurrency},
                  {"rate", c.rate},           {"transport", c.transport},
+                 {"transfer_shards", c.transfer_shards},
                  {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
                  {"rss_checkpoint", c.rss_checkpoint}};
   const auto& tl = j["transfer_latency_ms"];

@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "cli/commands.h"
+#include "kvferry/transport.h"
 
 namespace kvferry::cli {
 
@@ -27,6 +28,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--concurrency", cfg->concurrency, "rooms in flight per rank")->capture_default_str();
   cmd->add_option("--rate", cfg->rate, "rooms/s opened (0: as fast as they complete)")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  cmd->add_option("--transfer-shards", cfg->transfer_shards,
+                  "transfer worker shards per rank (one progress thread each)")
+      ->capture_default_str();
   cmd->add_option("--duration", cfg->duration_s, "measured window in seconds")->capture_default_str();
   cmd->add_option("--warmup", cfg->warmup_s, "seconds before the window (default min(1, duration/5))");
   cmd->add_option("--rss-checkpoint", cfg->rss_checkpoint,
@@ -58,6 +62,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--concurrency", o->concurrency);
   r->add_option("--rate", o->rate);
   r->add_option("--transport", o->transport)->check(CLI::IsMember({"shm", "tcp"}));
+  r->add_option("--transfer-shards", o->transfer_shards)->check(CLI::Range(1u, kMaxTransportShards));
   r->add_option("--bootstrap", o->bootstrap)->required();
   r->add_option("--dir", o->dir)->required();
   r->add_option("--rss-checkpoint", o->rss_checkpoint);

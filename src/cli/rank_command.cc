@@ -76,6 +76,9 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--engine-endpoint", opts->engine_endpoint, "the engine leader's endpoint")->required();
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();
   cmd->add_option("--transport", *transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}));
+  cmd->add_option("--transfer-shards", opts->transfer_shards,
+                  "transfer worker shards (UCX workers, one progress thread each; a room stays on one)")
+      ->check(CLI::Range(1u, kMaxTransportShards));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
   cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics");
   cmd->add_option("--metrics-port-file", opts->metrics_port_file,

@@ -8,6 +8,7 @@
 
 #include "cli/commands.h"
 #include "kvferry/deadlines.h"
+#include "kvferry/transport.h"
 #include "replay/orchestrator.h"
 
 namespace kvferry::cli {
@@ -58,6 +59,9 @@ void add_replay_command(CLI::App& app) {
   }
   cmd->add_option("--seed", cfg->seed, "seed of rooms and faults")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  cmd->add_option("--transfer-shards", cfg->transfer_shards,
+                  "transfer worker shards per rank (one progress thread each)")
+      ->capture_default_str();
   cmd->add_option("--max-inflight", cfg->max_inflight, "requests dispatched and unfinished at most")
       ->capture_default_str();
   cmd->add_option("--out", cfg->out, "output directory (report.json, logs/)")->capture_default_str();

@@ -76,6 +76,7 @@ int run_rank(const RankOptions& o) {
   ec.self = self;
   ec.layout = *layout;
   ec.transport = o.transport;
+  ec.transfer_shards = o.transfer_shards;
   ec.deadlines = o.deadlines;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return fail_start(core.status().str());

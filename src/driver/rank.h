@@ -30,6 +30,7 @@ struct RankOptions {
   std::string engine_endpoint;   // the engine leader's endpoint
   std::string router_endpoint;
   TransportKind transport = TransportKind::kShm;
+  uint32_t transfer_shards = 1;  // transfer worker shards (TransportOptions::shards)
   std::string log_file;
   uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none, or any free
                                  // port when metrics_port_file is set)

@@ -15,6 +15,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
   topt.kind = config.transport;
+  topt.shards = config.transfer_shards;
   auto t = make_ucx_transport(topt);
   if (!t.ok()) return t.status();
   core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());

@@ -29,6 +29,7 @@ struct EndpointConfig {
   RankId self;
   PoolLayout layout;
   TransportKind transport = TransportKind::kShm;
+  uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   std::string control_bind = "tcp://127.0.0.1:0";
   Deadlines deadlines;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the

@@ -23,6 +23,7 @@
 #include "kvferry/geometry.h"
 #include "kvferry/port_file.h"
 #include "kvferry/trace.h"
+#include "kvferry/transport.h"
 #include "replay/process.h"
 #include "replay/progress.h"
 #include "replay/report.h"
@@ -163,6 +164,7 @@ std::string ReplayConfig::to_json() const {
                       {"restart_delay_ms", restart_delay_ms},
                       {"seed", seed},
                       {"transport", transport},
+                      {"transfer_shards", transfer_shards},
                       {"max_inflight", max_inflight},
                       {"out", out},
                       {"ready_timeout_s", ready_timeout_s},
@@ -232,6 +234,10 @@ Status validate(ReplayConfig& c) {
   }
   if (c.transport != "shm" && c.transport != "tcp") {
     return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
+  }
+  if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards) {
+    return invalid(fmt::format("--transfer-shards must be in 1..{}, got {}", kMaxTransportShards,
+                               c.transfer_shards));
   }
   if (c.max_inflight < 1) return invalid("--max-inflight must be >= 1");
   if (c.out.empty()) return invalid("--out must not be empty");
@@ -345,6 +351,10 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--transport", c.transport,
           "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  if (c.transfer_shards != 1) {  // the rank's default is 1
+    args.push_back("--transfer-shards");
+    args.push_back(std::to_string(c.transfer_shards));
+  }
   const uint32_t peer_dp = prefill ? c.decode_dp : c.prefill_dp;
   if (dp_rank != 0 || peer_dp != 1) {
     for (std::string a : {std::string("--dp-rank"), std::to_string(dp_rank),

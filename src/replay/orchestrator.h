@@ -56,6 +56,7 @@ struct ReplayConfig {
   Deadlines deadlines;              // passed to every rank (deadlines.h)
   uint64_t seed = 1;
   std::string transport = "shm";   // shm | tcp
+  uint32_t transfer_shards = 1;    // every rank's transfer worker shards (TransportOptions::shards)
   uint32_t max_inflight = 16;
   std::string out = "out/replay";
   double ready_timeout_s = 180;    // engines up

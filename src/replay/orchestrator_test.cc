@@ -208,6 +208,14 @@ TEST(ChildArgs, RankRouterBootstrap) {
                   return s;
                 }());
   EXPECT_NE(join(rank_args(c, p, true, 0)).find("--waiting-timeout-ms 1234 "), std::string::npos);
+  c.transfer_shards = 3;  // to every rank of both engines
+  for (bool prefill : {true, false}) {
+    for (uint32_t tp : {0u, 1u}) {
+      EXPECT_NE(join(rank_args(c, p, prefill, tp)).find(" --transfer-shards 3 "), std::string::npos)
+          << prefill << " " << tp;
+    }
+  }
+  c.transfer_shards = 1;
   c.break_rank = "decode/tp1";
   EXPECT_NE(join(rank_args(c, p, false, 1)).find("--page-size 0 "), std::string::npos);
   EXPECT_NE(join(rank_args(c, p, false, 0)).find("--page-size 16 "), std::string::npos);

@@ -86,6 +86,9 @@ TEST_F(BenchTest, BadOptionsAreRefusedBeforeAnyRankStarts) {
   r = run_cli({"bench", "--tokens", "0", "--duration", "1"}, dir_ / "cli2.txt");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--tokens"), std::string::npos) << r.output;
+  r = run_cli({"bench", "--transfer-shards", "9", "--duration", "1"}, dir_ / "cli3.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--transfer-shards must be in 1..8"), std::string::npos) << r.output;
 }
 
 }  // namespace

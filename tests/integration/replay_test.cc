@@ -87,6 +87,28 @@ TEST_F(Replay, TcpOneByOneWithFaults) {
   EXPECT_LT(run.seconds, 60);
 }
 
+// Every rank with several transfer worker shards (rooms spread over them); bytes verified by the
+// replay, faults attributed as without shards.
+TEST_F(Replay, ShmTwoByTwoWithTwoTransferShards) {
+  const CliRun run = replay({"--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
+                          "--decode-tp", "2", "--max-requests", "30", "--pool-mib", "256",
+                          "--prefill-pool-mib", "64", "--page-size", "16", "--fault-rate", "0.2",
+                          "--seed", "7", "--transport", "shm", "--transfer-shards", "2"});
+  expect_clean(run, 30);
+  EXPECT_EQ(report()["config"]["transfer_shards"], 2);
+  EXPECT_LT(run.seconds, 60);
+}
+
+TEST_F(Replay, TcpOneByTwoWithThreeTransferShards) {
+  const CliRun run = replay({"--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "1",
+                          "--decode-tp", "2", "--max-requests", "15", "--pool-mib", "256",
+                          "--prefill-pool-mib", "64", "--page-size", "16", "--fault-rate", "0.2",
+                          "--seed", "9", "--transport", "tcp", "--transfer-shards", "3"});
+  expect_clean(run, 15);
+  EXPECT_EQ(report()["config"]["transfer_shards"], 3);
+  EXPECT_LT(run.seconds, 60);
+}
+
 TEST_F(Replay, RequestLargerThanTheDecodePoolIsRejected) {
   // Qwen2.5-7B at TP 1: 56 KiB of KV per token; a 32 MiB pool holds 585 tokens.
   const fs::path trace = dir_ / "trace.jsonl";

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kvferry/transport.h"
+#include "transport/ucx/sharded_transport.h"
 #include "transport/ucx/transport_test_util.h"
 #include "transport/ucx/ucx_transport.h"
 
@@ -72,12 +73,18 @@ uint64_t fnv1a(const uint8_t* p, size_t n) {
 
 // ---- child mode -------------------------------------------------------------------------------
 
-// Child: creates a transport and region, ships (address, rkey, base, bytes), then answers
-// 'h' (hash of the region) until 'q' or EOF.
+// Child: creates a transport (KVFERRY_CHILD_SHARDS shards, default 1; KVFERRY_CHILD_NO_ACKS=1:
+// tcp writes are placed but never acknowledged) and region, ships (address, rkey, base, bytes),
+// then answers 'h' (hash of the region) until 'q' or EOF.
 [[noreturn]] void child_main(const char* kind, int in, int out) {
   TransportOptions opt;
   opt.kind = std::strcmp(kind, "tcp") == 0 ? TransportKind::kTcp : TransportKind::kShm;
-  auto t = make_ucx_transport(opt);
+  const char* shards = std::getenv("KVFERRY_CHILD_SHARDS");
+  if (shards != nullptr) opt.shards = static_cast<uint32_t>(std::atoi(shards));
+  UcxTestHooks hooks;
+  const char* no_acks = std::getenv("KVFERRY_CHILD_NO_ACKS");
+  hooks.suppress_acks = no_acks != nullptr && std::strcmp(no_acks, "1") == 0;
+  auto t = ShardedTransport::create(opt, hooks);
   if (!t.ok()) _exit(2);
   auto r = t.value()->create_region(kChildRegion);
   if (!r.ok()) _exit(3);
@@ -134,7 +141,7 @@ struct Child {
   }
 };
 
-std::unique_ptr<Child> spawn_child(TransportKind kind) {
+std::unique_ptr<Child> spawn_child(TransportKind kind, uint32_t shards = 1, bool no_acks = false) {
   int down[2], up[2];
   if (pipe(down) != 0 || pipe(up) != 0) return nullptr;
   pid_t pid = fork();
@@ -144,6 +151,8 @@ std::unique_ptr<Child> spawn_child(TransportKind kind) {
     setenv("KVFERRY_TRANSPORT_CHILD", std::string(transport_name(kind)).c_str(), 1);
     setenv("KVFERRY_CHILD_IN", std::to_string(down[0]).c_str(), 1);
     setenv("KVFERRY_CHILD_OUT", std::to_string(up[1]).c_str(), 1);
+    setenv("KVFERRY_CHILD_SHARDS", std::to_string(shards).c_str(), 1);
+    setenv("KVFERRY_CHILD_NO_ACKS", no_acks ? "1" : "0", 1);
     execl("/proc/self/exe", "ucx_process_test_child", static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -226,6 +235,58 @@ TEST_P(UcxProcessTest, KilledPeerIsReportedAndLaterWritesFail) {
   EXPECT_EQ(again.status().code(), ErrorCode::kPeerUnreachable) << again.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - started,
             UcxTransport::kConnectTimeout + std::chrono::seconds(1));
+}
+
+// A 2-shard writer and a 2-shard child: the child's death is reported once for the one peer id
+// although both shards' endpoints see it; batches in flight on both shards fail (tcp: the child
+// never acknowledges, so they are still in flight when it dies); later writes on both fail.
+TEST_P(UcxProcessTest, ShardedKilledPeerIsReportedOnceAndFailsEveryShard) {
+  const bool tcp = GetParam() == TransportKind::kTcp;
+  auto child = spawn_child(GetParam(), /*shards=*/2, /*no_acks=*/tcp);
+  ASSERT_NE(child, nullptr);
+  TransportOptions opt;
+  opt.kind = GetParam();
+  opt.shards = 2;
+  auto t = make_ucx_transport(opt);
+  ASSERT_TRUE(t.ok()) << t.status().str();
+  ASSERT_TRUE(t.value()->create_region(1 << 20).ok());
+  auto reports = std::make_shared<std::atomic<int>>(0);
+  auto failed = std::make_shared<std::promise<std::pair<PeerId, Status>>>();
+  auto failed_f = failed->get_future();
+  t.value()->set_peer_error_handler([failed, reports](PeerId id, Status st) {
+    if (reports->fetch_add(1) == 0) failed->set_value({id, st});
+  });
+  auto peer = t.value()->connect(child->info);
+  ASSERT_TRUE(peer.ok()) << peer.status().str();
+  ASSERT_EQ(ShardedTransport::shard_of(10, 2), 0u);
+  ASSERT_EQ(ShardedTransport::shard_of(11, 2), 1u);
+  std::vector<testing::Completion> in_flight(2);
+  if (tcp) {
+    t.value()->write(peer.value(), 10, {{0, 0, 4096}}, in_flight[0].callback());
+    t.value()->write(peer.value(), 11, {{4096, 4096, 4096}}, in_flight[1].callback());
+  } else {
+    ASSERT_TRUE(write_and_wait(*t.value(), peer.value(), 10, {{0, 0, 4096}}).ok());
+    ASSERT_TRUE(write_and_wait(*t.value(), peer.value(), 11, {{0, 4096, 4096}}).ok());
+  }
+  kill(child->pid, SIGKILL);
+  waitpid(child->pid, nullptr, 0);
+  child->pid = -1;
+  ASSERT_EQ(failed_f.wait_for(10s), std::future_status::ready) << "no peer error reported";
+  auto [id, st] = failed_f.get();
+  EXPECT_EQ(id, peer.value());
+  EXPECT_EQ(st.code(), ErrorCode::kPeerUnreachable);
+  if (tcp) {
+    for (auto& c : in_flight) EXPECT_FALSE(c.wait().ok());
+  }
+  // A write on each shard, queued after the other shard's endpoint close: once both completed,
+  // every report a shard could still make has been made.
+  EXPECT_EQ(write_and_wait(*t.value(), peer.value(), 10, {{0, 0, 4096}}).code(),
+            ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(write_and_wait(*t.value(), peer.value(), 11, {{0, 0, 4096}}).code(),
+            ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(reports->load(), 1);
+  EXPECT_EQ(t.value()->stats().peers, 0u);
+  t.value()->disconnect(peer.value());
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, UcxProcessTest,

@@ -14,26 +14,26 @@
 
 #include "transport/ucx/ucx_config.h"
 
-namespace kvferry {
+namespace kvferry::ucx {
 
-Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportOptions& options) {
-  auto t = ucx::UcxTransport::create(options);
-  if (!t.ok()) return t.status();
-  return std::unique_ptr<Transport>(std::move(t).value());
+WriteMode UcxTransport::mode_for(const TransportOptions& options, const UcxTestHooks& hooks) {
+  return options.kind == TransportKind::kShm || hooks.force_put ? WriteMode::kPut
+                                                                : WriteMode::kActiveMessage;
 }
 
-namespace ucx {
-
-UcxTransport::UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks)
+UcxTransport::UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks,
+                           ucp_context_h shared_context)
     : options_(options),
       hooks_(hooks),
-      mode_(options.kind == TransportKind::kShm || hooks.force_put ? WriteMode::kPut
-                                                                    : WriteMode::kActiveMessage) {}
+      mode_(mode_for(options, hooks)),
+      owns_context_(shared_context == nullptr),
+      context_(shared_context) {}
 
 Result<std::unique_ptr<UcxTransport>> UcxTransport::create(const TransportOptions& options,
-                                                           const UcxTestHooks& hooks) {
+                                                           const UcxTestHooks& hooks,
+                                                           ucp_context_h shared_context) {
   try {
-    std::unique_ptr<UcxTransport> t(new UcxTransport(options, hooks));
+    std::unique_ptr<UcxTransport> t(new UcxTransport(options, hooks, shared_context));
     Status st = t->start();
     if (!st.ok()) return st;
     return t;
@@ -111,13 +111,15 @@ void UcxTransport::run(std::function<void(Status)> started) {
   teardown();
 }
 
-Status UcxTransport::init_ucx() {
-  if (options_.kind == TransportKind::kShm) enable_shm_error_handling_env();
+Result<ucp_context_h> UcxTransport::create_context(const TransportOptions& options,
+                                                   const UcxTestHooks& hooks,
+                                                   bool shared_workers) {
+  if (options.kind == TransportKind::kShm) enable_shm_error_handling_env();
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_config_read", s);
   std::string tls =
-      options_.ucx_tls_override.empty() ? default_tls(options_.kind) : options_.ucx_tls_override;
+      options.ucx_tls_override.empty() ? default_tls(options.kind) : options.ucx_tls_override;
   s = ucp_config_modify(config, "TLS", tls.c_str());
   if (s == UCS_OK && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
     s = ucp_config_modify(config, "KEEPALIVE_INTERVAL", kDefaultKeepaliveInterval);
@@ -129,11 +131,26 @@ Status UcxTransport::init_ucx() {
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_WAKEUP |
-                    (mode_ == WriteMode::kPut ? UCP_FEATURE_RMA : UCP_FEATURE_AM);
-  s = ucp_init(&params, config, &context_);
+                    (mode_for(options, hooks) == WriteMode::kPut ? UCP_FEATURE_RMA
+                                                                 : UCP_FEATURE_AM);
+  if (shared_workers) {
+    params.field_mask |= UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+    params.mt_workers_shared = 1;
+  }
+  ucp_context_h context = nullptr;
+  s = ucp_init(&params, config, &context);
   ucp_config_release(config);
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_init (UCX_TLS=" + tls + ")", s);
+  return context;
+}
 
+Status UcxTransport::init_ucx() {
+  if (owns_context_) {
+    auto context = create_context(options_, hooks_, /*shared_workers=*/false);
+    if (!context.ok()) return context.status();
+    context_ = context.value();
+  }
+  ucs_status_t s = UCS_OK;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches the worker
@@ -193,7 +210,7 @@ void UcxTransport::teardown() {
   acks_in_flight_.clear();
   for (ConnectCtx* c : connects_) delete c;
   connects_.clear();
-  if (context_ != nullptr) ucp_cleanup(context_);
+  if (context_ != nullptr && owns_context_) ucp_cleanup(context_);
   context_ = nullptr;
   live_peers_ = 0;
 }
@@ -205,6 +222,21 @@ Result<LocalRegion> UcxTransport::create_region(uint64_t bytes) {
 Result<LocalRegion> UcxTransport::register_region(uint8_t* base, uint64_t bytes) {
   if (base == nullptr) return Result<LocalRegion>(ErrorCode::kInvalidArgument, "register_region: null base");
   return call<LocalRegion>([this, base, bytes] { return do_create_region(bytes, base); });
+}
+
+Status UcxTransport::share_region(uint8_t* base, uint64_t bytes) {
+  auto r = call<bool>([this, base, bytes]() -> Result<bool> {
+    if (base == nullptr || bytes == 0) {
+      return Result<bool>(ErrorCode::kInvalidArgument, "share_region: null or empty");
+    }
+    if (region_base_ != nullptr) {
+      return Result<bool>(ErrorCode::kInvalidArgument, "share_region: a region exists");
+    }
+    region_base_ = base;
+    region_bytes_ = bytes;
+    return true;
+  });
+  return r.ok() ? Status::Ok() : r.status();
 }
 
 Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes, uint8_t* user) {
@@ -294,5 +326,4 @@ std::string UcxTransport::describe_peer(PeerId id) {
   return r.ok() ? r.value() : std::string();
 }
 
-}  // namespace ucx
-}  // namespace kvferry
+}  // namespace kvferry::ucx

@@ -1,7 +1,9 @@
 // The UCX transport (internal header; the public face is make_ucx_transport in transport.h).
 //
-// One ucp context and one worker, both owned by a progress thread: every UCX call happens on that
-// thread. Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
+// One shard of the transport (ShardedTransport, sharded_transport.h, composes N of them).
+// One worker, owned by a progress thread: every UCX call on it happens on that thread. The ucp
+// context is the transport's own, or (a shard of ShardedTransport) one shared by several shards'
+// workers, created by the owner with create_context(shared_workers=true) and outliving them. Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
 // the thread's answer. The thread sleeps in poll() on the command eventfd and the worker's event
 // fd (UCP_FEATURE_WAKEUP + ucp_worker_arm), waking at least every kIdleWakeMs so UCX keepalive
 // (dead shared-memory peers) runs.
@@ -50,8 +52,17 @@ enum class WriteMode { kPut, kActiveMessage };
 
 class UcxTransport final : public Transport {
  public:
+  // `shared_context` null: the transport creates (and cleans up) its own context. Otherwise the
+  // caller's context from create_context(..., shared_workers=true), which must outlive this.
   static Result<std::unique_ptr<UcxTransport>> create(const TransportOptions& options,
-                                                      const UcxTestHooks& hooks = {});
+                                                      const UcxTestHooks& hooks = {},
+                                                      ucp_context_h shared_context = nullptr);
+  // A ucp context configured for `options` (UCX_TLS, keepalive, features of the write mode).
+  // shared_workers: several workers (threads) will use it (UCP_PARAM_FIELD_MT_WORKERS_SHARED).
+  // Errors: kInternal. The caller releases it with ucp_cleanup after every worker is gone.
+  static Result<ucp_context_h> create_context(const TransportOptions& options,
+                                              const UcxTestHooks& hooks, bool shared_workers);
+  static WriteMode mode_for(const TransportOptions& options, const UcxTestHooks& hooks);
   ~UcxTransport() override;
 
   Result<LocalRegion> create_region(uint64_t bytes) override;
@@ -63,6 +74,12 @@ class UcxTransport final : public Transport {
              std::function<void(Status)> done) override;
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
   TransportStats stats() const override;
+
+  // Shards of one context: this transport writes from and receives into [base, base + bytes), a
+  // region another shard on the same context registered (and keeps registered until after this
+  // transport is destroyed); nothing is registered here. Once, instead of create_region.
+  // Errors: kInvalidArgument (null or empty, or a region exists).
+  Status share_region(uint8_t* base, uint64_t bytes);
 
   WriteMode mode() const { return mode_; }
   // ucp_ep_print_info() of a peer's endpoint (which lanes/transports UCX chose); "" if unknown.
@@ -82,7 +99,8 @@ class UcxTransport final : public Transport {
   struct AckMsg;
   struct ConnectCtx;
 
-  UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks);
+  UcxTransport(const TransportOptions& options, const UcxTestHooks& hooks,
+               ucp_context_h shared_context);
   Status start();
   void run(std::function<void(Status)> started);
   Status init_ucx();
@@ -152,7 +170,8 @@ class UcxTransport final : public Transport {
   CommandQueue commands_;
   std::thread thread_;
 
-  // Owned by the progress thread.
+  const bool owns_context_;
+  // Owned by the progress thread (context_: unless shared).
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_efd_ = -1;
