@@ -3,7 +3,8 @@
 #   bench/compare.sh [BUILD_DIR [OUT_DIR]]      (defaults: build, out/bench)
 # Measures, on this machine:
 #   1. Google Benchmark micro-benchmarks of the hot pieces (BUILD/bench/kvferry_micro_*)
-#   2. `kvferry bench` 1+1 over shm and tcp (Llama-3.1-8B, 4096 tokens/room, 64-token pages)
+#   2. `kvferry bench` 1+1 over shm and tcp (Llama-3.1-8B, 4096 tokens/room, 64-token pages),
+#      with BENCH_SHARDS transfer shards per rank and with 1
 #   3. ucx_perftest ucp_put_bw over posix shm and tcp (and ucp_am_bw over tcp; the best tcp one
 #      counts) at the size of kvferry's coalesced writes (`write_bytes` of step 2)
 #   4. a single-thread memcpy over pool-sized buffers, the same write size, the same byte volume
@@ -16,7 +17,8 @@
 #   shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X peer_death_detect_ms=Y
 # Knobs (environment): BENCH_DURATION (s, default 8), SWEEP_DURATION (s, 4; twice that from 16384
 # tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x), SWEEP_TOKENS
-# ("256 1024 4096 16384"), FAIL_REQUESTS (300).
+# ("256 1024 4096 16384"), FAIL_REQUESTS (300), BENCH_SHARDS (transfer shards per rank of the
+# bandwidth runs, 2).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -25,6 +27,7 @@ KV="$BUILD/kvferry"
 PY=/usr/bin/python3
 DUR=${BENCH_DURATION:-8}
 SWEEP_DUR=${SWEEP_DURATION:-4}
+SHARDS=${BENCH_SHARDS:-2}
 CP_RATE=${CP_RATE:-2000}
 CP_SHORT=${CP_SHORT:-5}
 SWEEP_TOKENS=${SWEEP_TOKENS:-"256 1024 4096 16384"}
@@ -61,9 +64,15 @@ kv_bench() {  # OUT_NAME ARGS...
     echo "compare.sh: kvferry bench $name exited with $? (see above)" >&2
   [ -f "$OUT/$name.json" ] || { echo "compare.sh: kvferry bench $name wrote no result" >&2; exit 1; }
 }
-step "kvferry bench 1+1 shm and tcp, $TOKENS tokens/room, concurrency $CONC, ${DUR}s each"
-kv_bench kvferry_shm --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport shm --duration "$DUR"
-kv_bench kvferry_tcp --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport tcp --duration "$DUR"
+step "kvferry bench 1+1 shm and tcp, $TOKENS tokens/room, concurrency $CONC, $SHARDS and 1 transfer shards, ${DUR}s each"
+# The headline runs use $SHARDS transfer shards per rank (a 1+1 pair leaves a core idle with one);
+# the same runs with one shard are kept beside them (summary.json "one_shard").
+for tr in shm tcp; do
+  kv_bench "kvferry_$tr" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport "$tr" \
+    --duration "$DUR" --transfer-shards "$SHARDS"
+  kv_bench "kvferry_${tr}_1shard" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" \
+    --transport "$tr" --duration "$DUR" --transfer-shards 1
+done
 WRITE=$(jq .write_bytes "$OUT/kvferry_shm.json")
 
 # --- 3. ucx_perftest ----------------------------------------------------------------------------
@@ -118,7 +127,7 @@ for tok in $SWEEP_TOKENS; do
   # inside it (latency columns) and more than one batch is averaged.
   [ "$tok" -ge 16384 ] && conc=2 && sdur=$(awk -v d="$SWEEP_DUR" 'BEGIN { print 2 * d }')
   for tr in shm tcp; do
-    kv_bench "sweep_${tr}_${tok}" --page-size "$PAGE" --tokens "$tok" --concurrency "$conc" --transport "$tr" --duration "$sdur" --warmup 0.5
+    kv_bench "sweep_${tr}_${tok}" --page-size "$PAGE" --tokens "$tok" --concurrency "$conc" --transport "$tr" --duration "$sdur" --warmup 0.5 --transfer-shards "$SHARDS"
     j="$OUT/sweep_${tr}_${tok}.json"
     w=$(jq .write_bytes "$j")
     if [ "$tr" = shm ]; then

@@ -56,7 +56,18 @@ def main():
         "tcp_vs_ucx_perftest": ratio(tcp["gb_per_s"], pt_tcp),
         "cpu_s_per_gb": {"shm": shm["cpu_s_per_gb"], "tcp": tcp["cpu_s_per_gb"]},
         "latency_ms": {"shm": shm["transfer_latency_ms"], "tcp": tcp["transfer_latency_ms"]},
+        "transfer_shards": shm["config"].get("transfer_shards", 1),
     }
+    # The same runs with one transfer shard per rank (absent in runs from before the shards).
+    one = {}
+    for tr in ("shm", "tcp"):
+        try:
+            j = load(os.path.join(out, f"kvferry_{tr}_1shard.json"))
+        except OSError:
+            continue
+        one[tr] = {"gb_per_s": j["gb_per_s"], "cpu_s_per_gb": j["cpu_s_per_gb"]}
+    if one:
+        s["one_shard"] = one
     # Control plane.
     rss = []
     for r in cp_long["ranks"]:
@@ -110,6 +121,8 @@ def main():
     print(f"{'ucx_perftest posix put':28}{pt_posix:8.3f}{s['shm_vs_ucx_perftest']:8.3f}")
     print(f"{'memcpy (1 thread)':28}{memcpy['median_gb_per_s']:8.3f}{s['shm_vs_memcpy']:8.3f}")
     print(f"{'kvferry bench tcp':28}{tcp['gb_per_s']:8.3f}")
+    for tr, j in s.get("one_shard", {}).items():
+        print(f"{'kvferry bench ' + tr + ', 1 shard':28}{j['gb_per_s']:8.3f}")
     print(f"{'ucx_perftest tcp put / am':28}{pt_tcp_put:8.3f} / {pt_tcp_am:.3f}  ratio to best {s['tcp_vs_ucx_perftest']:.3f}")
     for k, j in (("shm", shm), ("tcp", tcp)):
         l = j["transfer_latency_ms"]
