@@ -57,8 +57,13 @@ struct RoomMetadata {
   uint32_t expected_senders = 0;    // prefill ranks that will write to this decode rank
 };
 
-// Either direction, per room: a terminal state with its cause. Success carries kOk.
+// Either direction, per room: a final state with its cause. Success carries kOk.
 // prefill -> decode: Success after flush, or Failed; decode -> prefill: Failed (failure or abort).
+// `terminal` false (prefill -> decode, Failed only) is an early notice: the room failed, but
+// writes of the sender may still land in the receiver's pages; a terminal Failed follows once
+// they drained (or the sender dies, or the receiver's drain deadline passes). On the wire it is
+// an optional trailing flags byte, present only when not terminal, so terminal frames are
+// unchanged from earlier builds.
 struct RoomStatus {
   uint64_t room = 0;
   RankId sender;
@@ -67,6 +72,7 @@ struct RoomStatus {
   RankId origin;                    // where the failure was first observed as a local fact
   int64_t first_seen_ns = 0;
   std::string reason;
+  bool terminal = true;             // false: early failure notice, writes may still land
 };
 
 struct Heartbeat {

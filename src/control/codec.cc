@@ -9,10 +9,12 @@
 //   RoomMetadata     room u64 | sender RankId | kv_indices (u32 count + count * u64) |
 //                    aux_slot u32 | expected_senders u32
 //   RoomStatus       room u64 | sender RankId | state u8 (KVPoll) | code u16 (ErrorCode) |
-//                    origin RankId | first_seen_ns i64 | reason str
+//                    origin RankId | first_seen_ns i64 | reason str [| flags u8]
+//                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
+//                    (bit 0), with state Failed; absent means terminal (the original format).
 //   Heartbeat        sender RankId | seq u64 | sent_ns i64
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
-// Success with kOk, or Failed with a non-ok code. encode() truncates an over-long RoomStatus
+// Success with kOk, or Failed with a non-ok code; a non-terminal one must be Failed. encode() truncates an over-long RoomStatus
 // reason to kMaxStringBytes (free text; the status itself must reach the peer).
 #include <string>
 
@@ -25,6 +27,7 @@ namespace {
 constexpr char kMagic[4] = {'K', 'V', 'F', 'Y'};
 constexpr size_t kHeaderBytes = 12;
 constexpr size_t kBodyLengthOffset = 8;
+constexpr uint8_t kFlagNotTerminal = 1;  // RoomStatus flags: an early failure notice
 
 using wire::WireReader;
 using wire::WireWriter;
@@ -85,6 +88,7 @@ void put_body(WireWriter& w, const RoomStatus& m) {
   w.i64(m.first_seen_ns);
   std::string_view reason = m.reason;
   w.bytes(reason.substr(0, kMaxStringBytes));
+  if (!m.terminal) w.u8(kFlagNotTerminal);
 }
 
 void put_body(WireWriter& w, const Heartbeat& m) {
@@ -147,6 +151,20 @@ void get_body(WireReader& r, RoomStatus* m) {
   get_rank(r, "RoomStatus.origin", &m->origin);
   r.i64("RoomStatus.first_seen_ns", &m->first_seen_ns);
   r.bytes("RoomStatus.reason", kMaxStringBytes, &m->reason);
+  if (r.ok() && r.remaining() > 0) {  // the optional flags byte
+    uint8_t flags = 0;
+    if (r.u8("RoomStatus.flags", &flags)) {
+      if (flags != kFlagNotTerminal) {
+        r.fail("RoomStatus.flags", std::to_string(flags) + " is not " + std::to_string(kFlagNotTerminal) +
+                                       " (not terminal; absent means terminal)");
+      } else if (m->state != KVPoll::Failed) {
+        r.fail("RoomStatus.flags", "a non-terminal status must be Failed, not " +
+                                       std::string(to_string(m->state)));
+      } else {
+        m->terminal = false;
+      }
+    }
+  }
 }
 
 void get_body(WireReader& r, Heartbeat* m) {

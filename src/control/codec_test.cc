@@ -141,6 +141,20 @@ TEST(Codec, RoomStatusRoundTrip) {
   EXPECT_EQ(d2.reason, "");
 }
 
+TEST(Codec, RoomStatusNotTerminalRoundTrip) {
+  RoomStatus m = sample_status();
+  EXPECT_TRUE(round_trip(m).terminal);  // the default: terminal, no flags byte
+  const size_t terminal_bytes = encode(Message(m)).size();
+  m.terminal = false;
+  const auto d = round_trip(m);
+  EXPECT_FALSE(d.terminal);
+  EXPECT_EQ(d.state, KVPoll::Failed);
+  EXPECT_EQ(d.code, ErrorCode::kTransferError);
+  EXPECT_EQ(d.origin, m.origin);
+  EXPECT_EQ(d.reason, m.reason);
+  EXPECT_EQ(encode(Message(m)).size(), terminal_bytes + 1);  // one trailing flags byte
+}
+
 TEST(Codec, RoomStatusEveryFailureCode) {
   for (int c = 1; c <= kMaxErrorCode; ++c) {
     RoomStatus m = sample_status();
@@ -297,6 +311,32 @@ TEST(CodecReject, BadEnums) {
   expect_rejected(h, "Heartbeat.sender");
 }
 
+TEST(CodecReject, RoomStatusFlags) {
+  RoomStatus m = sample_status();
+  m.terminal = false;
+  const std::string f = encode(Message(m));
+  std::string g = f;
+  g.back() = 0;  // present but says terminal: not canonical (terminal frames carry no flags)
+  expect_rejected(g, "RoomStatus.flags");
+  g.back() = 3;  // an unknown bit
+  expect_rejected(g, "RoomStatus.flags");
+  g.back() = static_cast<char>(0x80);
+  expect_rejected(g, "RoomStatus.flags");
+
+  RoomStatus ok;
+  ok.state = KVPoll::Success;
+  ok.code = ErrorCode::kOk;
+  g = encode(Message(ok));
+  g.push_back(1);  // Success is always terminal
+  fix_body_length(g);
+  expect_rejected(g, "RoomStatus.flags");
+
+  g = f;
+  g.push_back(0);  // more than the one flags byte
+  fix_body_length(g);
+  expect_rejected(g, "trailing");
+}
+
 TEST(CodecReject, TrailingBytes) {
   std::string f = encode(Message(sample_metadata(3)));
   f.push_back('\0');
@@ -309,11 +349,13 @@ TEST(CodecReject, TrailingBytes) {
 TEST(CodecFuzz, MutatedFramesNeverCrashAndAcceptedOnesAreCanonical) {
   RoomStatus ok_status;
   ok_status.state = KVPoll::Success;
+  RoomStatus early_status = sample_status();
+  early_status.terminal = false;
   const std::vector<std::string> seeds = {
       encode(Message(sample_registration())), encode(Message(PoolRegistration{})),
       encode(Message(sample_metadata(0))),    encode(Message(sample_metadata(40))),
       encode(Message(sample_status())),       encode(Message(ok_status)),
-      encode(Message(sample_heartbeat())),
+      encode(Message(sample_heartbeat())),    encode(Message(early_status)),
   };
   std::mt19937_64 rng(20240611);
   int accepted = 0, rejected = 0;

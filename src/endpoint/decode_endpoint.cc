@@ -236,6 +236,14 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
               {.room = st.room});
     return;
   }
+  if (!st.terminal) {
+    // An early failure notice: the room failed, but this source may still be writing into its
+    // pages. It is not terminal: drained() waits for its terminal status (or the drain deadline,
+    // then the pages are quarantined).
+    r.failure_heard.insert(st.sender);
+    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
+    return;
+  }
   r.terminal.insert(st.sender);
   if (st.state == KVPoll::Failed) {
     fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
@@ -314,7 +322,7 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
   r.failure_told = true;
   RoomStatus st{r.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
   for (const RankId& src : r.sources) {
-    if (r.terminal.count(src)) continue;  // it told us, or already finished
+    if (r.terminal.count(src) || r.failure_heard.count(src)) continue;  // it told us, or already finished
     auto peer = peers_.find(src);
     if (peer == peers_.end()) continue;
     if (dead_peers_.count(src)) {  // it may be back with this room before we find it again

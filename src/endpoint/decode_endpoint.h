@@ -7,6 +7,8 @@
 // engine's agreement) makes it Failed and is told once to every source that did not itself report
 // it. drained(): no source can still write into the room's pages (each source we sent metadata to
 // has sent a terminal status, or the drain deadline passed — then the pages must be quarantined).
+// A source's non-terminal Failed status (an early notice, its writes may still land) fails the room
+// at once but does not drain it: the source's terminal status still has to come.
 //
 // A source that is down (declared dead, being looked up again at the bootstrap service) may be
 // back before this rank has found it: its engine can already hold a room that waits for our
@@ -51,6 +53,7 @@ struct ReceiverRoom {
   std::set<RankId> metadata_sent;
   std::set<RankId> succeeded;
   std::set<RankId> terminal;  // sources whose terminal status arrived
+  std::set<RankId> failure_heard;  // sources that told us the room failed, before their drain
   std::vector<uint64_t> kv_indices;
   uint32_t aux_slot = 0;
   bool failure_told = false;

@@ -248,9 +248,12 @@ TEST(EndpointPair, Defect4_FailureCarriesReason) {
   ASSERT_TRUE(f);
   EXPECT_EQ(f->code, ErrorCode::kTransferError);
   EXPECT_FALSE(f->is_from_another_rank);
+  // Decode may have failed on prefill's early notice, with the second batch still in flight: the
+  // terminal status (well within the 10 s drain deadline) drains both sides.
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);
   EXPECT_EQ(p->pcore().faults().stats().failed_batches, 2u);
   EXPECT_TRUE(p->prefill().drained(room));
-  EXPECT_TRUE(p->decode().drained(room, monotonic_ns()));
   ASSERT_EQ(p->chunks_done.size(), 2u);
   EXPECT_FALSE(p->chunks_done[0].ok || p->chunks_done[1].ok);
 }
@@ -607,6 +610,68 @@ TEST(EndpointPair, Defect9_NoPageReuseWhileWritesInFlight) {
   ASSERT_TRUE(f);
   EXPECT_EQ(f->origin, decode_rank0());
   EXPECT_TRUE(f->is_from_another_rank);
+}
+
+// Issue 5: a room that fails on the prefill rank while its writes are in flight is failed on decode
+// at once (an early, non-terminal Failed), not once the transport drained them; decode still keeps
+// its pages until the terminal Failed says no write of the source can land any more.
+TEST(EndpointPair, PrefillFailureReachesDecodeBeforeWritesDrainPagesKeptUntilTerminal) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1903;
+  open_room(*p, room, 64, {4, 5, 6, 7}, 2);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2, 3}, 1).ok());  // in flight; completion held back
+  const uint64_t lines0 = lines_above_debug();
+  p->prefill().fail(room, ErrorCode::kTransferError, "copy engine fault", prefill_rank0(), monotonic_ns(), true);
+  ASSERT_EQ(p->prefill().poll(room), KVPoll::Failed);
+  EXPECT_FALSE(p->prefill().drained(room));
+
+  auto hold = [&] {
+    p->pump_prefill(/*events=*/false);
+    p->pump_decode();
+  };
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 2s, hold));
+  EXPECT_EQ(p->prefill().room(room)->inflight, 1u);  // decode failed before the writes completed
+  const ReceiverRoom* r = p->decode().room(room);
+  ASSERT_NE(r, nullptr);
+  EXPECT_NE(r->failed_ns, 0);
+  EXPECT_EQ(r->terminal.count(prefill_rank0()), 0u);
+  EXPECT_EQ(r->failure_heard.count(prefill_rank0()), 1u);
+  auto d = p->dcore().registry().get(room);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->code, ErrorCode::kTransferError);
+  EXPECT_EQ(d->origin, prefill_rank0());
+  EXPECT_EQ(d->failure_reason, "copy engine fault");
+  EXPECT_TRUE(d->is_from_another_rank);
+
+  p->pump_for(100ms, hold);  // the writes stay in flight: decode must not release the pages
+  EXPECT_FALSE(p->decode().drained(room, monotonic_ns()));
+  EXPECT_FALSE(p->prefill().drained(room));
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 0u);
+
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
+  EXPECT_TRUE(p->prefill().drained(room));
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);  // by confirmation
+  auto f = p->pcore().registry().get(room);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->code, ErrorCode::kTransferError);  // decode did not echo a second cause back
+  EXPECT_FALSE(f->is_from_another_rank);
+  EXPECT_EQ(lines_above_debug(), lines0);  // endpoints log failures at debug; the driver reports
+}
+
+// A failure with nothing in flight goes out once, terminal: no early notice precedes it.
+TEST(EndpointPair, PrefillFailureWithNothingInFlightIsTerminalAtOnce) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1904;
+  open_room(*p, room, 32, {0, 1}, 1);
+  p->prefill().fail(room, ErrorCode::kTransferError, "copy engine fault", prefill_rank0(), monotonic_ns(), true);
+  EXPECT_TRUE(p->prefill().drained(room));
+  EXPECT_FALSE(p->prefill().room(room)->early_failure_sent);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
+  EXPECT_EQ(p->decode().poll(room), KVPoll::Failed);
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);
+  EXPECT_EQ(p->decode().room(room)->failure_heard.count(prefill_rank0()), 0u);
 }
 
 // The wait for prefill's confirmation is bounded: past the drain deadline decode may stop waiting

@@ -380,8 +380,8 @@ Status PrefillEndpoint::conclude_without_writing(uint64_t room) {
   return Status::Ok();
 }
 
-void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state) {
-  RoomStatus st{r.room, core_.self(), state, ErrorCode::kOk, core_.self(), 0, ""};
+void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
+  RoomStatus st{r.room, core_.self(), state, ErrorCode::kOk, core_.self(), 0, "", terminal};
   if (state == KVPoll::Failed) {
     auto e = core_.registry().get(r.room);
     if (e) {
@@ -398,7 +398,8 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state) {
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
   }
-  r.terminal_sent = true;
+  if (terminal) r.terminal_sent = true;
+  else r.early_failure_sent = true;
 }
 
 void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
@@ -418,6 +419,9 @@ void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& rea
   if (via) fields.extra.push_back({"via", via->str()});
   log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
             fields);
+  // Writes in flight may take a while to drain (the transport is busy with other rooms): tell the
+  // destinations now that the room failed, and that they are drained later (the terminal status).
+  if (r.inflight > 0 && !r.early_failure_sent) send_status(r, KVPoll::Failed, /*terminal=*/false);
   maybe_send_terminal(r);
 }
 

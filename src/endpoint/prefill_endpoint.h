@@ -4,9 +4,11 @@
 // Per room (KVSender semantics, SGLang-style): Bootstrapping until metadata from every expected
 // decode rank arrived, WaitingForInput until the first send(), Transferring until every chunk and
 // then the aux record were written and flushed, Success once the Success status went out. A
-// failure (local, or learned from a peer or from the engine's agreement) makes it Failed; once no
-// write of the room is in flight a Failed status with the root cause goes to every destination, which
-// is also decode's signal that its pages are no longer written ("drained").
+// failure (local, or learned from a peer or from the engine's agreement) makes it Failed. If writes
+// of the room are in flight then, a non-terminal Failed status (RoomStatus::terminal false) with the
+// root cause goes to every destination at once, so decode fails the room without waiting for them;
+// once no write of the room is in flight the terminal Failed status follows, which is decode's
+// signal that its pages are no longer written ("drained").
 // Metadata or failures for a room that does not exist yet are kept (bounded, with a TTL) and
 // applied when it is added; anything for a room that was released is answered with its failure
 // and never brings it back.
@@ -47,6 +49,7 @@ struct SenderRoom {
   uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
   bool aux_submitted = false;
   bool terminal_sent = false;
+  bool early_failure_sent = false;  // the non-terminal Failed went out (writes were in flight)
   int64_t created_ns = 0;
   int64_t bootstrap_deadline_ns = 0;  // Bootstrapping past this fails with bootstrap_timeout
   int64_t first_send_ns = 0;
@@ -141,7 +144,8 @@ class PrefillEndpoint {
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
   void maybe_finish(SenderRoom& r);
   void maybe_send_terminal(SenderRoom& r);
-  void send_status(SenderRoom& r, KVPoll state);
+  // `terminal` false: the early failure notice (Failed only); writes may still be in flight.
+  void send_status(SenderRoom& r, KVPoll state, bool terminal = true);
 
   EndpointCore& core_;
   std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
