@@ -206,8 +206,18 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
   auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);
   const uint64_t room_pages = (c.tokens + c.page_size - 1) / c.page_size;
   const uint64_t chunk_pages = std::min<uint64_t>(room_pages, std::max<uint64_t>(1, c.chunk_tokens / c.page_size));
-  const uint64_t head_run = plan->empty() ? 0 : plan->front().num_heads;
-  j["write_bytes"] = chunk_pages * c.page_size * head_run * m->head_dim * m->dtype_bytes;
+  // Whole token rows on both sides (same heads per rank): a page run is one contiguous write.
+  // Otherwise each token's head slice is its own write (tcp gathers or packs them; bench.h).
+  uint64_t write_bytes = 0;
+  if (!plan->empty()) {
+    const HeadTransfer& t = plan->front();
+    const uint64_t slice = uint64_t(t.num_heads) * m->head_dim * m->dtype_bytes;
+    auto pl = make_layout(*m, c.prefill_tp, t.prefill_rank, c.page_size, 1ull << 30, 1);
+    auto dl = make_layout(*m, c.decode_tp, t.decode_rank, c.page_size, 1ull << 30, 1);
+    const bool whole_rows = pl.ok() && dl.ok() && slice == pl->token_bytes() && slice == dl->token_bytes();
+    write_bytes = whole_rows ? chunk_pages * c.page_size * slice : slice;
+  }
+  j["write_bytes"] = write_bytes;
   j["config"] = {{"model", c.model},         {"layers", m->num_layers},
                  {"prefill_tp", c.prefill_tp}, {"decode_tp", c.decode_tp},
                  {"tokens", c.tokens},       {"page_size", c.page_size},
@@ -235,7 +245,16 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
       return 2;
     }
   }
-  return j["rooms"].get<uint64_t>() > 0 && j["failed"].get<uint64_t>() == 0 ? 0 : 1;
+  if (j["failed"].get<uint64_t>() > 0) {
+    err << "kvferry bench: " << j["failed"].get<uint64_t>() << " rooms failed (exit 1)\n";
+    return 1;
+  }
+  if (j["rooms"].get<uint64_t>() == 0) {
+    err << "kvferry bench: no room completed inside the " << c.duration_s
+        << " s window, so there are no latencies (exit 1); use a longer --duration or smaller rooms\n";
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace kvferry::bench

@@ -29,7 +29,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--rate", cfg->rate, "rooms/s opened (0: as fast as they complete)")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
-                  "transfer worker shards per rank (one progress thread each)")
+                  "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
   cmd->add_option("--duration", cfg->duration_s, "measured window in seconds")->capture_default_str();
   cmd->add_option("--warmup", cfg->warmup_s, "seconds before the window (default min(1, duration/5))");

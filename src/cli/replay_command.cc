@@ -60,7 +60,7 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--seed", cfg->seed, "seed of rooms and faults")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
-                  "transfer worker shards per rank (one progress thread each)")
+                  "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
   cmd->add_option("--max-inflight", cfg->max_inflight, "requests dispatched and unfinished at most")
       ->capture_default_str();
