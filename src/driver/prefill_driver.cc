@@ -7,6 +7,7 @@
 
 #include "driver/log_policy.h"
 #include "driver/metrics_hooks.h"
+#include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 
@@ -224,38 +225,11 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
 }
 
 std::vector<SiblingFailure> PrefillDriver::take_failures_to_fan_out() {
-  std::vector<SiblingFailure> out;
-  const int64_t now = monotonic_ns();
-  for (uint64_t id : ep_.take_fresh_failures()) {
-    auto it = rooms_.find(id);
-    if (it == rooms_.end()) continue;
-    // A room whose transfer had concluded here: the endpoint keeps its state (and no failed_ns),
-    // yet this rank is Failed from now on (its reports say so).
-    if (it->second.failed_ns == 0) it->second.failed_ns = now;
-    if (it->second.fail_decided || it->second.siblings_know) continue;
-    auto e = core_.registry().get(id);
-    if (!e) continue;
-    it->second.siblings_know = true;
-    out.push_back({id, core_.self().tp_rank, e->code, e->origin.str(), e->failure_reason, e->first_seen_ns});
-  }
-  return out;
+  return collect_fan_out(rooms_, ep_, core_);
 }
 
 bool PrefillDriver::on_sibling_failure(const SiblingFailure& f) {
-  auto it = rooms_.find(f.room);
-  if (it == rooms_.end()) return false;
-  Room& r = it->second;
-  if (core_.registry().get(f.room)) return true;  // its own record (if fresh) still goes out
-  r.siblings_know = true;  // never sent on
-  auto origin = RankId::parse(f.origin);
-  if (!origin) return true;  // the codec rejects such frames
-  const RankId self = core_.self(), via{self.role, self.engine_id, f.tp_rank, self.dp_rank};
-  ep_.fail(f.room, f.code, f.reason, *origin, f.first_seen_ns, false, &via);
-  if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
-  if (ep_.poll(f.room) != KVPoll::Failed)  // the endpoint's transfer had concluded: it logged nothing
-    log_event(LogLevel::kDebug, kComp, fmt::format("room failed after its transfer concluded: {} at {}", code_name(f.code), f.origin),
-              {.room = f.room, .code = std::string(code_name(f.code)), .origin = f.origin, .extra = {{"via", via.str()}}});
-  return true;
+  return apply_sibling_failure(rooms_, ep_, core_, f, kComp);
 }
 
 RankLeakStats PrefillDriver::leak_stats() const {
