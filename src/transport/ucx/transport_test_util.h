@@ -9,6 +9,8 @@
 #include <memory>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "kvferry/transport.h"
 
 namespace kvferry::ucx::testing {
@@ -68,6 +70,24 @@ inline RemoteRegionInfo remote_info(const Transport& t, const LocalRegion& r) {
   info.base = reinterpret_cast<uint64_t>(r.base);
   info.bytes = r.bytes;
   return info;
+}
+
+// A writer/receiver pair of transports (fields a, b: created, owning pointers; ra, rb; peer):
+// gives each a region of `region_bytes`, fills A's with the pattern and B's with `fill`, and
+// connects A to B. Failures are reported as test failures; `pair` is then left partly set up.
+template <class Pair>
+void wire_pair(Pair& pair, uint64_t region_bytes, uint8_t fill) {
+  auto ra = pair.a->create_region(region_bytes);
+  auto rb = pair.b->create_region(region_bytes);
+  EXPECT_TRUE(ra.ok() && rb.ok());
+  if (!ra.ok() || !rb.ok()) return;
+  pair.ra = ra.value();
+  pair.rb = rb.value();
+  fill_pattern(pair.ra.base, pair.ra.bytes);
+  std::memset(pair.rb.base, fill, pair.rb.bytes);
+  auto id = pair.a->connect(remote_info(*pair.b, pair.rb));
+  EXPECT_TRUE(id.ok()) << id.status().str();
+  if (id.ok()) pair.peer = id.value();
 }
 
 }  // namespace kvferry::ucx::testing

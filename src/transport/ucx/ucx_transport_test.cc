@@ -38,17 +38,7 @@ Pair make_pair(TransportKind kind, UcxTestHooks hooks_a = {}, UcxTestHooks hooks
   if (!a.ok() || !b.ok()) return p;
   p.a = std::move(a).value();
   p.b = std::move(b).value();
-  auto ra = p.a->create_region(kRegion);
-  auto rb = p.b->create_region(kRegion);
-  EXPECT_TRUE(ra.ok() && rb.ok());
-  if (!ra.ok() || !rb.ok()) return p;
-  p.ra = ra.value();
-  p.rb = rb.value();
-  testing::fill_pattern(p.ra.base, p.ra.bytes);
-  std::memset(p.rb.base, kFill, p.rb.bytes);
-  auto id = p.a->connect(testing::remote_info(*p.b, p.rb));
-  EXPECT_TRUE(id.ok()) << id.status().message();
-  if (id.ok()) p.peer = id.value();
+  testing::wire_pair(p, kRegion, kFill);
   return p;
 }
 
