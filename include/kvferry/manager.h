@@ -1,0 +1,173 @@
+// kvferry::Manager: one rank of a prefill or decode engine, put together in one place
+// (docs/manager.md). It owns the transport (with registered memory: the engine's buffers,
+// kvferry/buffers.h), the control socket, the peer monitor (heartbeats), the failure registry and,
+// unless the caller pumps it, a progress thread. It hands out one Sender per room (prefill) or one
+// Receiver per room (decode); their calls follow a serving engine's scheduler:
+//
+//   prefill: s = mgr.sender(room); s->init(num_pages, aux_index);
+//            s->send(pages, {}, false) ... s->send(last_pages_or_none, state_indices, true);
+//            poll() every step until Success or Failed; failure(); abort(); metrics().
+//   decode:  r = mgr.receiver(room, prefill_bootstrap_address); r->init(prefill_dp_rank);
+//            r->send_metadata(pages, aux_index, state_indices); poll(); failure(); abort();
+//            free the room's pages and aux row only once r->release_safe() is true.
+//
+// Failed does not imply release-safe: a prefill may still be writing into the room's pages.
+// release_safe() is true once no write of any prefill source can still reach the room's pages,
+// aux rows and state rows (every source sent its terminal status, or died, or the drain deadline
+// passed: then the pages are reported as quarantined and must not be reused).
+//
+// Errors: calls return Status / Result (kInvalidArgument for a bad call, naming the value; nothing
+// is sent then). A room's failure is never an error of a call: it is KVPoll::Failed plus the
+// room's KVTransferError from failure() (non-destructive; the same answer every time).
+// Units: pages are indices of KV buffer items (page_size tokens each); rows are aux/state items;
+// times are CLOCK_MONOTONIC ns unless named _ms.
+// Thread contract: with ManagerConfig::progress_thread (the default) every method of Manager,
+// Sender and Receiver may be called from any thread (one internal mutex); the progress thread
+// never calls back into the caller. Without it the caller pumps: it calls progress() whenever one
+// of wait_fds() is readable, or at least every progress_interval_ms, and makes every call from
+// that one thread. Senders and receivers must not outlive their manager.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvferry/buffers.h"
+#include "kvferry/deadlines.h"
+#include "kvferry/error.h"
+#include "kvferry/geometry.h"
+#include "kvferry/net.h"
+#include "kvferry/poll.h"
+#include "kvferry/transport.h"
+
+namespace kvferry {
+
+struct ManagerConfig {
+  RankId self;                   // role, engine_id, tp_rank, dp_rank
+  uint32_t tp_size = 1;
+  uint32_t peer_tp_size = 0;     // the other engine's TP size (0: same as tp_size)
+  uint32_t peer_dp_size = 1;     // the other engine's DP size (kvferry/routing.h)
+  // KV geometry: global KV heads, head_dim and dtype decide the head slices this rank holds and
+  // the transfer plan for unequal TP; page_size in tokens.
+  ModelGeometry model;
+  uint32_t page_size = 1;
+  // The engine's buffers (kvferry/buffers.h). Empty: kvferry allocates a contiguous pool of
+  // pool_bytes with its own layout (PoolLayout) and aux_rows aux slots.
+  std::vector<BufferDesc> buffers;
+  uint64_t pool_bytes = 0;
+  uint32_t aux_rows = 1024;
+  // Prefill: the bootstrap service it registers at ("host:port"). Decode: the default prefill
+  // bootstrap address for receiver(room) without one.
+  std::string bootstrap_address = "127.0.0.1:8998";
+  // The control socket's bind and advertised host (port 0: any free port).
+  ListenAddress control;
+  // Registered transport name ("shm", "tcp"; transport.h make_transport) and its options.
+  std::string transport = "shm";
+  uint32_t transfer_shards = 1;
+  Deadlines deadlines;
+  bool progress_thread = true;
+  int64_t progress_interval_ms = 5;
+  // Wrap the transport in the fault-injecting decorator (tests, replay fault plans): faults().
+  bool fault_injection = false;
+};
+
+// Per-room transfer metrics (SGLang's get_transfer_metric: latency, alloc latency, bytes).
+struct TransferMetrics {
+  uint64_t bytes = 0;            // prefill: bytes written; decode: bytes expected
+  int64_t created_ns = 0;        // sender()/receiver() returned
+  int64_t metadata_ns = 0;       // prefill: every destination's metadata arrived; decode: sent
+  int64_t first_send_ns = 0;     // prefill: first send()
+  int64_t done_ns = 0;           // Success or Failed
+  double latency_s() const { return done_ns && first_send_ns ? (done_ns - first_send_ns) * 1e-9 : 0; }
+  double wait_metadata_s() const { return metadata_ns ? (metadata_ns - created_ns) * 1e-9 : 0; }
+};
+
+class Sender {
+ public:
+  virtual ~Sender() = default;  // releases the room once drained (deferred, never blocks)
+  virtual uint64_t room() const = 0;
+  // The room has `num_pages` pages; `aux_index` is this rank's aux row copied to decode's row of
+  // every aux buffer (ignored without aux buffers); `num_tokens` (0: num_pages * page_size) goes
+  // into the guard row. Errors: called twice, num_pages 0, aux_index out of range.
+  virtual Status init(uint64_t num_pages, uint64_t aux_index, uint64_t num_tokens = 0) = 0;
+  // Writes the next pages of the room from local pages `pages` (a chunk) to every destination.
+  // `last`: this is the final chunk (it may carry zero pages); `state_indices` (local state rows,
+  // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
+  // after the last chunk, more pages than init said, an index out of range.
+  virtual Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) = 0;
+  virtual KVPoll poll() const = 0;
+  virtual std::optional<KVTransferError> failure() const = 0;
+  // Fails the room here (code aborted, origin this rank) and tells every destination.
+  virtual void abort(const std::string& reason) = 0;
+  // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
+  // recorded as from another rank, told to the destinations; no-op if the room already failed.
+  virtual void fail_from_engine(const KVTransferError& e) = 0;
+  // No write of this room is in flight and its terminal status went out.
+  virtual bool release_safe() const = 0;
+  virtual TransferMetrics metrics() const = 0;
+};
+
+class Receiver {
+ public:
+  virtual ~Receiver() = default;  // releases the room once release-safe (deferred)
+  virtual uint64_t room() const = 0;
+  // Which DP group of the prefill engine serves the room (SGLang's init(prefill_dp_rank));
+  // -1: dp_rank_for_room(room, peer_dp_size).
+  virtual Status init(int64_t prefill_dp_rank = -1) = 0;
+  // Destination pages (one per room page, in token order), aux row and state rows; sent to every
+  // prefill source of the room. Errors: out-of-range or duplicate pages, bad aux/state rows.
+  virtual Status send_metadata(std::span<const uint64_t> pages, uint64_t aux_index,
+                               std::span<const uint64_t> state_indices, uint64_t num_tokens = 0) = 0;
+  virtual KVPoll poll() const = 0;
+  virtual std::optional<KVTransferError> failure() const = 0;
+  virtual void abort(const std::string& reason) = 0;
+  virtual void fail_from_engine(const KVTransferError& e) = 0;
+  // True once no write of any prefill source can reach the room's pages, aux and state rows.
+  virtual bool release_safe() const = 0;
+  // True if release_safe() only because the drain deadline passed: the pages must be quarantined.
+  virtual bool quarantined() const = 0;
+  virtual TransferMetrics metrics() const = 0;
+};
+
+struct ManagerStats {
+  uint64_t live_rooms = 0;
+  uint64_t peers = 0;
+  uint64_t quarantined_rooms = 0;
+  TransportStats transport;
+};
+
+class FaultInjectingTransport;
+
+class Manager {
+ public:
+  // Builds the rank: registers the buffers with the transport, binds the control socket, starts
+  // heartbeats; prefill registers at its bootstrap service (retrying up to lookup_timeout_ms).
+  // Errors: kInvalidArgument (bad buffers or geometry, a device buffer the transport cannot
+  // register: the message names the UCX support needed), kPeerUnreachable / kBootstrapTimeout
+  // (bootstrap service), kInternal (UCX or ZeroMQ could not start).
+  static Result<std::unique_ptr<Manager>> create(const ManagerConfig& config);
+  virtual ~Manager() = default;  // stops the progress thread; the transport goes first
+
+  // Prefill only. Errors: a live sender for the room exists, or this is a decode manager.
+  virtual Result<std::unique_ptr<Sender>> sender(uint64_t room) = 0;
+  // Decode only. `prefill_bootstrap` ("host:port"; empty: config.bootstrap_address) names the
+  // prefill instance serving the room; its ranks are looked up and connected lazily, once per
+  // instance, and cached (heartbeats per peer).
+  virtual Result<std::unique_ptr<Receiver>> receiver(uint64_t room, const std::string& prefill_bootstrap = "") = 0;
+
+  // Caller-pumped managers (progress_thread false): fds to wait on, and one round of progress.
+  virtual std::vector<int> wait_fds() const = 0;
+  virtual void progress() = 0;
+
+  virtual const RankId& self() const = 0;
+  virtual const BufferSet& buffers() const = 0;
+  virtual const PoolLayout& layout() const = 0;  // heads of this rank, page size, pages
+  virtual std::string control_endpoint() const = 0;  // advertised
+  virtual ManagerStats stats() const = 0;
+  // The fault decorator (config.fault_injection), else nullptr.
+  virtual FaultInjectingTransport* faults() = 0;
+};
+
+}  // namespace kvferry
