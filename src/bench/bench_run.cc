@@ -16,6 +16,7 @@
 
 #include "bench/bench.h"
 #include "bench/summary.h"
+#include "core/data_dir.h"
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/geometry.h"
@@ -83,7 +84,7 @@ Status validate(BenchConfig& c) {
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
   if (c.warmup_s < 0) c.warmup_s = std::min(1.0, c.duration_s / 5);
   if (!(c.timeout_s > 0)) return invalid("--timeout-s must be > 0");
-  if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  if (c.models_file.empty()) c.models_file = default_models_file();
   auto m = load_model(c);
   if (!m.ok()) return m.status();
   auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);

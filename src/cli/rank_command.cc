@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "core/data_dir.h"
 #include "core/stop_request.h"
 #include "driver/rank.h"
 #include "kvferry/deadlines.h"
@@ -59,7 +60,7 @@ void add_rank_command(CLI::App& app) {
   auto opts = std::make_shared<RankOptions>();
   auto role = std::make_shared<std::string>("prefill");
   auto transport = std::make_shared<std::string>("shm");
-  opts->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  opts->models_file = default_models_file();
   CLI::App* cmd = app.add_subcommand("rank", "run one engine rank (internal: spawned by `kvferry replay`)");
   cmd->add_option("--role", *role, "prefill or decode")->check(CLI::IsMember({"prefill", "decode"}))->required();
   cmd->add_option("--tp-rank", opts->tp_rank, "this rank's tensor-parallel index")->required();

@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/data_dir.h"
 #include "kvferry/control.h"
 #include "endpoint/topology.h"
 #include "kvferry/geometry.h"
@@ -28,10 +29,6 @@
 #include "replay/progress.h"
 #include "replay/report.h"
 #include "replay/results.h"
-
-#ifndef KVFERRY_SOURCE_DIR
-#define KVFERRY_SOURCE_DIR "."
-#endif
 
 namespace kvferry::replay {
 namespace {
@@ -258,7 +255,7 @@ Status validate(ReplayConfig& c) {
     return invalid("peer_death needs at least 2 requests (the kill happens while rooms are in flight)");
   }
 
-  if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  if (c.models_file.empty()) c.models_file = default_models_file();
   bool ok = false;
   const std::string models_text = read_file(c.models_file, ok);
   if (!ok) return invalid("cannot read the models file " + c.models_file);

@@ -37,7 +37,7 @@ namespace kvferry::replay {
 struct ReplayConfig {
   std::string trace;
   std::string model = "Llama-3.1-8B";
-  std::string models_file;  // default: <source dir>/data/models.json
+  std::string models_file;  // default: default_models_file() (core/data_dir.h)
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;
   uint32_t prefill_dp = 1;  // DP groups of the prefill engine, each prefill_tp ranks

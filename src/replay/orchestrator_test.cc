@@ -10,6 +10,8 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/data_dir.h"
+
 namespace kvferry::replay {
 namespace {
 
@@ -60,7 +62,7 @@ TEST_F(Validate, AcceptsAndFillsDefaults) {
   c.pool_mib = 0;
   c.out = "relative/out/";
   ASSERT_TRUE(validate(c).ok());
-  EXPECT_EQ(c.models_file, KVFERRY_SOURCE_DIR "/data/models.json");
+  EXPECT_EQ(c.models_file, default_models_file());  // the build copy (build/share/kvferry)
   EXPECT_TRUE(c.pool_mib_auto);
   EXPECT_GE(c.pool_mib, 64u);
   EXPECT_LE(c.pool_mib, 7168u);
