@@ -112,9 +112,11 @@ TEST(EndpointPair, OutOfRangePageIndexIsAProtocolErrorAndWritesNothing) {
   const uint64_t bad_page = p->layout().num_pages + 5;
   p->prefill().add_room(room, 48);  // 3 pages
   p->decode().add_room(room, 48);
-  ASSERT_TRUE(p->decode().init(room, {1, 2, bad_page}, 0).ok());  // decode does not check ranges
-  const LocalRegion& region = p->dcore().region();
-  std::vector<uint8_t> before(region.base, region.base + region.bytes);
+  EXPECT_EQ(p->decode().init(room, {1, 2, bad_page}, 0).code(), ErrorCode::kInvalidArgument);  // decode checks
+  // A decode rank that does not check (or lies): the metadata reaches prefill as it is.
+  p->prefill().on_message(Message(RoomMetadata{room, decode_rank0(), {1, 2, bad_page}, 0, {}, 1}));
+  const uint8_t* base = p->dcore().base();
+  std::vector<uint8_t> before(base, base + p->layout().total_bytes());
 
   ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 2s));
   auto e = p->pcore().registry().get(room);
@@ -134,7 +136,7 @@ TEST(EndpointPair, OutOfRangePageIndexIsAProtocolErrorAndWritesNothing) {
   EXPECT_TRUE(d->is_from_another_rank);
   EXPECT_EQ(p->pcore().transport().stats().batches, 0u);
   EXPECT_EQ(p->pcore().transport().stats().bytes_written, 0u);
-  EXPECT_EQ(std::memcmp(before.data(), region.base, region.bytes), 0);
+  EXPECT_EQ(std::memcmp(before.data(), base, before.size()), 0);
   EXPECT_TRUE(p->decode().drained(room, monotonic_ns()));  // prefill's terminal status arrived
 }
 
