@@ -18,10 +18,10 @@
 #include <set>
 #include <thread>
 
+#include "driver/engine_protocol.h"
 #include "driver/sync_codec.h"
 #include "endpoint/endpoint_pair_test_util.h"
 #include "kvferry/control.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry {
 namespace {

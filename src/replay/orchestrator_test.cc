@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/data_dir.h"
+#include "process/host_memory.h"
 
 namespace kvferry::replay {
 namespace {
@@ -175,7 +176,7 @@ TEST(DefaultPool, RuleAndBounds) {
   EXPECT_EQ(default_pool_mib(100 * gib, 1, 1024, 1), 7168u);  // capped
   EXPECT_EQ(default_pool_mib(1 * gib, 4, 1024, 4), 64u);      // floor
   EXPECT_EQ(default_pool_mib(0, 1, 1024, 1), 64u);
-  EXPECT_GT(mem_available_bytes(), 0u);
+  EXPECT_GT(process::mem_available_bytes(), 0u);
 }
 
 TEST(ChildArgs, RankRouterBootstrap) {
