@@ -18,13 +18,21 @@
 
 namespace kvferry {
 
+// The failure record a report, decision or fan-out carries (an origin that is not a RankId gives
+// the default RankId; the codecs reject such frames before they get here).
+Failure failure_of(const RoomReport& r);
+Failure failure_of(const Decision& d);
+Failure failure_of(const SiblingFailure& f);
+// Copies a failure record into a decision's failure fields.
+void set_failure(Decision& d, const Failure& f);
+
 // The reduction of one room over all ranks of an engine.
 struct RoomReduction {
   KVPoll min_poll = KVPoll::Success;
   bool all_drained = true;
   bool any_quarantine = false;
   bool any_failure = false;
-  RoomReport winner;  // the failure with the earliest first_seen_ns (ties: lowest tp_rank)
+  RoomReport winner;  // the root cause by the rule (failure_precedes) over the ranks' failures
   uint32_t ranks_failed = 0;
   int64_t max_failed_ns = 0;
   int64_t min_send_ns = 0;
@@ -102,6 +110,7 @@ class EngineDriver {
     d.origin = rank;
     d.reason = why.first;
     d.first_seen_ns = why.second;
+    d.wall_ns = wall_from_monotonic(why.second);
     return d;  // origin is the dead rank, never this leader
   }
 
