@@ -277,7 +277,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 2);  // version 2, low byte first
+  EXPECT_EQ(f[4], 3);  // version 3, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 29);  // body length
@@ -305,10 +305,13 @@ TEST(CodecReject, BadMagicVersionType) {
   g[0] = 'X';
   expect_rejected(g, "magic");
   g = f;
-  put_le(g, 4, 1, 2);  // the version before engine-shaped memory
+  put_le(g, 4, 2, 2);  // version 2: RoomStatus without the failure's wall_ns
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 3, 2);
+  put_le(g, 4, 1, 2);  // version 1: before engine-shaped memory
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 4, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);

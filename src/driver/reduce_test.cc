@@ -43,7 +43,7 @@ TEST(Reduce, TheRootCauseRulePicksTheWinnerInAnyReportOrder) {
   b.first_seen_ns = 100 * kMs;
   EXPECT_EQ(reduce_room({a, b}).winner.origin, "decode/tp1");  // a window earlier
   EXPECT_EQ(reduce_room({b, a}).winner.origin, "decode/tp1");
-  b.first_seen_ns = 199 * kMs;  // the same window: the fixed rank order decides
+  b.first_seen_ns = 203 * kMs;  // the same window (200..205 ms): the fixed rank order decides
   EXPECT_EQ(reduce_room({a, b}).winner.origin, "decode/tp0");
   EXPECT_EQ(reduce_room({b, a}).winner.origin, "decode/tp0");
   b.code = ErrorCode::kTransferError;  // a cause beats a timeout in the same window
