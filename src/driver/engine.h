@@ -18,14 +18,6 @@
 
 namespace kvferry {
 
-// The failure record a report, decision or fan-out carries (an origin that is not a RankId gives
-// the default RankId; the codecs reject such frames before they get here).
-Failure failure_of(const RoomReport& r);
-Failure failure_of(const Decision& d);
-Failure failure_of(const SiblingFailure& f);
-// Copies a failure record into a decision's failure fields.
-void set_failure(Decision& d, const Failure& f);
-
 // The reduction of one room over all ranks of an engine.
 struct RoomReduction {
   KVPoll min_poll = KVPoll::Success;

@@ -134,6 +134,14 @@ struct SiblingFailure {
   int64_t wall_ns = 0;       // Failure::wall_ns
 };
 
+// The failure record a report, decision or fan-out carries (an origin that is not a RankId gives
+// the default RankId; the codecs reject such frames before they get here).
+Failure failure_of(const RoomReport& r);
+Failure failure_of(const Decision& d);
+Failure failure_of(const SiblingFailure& f);
+// Copies a failure record into a decision's failure fields.
+void set_failure(Decision& d, const Failure& f);
+
 // One rank of an engine as the leader announces it in a step: where its engine socket listens.
 struct EngineMember {
   uint32_t tp_rank = 0;
