@@ -28,7 +28,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   auto spans = register_map(*core->faults_, core->map_);
   if (!spans.ok()) return spans.status();
   core->spans_ = std::move(spans).value();
-  auto sock = ControlSocket::bind(config.control_bind);
+  auto sock = ControlSocket::bind(config.control);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
   EndpointCore* raw = core.get();
@@ -39,7 +39,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
     }
     raw->waker_.signal();
   });
-  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines);
+  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control);
   return core;
 }
 

@@ -33,7 +33,7 @@ struct EndpointConfig {
   PoolLayout layout;
   TransportKind transport = TransportKind::kShm;
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
-  std::string control_bind = "tcp://127.0.0.1:0";
+  ListenAddress control;  // control and heartbeat sockets' bind/advertised host (kvferry/net.h)
   Deadlines deadlines;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
   // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.
