@@ -63,7 +63,7 @@ Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& c) {
     PrefillRankInfo info;
     info.tp_rank = c.tp_rank;
     info.tp_size = c.tp_size;
-    info.host = "127.0.0.1";
+    info.host = ec.control.advertised();
     info.control_endpoint = m->core_->control().endpoint();
     info.page_size = c.page_size;
     info.dtype = fmt::format("{}-byte", c.model.dtype_bytes);

@@ -422,7 +422,7 @@ int run_bench_rank(const BenchRankOptions& o) {
     PrefillRankInfo info;
     info.tp_rank = o.tp_rank;
     info.tp_size = o.tp_size;
-    info.host = "127.0.0.1";
+    info.host = ec.control.advertised();
     info.control_endpoint = c.control().endpoint();
     info.page_size = o.page_size;
     info.dtype = m.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", m.dtype_bytes);

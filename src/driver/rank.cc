@@ -16,6 +16,7 @@
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 #include "kvferry/metrics.h"
+#include "kvferry/net.h"
 #include "kvferry/port_file.h"
 
 namespace kvferry {
@@ -45,9 +46,10 @@ int run_rank(const RankOptions& o) {
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
   init_rank_metrics(self);
   install_stop_handler();
+  const ListenAddress listen = make_listen_address(o.bind_host, o.advertise_host);
   std::unique_ptr<MetricsServer> metrics_server;
   if (o.metrics_port != 0 || !o.metrics_port_file.empty()) {
-    auto server = MetricsServer::start(*rank_metrics(), "127.0.0.1", o.metrics_port);
+    auto server = MetricsServer::start(*rank_metrics(), listen.bind_host, o.metrics_port);
     if (!server.ok()) return fail_start(server.status().str());
     metrics_server = std::move(*server);
     if (!o.metrics_port_file.empty()) {
@@ -78,6 +80,7 @@ int run_rank(const RankOptions& o) {
   ec.transport = o.transport;
   ec.transfer_shards = o.transfer_shards;
   ec.deadlines = o.deadlines;
+  ec.control = listen;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return fail_start(core.status().str());
   EndpointCore& c = **core;
@@ -89,13 +92,15 @@ int run_rank(const RankOptions& o) {
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
+  lc.bind_host = o.bind_host;
+  lc.advertise_host = o.advertise_host;
   int rc = 0;
   if (o.role == Role::kPrefill) {
     PrefillRankInfo info;
     info.tp_rank = o.tp_rank;
     info.dp_rank = o.dp_rank;
     info.tp_size = o.tp_size;
-    info.host = "127.0.0.1";
+    info.host = listen.advertised();
     info.control_endpoint = c.control().endpoint();
     info.page_size = o.page_size;
     info.dtype = model->dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", model->dtype_bytes);
