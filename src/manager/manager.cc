@@ -50,8 +50,6 @@ Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
 
 Status ManagerImpl::start() {
   const ManagerConfig& c = config_;
-  if (!c.buffers.empty())
-    return bad("engine-shaped buffer lists are not wired into the manager yet: pass a contiguous pool (pool_bytes)");
   if (c.page_size == 0) return bad("page_size must be at least 1 token");
   if (c.tp_size == 0 || c.self.tp_rank >= c.tp_size)
     return bad(fmt::format("tp_rank {} is outside a TP size of {}", c.self.tp_rank, c.tp_size));
@@ -59,9 +57,13 @@ Status ManagerImpl::start() {
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
     return bad(fmt::format("transfer_shards {} is outside 1..{}", c.transfer_shards, kMaxTransportShards));
   if (c.pool_base != nullptr && c.pool_bytes == 0) return bad("the engine's pool is empty (pool_bytes 0)");
+  if (!c.buffers.empty() && c.pool_base != nullptr) return bad("give either engine buffers or a pool, not both");
   auto kind = transport_kind(c.transport);
   if (!kind.ok()) return kind.status();
-  auto layout = make_layout(c.model, c.tp_size, c.self.tp_rank, c.page_size, c.pool_bytes, c.aux_rows);
+  // With engine buffers the layout only plans heads and pages; the buffers set its page count
+  // and aux rows (EndpointCore).
+  const uint64_t layout_bytes = c.buffers.empty() ? c.pool_bytes : ~0ull >> 8;
+  auto layout = make_layout(c.model, c.tp_size, c.self.tp_rank, c.page_size, layout_bytes, c.aux_rows);
   if (!layout.ok()) return layout.status();  // names the pool's size
   const uint32_t peer_tp = c.peer_tp_size ? c.peer_tp_size : c.tp_size;
   const bool prefill = c.self.role == Role::kPrefill;
@@ -81,6 +83,7 @@ Status ManagerImpl::start() {
   ec.external_base = c.pool_base;
   ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
   ec.fault_injection = c.fault_injection;
+  ec.buffers = c.buffers;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return core.status();
   core_ = std::move(core).value();
@@ -118,9 +121,9 @@ Status ManagerImpl::start() {
     }
   }
   log_event(LogLevel::kDebug, "manager",
-            fmt::format("rank up: {} pages of {} tokens, {} buffers, {} bytes, transport {}, control {}",
-                        layout->num_pages, layout->page_size, layout->num_buffers(), layout->total_bytes(),
-                        c.transport, core_->control_endpoint()));
+            fmt::format("rank up: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
+                        core_->layout().num_pages, core_->layout().page_size, core_->layout().num_buffers(),
+                        c.buffers.size(), c.transport, core_->control_endpoint()));
   return Status::Ok();
 }
 
