@@ -82,7 +82,7 @@ Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& c) {
   log_event(LogLevel::kDebug, component(c.role),
             fmt::format("manager up: {} pages of {} tokens, {} buffers, pool {} bytes, transport {}",
                         m->layout_.num_pages, m->layout_.page_size, m->layout_.num_buffers(), c.pool_bytes,
-                        transport_name(c.transport)));
+                        c.transport));
   m->thread_ = std::thread([raw = m.get()] { raw->run(); });
   return m;
 }

@@ -410,7 +410,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   EndpointConfig ec;
   ec.self = self;
   ec.layout = *layout;
-  ec.transport = o.transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
+  ec.transport = o.transport;
   ec.transfer_shards = o.transfer_shards;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return fail_start(core.status().str());

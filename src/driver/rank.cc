@@ -83,7 +83,7 @@ int run_rank(const RankOptions& o) {
   EndpointCore& c = **core;
   log_event(LogLevel::kDebug, kComp,
             fmt::format("pool: {} pages of {} tokens, {} buffers, {} bytes, transport {}", layout->num_pages,
-                        layout->page_size, layout->num_buffers(), layout->total_bytes(), transport_name(o.transport)));
+                        layout->page_size, layout->num_buffers(), layout->total_bytes(), o.transport));
 
   BootstrapClient bootstrap(o.bootstrap, 2000);
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};

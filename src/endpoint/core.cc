@@ -14,20 +14,23 @@ EndpointCore::~EndpointCore() {
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
-  topt.kind = config.transport;
   topt.shards = config.transfer_shards;
-  auto t = make_ucx_transport(topt);
+  auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
   core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());
   if (config.external_base != nullptr && config.external_bytes < config.layout.total_bytes())
     return Status(ErrorCode::kInvalidArgument,
                   "pool of " + std::to_string(config.external_bytes) + " bytes is smaller than its layout (" +
                       std::to_string(config.layout.total_bytes()) + " bytes)");
-  auto region = config.external_base != nullptr
-                    ? core->faults_->register_region(config.external_base, config.external_bytes)
-                    : core->faults_->create_region(config.layout.total_bytes());
-  if (!region.ok()) return region.status();
-  core->region_ = *region;
+  if (config.external_base != nullptr) {  // one span at offset 0 of the offset space
+    auto spans = core->faults_->register_spans({{config.external_base, config.external_bytes, 0}});
+    if (!spans.ok()) return spans.status();
+    core->region_ = spans->front();
+  } else {
+    auto region = core->faults_->create_region(config.layout.total_bytes());
+    if (!region.ok()) return region.status();
+    core->region_ = *region;
+  }
   auto sock = ControlSocket::bind(config.control_bind);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();

@@ -104,7 +104,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     core_.control().forget(old->second.reg.control_endpoint);
     peers_.erase(old);
   }
-  auto peer = core_.transport().connect({r.worker_address, r.packed_rkey, r.region_base, r.region_bytes});
+  auto peer = core_.transport().connect({r.worker_address, {{0, r.region_bytes, r.region_base, r.packed_rkey}}});
   if (!peer.ok()) {
     log_event(LogLevel::kWarning, kComp,
               fmt::format("cannot connect to {}: {}", r.sender.str(), peer.status().str()),
