@@ -10,10 +10,15 @@
 #include "endpoint/coalesce.h"
 
 namespace {
-using kvferry::PoolStrides;
+using kvferry::PoolOffsets;
 
 constexpr uint32_t kBuffers = 64;
 constexpr uint64_t kPageBytes = 128 * 1024;
+
+std::vector<uint64_t> iota(uint64_t n, uint64_t first, uint64_t step);
+
+// Offsets of evenly spaced buffers (a contiguous pool of `pages` pages a buffer).
+std::vector<uint64_t> pool_offsets(uint64_t pages) { return iota(kBuffers, 0, kPageBytes * pages); }
 
 std::vector<uint64_t> iota(uint64_t n, uint64_t first, uint64_t step) {
   std::vector<uint64_t> v(n);
@@ -36,9 +41,10 @@ BENCHMARK_CAPTURE(BM_CoalescePages, fragmented, 2)->RangeMultiplier(8)->Range(8,
 void BM_RunsToWrites(benchmark::State& state, uint64_t dst_step) {
   const uint64_t n = static_cast<uint64_t>(state.range(0));
   auto runs = kvferry::coalesce_pages(iota(n, 0, 1), iota(n, 7, dst_step));
-  PoolStrides local{kPageBytes, kPageBytes * 8192}, remote{kPageBytes, kPageBytes * 16384};
+  const auto lo = pool_offsets(8192), ro = pool_offsets(16384);
+  PoolOffsets local{kPageBytes, lo}, remote{kPageBytes, ro};
   for (auto _ : state) {
-    auto ops = kvferry::runs_to_writes(runs, kBuffers, local, remote);
+    auto ops = kvferry::runs_to_writes(runs, local, remote);
     benchmark::DoNotOptimize(ops.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(state.iterations() * n));  // pages (x 64 buffers)

@@ -15,7 +15,7 @@ RoomMetadata metadata(uint64_t pages) {
   m.room = 123456789;
   m.sender = {Role::kDecode, 0, 3, 0};
   for (uint64_t i = 0; i < pages; ++i) m.kv_indices.push_back(1000 + i);
-  m.aux_slot = 17;
+  m.aux_index = 17;
   m.expected_senders = 2;
   return m;
 }

@@ -1,20 +1,23 @@
 // Engine-shaped memory (docs/manager.md "Buffers"): a rank registers the buffers its engine owns,
-// as serving engines describe them to their transfer layer (SGLang's KVArgs kv/aux/state
-// data_ptrs, data_lens, item_lens):
+// as serving engines describe them to their transfer layer (one address, length and item length
+// per buffer, of three kinds):
 //   kKv     one per layer tensor (MHA/GQA: every layer's K, then every layer's V; MLA: one latent per
 //           layer). Item i of a KV buffer is page i: page_size tokens of this rank's heads. A page
 //           index addresses item i of every KV buffer. All KV buffers have the same item_bytes.
 //   kAux    per-request metadata rows (first output token, cached-token count, logprobs, hidden
-//           states, ...), item_bytes per row. A room's aux_index names its row in every aux buffer;
-//           prefill's row is copied into decode's row of every aux buffer after the last KV write.
-//   kState  optional per-request state of hybrid models (Mamba, sliding window), item_bytes per row,
-//           addressed by the state indices given with the last chunk (one index per state buffer
-//           row set; see Sender::send).
-// Besides the engine's aux buffers, kvferry keeps its own guard row per aux index (the room id and
-// counts, 64 bytes) in memory it allocates; decode checks it before Success.
+//           states, ...), item_bytes per row (may differ between aux buffers). A room's aux_index
+//           names its row in every aux buffer; prefill's row is copied into decode's row of every
+//           aux buffer after the last KV write.
+//   kState  optional per-request state of hybrid models (Mamba, sliding window), item_bytes per row
+//           (may differ between state buffers), addressed by the state indices given with the last
+//           chunk: state index j names a row of every state buffer.
+// Besides the engine's aux buffers, kvferry keeps its own guard row per aux index (an AuxRecord:
+// room id, tokens, pages; kAuxSlotBytes each) in memory it allocates; prefill writes it last and
+// decode checks it before Success.
 //
 // A single contiguous pool with kvferry's own layout (kvferry/geometry.h PoolLayout, what
-// `kvferry replay` uses) is one way to produce such a list: contiguous_pool_buffers().
+// `kvferry replay` uses) is one way to produce such a list: contiguous_pool_buffers(). Its aux slots
+// are kvferry's guard rows, not an engine aux buffer.
 //
 // Units: bytes; addresses are the engine's virtual addresses (host) or device pointers.
 // Thread contract: value types and pure functions.
@@ -45,9 +48,15 @@ struct BufferDesc {
   MemoryKind memory = MemoryKind::kHost;
 };
 
-// The checked shape of a buffer list. Errors of check_buffers: kInvalidArgument naming the buffer
-// (null address, zero bytes or item_bytes, bytes < item_bytes, KV buffers of different item_bytes,
-// no KV buffer, a count that overflows, overlapping buffers).
+// Bounds on a buffer list (also the bounds of a peer's registration, kvferry/messages.h).
+constexpr uint32_t kMaxKvBuffers = 4096;     // e.g. 2 x 128 layers with room to spare
+constexpr uint32_t kMaxAuxBuffers = 64;
+constexpr uint32_t kMaxStateBuffers = 256;
+
+// The checked shape of a buffer list, each kind in the order given. Errors of check_buffers:
+// kInvalidArgument naming the buffer (by kind and index among its kind): null address, zero bytes
+// or item_bytes, bytes < item_bytes, an address range that wraps, KV buffers of different
+// item_bytes, no KV buffer, more buffers of a kind than its bound, overlapping buffers.
 struct BufferSet {
   std::vector<BufferDesc> kv;
   std::vector<BufferDesc> aux;
@@ -56,11 +65,15 @@ struct BufferSet {
   uint64_t page_bytes = 0;      // item_bytes of every KV buffer
   uint64_t aux_rows = 0;        // min over aux buffers of bytes / item_bytes (0: no aux buffer)
   uint64_t state_rows = 0;      // min over state buffers of bytes / item_bytes (0: none)
+
+  std::vector<uint64_t> aux_item_bytes() const;    // item_bytes of each aux buffer, in order
+  std::vector<uint64_t> state_item_bytes() const;  // item_bytes of each state buffer, in order
 };
 Result<BufferSet> check_buffers(const std::vector<BufferDesc>& buffers);
 
-// The buffer list of a contiguous pool at `base` laid out as `layout` (KV buffers only; the aux
-// slots of the layout become one aux buffer of kAuxSlotBytes rows).
+// The KV buffer list of a contiguous pool at `base` laid out as `layout`: buffer b is
+// [base + layout.page_offset(b, 0), + layout.buffer_bytes()), item_bytes layout.page_bytes(). The
+// layout's aux slots (after the KV buffers) are kvferry's guard rows, so they are not listed.
 std::vector<BufferDesc> contiguous_pool_buffers(uint8_t* base, const PoolLayout& layout);
 
 }  // namespace kvferry

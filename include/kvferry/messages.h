@@ -1,7 +1,7 @@
 // Control-plane messages between prefill and decode ranks (carried over ZeroMQ, src/control).
 //
 // Frame format (all integers little-endian):
-//   magic "KVFY" (4 bytes) | version u16 (=1) | type u16 | body_length u32 | body
+//   magic "KVFY" (4 bytes) | version u16 (=kProtocolVersion) | type u16 | body_length u32 | body
 // Body fields are fixed-width integers and length-prefixed byte strings (u32 length + bytes).
 // decode() checks magic, version, type, that body_length equals the rest of the frame, that every
 // string and array fits the body, enum values are in range, counts are bounded, and that nothing
@@ -15,14 +15,19 @@
 #include <variant>
 #include <vector>
 
+#include "kvferry/buffers.h"
 #include "kvferry/error.h"
 #include "kvferry/poll.h"
 
 namespace kvferry {
 
-constexpr uint16_t kProtocolVersion = 1;
+// 2: engine-shaped memory (PoolRegistration spans and buffer offsets, RoomMetadata aux_index and
+// state_indices).
+constexpr uint16_t kProtocolVersion = 2;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
+constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
+constexpr uint32_t kMaxRegionSpans = kMaxKvBuffers + kMaxAuxBuffers + kMaxStateBuffers + 1;  // + guard rows
 
 enum class MessageType : uint16_t {
   kPoolRegistration = 1,
@@ -31,30 +36,52 @@ enum class MessageType : uint16_t {
   kHeartbeat = 4,
 };
 
-// decode -> prefill, once per connection: where and how to write into the decode rank's pool.
+// One span of the decode rank's registered memory, as its transport registered it
+// (kvferry/transport.h RemoteSpan): `offset` in the rank's offset space, `base` its address there.
+struct RegionSpan {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t base = 0;
+  std::string packed_rkey;  // opaque
+};
+
+// decode -> prefill, once per connection: where and how to write into the decode rank's memory.
+// The shape (kvferry/buffers.h): KV buffer b's page p is at kv_offsets[b] + p * page_bytes; aux
+// buffer a's row r at aux_offsets[a] + r * aux_item_bytes[a]; state buffer s's row r at
+// state_offsets[s] + r * state_item_bytes[s]; kvferry's guard row r at guard_offset + r *
+// kAuxSlotBytes (aux_rows guard rows, one per aux index). Offsets are in the rank's offset space,
+// each buffer inside one of `spans` (a contiguous pool is one span holding every buffer).
+// decode() checks the structure (counts within their bounds, one item_bytes per aux/state
+// buffer, nothing zero that sizes a buffer); the prefill rank checks the rest against its own
+// shape and the transfer plan before use (prefill_endpoint.cc check_registration).
 struct PoolRegistration {
   RankId sender;                 // the decode rank
   std::string control_endpoint;  // decode rank's ZeroMQ endpoint, e.g. "tcp://127.0.0.1:5601"
   std::string worker_address;    // transport address (opaque)
-  std::string packed_rkey;       // transport remote key (opaque)
-  uint64_t region_base = 0;
-  uint64_t region_bytes = 0;
-  uint32_t page_size = 0;        // tokens
-  uint64_t page_bytes = 0;       // bytes of one page in one buffer
-  uint64_t num_pages = 0;        // pages per buffer
-  uint32_t num_buffers = 0;
-  uint32_t aux_slots = 0;
-  uint32_t heads_per_rank = 0;
-  uint32_t first_head = 0;
+  std::vector<RegionSpan> spans; // 1..kMaxRegionSpans
+  uint32_t page_size = 0;        // tokens, > 0
+  uint64_t page_bytes = 0;       // bytes of one page in one KV buffer, > 0
+  uint64_t num_pages = 0;        // pages per KV buffer, > 0
+  std::vector<uint64_t> kv_offsets;        // 1..kMaxKvBuffers (the number of KV buffers)
+  std::vector<uint64_t> aux_offsets;       // 0..kMaxAuxBuffers
+  std::vector<uint64_t> aux_item_bytes;    // one per aux buffer, each > 0
+  uint64_t aux_rows = 0;                   // aux indices (guard rows), > 0
+  std::vector<uint64_t> state_offsets;     // 0..kMaxStateBuffers
+  std::vector<uint64_t> state_item_bytes;  // one per state buffer, each > 0
+  uint64_t state_rows = 0;                 // > 0 when there are state buffers
+  uint64_t guard_offset = 0;
+  uint32_t heads_per_rank = 0;   // KV heads of the decode rank's slice, > 0
+  uint32_t first_head = 0;       // global index of its first head
 };
 
-// decode -> prefill, per room: the destination pages and aux slot.
+// decode -> prefill, per room: the destination pages, aux row and state rows.
 struct RoomMetadata {
   uint64_t room = 0;
-  RankId sender;                    // the decode rank
-  std::vector<uint64_t> kv_indices; // destination pages, in token order
-  uint32_t aux_slot = 0;
-  uint32_t expected_senders = 0;    // prefill ranks that will write to this decode rank
+  RankId sender;                       // the decode rank
+  std::vector<uint64_t> kv_indices;    // destination pages, in token order (<= kMaxKvIndices)
+  uint64_t aux_index = 0;              // decode's row in every aux buffer and its guard row
+  std::vector<uint64_t> state_indices; // decode's rows in every state buffer (<= kMaxStateIndices)
+  uint32_t expected_senders = 0;       // prefill ranks that will write to this decode rank
 };
 
 // Either direction, per room: a final state with its cause. Success carries kOk.

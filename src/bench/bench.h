@@ -43,7 +43,7 @@ namespace kvferry::bench {
 
 struct BenchConfig {
   std::string model = "Llama-3.1-8B";
-  std::string models_file;         // default: <source dir>/data/models.json
+  std::string models_file;         // default: default_models_file() (core/data_dir.h)
   uint32_t layers = 0;             // 0: the model's; N: only the first N layers (control-plane mode)
   uint32_t prefill_tp = 1;
   uint32_t decode_tp = 1;

@@ -16,12 +16,13 @@
 
 #include "bench/bench.h"
 #include "bench/summary.h"
+#include "core/data_dir.h"
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/geometry.h"
 #include "kvferry/transport.h"
-#include "replay/orchestrator.h"
-#include "replay/process.h"
+#include "process/host_memory.h"
+#include "process/process.h"
 
 namespace kvferry::bench {
 namespace fs = std::filesystem;
@@ -83,7 +84,7 @@ Status validate(BenchConfig& c) {
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
   if (c.warmup_s < 0) c.warmup_s = std::min(1.0, c.duration_s / 5);
   if (!(c.timeout_s > 0)) return invalid("--timeout-s must be > 0");
-  if (c.models_file.empty()) c.models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  if (c.models_file.empty()) c.models_file = default_models_file();
   auto m = load_model(c);
   if (!m.ok()) return m.status();
   auto plan = plan_transfers(*m, c.prefill_tp, c.decode_tp);
@@ -98,11 +99,11 @@ Status validate(BenchConfig& c) {
       total += l->bytes_for_pages(l->pages_for(c.tokens)) * c.concurrency;
     }
   }
-  uint64_t avail = replay::mem_available_bytes();
+  uint64_t avail = process::mem_available_bytes();
   if (avail && total > avail * 7 / 10)
     return invalid(fmt::format("the pools need {} MiB, more than 70% of the {} MiB available; lower "
                                "--tokens or --concurrency", total >> 20, avail >> 20));
-  if (c.exe.empty()) c.exe = replay::self_exe();
+  if (c.exe.empty()) c.exe = process::self_exe();
   if (c.work_dir.empty()) {
     fs::path base = c.out.empty() ? fs::path("out/bench") : fs::path(c.out).parent_path();
     if (base.empty()) base = ".";
@@ -130,7 +131,7 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
     return 2;
   }
   const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
-  replay::ProcessGroup group;
+  process::ProcessGroup group;
   std::vector<std::string> names;
   for (int side = 0; side < 2; ++side) {
     const bool prefill = side == 0;
@@ -145,9 +146,9 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
       names.push_back(name);
     }
   }
-  auto fail_child = [&](const replay::ChildExit& e) {
+  auto fail_child = [&](const process::ChildExit& e) {
     err << "kvferry bench: " << e.name << " " << e.describe() << "; its output:\n"
-        << replay::tail_file(c.work_dir + "/" + e.name + ".stderr", 20);
+        << process::tail_file(c.work_dir + "/" + e.name + ".stderr", 20);
     group.stop_all(std::chrono::milliseconds(500));
     return 2;
   };

@@ -7,13 +7,14 @@
 
 #include "bench/bench.h"
 #include "cli/commands.h"
+#include "core/data_dir.h"
 #include "kvferry/transport.h"
 
 namespace kvferry::cli {
 
 void add_bench_command(CLI::App& app) {
   auto cfg = std::make_shared<bench::BenchConfig>();
-  cfg->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  cfg->models_file = default_models_file();
   CLI::App* cmd = app.add_subcommand(
       "bench", "Transfer benchmark: prefill and decode ranks as processes, no trace, no verification");
   cmd->add_option("--model", cfg->model, "model geometry name (data/models.json)")->capture_default_str();

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "core/data_dir.h"
 #include "core/stop_request.h"
 #include "driver/rank.h"
 #include "kvferry/deadlines.h"
@@ -58,7 +59,7 @@ void stop_on_termination_signals() {
 void add_rank_command(CLI::App& app) {
   auto opts = std::make_shared<RankOptions>();
   auto role = std::make_shared<std::string>("prefill");
-  opts->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  opts->models_file = default_models_file();
   CLI::App* cmd = app.add_subcommand("rank", "run one engine rank (internal: spawned by `kvferry replay`)");
   cmd->add_option("--role", *role, "prefill or decode")->check(CLI::IsMember({"prefill", "decode"}))->required();
   cmd->add_option("--tp-rank", opts->tp_rank, "this rank's tensor-parallel index")->required();
@@ -74,7 +75,8 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--bootstrap", opts->bootstrap, "bootstrap service host:port");
   cmd->add_option("--engine-endpoint", opts->engine_endpoint, "the engine leader's endpoint")->required();
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();
-  cmd->add_option("--transport", opts->transport, "shm or tcp")->check(CLI::IsMember(transport_names()));
+  cmd->add_option("--transport", opts->transport, "a registered transport name: shm or tcp (kvferry/transport.h)")
+      ->check(CLI::IsMember(transport_names()));
   cmd->add_option("--transfer-shards", opts->transfer_shards,
                   "transfer worker shards (UCX workers, one progress thread each; a room stays on one)")
       ->check(CLI::Range(1u, kMaxTransportShards));

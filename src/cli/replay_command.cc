@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "core/data_dir.h"
 #include "kvferry/deadlines.h"
 #include "kvferry/transport.h"
 #include "replay/orchestrator.h"
@@ -15,10 +16,13 @@ namespace kvferry::cli {
 
 void add_replay_command(CLI::App& app) {
   auto cfg = std::make_shared<replay::ReplayConfig>();
-  cfg->models_file = KVFERRY_SOURCE_DIR "/data/models.json";
+  cfg->models_file = default_models_file();
   CLI::App* cmd = app.add_subcommand(
       "replay", "Replay a request trace through real prefill/decode ranks and write a report");
-  cmd->add_option("--trace", cfg->trace, "Mooncake JSONL or Azure CSV trace (detected)")->required();
+  cmd->add_option("--trace", cfg->trace,
+                  "Mooncake JSONL or Azure CSV trace (detected); a bare name not found here is looked "
+                  "up in the bundled traces (<data dir>/traces)")
+      ->required();
   cmd->add_option("--model", cfg->model, "model geometry name from --models-file")->capture_default_str();
   cmd->add_option("--models-file", cfg->models_file, "model geometry JSON")->capture_default_str();
   cmd->add_option("--prefill-tp", cfg->prefill_tp, "prefill engine TP size")->capture_default_str();
@@ -92,6 +96,7 @@ void add_replay_command(CLI::App& app) {
       std::cerr << "kvferry replay: " << bad_env->front() << " is not a positive integer (ms)\n";
       throw CLI::RuntimeError(2);
     }
+    cfg->trace = resolve_trace_file(cfg->trace);
     const int rc = replay::run_replay(*cfg, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

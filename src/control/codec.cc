@@ -2,12 +2,15 @@
 //
 // Header (12 bytes): "KVFY" | version u16 | type u16 | body_length u32. Bodies, fields in order:
 //   RankId           role u8 (0 prefill, 1 decode) | engine_id u32 | tp_rank u32 | dp_rank u32
-//   PoolRegistration sender RankId | control_endpoint str | worker_address str | packed_rkey str |
-//                    region_base u64 | region_bytes u64 | page_size u32 | page_bytes u64 |
-//                    num_pages u64 | num_buffers u32 | aux_slots u32 | heads_per_rank u32 |
-//                    first_head u32
-//   RoomMetadata     room u64 | sender RankId | kv_indices (u32 count + count * u64) |
-//                    aux_slot u32 | expected_senders u32
+//   PoolRegistration sender RankId | control_endpoint str | worker_address str |
+//                    spans (u32 count + count * (offset u64 | bytes u64 | base u64 | packed_rkey str)) |
+//                    page_size u32 | page_bytes u64 | num_pages u64 | kv_offsets u64[] |
+//                    aux_offsets u64[] | aux_item_bytes u64[] | aux_rows u64 |
+//                    state_offsets u64[] | state_item_bytes u64[] | state_rows u64 |
+//                    guard_offset u64 | heads_per_rank u32 | first_head u32
+//   RoomMetadata     room u64 | sender RankId | kv_indices u64[] | aux_index u64 |
+//                    state_indices u64[] | expected_senders u32
+// u64[] = u32 count + count * u64.
 //   RoomStatus       room u64 | sender RankId | state u8 (KVPoll) | code u16 (ErrorCode) |
 //                    origin RankId | first_seen_ns i64 | reason str [| flags u8]
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
@@ -59,14 +62,24 @@ void put_body(WireWriter& w, const PoolRegistration& m) {
   put_rank(w, m.sender);
   w.bytes(m.control_endpoint);
   w.bytes(m.worker_address);
-  w.bytes(m.packed_rkey);
-  w.u64(m.region_base);
-  w.u64(m.region_bytes);
+  w.u32(static_cast<uint32_t>(m.spans.size()));
+  for (const RegionSpan& s : m.spans) {
+    w.u64(s.offset);
+    w.u64(s.bytes);
+    w.u64(s.base);
+    w.bytes(s.packed_rkey);
+  }
   w.u32(m.page_size);
   w.u64(m.page_bytes);
   w.u64(m.num_pages);
-  w.u32(m.num_buffers);
-  w.u32(m.aux_slots);
+  w.u64_array(m.kv_offsets);
+  w.u64_array(m.aux_offsets);
+  w.u64_array(m.aux_item_bytes);
+  w.u64(m.aux_rows);
+  w.u64_array(m.state_offsets);
+  w.u64_array(m.state_item_bytes);
+  w.u64(m.state_rows);
+  w.u64(m.guard_offset);
   w.u32(m.heads_per_rank);
   w.u32(m.first_head);
 }
@@ -75,7 +88,8 @@ void put_body(WireWriter& w, const RoomMetadata& m) {
   w.u64(m.room);
   put_rank(w, m.sender);
   w.u64_array(m.kv_indices);
-  w.u32(m.aux_slot);
+  w.u64(m.aux_index);
+  w.u64_array(m.state_indices);
   w.u32(m.expected_senders);
 }
 
@@ -97,27 +111,73 @@ void put_body(WireWriter& w, const Heartbeat& m) {
   w.i64(m.sent_ns);
 }
 
+// A u64 that must not be zero.
+void get_positive(WireReader& r, const char* field, uint64_t* v) {
+  if (r.u64(field, v) && *v == 0) r.fail(field, "is 0");
+}
+
+// A u64 array whose entries must not be zero.
+void get_positive_array(WireReader& r, const char* field, uint32_t max_count, std::vector<uint64_t>* v) {
+  if (!r.u64_array(field, max_count, v)) return;
+  for (size_t i = 0; i < v->size(); ++i)
+    if ((*v)[i] == 0) return r.fail(field, "entry " + std::to_string(i) + " is 0");
+}
+
 void get_body(WireReader& r, PoolRegistration* m) {
   get_rank(r, "PoolRegistration.sender", &m->sender);
   r.bytes("PoolRegistration.control_endpoint", kMaxStringBytes, &m->control_endpoint);
   r.bytes("PoolRegistration.worker_address", kMaxStringBytes, &m->worker_address);
-  r.bytes("PoolRegistration.packed_rkey", kMaxStringBytes, &m->packed_rkey);
-  r.u64("PoolRegistration.region_base", &m->region_base);
-  r.u64("PoolRegistration.region_bytes", &m->region_bytes);
-  r.u32("PoolRegistration.page_size", &m->page_size);
-  r.u64("PoolRegistration.page_bytes", &m->page_bytes);
-  r.u64("PoolRegistration.num_pages", &m->num_pages);
-  r.u32("PoolRegistration.num_buffers", &m->num_buffers);
-  r.u32("PoolRegistration.aux_slots", &m->aux_slots);
-  r.u32("PoolRegistration.heads_per_rank", &m->heads_per_rank);
+  uint32_t spans = 0;
+  if (r.u32("PoolRegistration.spans", &spans)) {
+    if (spans == 0 || spans > kMaxRegionSpans) {
+      r.fail("PoolRegistration.spans", std::to_string(spans) + " spans, expected 1.." + std::to_string(kMaxRegionSpans));
+    } else {
+      // Each span takes at least 28 bytes: a count the body cannot hold fails before allocating.
+      if (r.remaining() / 28 < spans) r.fail("PoolRegistration.spans", std::to_string(spans) + " spans do not fit the body");
+      for (uint32_t i = 0; i < spans && r.ok(); ++i) {
+        RegionSpan s;
+        r.u64("PoolRegistration.spans.offset", &s.offset);
+        get_positive(r, "PoolRegistration.spans.bytes", &s.bytes);
+        r.u64("PoolRegistration.spans.base", &s.base);
+        r.bytes("PoolRegistration.spans.packed_rkey", kMaxStringBytes, &s.packed_rkey);
+        if (r.ok() && s.offset > UINT64_MAX - s.bytes) r.fail("PoolRegistration.spans", "offset + bytes overflows");
+        m->spans.push_back(std::move(s));
+      }
+    }
+  }
+  if (r.u32("PoolRegistration.page_size", &m->page_size) && m->page_size == 0)
+    r.fail("PoolRegistration.page_size", "is 0");
+  get_positive(r, "PoolRegistration.page_bytes", &m->page_bytes);
+  get_positive(r, "PoolRegistration.num_pages", &m->num_pages);
+  if (r.u64_array("PoolRegistration.kv_offsets", kMaxKvBuffers, &m->kv_offsets) && m->kv_offsets.empty())
+    r.fail("PoolRegistration.kv_offsets", "no KV buffer");
+  r.u64_array("PoolRegistration.aux_offsets", kMaxAuxBuffers, &m->aux_offsets);
+  get_positive_array(r, "PoolRegistration.aux_item_bytes", kMaxAuxBuffers, &m->aux_item_bytes);
+  if (r.ok() && m->aux_item_bytes.size() != m->aux_offsets.size())
+    r.fail("PoolRegistration.aux_item_bytes", std::to_string(m->aux_item_bytes.size()) + " entries for " +
+                                                  std::to_string(m->aux_offsets.size()) + " aux buffers");
+  get_positive(r, "PoolRegistration.aux_rows", &m->aux_rows);
+  r.u64_array("PoolRegistration.state_offsets", kMaxStateBuffers, &m->state_offsets);
+  get_positive_array(r, "PoolRegistration.state_item_bytes", kMaxStateBuffers, &m->state_item_bytes);
+  if (r.ok() && m->state_item_bytes.size() != m->state_offsets.size())
+    r.fail("PoolRegistration.state_item_bytes", std::to_string(m->state_item_bytes.size()) + " entries for " +
+                                                    std::to_string(m->state_offsets.size()) + " state buffers");
+  if (r.u64("PoolRegistration.state_rows", &m->state_rows) && m->state_rows == 0 && !m->state_offsets.empty())
+    r.fail("PoolRegistration.state_rows", "is 0 with state buffers");
+  r.u64("PoolRegistration.guard_offset", &m->guard_offset);
+  if (r.u32("PoolRegistration.heads_per_rank", &m->heads_per_rank) && m->heads_per_rank == 0)
+    r.fail("PoolRegistration.heads_per_rank", "is 0");
   r.u32("PoolRegistration.first_head", &m->first_head);
+  if (r.ok() && m->first_head > UINT32_MAX - m->heads_per_rank)
+    r.fail("PoolRegistration.first_head", "first_head + heads_per_rank overflows");
 }
 
 void get_body(WireReader& r, RoomMetadata* m) {
   r.u64("RoomMetadata.room", &m->room);
   get_rank(r, "RoomMetadata.sender", &m->sender);
   r.u64_array("RoomMetadata.kv_indices", kMaxKvIndices, &m->kv_indices);
-  r.u32("RoomMetadata.aux_slot", &m->aux_slot);
+  r.u64("RoomMetadata.aux_index", &m->aux_index);
+  r.u64_array("RoomMetadata.state_indices", kMaxStateIndices, &m->state_indices);
   r.u32("RoomMetadata.expected_senders", &m->expected_senders);
 }
 

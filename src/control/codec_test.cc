@@ -16,16 +16,34 @@ PoolRegistration sample_registration() {
   m.sender = decode_rank(1);
   m.control_endpoint = "tcp://127.0.0.1:5601";
   m.worker_address = std::string("\x00\x01\xffworker", 9);
-  m.packed_rkey = std::string(300, '\x7f');
-  m.region_base = 0x7f00'1234'5678'9abcull;
-  m.region_bytes = 1ull << 40;
+  m.spans = {{0, 1ull << 40, 0x7f00'1234'5678'9abcull, std::string(300, '\x7f')},
+             {1ull << 41, 4096, 0x7e00'0000'0000'0000ull, "k2"}};
   m.page_size = 16;
   m.page_bytes = 65536;
   m.num_pages = 12345;
-  m.num_buffers = 64;
-  m.aux_slots = 256;
+  for (uint64_t b = 0; b < 64; ++b) m.kv_offsets.push_back(b * 65536 * 12345);
+  m.aux_offsets = {1ull << 41, (1ull << 41) + 2048};
+  m.aux_item_bytes = {8, 4};
+  m.aux_rows = 256;
+  m.state_offsets = {(1ull << 40) - 4096};
+  m.state_item_bytes = {16};
+  m.state_rows = 200;
+  m.guard_offset = (1ull << 40) - 16384;
   m.heads_per_rank = 4;
   m.first_head = 8;
+  return m;
+}
+
+// The smallest registration decode() accepts: one span, one KV buffer, no aux or state buffer.
+PoolRegistration minimal_registration() {
+  PoolRegistration m;
+  m.spans = {{0, 1, 0, ""}};
+  m.page_size = 1;
+  m.page_bytes = 1;
+  m.num_pages = 1;
+  m.kv_offsets = {0};
+  m.aux_rows = 1;
+  m.heads_per_rank = 1;
   return m;
 }
 
@@ -34,7 +52,8 @@ RoomMetadata sample_metadata(size_t n) {
   m.room = 0x7fff'ffff'ffff'fffeull;
   m.sender = decode_rank(0);
   for (size_t i = 0; i < n; ++i) m.kv_indices.push_back(i * 7 + (i % 3 == 0 ? 1ull << 40 : 0));
-  m.aux_slot = 17;
+  m.aux_index = 17;
+  m.state_indices = {3, 1ull << 33};
   m.expected_senders = 2;
   return m;
 }
@@ -83,24 +102,90 @@ TEST(Codec, PoolRegistrationRoundTrip) {
   EXPECT_EQ(d.sender, m.sender);
   EXPECT_EQ(d.control_endpoint, m.control_endpoint);
   EXPECT_EQ(d.worker_address, m.worker_address);
-  EXPECT_EQ(d.packed_rkey, m.packed_rkey);
-  EXPECT_EQ(d.region_base, m.region_base);
-  EXPECT_EQ(d.region_bytes, m.region_bytes);
+  ASSERT_EQ(d.spans.size(), 2u);
+  EXPECT_EQ(d.spans[0].offset, 0u);
+  EXPECT_EQ(d.spans[0].bytes, 1ull << 40);
+  EXPECT_EQ(d.spans[0].base, 0x7f00'1234'5678'9abcull);
+  EXPECT_EQ(d.spans[0].packed_rkey, m.spans[0].packed_rkey);
+  EXPECT_EQ(d.spans[1].offset, 1ull << 41);
+  EXPECT_EQ(d.spans[1].packed_rkey, "k2");
   EXPECT_EQ(d.page_size, 16u);
   EXPECT_EQ(d.page_bytes, 65536u);
   EXPECT_EQ(d.num_pages, 12345u);
-  EXPECT_EQ(d.num_buffers, 64u);
-  EXPECT_EQ(d.aux_slots, 256u);
+  EXPECT_EQ(d.kv_offsets, m.kv_offsets);
+  EXPECT_EQ(d.aux_offsets, m.aux_offsets);
+  EXPECT_EQ(d.aux_item_bytes, (std::vector<uint64_t>{8, 4}));
+  EXPECT_EQ(d.aux_rows, 256u);
+  EXPECT_EQ(d.state_offsets, m.state_offsets);
+  EXPECT_EQ(d.state_item_bytes, (std::vector<uint64_t>{16}));
+  EXPECT_EQ(d.state_rows, 200u);
+  EXPECT_EQ(d.guard_offset, m.guard_offset);
   EXPECT_EQ(d.heads_per_rank, 4u);
   EXPECT_EQ(d.first_head, 8u);
 }
 
-TEST(Codec, PoolRegistrationEmptyStrings) {
-  PoolRegistration m;
+TEST(Codec, PoolRegistrationMinimal) {
+  const auto m = minimal_registration();
   const auto d = round_trip(m);
   EXPECT_EQ(d.control_endpoint, "");
-  EXPECT_EQ(d.packed_rkey, "");
-  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 3 * 4 + 8 * 4 + 4 * 5);
+  EXPECT_EQ(d.spans[0].packed_rkey, "");
+  EXPECT_TRUE(d.aux_offsets.empty());
+  EXPECT_TRUE(d.state_offsets.empty());
+  // rank 13 | 2 strings | span count + one span (3 u64 + empty str) | page_size | page_bytes,
+  // num_pages | kv_offsets (count + 1) | aux, aux item (2 counts) | aux_rows | state, state item
+  // (2 counts) | state_rows | guard_offset | heads, first_head
+  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 2 * 4 + 4 + 3 * 8 + 4 + 4 + 2 * 8 + (4 + 8) + 2 * 4 + 8 + 2 * 4 +
+                                           8 + 8 + 2 * 4);
+}
+
+// Re-encodes `m` after `edit` and expects decode() to name `field`.
+template <typename Edit>
+void expect_registration_rejected(Edit edit, const std::string& field) {
+  PoolRegistration m = sample_registration();
+  edit(m);
+  expect_rejected(encode(Message(m)), field);
+}
+
+TEST(CodecReject, RegistrationFields) {
+  expect_registration_rejected([](PoolRegistration& m) { m.spans.clear(); }, "PoolRegistration.spans");
+  expect_registration_rejected([](PoolRegistration& m) { m.spans[1].bytes = 0; }, "PoolRegistration.spans.bytes");
+  expect_registration_rejected([](PoolRegistration& m) { m.spans[1].offset = UINT64_MAX - 10; }, "overflows");
+  expect_registration_rejected([](PoolRegistration& m) { m.page_size = 0; }, "PoolRegistration.page_size");
+  expect_registration_rejected([](PoolRegistration& m) { m.page_bytes = 0; }, "PoolRegistration.page_bytes");
+  expect_registration_rejected([](PoolRegistration& m) { m.num_pages = 0; }, "PoolRegistration.num_pages");
+  expect_registration_rejected([](PoolRegistration& m) { m.kv_offsets.clear(); }, "no KV buffer");
+  expect_registration_rejected([](PoolRegistration& m) { m.kv_offsets.resize(kMaxKvBuffers + 1); },
+                               "PoolRegistration.kv_offsets");
+  expect_registration_rejected([](PoolRegistration& m) { m.aux_offsets.resize(kMaxAuxBuffers + 1); },
+                               "PoolRegistration.aux_offsets");
+  expect_registration_rejected([](PoolRegistration& m) { m.aux_item_bytes.pop_back(); },
+                               "1 entries for 2 aux buffers");
+  expect_registration_rejected([](PoolRegistration& m) { m.aux_item_bytes[1] = 0; }, "entry 1 is 0");
+  expect_registration_rejected([](PoolRegistration& m) { m.aux_rows = 0; }, "PoolRegistration.aux_rows");
+  expect_registration_rejected([](PoolRegistration& m) { m.state_item_bytes.push_back(8); },
+                               "2 entries for 1 state buffers");
+  expect_registration_rejected([](PoolRegistration& m) { m.state_rows = 0; }, "PoolRegistration.state_rows");
+  expect_registration_rejected([](PoolRegistration& m) { m.heads_per_rank = 0; },
+                               "PoolRegistration.heads_per_rank");
+  expect_registration_rejected([](PoolRegistration& m) { m.first_head = UINT32_MAX - 2; },
+                               "first_head + heads_per_rank overflows");
+}
+
+TEST(CodecReject, SpanCountTheBodyCannotHold) {
+  std::string f = encode(Message(minimal_registration()));
+  const size_t count_off = 12 + 13 + 4 + 4;  // after the rank and the two empty strings
+  put_le(f, count_off, kMaxRegionSpans, 4);
+  expect_rejected(f, "do not fit the body");
+  put_le(f, count_off, kMaxRegionSpans + 1, 4);
+  expect_rejected(f, "expected 1..");
+}
+
+TEST(Codec, StateRowsMayBeZeroWithoutStateBuffers) {
+  PoolRegistration m = sample_registration();
+  m.state_offsets.clear();
+  m.state_item_bytes.clear();
+  m.state_rows = 0;
+  EXPECT_EQ(round_trip(m).state_rows, 0u);
 }
 
 TEST(Codec, RoomMetadataRoundTrip) {
@@ -109,8 +194,15 @@ TEST(Codec, RoomMetadataRoundTrip) {
   EXPECT_EQ(d.room, m.room);
   EXPECT_EQ(d.sender, m.sender);
   EXPECT_EQ(d.kv_indices, m.kv_indices);
-  EXPECT_EQ(d.aux_slot, 17u);
+  EXPECT_EQ(d.aux_index, 17u);
+  EXPECT_EQ(d.state_indices, (std::vector<uint64_t>{3, 1ull << 33}));
   EXPECT_EQ(d.expected_senders, 2u);
+}
+
+TEST(CodecReject, StateIndicesCount) {
+  RoomMetadata m = sample_metadata(1);
+  m.state_indices.assign(kMaxStateIndices + 1, 0);
+  expect_rejected(encode(Message(m)), "RoomMetadata.state_indices");
 }
 
 TEST(Codec, RoomMetadataEmptyAndLargeIndices) {
@@ -119,7 +211,7 @@ TEST(Codec, RoomMetadataEmptyAndLargeIndices) {
   const auto d = round_trip(big);
   ASSERT_EQ(d.kv_indices.size(), size_t{1} << 20);
   EXPECT_EQ(d.kv_indices, big.kv_indices);
-  EXPECT_EQ(encode(Message(big)).size(), 12u + 8 + 13 + 4 + 8 * (size_t{1} << 20) + 8);
+  EXPECT_EQ(encode(Message(big)).size(), 12u + 8 + 13 + 4 + 8 * (size_t{1} << 20) + 8 + 4 + 2 * 8 + 4);
 }
 
 TEST(Codec, RoomStatusRoundTrip) {
@@ -182,7 +274,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 1);  // version 1, low byte first
+  EXPECT_EQ(f[4], 2);  // version 2, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 29);  // body length
@@ -210,7 +302,10 @@ TEST(CodecReject, BadMagicVersionType) {
   g[0] = 'X';
   expect_rejected(g, "magic");
   g = f;
-  put_le(g, 4, 2, 2);
+  put_le(g, 4, 1, 2);  // the version before engine-shaped memory
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 3, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
@@ -352,7 +447,7 @@ TEST(CodecFuzz, MutatedFramesNeverCrashAndAcceptedOnesAreCanonical) {
   RoomStatus early_status = sample_status();
   early_status.terminal = false;
   const std::vector<std::string> seeds = {
-      encode(Message(sample_registration())), encode(Message(PoolRegistration{})),
+      encode(Message(sample_registration())), encode(Message(minimal_registration())),
       encode(Message(sample_metadata(0))),    encode(Message(sample_metadata(40))),
       encode(Message(sample_status())),       encode(Message(ok_status)),
       encode(Message(sample_heartbeat())),    encode(Message(early_status)),

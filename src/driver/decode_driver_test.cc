@@ -31,7 +31,7 @@ class DecodeDriverTest : public ::testing::Test {
     auto p = EndpointPair::create(cfg);
     ASSERT_TRUE(p.ok()) << p.status().str();
     pair_ = std::move(p).value();
-    drv_ = std::make_unique<DecodeDriver>(pair_->dcore(), pair_->decode());
+    drv_ = std::make_unique<DecodeDriver>(pair_->dmanager());
   }
   void TearDown() override {
     drv_.reset();
@@ -91,7 +91,7 @@ TEST_F(DecodeDriverTest, AdmitsFifo) {
   // Lowest pages first, identical on every rank (deterministic allocator).
   EXPECT_EQ(pair_->decode().room(b)->kv_indices, (std::vector<uint64_t>{0, 1, 2, 3}));
   EXPECT_EQ(pair_->decode().room(c)->kv_indices, (std::vector<uint64_t>{4}));
-  EXPECT_NE(pair_->decode().room(b)->aux_slot, pair_->decode().room(c)->aux_slot);
+  EXPECT_NE(pair_->decode().room(b)->aux_index, pair_->decode().room(c)->aux_index);
 }
 
 TEST_F(DecodeDriverTest, RejectsWhatCanNeverFitWithoutBlockingTheQueue) {

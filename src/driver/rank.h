@@ -1,5 +1,5 @@
-// One engine rank as a process: builds the manager (pool, transport, control socket), joins the
-// bootstrap service, and runs the engine loop until the router's shutdown.
+// One engine rank as a process: builds the rank's Manager (kvferry/manager.h: pool, transport,
+// control socket, bootstrap), and runs the engine loop until the router's shutdown.
 // Thread contract: run_rank() on the process's main thread; returns the exit code
 // (0 clean shutdown, 2 could not start, 3 a peer of the engine stopped answering, 128+N stopped by
 // signal N: SIGTERM/SIGINT end the loop after its step, logs and metrics file are still written).

@@ -1,5 +1,7 @@
 #include "endpoint/coalesce.h"
 
+#include <algorithm>
+
 namespace kvferry {
 
 std::vector<PageRun> coalesce_pages(std::span<const uint64_t> src, std::span<const uint64_t> dst) {
@@ -21,34 +23,43 @@ std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std:
   return coalesce_pages(std::span<const uint64_t>(src), std::span<const uint64_t>(dst));
 }
 
-void append_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
-                   const PoolStrides& remote, std::vector<WriteOp>& ops) {
+namespace {
+size_t buffers_of(const PoolOffsets& a, const PoolOffsets& b) {
+  return std::min(a.buffer_offsets.size(), b.buffer_offsets.size());
+}
+}  // namespace
+
+void append_writes(const std::vector<PageRun>& runs, const PoolOffsets& local, const PoolOffsets& remote,
+                   std::vector<WriteOp>& ops) {
+  const size_t num_buffers = buffers_of(local, remote);
   ops.reserve(ops.size() + runs.size() * num_buffers);
-  for (uint32_t b = 0; b < num_buffers; ++b) {
+  for (size_t b = 0; b < num_buffers; ++b) {
     for (const PageRun& r : runs) {
-      ops.push_back({b * local.buffer_stride + r.src * local.page_bytes,
-                     b * remote.buffer_stride + r.dst * remote.page_bytes, r.pages * local.page_bytes});
+      ops.push_back({local.buffer_offsets[b] + r.src * local.page_bytes,
+                     remote.buffer_offsets[b] + r.dst * remote.page_bytes, r.pages * local.page_bytes});
     }
   }
 }
 
-std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                    const PoolStrides& local, const PoolStrides& remote) {
+std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, const PoolOffsets& local,
+                                    const PoolOffsets& remote) {
   std::vector<WriteOp> ops;
-  append_writes(runs, num_buffers, local, remote, ops);
+  append_writes(runs, local, remote, ops);
   return ops;
 }
 
-void append_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
-                         const PoolStrides& remote, const SliceGeometry& g, std::vector<WriteOp>& ops) {
+void append_slice_writes(const std::vector<PageRun>& runs, const PoolOffsets& local, const PoolOffsets& remote,
+                         const SliceGeometry& g, std::vector<WriteOp>& ops) {
+  const size_t num_buffers = buffers_of(local, remote);
   uint64_t tokens = 0;
   for (const PageRun& r : runs) tokens += r.pages * g.page_size;
   ops.reserve(ops.size() + tokens * num_buffers * (g.rotate_heads > 1 ? g.rotate_heads : 1));
-  for (uint32_t b = 0; b < num_buffers; ++b) {
+  for (size_t b = 0; b < num_buffers; ++b) {
     for (const PageRun& r : runs) {
       for (uint64_t t = 0; t < r.pages * g.page_size; ++t) {
-        uint64_t src = b * local.buffer_stride + r.src * local.page_bytes + t * g.local_token_bytes + g.local_off;
-        uint64_t dst = b * remote.buffer_stride + r.dst * remote.page_bytes + t * g.remote_token_bytes + g.remote_off;
+        uint64_t src = local.buffer_offsets[b] + r.src * local.page_bytes + t * g.local_token_bytes + g.local_off;
+        uint64_t dst =
+            remote.buffer_offsets[b] + r.dst * remote.page_bytes + t * g.remote_token_bytes + g.remote_off;
         if (g.rotate_heads > 1) {
           for (uint32_t k = 0; k < g.rotate_heads; ++k)
             ops.push_back({src + ((k + 1) % g.rotate_heads) * g.head_bytes, dst + k * g.head_bytes, g.head_bytes});
@@ -60,11 +71,10 @@ void append_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
   }
 }
 
-std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                          const PoolStrides& local, const PoolStrides& remote,
-                                          const SliceGeometry& g) {
+std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, const PoolOffsets& local,
+                                          const PoolOffsets& remote, const SliceGeometry& g) {
   std::vector<WriteOp> ops;
-  append_slice_writes(runs, num_buffers, local, remote, g, ops);
+  append_slice_writes(runs, local, remote, g, ops);
   return ops;
 }
 

@@ -1,5 +1,7 @@
-// Coalescing (src page, dst page) pairs into runs where both advance by one (DESIGN §2 step 5),
-// then into one write per run per layer buffer.
+// Coalescing (src page, dst page) pairs into runs where both advance by one, then into one write
+// per run per KV buffer (docs/transport.md). Each side's KV buffers are at their own offsets in
+// that side's offset space (engine buffers are separate allocations; a contiguous pool is the
+// special case of evenly spaced offsets).
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
@@ -21,19 +23,20 @@ struct PageRun {
 std::vector<PageRun> coalesce_pages(std::span<const uint64_t> src, std::span<const uint64_t> dst);
 std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std::vector<uint64_t>& dst);
 
-// Geometry of one side's pool for offset computation: buffer b, page p is at
-// b * buffer_stride + p * page_bytes.
-struct PoolStrides {
+// One side's KV buffers for offset computation: buffer b, page p is at
+// buffer_offsets[b] + p * page_bytes (endpoint/memory_map.h MemoryShape::kv).
+struct PoolOffsets {
   uint64_t page_bytes = 0;
-  uint64_t buffer_stride = 0;
+  std::span<const uint64_t> buffer_offsets;
 };
 
-// One WriteOp per run per buffer, buffers [0, num_buffers). The append_ forms add to `out` (one
-// batch for every layer and every head transfer of a chunk, no temporary vectors).
-std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                    const PoolStrides& local, const PoolStrides& remote);
-void append_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
-                   const PoolStrides& remote, std::vector<WriteOp>& out);
+// One WriteOp per run per KV buffer, for the buffers both sides have (the caller checked they
+// have the same number). The append_ forms add to `out` (one batch for every layer and every head
+// transfer of a chunk, no temporary vectors).
+std::vector<WriteOp> runs_to_writes(const std::vector<PageRun>& runs, const PoolOffsets& local,
+                                    const PoolOffsets& remote);
+void append_writes(const std::vector<PageRun>& runs, const PoolOffsets& local, const PoolOffsets& remote,
+                   std::vector<WriteOp>& out);
 
 // A head slice moved between ranks holding different head ranges: per token, `slice_bytes` from
 // byte `local_off` of the local token row to byte `remote_off` of the remote token row. One write
@@ -50,10 +53,9 @@ struct SliceGeometry {
   uint32_t rotate_heads = 0;
   uint64_t head_bytes = 0;
 };
-std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers,
-                                          const PoolStrides& local, const PoolStrides& remote,
-                                          const SliceGeometry& g);
-void append_slice_writes(const std::vector<PageRun>& runs, uint32_t num_buffers, const PoolStrides& local,
-                         const PoolStrides& remote, const SliceGeometry& g, std::vector<WriteOp>& out);
+std::vector<WriteOp> runs_to_slice_writes(const std::vector<PageRun>& runs, const PoolOffsets& local,
+                                          const PoolOffsets& remote, const SliceGeometry& g);
+void append_slice_writes(const std::vector<PageRun>& runs, const PoolOffsets& local, const PoolOffsets& remote,
+                         const SliceGeometry& g, std::vector<WriteOp>& out);
 
 }  // namespace kvferry

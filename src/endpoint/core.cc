@@ -1,6 +1,11 @@
 #include "endpoint/core.h"
 
+#include <fmt/format.h>
+
 #include <utility>
+
+#include "endpoint/span_compat.h"
+#include "kvferry/port_file.h"
 
 namespace kvferry {
 
@@ -8,7 +13,8 @@ EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.se
 
 EndpointCore::~EndpointCore() {
   monitor_.reset();
-  faults_.reset();
+  faults_ = nullptr;
+  transport_.reset();
 }
 
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
@@ -17,25 +23,30 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   topt.shards = config.transfer_shards;
   auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
-  core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());
-  if (config.external_base != nullptr && config.external_bytes < config.layout.total_bytes())
-    return Status(ErrorCode::kInvalidArgument,
-                  "pool of " + std::to_string(config.external_bytes) + " bytes is smaller than its layout (" +
-                      std::to_string(config.layout.total_bytes()) + " bytes)");
-  if (config.external_base != nullptr) {  // one span at offset 0 of the offset space
-    auto spans = core->faults_->register_spans({{config.external_base, config.external_bytes, 0}});
-    if (!spans.ok()) return spans.status();
-    core->region_ = spans->front();
+  if (config.fault_injection) {
+    auto f = std::make_unique<FaultInjectingTransport>(std::move(t).value());
+    core->faults_ = f.get();
+    core->transport_ = std::move(f);
   } else {
-    auto region = core->faults_->create_region(config.layout.total_bytes());
-    if (!region.ok()) return region.status();
-    core->region_ = *region;
+    core->transport_ = std::move(t).value();
   }
+  Status mapped = core->build_map();
+  if (!mapped.ok()) return mapped;
+  auto spans = register_map(*core->transport_, core->map_);
+  if (!spans.ok()) return spans.status();
+  core->spans_ = std::move(spans).value();
   auto sock = ControlSocket::bind(config.control_bind);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
+  core->control_endpoint_ = core->control_->endpoint();
+  if (!config.control_advertise_host.empty()) {
+    auto port = endpoint_port(core->control_endpoint_);
+    if (!port) return Status(ErrorCode::kInternal, "control socket bound to " + core->control_endpoint_ + ": no port");
+    const std::string& h = config.control_advertise_host;
+    core->control_endpoint_ = "tcp://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(*port);
+  }
   EndpointCore* raw = core.get();
-  core->faults_->set_peer_error_handler([raw](PeerId peer, Status st) {
+  core->transport_->set_peer_error_handler([raw](PeerId peer, Status st) {
     {
       std::lock_guard<std::mutex> lock(raw->mu_);
       raw->peer_errors_.push_back({peer, std::move(st)});
@@ -44,6 +55,40 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   });
   core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines);
   return core;
+}
+
+Status EndpointCore::build_map() {
+  PoolLayout& l = config_.layout;
+  if (config_.buffers.empty()) {
+    if (config_.external_base != nullptr && config_.external_bytes < l.total_bytes())
+      return Status(ErrorCode::kInvalidArgument,
+                    "pool of " + std::to_string(config_.external_bytes) + " bytes is smaller than its layout (" +
+                        std::to_string(l.total_bytes()) + " bytes)");
+    map_ = MemoryMap::contiguous(l, config_.external_base);
+    contiguous_ = true;
+    return Status::Ok();
+  }
+  auto set = check_buffers(config_.buffers);
+  if (!set.ok()) return set.status();
+  if (set->kv.size() != l.num_buffers())
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("{} kv buffers for a model with {} (layers x tensors per layer)", set->kv.size(),
+                              l.num_buffers()));
+  if (set->page_bytes != l.page_bytes())
+    return Status(ErrorCode::kInvalidArgument,
+                  fmt::format("kv item_bytes {} is not a page of this rank's heads ({} tokens x {} heads x {} "
+                              "bytes = {})",
+                              set->page_bytes, l.page_size, l.heads_per_rank,
+                              uint64_t(l.model.head_dim) * l.model.dtype_bytes, l.page_bytes()));
+  const uint64_t rows = set->aux.empty() ? l.aux_slots : set->aux_rows;
+  if (rows > UINT32_MAX) return Status(ErrorCode::kInvalidArgument, fmt::format("{} aux rows is too many", rows));
+  auto map = MemoryMap::from_buffers(*set, l.page_size, rows, config_.guard_memory);
+  if (!map.ok()) return map.status();
+  map_ = std::move(map).value();
+  contiguous_ = false;
+  l.num_pages = set->num_pages;
+  l.aux_slots = static_cast<uint32_t>(rows);
+  return Status::Ok();
 }
 
 Status EndpointCore::send(const std::string& endpoint, const Message& m) {

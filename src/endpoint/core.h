@@ -1,5 +1,7 @@
-// EndpointCore: what every rank's manager owns (DESIGN §1 "manager"): the registered KV pool,
-// the transport (UCX behind a fault-injecting decorator), the control socket, the failure
+// EndpointCore: what every rank's manager owns (docs/manager.md): the registered memory (its map,
+// endpoint/memory_map.h: a contiguous KV pool or the engine's own buffers, plus guard rows),
+// the transport (UCX, behind the fault-injecting decorator only with fault_injection; the
+// manager, src/manager/, builds the core), the control socket, the failure
 // registry, and the queue through which transport completions reach the rank's main thread.
 //
 // Thread contract: owned and used by the rank's main thread; post()/signal come from the
@@ -12,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
 #include "endpoint/waker.h"
+#include "kvferry/buffers.h"
 #include "kvferry/control.h"
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
@@ -31,11 +35,24 @@ struct EndpointConfig {
   std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   std::string control_bind = "tcp://127.0.0.1:0";
+  // The host peers are told to reach the control socket at (empty: the bound endpoint's host).
+  std::string control_advertise_host;
+  // Wrap the transport in the fault-injecting decorator (faults() non-null).
+  bool fault_injection = true;
   Deadlines deadlines;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
   // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.
   uint8_t* external_base = nullptr;
   uint64_t external_bytes = 0;
+  // Engine-shaped memory (kvferry/buffers.h): the engine's KV, aux and state buffers, registered
+  // instead of a pool. Their KV item_bytes must be layout.page_bytes() (this rank's heads x
+  // page_size tokens); layout.num_pages becomes their page count and layout.aux_slots their aux
+  // rows (without aux buffers, layout.aux_slots stays the number of aux indices). Empty: the
+  // contiguous pool of `layout`.
+  std::vector<BufferDesc> buffers;
+  // With `buffers`: caller-owned memory for kvferry's guard rows (aux rows x kAuxSlotBytes, valid
+  // until the core is destroyed); null: the core allocates them.
+  uint8_t* guard_memory = nullptr;
 };
 
 // A write batch completed (on the progress thread), handed to the main thread.
@@ -62,11 +79,32 @@ class EndpointCore {
   const EndpointConfig& config() const { return config_; }
   const RankId& self() const { return config_.self; }
   const PoolLayout& layout() const { return config_.layout; }
-  uint8_t* base() const { return region_.base; }
-  const LocalRegion& region() const { return region_; }
-  Transport& transport() { return *faults_; }
-  FaultInjectingTransport& faults() { return *faults_; }
+  // The contiguous pool's base (null with engine buffers: use map() / kv_page()).
+  uint8_t* base() const { return contiguous_ ? map_.spans().front().base : nullptr; }
+  const MemoryMap& map() const { return map_; }
+  const MemoryShape& shape() const { return map_.shape(); }
+  // Local pointers (memcpy of guard rows, tests filling pages); null when out of range.
+  uint8_t* kv_page(size_t buffer, uint64_t page) const {
+    return page < shape().num_pages && buffer < shape().kv_offsets.size()
+               ? map_.pointer(shape().kv(buffer, page), shape().page_bytes) : nullptr;
+  }
+  uint8_t* aux_row(size_t buffer, uint64_t row) const {
+    return row < shape().aux_rows && buffer < shape().aux_offsets.size()
+               ? map_.pointer(shape().aux(buffer, row), shape().aux_item_bytes[buffer]) : nullptr;
+  }
+  uint8_t* state_row(size_t buffer, uint64_t row) const {
+    return row < shape().state_rows && buffer < shape().state_offsets.size()
+               ? map_.pointer(shape().state(buffer, row), shape().state_item_bytes[buffer]) : nullptr;
+  }
+  uint8_t* guard_row(uint64_t row) const { return row < shape().aux_rows ? map_.guard_row(row) : nullptr; }
+  // The spans as registered, published in the pool registration.
+  const std::vector<RegionSpan>& spans() const { return spans_; }
+  Transport& transport() { return *transport_; }
+  // The fault decorator (config fault_injection), else nullptr.
+  FaultInjectingTransport* faults() { return faults_; }
   ControlSocket& control() { return *control_; }
+  // The control endpoint peers are told ("tcp://advertised-host:port").
+  const std::string& control_endpoint() const { return control_endpoint_; }
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
   PeerMonitor& monitor() { return *monitor_; }
@@ -81,10 +119,16 @@ class EndpointCore {
 
  private:
   explicit EndpointCore(const EndpointConfig& c);
+  // The memory map of config_ (checks engine buffers against the layout; fixes layout pages/rows).
+  Status build_map();
   EndpointConfig config_;
-  std::unique_ptr<FaultInjectingTransport> faults_;
+  std::unique_ptr<Transport> transport_;
+  FaultInjectingTransport* faults_ = nullptr;  // transport_ itself when it is the decorator
   std::unique_ptr<ControlSocket> control_;
-  LocalRegion region_;
+  std::string control_endpoint_;
+  MemoryMap map_;
+  bool contiguous_ = true;
+  std::vector<RegionSpan> spans_;
   FailureRegistry registry_;
   Waker waker_;
   std::mutex mu_;

@@ -32,18 +32,23 @@ DecodeEndpoint::~DecodeEndpoint() {
 
 Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& endpoint) {
   const PoolLayout& l = core_.layout();
+  const MemoryShape& sh = core_.shape();
   PoolRegistration reg;
   reg.sender = core_.self();
-  reg.control_endpoint = core_.control().endpoint();
+  reg.control_endpoint = core_.control_endpoint();
   reg.worker_address = core_.transport().address();
-  reg.packed_rkey = core_.region().packed_rkey;
-  reg.region_base = reinterpret_cast<uint64_t>(core_.base());
-  reg.region_bytes = core_.region().bytes;
-  reg.page_size = l.page_size;
-  reg.page_bytes = l.page_bytes();
-  reg.num_pages = l.num_pages;
-  reg.num_buffers = l.num_buffers();
-  reg.aux_slots = l.aux_slots;
+  reg.spans = core_.spans();
+  reg.page_size = sh.page_size;
+  reg.page_bytes = sh.page_bytes;
+  reg.num_pages = sh.num_pages;
+  reg.kv_offsets = sh.kv_offsets;
+  reg.aux_offsets = sh.aux_offsets;
+  reg.aux_item_bytes = sh.aux_item_bytes;
+  reg.aux_rows = sh.aux_rows;
+  reg.state_offsets = sh.state_offsets;
+  reg.state_item_bytes = sh.state_item_bytes;
+  reg.state_rows = sh.state_rows;
+  reg.guard_offset = sh.guard_offset;
   reg.heads_per_rank = l.heads_per_rank;
   reg.first_head = l.first_head;
   Status s = core_.send(endpoint, reg);
@@ -81,7 +86,8 @@ void DecodeEndpoint::on_peer_back(const RankId& peer, const std::string& endpoin
 }
 
 bool DecodeEndpoint::send_metadata(ReceiverRoom& r, const RankId& src, const std::string& endpoint) {
-  RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_slot, static_cast<uint32_t>(r.sources.size())};
+  RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_index, r.state_indices,
+                  static_cast<uint32_t>(r.sources.size())};
   Status s = core_.send(endpoint, md);
   if (!s.ok()) {
     fail(r.room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()), src,
@@ -252,12 +258,13 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Success || r.state.terminal()) return;
   r.succeeded.insert(st.sender);
   if (r.succeeded.size() < r.sources.size()) return;
-  // Every source is done: the aux guard must hold this room.
+  // Every source is done (its aux, state and guard rows were flushed before its Success): the
+  // guard row must hold this room.
   AuxRecord rec;
-  std::memcpy(&rec, core_.base() + core_.layout().aux_offset(r.aux_slot), sizeof rec);
+  std::memcpy(&rec, core_.guard_row(r.aux_index), sizeof rec);
   if (rec.room != r.room || rec.cached_tokens != r.input_tokens || rec.num_pages != r.total_pages) {
     fail(r.room, ErrorCode::kProtocolError,
-         fmt::format("aux guard mismatch in slot {}: holds room {} ({} tokens, {} pages)", r.aux_slot, rec.room,
+         fmt::format("aux guard mismatch in row {}: holds room {} ({} tokens, {} pages)", r.aux_index, rec.room,
                      rec.cached_tokens, rec.num_pages),
          core_.self(), monotonic_ns(), true);
     return;
@@ -267,14 +274,14 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   log_event(LogLevel::kDebug, kComp, "all sources reported success", {.room = r.room});
 }
 
-void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
+void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank) {
   if (rooms_.count(room)) return;
   ReceiverRoom& r = rooms_[room];
   r.room = room;
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
-  for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
-    r.sources.push_back({Role::kPrefill, 0, p, dp_rank_for_room(room, prefill_dp_)});
+  const uint32_t dp = prefill_dp_rank >= 0 ? static_cast<uint32_t>(prefill_dp_rank) : dp_rank_for_room(room, prefill_dp_);
+  for (uint32_t p : sources_of(plan_, core_.self().tp_rank)) r.sources.push_back({Role::kPrefill, 0, p, dp});
   core_.registry().open(room);
   // A source that is down may already be back (its engine may hold this room): the room waits
   // for it to register again, up to its rejoin deadline (expire_dead_sources).
@@ -295,15 +302,35 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
 }
 
 Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint32_t aux_slot) {
+  return init(room, kv_indices, aux_slot, {});
+}
+
+Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint64_t aux_index,
+                            std::span<const uint64_t> state_indices) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "init() for an unknown room"};
   ReceiverRoom& r = it->second;
-  if (r.state.get() != KVPoll::Bootstrapping) return {ErrorCode::kInvalidArgument, "init() twice or after failure"};
+  if (r.state.get() != KVPoll::Bootstrapping || r.init_called)
+    return {ErrorCode::kInvalidArgument, "init() twice or after failure"};
   if (kv_indices.size() != r.total_pages) return {ErrorCode::kInvalidArgument, "kv_indices size != room pages"};
+  const MemoryShape& sh = core_.shape();
+  for (uint64_t p : kv_indices)
+    if (p >= sh.num_pages)
+      return {ErrorCode::kInvalidArgument, fmt::format("page {} out of range ({} pages)", p, sh.num_pages)};
+  if (aux_index >= sh.aux_rows)
+    return {ErrorCode::kInvalidArgument, fmt::format("aux_index {} out of range ({} rows)", aux_index, sh.aux_rows)};
+  if (state_indices.size() > kMaxStateIndices)
+    return {ErrorCode::kInvalidArgument, fmt::format("{} state indices (at most {})", state_indices.size(), kMaxStateIndices)};
+  if (!state_indices.empty() && sh.state_offsets.empty())
+    return {ErrorCode::kInvalidArgument, "state indices, but this rank registered no state buffer"};
+  for (uint64_t i : state_indices)
+    if (i >= sh.state_rows)
+      return {ErrorCode::kInvalidArgument, fmt::format("state index {} out of range ({} rows)", i, sh.state_rows)};
   r.kv_indices = kv_indices;
-  r.aux_slot = aux_slot;
+  r.aux_index = aux_index;
+  r.state_indices.assign(state_indices.begin(), state_indices.end());
   r.init_called = true;
-  std::memset(core_.base() + core_.layout().aux_offset(aux_slot), 0, kAuxSlotBytes);
+  std::memset(core_.guard_row(aux_index), 0, kAuxSlotBytes);
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);
     if (peer == peers_.end()) {

@@ -3,10 +3,12 @@
 //
 // Per room (KVReceiver semantics): Bootstrapping until init() sent the metadata (destination
 // kv_indices and aux slot) to every source, WaitingForInput until every source reported Success
-// and the aux guard holds this room, then Success. A failure (local, from a source, or from the
+// and the guard row holds this room, then Success. A failure (local, from a source, or from the
 // engine's agreement) makes it Failed and is told once to every source that did not itself report
-// it. drained(): no source can still write into the room's pages (each source we sent metadata to
-// has sent a terminal status, or the drain deadline passed — then the pages must be quarantined).
+// it. drained() (release-safe): no source can still write into the room's pages, aux rows or
+// state rows (each source we sent metadata to has sent a terminal status, which it sends only once
+// none of its writes of the room is in flight; or the drain deadline passed — then the pages and
+// rows must be quarantined). Failed does not imply drained.
 // A source's non-terminal Failed status (an early notice, its writes may still land) fails the room
 // at once but does not drain it: the source's terminal status still has to come.
 //
@@ -26,6 +28,7 @@
 #include <thread>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -55,9 +58,10 @@ struct ReceiverRoom {
   std::set<RankId> terminal;  // sources whose terminal status arrived
   std::set<RankId> failure_heard;  // sources that told us the room failed, before their drain
   std::vector<uint64_t> kv_indices;
-  uint32_t aux_slot = 0;
+  uint64_t aux_index = 0;              // row in every aux buffer and guard row
+  std::vector<uint64_t> state_indices; // rows in every state buffer
   bool failure_told = false;
-  bool init_called = false;  // kv_indices and aux_slot are set; sources still down get them later
+  bool init_called = false;  // kv_indices, aux_index, state_indices set; sources still down get them later
   int64_t init_ns = 0;
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
@@ -80,13 +84,20 @@ class DecodeEndpoint {
 
   void on_message(const Message& m);
 
-  void add_room(uint64_t room, uint64_t input_tokens);
+  // `prefill_dp_rank`: the prefill DP group serving the room (-1: dp_rank_for_room(room, prefill_dp)).
+  void add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank = -1);
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const ReceiverRoom* room(uint64_t room) const;
   KVPoll poll(uint64_t room) const;
 
-  // Clears the aux slot and sends the metadata to every source. kv_indices.size() must equal the
-  // room's page count.
+  // Clears the room's guard row and sends the metadata (destination pages, aux row, state rows)
+  // to every source. kv_indices.size() must equal the room's page count; `aux_index` names the
+  // room's row in every aux buffer and its guard row; `state_indices` its rows in every state
+  // buffer (the prefill rank gives as many with its last chunk). Errors (kInvalidArgument, nothing
+  // sent): unknown room, called twice or after a failure, a page, aux or state row out of range.
+  Status init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint64_t aux_index,
+              std::span<const uint64_t> state_indices);
+  // The form without state rows.
   Status init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint32_t aux_slot);
 
   // `via`: the rank whose message told this rank (logged as "via"; `kvferry logs` orders by it).

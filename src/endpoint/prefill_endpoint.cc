@@ -1,6 +1,7 @@
 #include "endpoint/prefill_endpoint.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include "endpoint/coalesce.h"
+#include "endpoint/span_compat.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 #include "kvferry/routing.h"
@@ -81,18 +83,66 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   peers_.erase(it);  // last: `peer` may be this entry's key (callers iterate peers_)
 }
 
-void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+MemoryShape shape_of(const PoolRegistration& r) {
+  MemoryShape s;
+  s.page_size = r.page_size;
+  s.page_bytes = r.page_bytes;
+  s.num_pages = r.num_pages;
+  s.kv_offsets = r.kv_offsets;
+  s.aux_offsets = r.aux_offsets;
+  s.aux_item_bytes = r.aux_item_bytes;
+  s.aux_rows = r.aux_rows;
+  s.state_offsets = r.state_offsets;
+  s.state_item_bytes = r.state_item_bytes;
+  s.state_rows = r.state_rows;
+  s.guard_offset = r.guard_offset;
+  return s;
+}
+
+std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const {
   const PoolLayout& l = core_.layout();
-  std::string bad;
-  if (r.sender.role != Role::kDecode) bad = "sender is not a decode rank";
-  else if (r.page_size != l.page_size) bad = fmt::format("page_size {} != ours {}", r.page_size, l.page_size);
-  else if (r.num_buffers != l.num_buffers()) bad = fmt::format("num_buffers {} != ours {}", r.num_buffers, l.num_buffers());
-  else if (r.heads_per_rank == 0 || r.page_bytes != uint64_t(r.page_size) * r.heads_per_rank * l.model.head_dim * l.model.dtype_bytes)
-    bad = fmt::format("page_bytes {} is not {} tokens x {} heads of {} bytes", r.page_bytes, r.page_size,
-                      r.heads_per_rank, l.model.head_dim * l.model.dtype_bytes);
-  else if (r.region_bytes < r.num_buffers * r.page_bytes * r.num_pages + uint64_t(r.aux_slots) * kAuxSlotBytes)
-    bad = "region smaller than its declared layout";
+  const MemoryShape& ours = core_.shape();
+  if (r.sender.role != Role::kDecode) return "sender is not a decode rank";
+  if (r.page_size != l.page_size) return fmt::format("page_size {} != ours {}", r.page_size, l.page_size);
+  if (r.kv_offsets.size() != ours.kv_offsets.size())
+    return fmt::format("{} KV buffers != our {}", r.kv_offsets.size(), ours.kv_offsets.size());
+  if (r.aux_item_bytes != ours.aux_item_bytes)
+    return fmt::format("aux buffers of [{}] bytes a row != ours [{}]", fmt::join(r.aux_item_bytes, ", "),
+                       fmt::join(ours.aux_item_bytes, ", "));
+  if (r.state_item_bytes != ours.state_item_bytes)
+    return fmt::format("state buffers of [{}] bytes a row != ours [{}]", fmt::join(r.state_item_bytes, ", "),
+                       fmt::join(ours.state_item_bytes, ", "));
+  const uint32_t model_heads = l.model.is_mla() ? 1 : l.model.cache_heads;
+  if (r.heads_per_rank == 0 || r.first_head > model_heads || r.heads_per_rank > model_heads - r.first_head)
+    return fmt::format("heads [{}, +{}) outside the model's {} KV heads", r.first_head, r.heads_per_rank, model_heads);
+  uint64_t expected = 0;
+  const uint64_t head_bytes = uint64_t(l.model.head_dim) * l.model.dtype_bytes;
+  if (__builtin_mul_overflow(uint64_t(r.page_size) * r.heads_per_rank, head_bytes, &expected) ||
+      r.page_bytes != expected)
+    return fmt::format("page_bytes {} is not {} tokens x {} heads of {} bytes", r.page_bytes, r.page_size,
+                       r.heads_per_rank, head_bytes);
+  for (const HeadTransfer& t : plan_) {
+    if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != r.sender.tp_rank) continue;
+    if (t.first_head < r.first_head || t.first_head + t.num_heads > r.first_head + r.heads_per_rank)
+      return fmt::format("heads [{}, +{}) do not hold heads [{}, +{}) the transfer plan sends it", r.first_head,
+                         r.heads_per_rank, t.first_head, t.num_heads);
+  }
+  std::vector<SpanExtent> spans;
+  for (const RegionSpan& sp : r.spans) spans.push_back({sp.offset, sp.bytes});
+  return check_shape_in_spans(shape_of(r), spans);
+}
+
+void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  std::string bad = check_registration(r);
+  std::optional<RemoteRegionInfo> info;
+  if (bad.empty()) {
+    auto ri = region_info(r.worker_address, r.spans);
+    if (ri.ok()) info = std::move(ri).value();
+    else bad = ri.status().message();
+  }
   if (!bad.empty()) {
+    ++refused_registrations_;
+    last_refusal_ = bad;
     log_event(LogLevel::kWarning, kComp,
               fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
               {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
@@ -104,14 +154,14 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     core_.control().forget(old->second.reg.control_endpoint);
     peers_.erase(old);
   }
-  auto peer = core_.transport().connect({r.worker_address, {{0, r.region_bytes, r.region_base, r.packed_rkey}}});
+  auto peer = core_.transport().connect(*info);
   if (!peer.ok()) {
     log_event(LogLevel::kWarning, kComp,
               fmt::format("cannot connect to {}: {}", r.sender.str(), peer.status().str()),
               {.code = std::string(code_name(peer.status().code())), .origin = r.sender.str()});
     return;
   }
-  peers_[r.sender] = {r, *peer};
+  peers_[r.sender] = {r, shape_of(r), *peer};
   dead_peers_.erase(r.sender);
   dead_regs_.erase(r.sender);
   core_.monitor().watch(r.sender, r.control_endpoint);
@@ -158,9 +208,19 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
   else if (peer == peers_.end()) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
   else if (md.kv_indices.size() != r.total_pages)
     bad = fmt::format("{} kv_indices for a room of {} pages", md.kv_indices.size(), r.total_pages);
-  else if (md.aux_slot >= peer->second.reg.aux_slots)
-    bad = fmt::format("aux slot {} out of range ({} slots)", md.aux_slot, peer->second.reg.aux_slots);
+  else if (md.aux_index >= peer->second.reg.aux_rows)
+    bad = fmt::format("aux index {} out of range ({} rows)", md.aux_index, peer->second.reg.aux_rows);
+  else if (!md.state_indices.empty() && peer->second.reg.state_offsets.empty())
+    bad = fmt::format("{} state indices for a rank without state buffers", md.state_indices.size());
   else {
+    for (uint64_t s : md.state_indices) {
+      if (s >= peer->second.reg.state_rows) {
+        bad = fmt::format("state index {} out of range ({} rows)", s, peer->second.reg.state_rows);
+        break;
+      }
+    }
+  }
+  if (bad.empty()) {
     for (uint64_t p : md.kv_indices) {
       if (p >= peer->second.reg.num_pages) {
         bad = fmt::format("page index {} out of range ({} pages)", p, peer->second.reg.num_pages);
@@ -190,12 +250,16 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   pending_fail_[st.room] = {monotonic_ns(), st};
 }
 
-void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
-  if (rooms_.count(room)) return;
+Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::optional<uint64_t> aux_index) {
+  if (rooms_.count(room)) return Status::Ok();
+  if (aux_index && *aux_index >= core_.shape().aux_rows)
+    return {ErrorCode::kInvalidArgument,
+            fmt::format("aux_index {} out of range ({} aux rows)", *aux_index, core_.shape().aux_rows)};
   tombstones_.erase(room);
   SenderRoom& r = rooms_[room];
   r.room = room;
   r.input_tokens = input_tokens;
+  r.aux_index = aux_index;
   r.total_pages = core_.layout().pages_for(input_tokens);
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
@@ -207,7 +271,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
   for (const RankId& dst : r.dests) {
     if (dead_peers_.count(dst)) {
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", dst.str()), dst, monotonic_ns(), false);
-      return;
+      return Status::Ok();
     }
   }
   auto pf = pending_fail_.find(room);
@@ -216,7 +280,7 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
     pending_fail_.erase(pf);
     pending_meta_.erase(room);
     fail(room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
-    return;
+    return Status::Ok();
   }
   auto pm = pending_meta_.find(room);
   if (pm != pending_meta_.end()) {
@@ -224,20 +288,64 @@ void PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
     pending_meta_.erase(pm);
     for (auto& [ts, md] : list) apply_metadata(r, md);
   }
+  return Status::Ok();
 }
 
 Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages,
                              uint64_t tag) {
+  auto it = rooms_.find(room);
+  const bool last = it != rooms_.end() && first_page + src_pages.size() == it->second.total_pages;
+  return send(room, first_page, src_pages, tag, {}, last);
+}
+
+Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages,
+                             uint64_t tag, std::span<const uint64_t> state_indices, bool last) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "send() for an unknown room"};
   SenderRoom& r = it->second;
   KVPoll s = r.state.get();
   if (s != KVPoll::WaitingForInput && s != KVPoll::Transferring)
     return {ErrorCode::kInvalidArgument, fmt::format("send() in state {}", to_string(s))};
-  if (first_page + src_pages.size() > r.total_pages)
+  if (r.last_received) return {ErrorCode::kInvalidArgument, "send() after the last chunk"};
+  if (first_page > r.total_pages || src_pages.size() > r.total_pages - first_page)
     return {ErrorCode::kInvalidArgument, "send() past the room's last page"};
+  const MemoryShape& ours = core_.shape();
+  for (uint64_t p : src_pages)
+    if (p >= ours.num_pages)
+      return {ErrorCode::kInvalidArgument, fmt::format("local page {} out of range ({} pages)", p, ours.num_pages)};
+  if (!last && !state_indices.empty())
+    return {ErrorCode::kInvalidArgument, "state indices go with the last chunk only"};
+  if (!state_indices.empty() && ours.state_offsets.empty())
+    return {ErrorCode::kInvalidArgument, "state indices, but this rank registered no state buffer"};
+  for (uint64_t i : state_indices)
+    if (i >= ours.state_rows)
+      return {ErrorCode::kInvalidArgument, fmt::format("state index {} out of range ({} rows)", i, ours.state_rows)};
+  if (last && r.pages_submitted + src_pages.size() != r.total_pages)
+    return {ErrorCode::kInvalidArgument,
+            fmt::format("the last chunk leaves {} of the room's {} pages unsent",
+                        r.total_pages - r.pages_submitted - src_pages.size(), r.total_pages)};
+  if (!ours.aux_offsets.empty() && !r.aux_index)
+    return {ErrorCode::kInvalidArgument, "this rank has aux buffers but the sender has no aux_index"};
   if (r.first_send_ns == 0) r.first_send_ns = monotonic_ns();
   r.state.advance(KVPoll::Transferring);
+  if (last) {
+    r.last_received = true;
+    r.state_indices.assign(state_indices.begin(), state_indices.end());
+  }
+  r.pages_submitted += src_pages.size();
+  if (r.dests.empty()) {  // nothing to write (replicated heads, MLA non-source)
+    if (!src_pages.empty()) {  // the chunk completes at once: its ChunkDone comes as for a write
+      chunks_[tag] = {room, 1, true, src_pages.size()};
+      ++r.inflight;
+      core_.post({room, tag, Status::Ok(), 0, 0});
+    }
+    if (last && r.inflight == 0) conclude_room(r);
+    return Status::Ok();
+  }
+  if (src_pages.empty()) {  // an empty last chunk: the final batch once every write completed
+    maybe_finish(r);
+    return Status::Ok();
+  }
   const PoolLayout& l = core_.layout();
   ChunkState& cs = chunks_[tag];
   cs = {room, 0, true, src_pages.size()};
@@ -249,8 +357,8 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     // goes into one batch (one transport write per destination per chunk).
     std::span<const uint64_t> dst(md.kv_indices.data() + first_page, src_pages.size());
     auto runs = coalesce_pages(std::span<const uint64_t>(src_pages), dst);
-    PoolStrides local{l.page_bytes(), l.buffer_bytes()};
-    PoolStrides remote{peer.reg.page_bytes, peer.reg.page_bytes * peer.reg.num_pages};
+    PoolOffsets local{ours.page_bytes, ours.kv_offsets};
+    PoolOffsets remote{peer.shape.page_bytes, peer.shape.kv_offsets};
     std::vector<WriteOp> ops;
     for (const HeadTransfer& t : plan_) {
       if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != d.tp_rank) continue;
@@ -258,6 +366,7 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       g.page_size = l.page_size;
       g.local_token_bytes = l.token_bytes();
       g.remote_token_bytes = peer.reg.page_bytes / peer.reg.page_size;
+      // check_registration: both ranks' head ranges hold the transfer's heads.
       g.local_off = uint64_t(t.first_head - l.first_head) * head_bytes;
       g.remote_off = uint64_t(t.first_head - peer.reg.first_head) * head_bytes;
       g.slice_bytes = uint64_t(t.num_heads) * head_bytes;
@@ -265,9 +374,9 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       if (wrong_head_offset_ && t.num_heads > 1) g.rotate_heads = t.num_heads;
       bool whole_rows = g.slice_bytes == g.local_token_bytes && g.slice_bytes == g.remote_token_bytes;
       if (whole_rows && g.rotate_heads == 0) {
-        append_writes(runs, l.num_buffers(), local, remote, ops);
+        append_writes(runs, local, remote, ops);
       } else {
-        append_slice_writes(runs, l.num_buffers(), local, remote, g, ops);
+        append_slice_writes(runs, local, remote, g, ops);
       }
     }
     uint64_t bytes = 0;
@@ -280,7 +389,6 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       core->post({room, tag, std::move(st), bytes, pid});
     });
   }
-  r.pages_submitted += src_pages.size();
   return Status::Ok();
 }
 
@@ -330,39 +438,75 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   return done;
 }
 
+void PrefillEndpoint::conclude_room(SenderRoom& r) {
+  r.state.advance(KVPoll::Transferring);
+  r.state.advance(KVPoll::Success);
+  log_event(LogLevel::kDebug, kComp, "concluded without writing (no destination holds our heads)",
+            room_fields(r.room));
+}
+
+std::string PrefillEndpoint::final_ops(const SenderRoom& r, const RankId& d, uint64_t guard,
+                                       std::vector<WriteOp>& ops) const {
+  const MemoryShape& ours = core_.shape();
+  const MemoryShape& theirs = peers_.at(d).shape;
+  const RoomMetadata& md = r.meta.at(d);
+  if (md.state_indices.size() != r.state_indices.size())
+    return fmt::format("{} state indices here, {} gave {}", r.state_indices.size(), d.str(), md.state_indices.size());
+  if (r.aux_index) {
+    for (size_t a = 0; a < ours.aux_offsets.size(); ++a)
+      ops.push_back({ours.aux(a, *r.aux_index), theirs.aux(a, md.aux_index), ours.aux_item_bytes[a]});
+  }
+  for (size_t s = 0; s < ours.state_offsets.size(); ++s)
+    for (size_t j = 0; j < r.state_indices.size(); ++j)
+      ops.push_back({ours.state(s, r.state_indices[j]), theirs.state(s, md.state_indices[j]), ours.state_item_bytes[s]});
+  ops.push_back({ours.guard(guard), theirs.guard(md.aux_index), sizeof(AuxRecord)});  // last
+  return "";
+}
+
 void PrefillEndpoint::maybe_finish(SenderRoom& r) {
-  if (r.state.get() != KVPoll::Transferring || r.aux_submitted || r.inflight != 0 ||
+  if (r.state.get() != KVPoll::Transferring || r.aux_submitted || r.inflight != 0 || !r.last_received ||
       r.pages_done != r.total_pages)
     return;
-  auto slot = aux_alloc_.alloc(1);
-  if (!slot) return;  // retried from tick()
+  if (r.dests.empty()) return conclude_room(r);
+  uint64_t guard = 0;
+  if (r.aux_index) {
+    guard = *r.aux_index;
+  } else {
+    auto slot = aux_alloc_.alloc(1);
+    if (!slot) return;  // retried from tick()
+    r.aux_staging = (*slot)[0];
+    guard = *r.aux_staging;
+  }
   r.aux_submitted = true;
-  r.aux_staging = (*slot)[0];
-  const PoolLayout& l = core_.layout();
   AuxRecord rec = make_aux(r.room, r.input_tokens, r.total_pages);
-  uint64_t local_off = l.aux_offset(static_cast<uint32_t>(*r.aux_staging));
-  std::memcpy(core_.base() + local_off, &rec, sizeof rec);
-  bool wrote = false;
+  std::memcpy(core_.guard_row(guard), &rec, sizeof rec);
+  // Every batch is built before any is written: a mismatch fails the room with nothing sent.
+  std::vector<std::pair<const DecodePeer*, std::vector<WriteOp>>> batches;
   for (const RankId& d : r.dests) {
     auto srcs = sources_of(plan_, d.tp_rank);
     if (srcs.empty() || srcs.front() != core_.self().tp_rank) continue;  // its lowest source writes aux
-    wrote = true;
-    const DecodePeer& peer = peers_.at(d);
-    const RoomMetadata& md = r.meta.at(d);
-    uint64_t remote_off = uint64_t(peer.reg.num_buffers) * peer.reg.page_bytes * peer.reg.num_pages +
-                          uint64_t(md.aux_slot) * kAuxSlotBytes;
+    std::vector<WriteOp> ops;
+    std::string bad = final_ops(r, d, guard, ops);
+    if (!bad.empty()) {
+      fail(r.room, ErrorCode::kProtocolError, "state rows do not match: " + bad, core_.self(), monotonic_ns(), true);
+      return;
+    }
+    batches.push_back({&peers_.at(d), std::move(ops)});
+  }
+  for (auto& [peer, ops] : batches) {
+    uint64_t bytes = 0;
+    for (const WriteOp& op : ops) bytes += op.length;
     uint64_t tag = next_aux_tag_++;
     aux_tags_[tag] = r.room;
     ++r.inflight;
     EndpointCore* core = &core_;
     uint64_t room = r.room;
-    PeerId pid = peer.peer;
-    core_.transport().write(peer.peer, room, {{local_off, remote_off, sizeof(AuxRecord)}},
-                            [core, room, tag, pid](Status st) {
-                              core->post({room, tag, std::move(st), sizeof(AuxRecord), pid});
-                            });
+    PeerId pid = peer->peer;
+    core_.transport().write(pid, room, std::move(ops), [core, room, tag, pid, bytes](Status st) {
+      core->post({room, tag, std::move(st), bytes, pid});
+    });
   }
-  if (!wrote) {  // another rank writes this destination's aux record: we are done
+  if (batches.empty()) {  // another rank writes this destination's aux record: we are done
     send_status(r, KVPoll::Success);
     r.state.advance(KVPoll::Success);
   }
@@ -374,9 +518,7 @@ Status PrefillEndpoint::conclude_without_writing(uint64_t room) {
   SenderRoom& r = it->second;
   if (!r.dests.empty()) return {ErrorCode::kInvalidArgument, "the room has destinations"};
   if (r.state.get() != KVPoll::WaitingForInput) return {ErrorCode::kInvalidArgument, "not WaitingForInput"};
-  r.state.advance(KVPoll::Transferring);
-  r.state.advance(KVPoll::Success);
-  log_event(LogLevel::kDebug, kComp, "concluded without writing (no destination holds our heads)", room_fields(room));
+  conclude_room(r);
   return Status::Ok();
 }
 

@@ -2,8 +2,13 @@
 // sender per room, chunked writes, aux last, terminal status to every destination.
 //
 // Per room (KVSender semantics, SGLang-style): Bootstrapping until metadata from every expected
-// decode rank arrived, WaitingForInput until the first send(), Transferring until every chunk and
-// then the aux record were written and flushed, Success once the Success status went out. A
+// decode rank arrived, WaitingForInput until the first send(), Transferring until every chunk (the
+// last one may carry no page) and then the final batch were written and flushed, Success once the
+// Success status went out. The final batch, one transport write per destination after its last KV
+// write completed: this rank's aux row (aux_index) into the decode's row of every aux buffer, the
+// state rows (local state_indices[j] into the decode's state_indices[j] of every state buffer),
+// and kvferry's guard row (the AuxRecord: room, tokens, pages) into the decode's guard row; only
+// the lowest source of a decode rank writes it (topology.h). A
 // failure (local, or learned from a peer or from the engine's agreement) makes it Failed. If writes
 // of the room are in flight then, a non-terminal Failed status (RoomStatus::terminal false) with the
 // root cause goes to every destination at once, so decode fails the room without waiting for them;
@@ -20,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -34,8 +40,12 @@ namespace kvferry {
 
 struct DecodePeer {
   PoolRegistration reg;
+  MemoryShape shape;  // where the peer's buffers are in its offset space (from reg)
   PeerId peer = 0;
 };
+
+// The shape a registration declares.
+MemoryShape shape_of(const PoolRegistration& r);
 
 struct SenderRoom {
   uint64_t room = 0;
@@ -47,7 +57,10 @@ struct SenderRoom {
   uint64_t pages_submitted = 0;  // pages handed to send()
   uint64_t pages_done = 0;       // pages whose writes completed
   uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
-  bool aux_submitted = false;
+  bool aux_submitted = false;      // the final batch (aux rows, state rows, guard row) went out
+  bool last_received = false;      // send() with last: no more chunks
+  std::optional<uint64_t> aux_index;  // this rank's aux row (init's aux_index), if given
+  std::vector<uint64_t> state_indices;  // this rank's state rows, given with the last chunk
   bool terminal_sent = false;
   bool early_failure_sent = false;  // the non-terminal Failed went out (writes were in flight)
   int64_t created_ns = 0;
@@ -55,7 +68,7 @@ struct SenderRoom {
   int64_t first_send_ns = 0;
   int64_t failed_ns = 0;
   uint64_t bytes = 0;
-  std::optional<uint64_t> aux_staging;  // local aux slot holding the record being written
+  std::optional<uint64_t> aux_staging;  // guard row allocated to stage the record (no aux_index)
 };
 
 // A chunk's writes finished (all destinations); the driver frees its staging pages.
@@ -76,14 +89,32 @@ class PrefillEndpoint {
   // Consumes a transport completion; returns the chunk that completed, if any.
   std::optional<ChunkDone> on_transport_event(const TransportEvent& e);
 
-  void add_room(uint64_t room, uint64_t input_tokens);
+  void add_room(uint64_t room, uint64_t input_tokens) { (void)add_room(room, input_tokens, std::nullopt); }
+  // A room with this rank's aux row `aux_index` (the sender's init): copied into the decode's row
+  // of every aux buffer, and this rank's guard row `aux_index` stages the guard record. Without it
+  // (nullopt) the guard record is staged in a guard row kvferry picks, and the rank must have no
+  // aux buffers (send() refuses). A rank uses one way or the other for all its rooms.
+  // Errors: aux_index out of range (no room is added then). A room that exists is left as it is.
+  Status add_room(uint64_t room, uint64_t input_tokens, std::optional<uint64_t> aux_index);
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const SenderRoom* room(uint64_t room) const;
   KVPoll poll(uint64_t room) const;
 
-  // Writes the room's pages [first_page, first_page + src_pages.size()) from the local staging
-  // pages `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone.
-  // Errors: the room is not WaitingForInput/Transferring, or pages out of range.
+  // Writes the room's pages [first_page, first_page + src_pages.size()) from the local pages
+  // `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone once the
+  // chunk's writes completed at every destination (at once for a room without destinations; a
+  // chunk without pages has no ChunkDone). `last`: no chunk follows (it may carry no page; the
+  // room's pages must all have been sent then); `state_indices` (this rank's state rows, one per
+  // row the room uses, the decode gives as many) go with the last chunk only. After the last
+  // chunk's writes the final batch goes out (see above); a room without destinations (replicated
+  // heads, MLA non-source) concludes Success on the last chunk.
+  // Errors (nothing is written then): the room is not WaitingForInput/Transferring, a chunk after
+  // the last, pages past the room's page count, a local page or state row out of range, state
+  // indices before the last chunk, a last chunk that leaves pages unsent, aux buffers but no
+  // aux_index.
+  Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag,
+              std::span<const uint64_t> state_indices, bool last);
+  // The form before chunks carried `last`: the chunk holding the room's final page is the last.
   Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag);
 
   // A rank that writes nothing for this room (replicated heads, MLA non-sender) concludes it:
@@ -129,6 +160,14 @@ class PrefillEndpoint {
   size_t live_rooms() const { return rooms_.size(); }
   size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
   size_t peers() const { return peers_.size(); }
+  // Pool registrations refused (check_registration) and the last reason, for tests and metrics.
+  uint64_t refused_registrations() const { return refused_registrations_; }
+  const std::string& last_refusal() const { return last_refusal_; }
+  // Why `r` cannot be used with this rank's shape and transfer plan ("" when it can): sender not a
+  // decode rank, page_size, number of KV buffers, aux or state item_bytes differing from ours,
+  // page_bytes not page_size x its heads, heads outside the model or not covering what the plan
+  // sends it, buffers outside the registered spans (overflow-safe).
+  std::string check_registration(const PoolRegistration& r) const;
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
 
  private:
@@ -143,6 +182,11 @@ class PrefillEndpoint {
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
   void maybe_finish(SenderRoom& r);
+  // A room without destinations: Success without writing.
+  void conclude_room(SenderRoom& r);
+  // The final batch to destination `d` (aux rows, state rows, guard row from local guard row
+  // `guard`); "" or why it cannot be written (the room fails).
+  std::string final_ops(const SenderRoom& r, const RankId& d, uint64_t guard, std::vector<WriteOp>& ops) const;
   void maybe_send_terminal(SenderRoom& r);
   // `terminal` false: the early failure notice (Failed only); writes may still be in flight.
   void send_status(SenderRoom& r, KVPoll state, bool terminal = true);
@@ -159,6 +203,8 @@ class PrefillEndpoint {
   std::unordered_map<uint64_t, ChunkState> chunks_;
   PageAllocator aux_alloc_;
   uint64_t next_aux_tag_ = 1ull << 62;
+  uint64_t refused_registrations_ = 0;
+  std::string last_refusal_;
   std::unordered_map<uint64_t, uint64_t> aux_tags_;  // tag -> room
   // Frames for rooms not added yet (arrival ns kept for expiry).
   std::unordered_map<uint64_t, std::vector<std::pair<int64_t, RoomMetadata>>> pending_meta_;

@@ -10,6 +10,9 @@
 #include <sstream>
 #include <tuple>
 
+#include "core/data_dir.h"
+#include "process/host_memory.h"
+
 namespace kvferry::replay {
 namespace {
 
@@ -60,7 +63,7 @@ TEST_F(Validate, AcceptsAndFillsDefaults) {
   c.pool_mib = 0;
   c.out = "relative/out/";
   ASSERT_TRUE(validate(c).ok());
-  EXPECT_EQ(c.models_file, KVFERRY_SOURCE_DIR "/data/models.json");
+  EXPECT_EQ(c.models_file, default_models_file());  // the build copy (build/share/kvferry)
   EXPECT_TRUE(c.pool_mib_auto);
   EXPECT_GE(c.pool_mib, 64u);
   EXPECT_LE(c.pool_mib, 7168u);
@@ -173,7 +176,7 @@ TEST(DefaultPool, RuleAndBounds) {
   EXPECT_EQ(default_pool_mib(100 * gib, 1, 1024, 1), 7168u);  // capped
   EXPECT_EQ(default_pool_mib(1 * gib, 4, 1024, 4), 64u);      // floor
   EXPECT_EQ(default_pool_mib(0, 1, 1024, 1), 64u);
-  EXPECT_GT(mem_available_bytes(), 0u);
+  EXPECT_GT(process::mem_available_bytes(), 0u);
 }
 
 TEST(ChildArgs, RankRouterBootstrap) {
