@@ -72,7 +72,7 @@ int run_rank(const RankOptions& o) {
   mc.pool_bytes = pool_bytes;
   mc.aux_rows = o.aux_slots;
   mc.bootstrap_address = o.bootstrap;
-  mc.transport = std::string(transport_name(o.transport));
+  mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
   mc.deadlines = o.deadlines;
   mc.progress_thread = false;

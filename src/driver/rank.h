@@ -29,7 +29,7 @@ struct RankOptions {
   std::string bootstrap = "127.0.0.1:8998";
   std::string engine_endpoint;   // the engine leader's endpoint
   std::string router_endpoint;
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // transfer worker shards (TransportOptions::shards)
   std::string log_file;
   uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none, or any free

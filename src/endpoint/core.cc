@@ -20,9 +20,8 @@ EndpointCore::~EndpointCore() {
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
-  topt.kind = config.transport;
   topt.shards = config.transfer_shards;
-  auto t = make_ucx_transport(topt);
+  auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
   if (config.fault_injection) {
     auto f = std::make_unique<FaultInjectingTransport>(std::move(t).value());

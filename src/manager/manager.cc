@@ -16,14 +16,6 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
-// The transport names a manager accepts (TODO: the transport registry's make_transport once it
-// is on main; this is the only place a manager parses them).
-Result<TransportKind> transport_kind(const std::string& name) {
-  if (name == "shm") return TransportKind::kShm;
-  if (name == "tcp") return TransportKind::kTcp;
-  return bad("unknown transport '" + name + "' (known: shm, tcp)");
-}
-
 std::string bracketed(const std::string& host) {
   return host.find(':') != std::string::npos ? "[" + host + "]" : host;
 }
@@ -58,8 +50,7 @@ Status ManagerImpl::start() {
     return bad(fmt::format("transfer_shards {} is outside 1..{}", c.transfer_shards, kMaxTransportShards));
   if (c.pool_base != nullptr && c.pool_bytes == 0) return bad("the engine's pool is empty (pool_bytes 0)");
   if (!c.buffers.empty() && c.pool_base != nullptr) return bad("give either engine buffers or a pool, not both");
-  auto kind = transport_kind(c.transport);
-  if (!kind.ok()) return kind.status();
+  if (Status known = check_transport_name(c.transport); !known.ok()) return known;
   // With engine buffers the layout only plans heads and pages; the buffers set its page count
   // and aux rows (EndpointCore).
   const uint64_t layout_bytes = c.buffers.empty() ? c.pool_bytes : ~0ull >> 8;
@@ -74,7 +65,7 @@ Status ManagerImpl::start() {
   EndpointConfig ec;
   ec.self = c.self;
   ec.layout = *layout;
-  ec.transport = *kind;
+  ec.transport = c.transport;
   ec.transfer_shards = c.transfer_shards;
   ec.control_bind = "tcp://" + bracketed(c.control.bind_host.empty() ? "0.0.0.0" : c.control.bind_host) + ":" +
                     std::to_string(c.control.port);

@@ -224,8 +224,8 @@ Status validate(ReplayConfig& c) {
       return invalid(fmt::format("{} must be > 0 ms, got {}", f.option, c.deadlines.*f.member));
     }
   }
-  if (c.transport != "shm" && c.transport != "tcp") {
-    return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
+  if (Status st = check_transport_name(c.transport); !st.ok()) {
+    return invalid("--transport: " + st.message());
   }
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards) {
     return invalid(fmt::format("--transfer-shards must be in 1..{}, got {}", kMaxTransportShards,
