@@ -53,24 +53,36 @@ struct ManagerConfig {
   // the transfer plan for unequal TP; page_size in tokens.
   ModelGeometry model;
   uint32_t page_size = 1;
-  // The engine's buffers (kvferry/buffers.h). Empty: kvferry allocates a contiguous pool of
-  // pool_bytes with its own layout (PoolLayout) and aux_rows aux slots.
+  // The engine's buffers (kvferry/buffers.h; valid until the manager is destroyed): one KV buffer
+  // per layer tensor of item_bytes = a page of this rank's heads, aux and state buffers; their
+  // page count and aux rows become layout().num_pages and aux_slots (pool_bytes, pool_base and
+  // aux_rows are then unused). Empty: one contiguous pool of pool_bytes laid out by kvferry
+  // (PoolLayout, kvferry/geometry.h) with aux_rows aux slots: at pool_base if set (the engine owns
+  // it, e.g. a numpy array; valid until the manager is destroyed), else kvferry allocates it.
   std::vector<BufferDesc> buffers;
+  uint8_t* pool_base = nullptr;
   uint64_t pool_bytes = 0;
   uint32_t aux_rows = 1024;
-  // Prefill: the bootstrap service it registers at ("host:port"). Decode: the default prefill
-  // bootstrap address for receiver(room) without one.
-  std::string bootstrap_address = "127.0.0.1:8998";
-  // The control socket's bind and advertised host (port 0: any free port).
+  // Prefill: the bootstrap service ("host:port") it registers at (empty: it registers nowhere;
+  // tests). Decode: the prefill instance's bootstrap service used by receiver(room) without one
+  // (empty: none until a receiver names one).
+  std::string bootstrap_address;
+  // The control socket's bind and advertised host (port 0: any free port). Peers (the prefill's
+  // bootstrap entry, decode's pool registration) are told the advertised host.
   ListenAddress control;
-  // Registered transport name ("shm", "tcp"; transport.h make_transport) and its options.
+  // Transport name ("shm", "tcp") and its worker shards (1..kMaxTransportShards).
   std::string transport = "shm";
   uint32_t transfer_shards = 1;
   Deadlines deadlines;
+  // true: a progress thread pumps the rank. false: the caller pumps (wait_fds(), progress()).
   bool progress_thread = true;
-  int64_t progress_interval_ms = 5;
+  int64_t progress_interval_ms = 5;  // longest wait of the progress thread without an event
   // Wrap the transport in the fault-injecting decorator (tests, replay fault plans): faults().
   bool fault_injection = false;
+  // Non-empty: each failed room of a sender/receiver is logged once (kvferry/log.h) under this
+  // component, at the level of the failure logging policy (docs/manager.md); empty: the caller
+  // logs failures itself (the C++ drivers do, at release).
+  std::string failure_log_component;
 };
 
 // Per-room transfer metrics (SGLang's get_transfer_metric: latency, alloc latency, bytes).
@@ -132,8 +144,8 @@ class Receiver {
 };
 
 struct ManagerStats {
-  uint64_t live_rooms = 0;
-  uint64_t peers = 0;
+  uint64_t live_rooms = 0;         // rooms of senders/receivers, dropped ones until released
+  uint64_t peers = 0;              // peer ranks of the other engine known to this rank
   uint64_t quarantined_rooms = 0;
   TransportStats transport;
 };
@@ -142,29 +154,39 @@ class FaultInjectingTransport;
 
 class Manager {
  public:
-  // Builds the rank: registers the buffers with the transport, binds the control socket, starts
-  // heartbeats; prefill registers at its bootstrap service (retrying up to lookup_timeout_ms).
-  // Errors: kInvalidArgument (bad buffers or geometry, a device buffer the transport cannot
-  // register: the message names the UCX support needed), kPeerUnreachable / kBootstrapTimeout
-  // (bootstrap service), kInternal (UCX or ZeroMQ could not start).
+  // Builds the rank: registers its memory with the transport, binds the control socket, starts
+  // heartbeats; prefill registers at its bootstrap service (retrying up to lookup_timeout_ms);
+  // decode with a bootstrap_address looks that prefill instance up and registers its pool there
+  // (blocking up to lookup_timeout_ms). Errors: kInvalidArgument (bad geometry, pool, transport
+  // name or shards, naming the value), kPeerUnreachable / kBootstrapTimeout (bootstrap service),
+  // kInternal (UCX or ZeroMQ could not start).
   static Result<std::unique_ptr<Manager>> create(const ManagerConfig& config);
   virtual ~Manager() = default;  // stops the progress thread; the transport goes first
 
-  // Prefill only. Errors: a live sender for the room exists, or this is a decode manager.
+  // Prefill only. Errors (kInvalidArgument): a sender for the room exists (or its room is still
+  // being released), or this is a decode manager.
   virtual Result<std::unique_ptr<Sender>> sender(uint64_t room) = 0;
   // Decode only. `prefill_bootstrap` ("host:port"; empty: config.bootstrap_address) names the
-  // prefill instance serving the room; its ranks are looked up and connected lazily, once per
-  // instance, and cached (heartbeats per peer).
+  // prefill instance serving the room; it is looked up and connected on first use and cached
+  // (heartbeats per peer). One prefill instance per decode manager for now: a receiver naming
+  // another instance than the one connected is refused with kInvalidArgument. Errors: as
+  // create() for the lookup; kInvalidArgument for a live receiver of the room, a prefill manager,
+  // no address at all.
   virtual Result<std::unique_ptr<Receiver>> receiver(uint64_t room, const std::string& prefill_bootstrap = "") = 0;
 
-  // Caller-pumped managers (progress_thread false): fds to wait on, and one round of progress.
+  // Caller-pumped managers (progress_thread false): fds to wait on (readable: call progress()),
+  // and one round of progress (control frames, transport completions, deadlines, heartbeats,
+  // releases of dropped handles). Never blocks. With a progress thread: wait_fds() is empty and
+  // progress() is a no-op.
   virtual std::vector<int> wait_fds() const = 0;
   virtual void progress() = 0;
 
   virtual const RankId& self() const = 0;
-  virtual const BufferSet& buffers() const = 0;
-  virtual const PoolLayout& layout() const = 0;  // heads of this rank, page size, pages
-  virtual std::string control_endpoint() const = 0;  // advertised
+  virtual const PoolLayout& layout() const = 0;  // heads of this rank, page size, pages, aux slots
+  // The contiguous pool laid out as layout() (kvferry's, or config.pool_base): where the engine
+  // reads and writes page i of buffer b (layout().page_offset(b, i)). Null with engine buffers.
+  virtual uint8_t* pool_base() const = 0;
+  virtual std::string control_endpoint() const = 0;  // advertised ("tcp://host:port")
   virtual ManagerStats stats() const = 0;
   // The fault decorator (config.fault_injection), else nullptr.
   virtual FaultInjectingTransport* faults() = 0;

@@ -3,25 +3,30 @@
 #include <fmt/format.h>
 
 #include <cstring>
-#include <set>
 #include <utility>
 
-#include "driver/log_policy.h"
-#include "endpoint/topology.h"
-#include "kvferry/bootstrap.h"
+#include "kvferry/fault_transport.h"
 #include "kvferry/log.h"
-#include "kvferry/messages.h"
 
 namespace kvferry::python {
 namespace {
-constexpr int kLoopWakeMs = 5;  // longest sleep of the progress thread without any event
-
-std::string_view component(Role role) { return role == Role::kPrefill ? "prefill.connector" : "decode.connector"; }
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
+
+// Python ints to page indices; a negative one is refused naming it.
+Result<std::vector<uint64_t>> indices(const std::vector<int64_t>& v) {
+  std::vector<uint64_t> out;
+  out.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] < 0) return bad(fmt::format("kv_indices[{}] = {} is negative", i, v[i]));
+    out.push_back(static_cast<uint64_t>(v[i]));
+  }
+  return out;
+}
+
 }  // namespace
 
-Result<PoolLayout> layout_for_pages(const ManagerConfig& c, uint64_t num_pages) {
+Result<PoolLayout> layout_for_pages(const ConnectorConfig& c, uint64_t num_pages) {
   if (c.page_size == 0) return bad("page_size must be at least 1 token");
   // A layout as large as needed, then cut to `num_pages`.
   auto l = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, ~0ull >> 8, c.aux_slots);
@@ -30,294 +35,154 @@ Result<PoolLayout> layout_for_pages(const ManagerConfig& c, uint64_t num_pages) 
   return l;
 }
 
-Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& c) {
-  std::unique_ptr<Manager> m(new Manager());
-  m->config_ = c;
+Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
+  std::unique_ptr<Connector> m(new Connector());
   m->self_ = RankId{c.role, 0, c.tp_rank, 0};
   if (c.pool == nullptr || c.pool_bytes == 0) return bad("the KV pool is empty");
-  if (c.page_size == 0) return bad("page_size must be at least 1 token");
   auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);
-  if (!layout.ok()) return Status(layout.status().code(), "KV pool of " + std::to_string(c.pool_bytes) +
-                                                              " bytes: " + layout.status().message());
-  m->layout_ = *layout;
-  const uint32_t peer_tp = c.peer_tp_size ? c.peer_tp_size : c.tp_size;
-  const uint32_t prefill_tp = c.role == Role::kPrefill ? c.tp_size : peer_tp;
-  const uint32_t decode_tp = c.role == Role::kPrefill ? peer_tp : c.tp_size;
-  auto plan = plan_transfers(c.model, prefill_tp, decode_tp);
-  if (!plan.ok()) return plan.status();
+  if (!layout.ok())
+    return Status(layout.status().code(), fmt::format("KV pool of {} bytes: {}", c.pool_bytes, layout.status().message()));
   if (!c.log_file.empty()) init_logging({m->self_.str(), c.log_file, LogLevel::kDebug, LogLevel::kWarning});
-
-  EndpointConfig ec;
-  ec.self = m->self_;
-  ec.layout = m->layout_;
-  ec.transport = c.transport;
-  ec.transfer_shards = c.transfer_shards;
-  ec.deadlines = c.deadlines;
-  ec.external_base = c.pool;
-  ec.external_bytes = c.pool_bytes;
-  auto core = EndpointCore::create(ec);
-  if (!core.ok()) return core.status();
-  m->core_ = std::move(core).value();
-  BootstrapClient bootstrap(c.bootstrap, 2000);
-  if (c.role == Role::kPrefill) {
-    PrefillRankInfo info;
-    info.tp_rank = c.tp_rank;
-    info.tp_size = c.tp_size;
-    info.host = ec.control.advertised();
-    info.control_endpoint = m->core_->control().endpoint();
-    info.page_size = c.page_size;
-    info.dtype = fmt::format("{}-byte", c.model.dtype_bytes);
-    info.model = c.model.name;
-    info.num_layers = c.model.num_layers;
-    info.heads_per_rank = m->layout_.heads_per_rank;
-    info.first_head = m->layout_.first_head;
-    Status s = bootstrap.register_rank(info);
-    if (!s.ok()) return Status(s.code(), "bootstrap registration at " + c.bootstrap + ": " + s.message());
-    m->prefill_ = std::make_unique<PrefillEndpoint>(*m->core_, *plan);
-  } else {
-    m->decode_ = std::make_unique<DecodeEndpoint>(*m->core_, *plan, c.bootstrap);
-    Status s = m->decode_->connect_peers(bootstrap, monotonic_ns() + c.deadlines.lookup_timeout_ms * 1'000'000);
-    if (!s.ok()) return s;
-  }
-  log_event(LogLevel::kDebug, component(c.role),
-            fmt::format("manager up: {} pages of {} tokens, {} buffers, pool {} bytes, transport {}",
-                        m->layout_.num_pages, m->layout_.page_size, m->layout_.num_buffers(), c.pool_bytes,
-                        transport_name(c.transport)));
-  m->thread_ = std::thread([raw = m.get()] { raw->run(); });
+  kvferry::ManagerConfig mc;
+  mc.self = m->self_;
+  mc.tp_size = c.tp_size;
+  mc.peer_tp_size = c.peer_tp_size;
+  mc.model = c.model;
+  mc.page_size = c.page_size;
+  mc.pool_base = c.pool;
+  mc.pool_bytes = c.pool_bytes;
+  mc.aux_rows = c.aux_slots;
+  mc.bootstrap_address = c.bootstrap;
+  mc.transport = c.transport;
+  mc.transfer_shards = c.transfer_shards;
+  mc.deadlines = c.deadlines;
+  mc.progress_thread = true;
+  mc.fault_injection = true;  // inject_write_failure
+  mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
+  auto r = kvferry::Manager::create(mc);
+  if (!r.ok()) return r.status();
+  m->m_ = std::move(r).value();
+  m->layout_ = m->m_->layout();
   return m;
 }
 
-Manager::~Manager() { close(); }
+Connector::~Connector() { close(); }
 
-void Manager::close() {
-  stop_ = true;
-  if (thread_.joinable()) thread_.join();
+void Connector::close() {
   std::lock_guard lock(mu_);
-  prefill_.reset();
-  decode_.reset();
-  core_.reset();  // the transport goes before the engine may free the pool
-  rooms_.clear();
+  rooms_.clear();  // handles before their manager
+  m_.reset();      // the transport goes before the engine may free the pool
 }
 
-void Manager::run() {
-  while (!stop_) {
-    int fds[2] = {core_->waker().fd(), core_->control().fd()};
-    wait_readable(fds, 2, kLoopWakeMs);
-    core_->waker().drain();
-    std::lock_guard lock(mu_);
-    pump_locked(monotonic_ns());
-  }
+Connector::Room* Connector::find(uint64_t room) {
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? nullptr : &it->second;
 }
 
-void Manager::pump_locked(int64_t now) {
-  for (int i = 0; i < 4096; ++i) {
-    auto frame = core_->control().recv(std::chrono::milliseconds(0));
-    if (!frame) break;
-    auto msg = decode(*frame);
-    if (!msg.ok()) {
-      log_event(LogLevel::kWarning, "control", "rejected control frame: " + msg.status().str(),
-                {.code = std::string(code_name(ErrorCode::kProtocolError))});
-      continue;
-    }
-    if (prefill_) prefill_->on_message(*msg);
-    else decode_->on_message(*msg);
-  }
-  for (const TransportEvent& e : core_->take_events())
-    if (prefill_) (void)prefill_->on_transport_event(e);
-  if (prefill_) prefill_->tick(now);
-  else decode_->tick(now);
-  for (auto it = rooms_.begin(); it != rooms_.end();) {
-    const uint64_t id = it->first;
-    Room& r = it->second;
-    if (r.initialized && !r.logged && poll_locked(id, r) == KVPoll::Failed) {
-      if (auto e = core_->registry().get(id)) log_failure_locked(id, *e);
-      r.logged = true;
-    }
-    bool drained = !r.initialized || (prefill_ ? prefill_->drained(id) : decode_->drained(id, now));
-    if (r.closing && drained) {
-      if (r.initialized) {
-        if (prefill_) prefill_->release(id);
-        else decode_->release(id);
-        core_->faults().clear_room(id);
-      }
-      it = rooms_.erase(it);
-      continue;
-    }
-    ++it;
-  }
-}
-
-void Manager::log_failure_locked(uint64_t room, const KVTransferError& e) {
-  LogLevel level = failure_log_level(self_.role, e.is_from_another_rank, e.code);
-  log_event(level, component(self_.role), e.str(),
-            {.room = room, .code = std::string(code_name(e.code)), .origin = e.origin.str(),
-             .extra = {{"is_from_another_rank", e.is_from_another_rank ? "true" : "false"}}});
-}
-
-Status Manager::open(uint64_t room) {
+Status Connector::open(uint64_t room) {
   std::lock_guard lock(mu_);
-  if (!core_) return bad("the manager is closed");
-  auto [it, added] = rooms_.try_emplace(room);
-  if (!added) return bad(fmt::format("room {} is already open on {}", room, self_.str()));
+  if (!m_) return bad("the manager is closed");
+  if (rooms_.count(room)) return bad(fmt::format("room {} is already open on {}", room, self_.str()));
+  Room r;
+  if (self_.role == Role::kPrefill) {
+    auto s = m_->sender(room);
+    if (!s.ok()) return s.status();
+    r.sender = std::move(s).value();
+  } else {
+    auto s = m_->receiver(room);
+    if (!s.ok()) return s.status();
+    r.receiver = std::move(s).value();
+  }
+  rooms_.emplace(room, std::move(r));
   return Status::Ok();
 }
 
-Status Manager::sender_init(uint64_t room, uint64_t num_pages, uint64_t num_tokens) {
+Status Connector::sender_init(uint64_t room, uint64_t num_pages, uint64_t num_tokens) {
   std::lock_guard lock(mu_);
-  if (!prefill_) return bad("init(num_kv_indices) is a prefill (sender) call");
-  auto it = rooms_.find(room);
-  if (it == rooms_.end()) return bad(fmt::format("room {} is not open", room));
-  Room& r = it->second;
-  if (r.initialized || r.early_failure) return bad(fmt::format("room {}: init() called twice or after abort", room));
-  if (num_pages == 0) return bad("a room needs at least one page");
-  if (num_tokens == 0) num_tokens = num_pages * layout_.page_size;
-  if (layout_.pages_for(num_tokens) != num_pages)
-    return bad(fmt::format("{} tokens take {} pages of {} tokens, not {}", num_tokens, layout_.pages_for(num_tokens),
-                           layout_.page_size, num_pages));
-  prefill_->add_room(room, num_tokens);
-  r.initialized = true;
-  r.total_pages = num_pages;
-  return Status::Ok();
-}
-
-Status Manager::sender_send(uint64_t room, const std::vector<int64_t>& pages) {
-  std::lock_guard lock(mu_);
-  if (!prefill_) return bad("send(kv_indices) is a prefill (sender) call");
-  auto it = rooms_.find(room);
-  if (it == rooms_.end() || !it->second.initialized) return bad(fmt::format("room {}: send() before init()", room));
-  Room& r = it->second;
-  if (pages.empty()) return bad("send() of no pages");
-  if (r.next_page + pages.size() > r.total_pages)
-    return bad(fmt::format("room {}: {} pages sent plus {} more exceed its {} pages", room, r.next_page, pages.size(),
-                           r.total_pages));
-  std::vector<uint64_t> src;
-  src.reserve(pages.size());
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i] < 0 || static_cast<uint64_t>(pages[i]) >= layout_.num_pages)
-      return bad(fmt::format("kv_indices[{}] = {} is out of range: the pool has {} pages", i,
-                                 pages[i], layout_.num_pages));
-    src.push_back(static_cast<uint64_t>(pages[i]));
-  }
-  Status s = prefill_->send(room, r.next_page, src, next_tag_++);
-  if (!s.ok()) return s;
-  r.next_page += pages.size();
-  core_->waker().signal();
-  return Status::Ok();
-}
-
-Status Manager::receiver_init(uint64_t room, const std::vector<int64_t>& kv, int64_t aux_slot, uint64_t num_tokens) {
-  std::lock_guard lock(mu_);
-  if (!decode_) return bad("init(kv_indices, aux_index) is a decode (receiver) call");
-  auto it = rooms_.find(room);
-  if (it == rooms_.end()) return bad(fmt::format("room {} is not open", room));
-  Room& r = it->second;
-  if (r.initialized || r.early_failure) return bad(fmt::format("room {}: init() called twice or after abort", room));
-  if (kv.empty()) return bad("a room needs at least one page");
-  if (num_tokens == 0) num_tokens = kv.size() * layout_.page_size;
-  if (layout_.pages_for(num_tokens) != kv.size())
-    return bad(fmt::format("{} tokens take {} pages of {} tokens, not {}", num_tokens, layout_.pages_for(num_tokens),
-                           layout_.page_size, kv.size()));
-  if (aux_slot < 0 || static_cast<uint64_t>(aux_slot) >= layout_.aux_slots)
-    return bad(fmt::format("aux_index {} is out of range: the pool has {} aux slots", aux_slot, layout_.aux_slots));
-  std::vector<uint64_t> dst;
-  std::set<uint64_t> seen;
-  for (size_t i = 0; i < kv.size(); ++i) {
-    if (kv[i] < 0 || static_cast<uint64_t>(kv[i]) >= layout_.num_pages)
-      return bad(fmt::format("kv_indices[{}] = {} is out of range: the pool has {} pages", i, kv[i], layout_.num_pages));
-    if (!seen.insert(static_cast<uint64_t>(kv[i])).second)
-      return bad(fmt::format("kv_indices[{}] = {} appears twice", i, kv[i]));
-    dst.push_back(static_cast<uint64_t>(kv[i]));
-  }
-  decode_->add_room(room, num_tokens);
-  r.initialized = true;
-  r.total_pages = kv.size();
-  Status s = decode_->init(room, dst, static_cast<uint32_t>(aux_slot));
-  core_->waker().signal();
+  if (self_.role != Role::kPrefill) return bad("init(num_kv_indices) is a prefill (sender) call");
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  Status s = r->sender->init(num_pages, 0, num_tokens);
+  if (s.ok()) r->total_pages = num_pages;
   return s;
 }
 
-KVPoll Manager::poll_locked(uint64_t room, const Room& r) const {
-  if (r.early_failure) return KVPoll::Failed;
-  if (!r.initialized) return KVPoll::Bootstrapping;
-  return prefill_ ? prefill_->poll(room) : decode_->poll(room);
-}
-
-KVPoll Manager::poll(uint64_t room) {
+Status Connector::sender_send(uint64_t room, const std::vector<int64_t>& pages) {
   std::lock_guard lock(mu_);
-  auto it = rooms_.find(room);
-  if (it == rooms_.end() || !core_) return KVPoll::Failed;
-  return poll_locked(room, it->second);
+  if (self_.role != Role::kPrefill) return bad("send(kv_indices) is a prefill (sender) call");
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {}: send() before init()", room));
+  if (pages.empty()) return bad("send() of no pages");
+  auto src = indices(pages);
+  if (!src.ok()) return src.status();
+  const bool last = r->total_pages != 0 && r->next_page + src->size() == r->total_pages;
+  Status s = r->sender->send(*src, {}, last);
+  if (s.ok()) r->next_page += src->size();
+  return s;
 }
 
-std::optional<KVTransferError> Manager::failure_locked(uint64_t room, const Room& r) {
-  if (r.early_failure) return r.early_failure;
-  if (!r.initialized || poll_locked(room, r) != KVPoll::Failed) return std::nullopt;
-  return core_->registry().get(room);
-}
-
-std::optional<KVTransferError> Manager::failure(uint64_t room) {
+Status Connector::receiver_init(uint64_t room, const std::vector<int64_t>& kv, int64_t aux_slot, uint64_t num_tokens) {
   std::lock_guard lock(mu_);
-  auto it = rooms_.find(room);
-  if (it == rooms_.end() || !core_) return std::nullopt;
-  return failure_locked(room, it->second);
+  if (self_.role != Role::kDecode) return bad("init(kv_indices, aux_index) is a decode (receiver) call");
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (aux_slot < 0) return bad(fmt::format("aux_index {} is negative", aux_slot));
+  auto dst = indices(kv);
+  if (!dst.ok()) return dst.status();
+  return r->receiver->send_metadata(*dst, static_cast<uint64_t>(aux_slot), {}, num_tokens);
 }
 
-Status Manager::abort(uint64_t room, const std::string& reason) {
+KVPoll Connector::poll(uint64_t room) {
   std::lock_guard lock(mu_);
-  auto it = rooms_.find(room);
-  if (it == rooms_.end() || !core_) return bad(fmt::format("room {} is not open", room));
-  Room& r = it->second;
-  const int64_t now = monotonic_ns();
-  if (!r.initialized) {
-    if (!r.early_failure) {
-      r.early_failure = KVTransferError{room, ErrorCode::kAborted, reason, self_, false, now};
-      log_failure_locked(room, *r.early_failure);
-      r.logged = true;
-    }
-    return Status::Ok();
-  }
-  if (prefill_) prefill_->fail(room, ErrorCode::kAborted, reason, self_, now, true);
-  else decode_->fail(room, ErrorCode::kAborted, reason, self_, now, true);
-  // Logged before abort() returns (the first cause wins: an earlier failure is the one logged).
-  if (!r.logged && poll_locked(room, r) == KVPoll::Failed) {
-    if (auto e = core_->registry().get(room)) log_failure_locked(room, *e);
-    r.logged = true;
-  }
-  core_->waker().signal();
+  Room* r = find(room);
+  if (!r) return KVPoll::Failed;
+  return r->sender ? r->sender->poll() : r->receiver->poll();
+}
+
+std::optional<KVTransferError> Connector::failure(uint64_t room) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return std::nullopt;
+  return r->sender ? r->sender->failure() : r->receiver->failure();
+}
+
+Status Connector::abort(uint64_t room, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (r->sender) r->sender->abort(reason);
+  else r->receiver->abort(reason);
   return Status::Ok();
 }
 
-void Manager::close_room(uint64_t room) {
+void Connector::close_room(uint64_t room) {
   std::lock_guard lock(mu_);
-  auto it = rooms_.find(room);
-  if (it != rooms_.end()) it->second.closing = true;
-  if (core_) core_->waker().signal();
+  rooms_.erase(room);  // the manager releases it once no write can reach its pages
 }
 
-void Manager::inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason) {
+void Connector::inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason) {
   std::lock_guard lock(mu_);
-  if (core_) core_->faults().fail_room(room, code, reason);
+  if (m_ && m_->faults()) m_->faults()->fail_room(room, code, reason);
 }
 
-Result<AuxRecord> Manager::aux(int64_t slot) {
+Result<AuxRecord> Connector::aux(int64_t slot) {
   std::lock_guard lock(mu_);
-  if (!core_) return bad("the manager is closed");
+  if (!m_) return bad("the manager is closed");
   if (slot < 0 || static_cast<uint64_t>(slot) >= layout_.aux_slots)
     return bad(fmt::format("aux slot {} is out of range ({} slots)", slot, layout_.aux_slots));
   AuxRecord rec;
-  std::memcpy(&rec, config_.pool + layout_.aux_offset(static_cast<uint32_t>(slot)), sizeof rec);
+  std::memcpy(&rec, m_->pool_base() + layout_.aux_offset(static_cast<uint32_t>(slot)), sizeof rec);
   return rec;
 }
 
-size_t Manager::live_rooms() {
+size_t Connector::live_rooms() {
   std::lock_guard lock(mu_);
-  return rooms_.size();
+  return m_ ? m_->stats().live_rooms : 0;
 }
 
-size_t Manager::peers() {
+size_t Connector::peers() {
   std::lock_guard lock(mu_);
-  if (!core_) return 0;
-  return prefill_ ? prefill_->peers() : decode_->peers();
+  return m_ ? m_->stats().peers : 0;
 }
 
 }  // namespace kvferry::python

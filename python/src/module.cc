@@ -60,13 +60,12 @@ class PyManager {
             uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines, const std::string& log_file,
             uint32_t transfer_shards)
       : pool_(std::make_unique<PoolBuffer>(pool)) {
-    ManagerConfig c;
+    ConnectorConfig c;
     if (role == "prefill") c.role = Role::kPrefill;
     else if (role == "decode") c.role = Role::kDecode;
     else throw py::value_error("role must be 'prefill' or 'decode', not '" + role + "'");
-    if (transport == "shm") c.transport = TransportKind::kShm;
-    else if (transport == "tcp") c.transport = TransportKind::kTcp;
-    else throw py::value_error("transport must be 'shm' or 'tcp', not '" + transport + "'");
+    if (Status st = check_transport_name(transport); !st.ok()) throw py::value_error(st.message());
+    c.transport = transport;
     if (transfer_shards < 1 || transfer_shards > kMaxTransportShards)
       throw py::value_error("transfer_shards must be in 1.." + std::to_string(kMaxTransportShards));
     c.transfer_shards = transfer_shards;
@@ -96,10 +95,10 @@ class PyManager {
     c.log_file = log_file;
     c.pool = pool_->data();
     c.pool_bytes = pool_->bytes();
-    Result<std::unique_ptr<Manager>> m = Status();
+    Result<std::unique_ptr<Connector>> m = Status();
     {
       py::gil_scoped_release nogil;
-      m = Manager::create(c);
+      m = Connector::create(c);
     }
     if (!m.ok()) raise_status(m.status());
     m_ = std::move(m).value();
@@ -109,7 +108,7 @@ class PyManager {
   // Tears the rank down (no call can use the pool after this), then lets go of the pool.
   void close() {
     if (m_) {
-      std::shared_ptr<Manager> m = m_;
+      std::shared_ptr<Connector> m = m_;
       py::gil_scoped_release nogil;
       m->close();
     }
@@ -118,7 +117,7 @@ class PyManager {
   }
 
   // Shared: a call running with the GIL released keeps the manager alive through a close().
-  std::shared_ptr<Manager> m() {
+  std::shared_ptr<Connector> m() {
     if (!m_) throw std::runtime_error("the manager is closed");
     return m_;
   }
@@ -138,7 +137,7 @@ class PyManager {
   }
 
   std::unique_ptr<PoolBuffer> pool_;
-  std::shared_ptr<Manager> m_;
+  std::shared_ptr<Connector> m_;
 };
 
 py::dict layout_dict(const PoolLayout& l) {
@@ -184,7 +183,7 @@ PYBIND11_MODULE(_kvferry, mod) {
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
       .def("open", [](PyManager& p, uint64_t room) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
@@ -193,7 +192,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         check(s);
       })
       .def("sender_init", [](PyManager& p, uint64_t room, uint64_t pages, uint64_t tokens) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
@@ -202,7 +201,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         check(s);
       })
       .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
@@ -212,7 +211,7 @@ PYBIND11_MODULE(_kvferry, mod) {
       })
       .def("receiver_init", [](PyManager& p, uint64_t room, const std::vector<int64_t>& kv, int64_t aux,
                                uint64_t tokens) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
@@ -221,12 +220,12 @@ PYBIND11_MODULE(_kvferry, mod) {
         check(s);
       })
       .def("poll", [](PyManager& p, uint64_t room) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         return static_cast<int>(m->poll(room));
       })
       .def("failure", [](PyManager& p, uint64_t room) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         std::optional<KVTransferError> e;
         {
           py::gil_scoped_release nogil;
@@ -235,7 +234,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         return failure_tuple(e);
       })
       .def("abort", [](PyManager& p, uint64_t room, const std::string& reason) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
@@ -245,19 +244,19 @@ PYBIND11_MODULE(_kvferry, mod) {
       })
       .def("close_room", [](PyManager& p, uint64_t room) {
         if (!p.m_) return;  // the manager went first: nothing to release
-        std::shared_ptr<Manager> m = p.m_;
+        std::shared_ptr<Connector> m = p.m_;
         py::gil_scoped_release nogil;
         m->close_room(room);
       })
       .def("inject_write_failure", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         m->inject_write_failure(room, *c, reason);
       })
       .def("aux", [](PyManager& p, int64_t slot) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         Result<AuxRecord> r = Status();
         {
           py::gil_scoped_release nogil;
@@ -271,12 +270,12 @@ PYBIND11_MODULE(_kvferry, mod) {
         return d;
       })
       .def("live_rooms", [](PyManager& p) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         return m->live_rooms();
       })
       .def("peers", [](PyManager& p) {
-        std::shared_ptr<Manager> m = p.m();
+        std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         return m->peers();
       });
@@ -285,7 +284,7 @@ PYBIND11_MODULE(_kvferry, mod) {
       "layout_for_pages",
       [](const py::dict& geometry, uint32_t page_size, uint32_t aux_slots, uint32_t tp_rank, uint32_t tp_size,
          uint64_t num_pages) {
-        ManagerConfig c;
+        ConnectorConfig c;
         c.model = PyManager::geometry_from(geometry);
         c.page_size = page_size;
         c.aux_slots = aux_slots;

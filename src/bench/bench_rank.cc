@@ -1,4 +1,7 @@
-// One `kvferry bench-rank` process (bench.h describes the protocol).
+// One `kvferry bench-rank` process (bench.h describes the protocol). The rank is a caller-pumped
+// Manager (kvferry/manager.h); the loops drive its endpoint through manager/manager_internal.h
+// (the staging ring frees a chunk's pages when its writes completed, which the public Sender does
+// not expose).
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -15,13 +18,11 @@
 
 #include "bench/bench.h"
 #include "bench/proc_stats.h"
-#include "endpoint/core.h"
-#include "endpoint/decode_endpoint.h"
 #include "endpoint/page_allocator.h"
-#include "endpoint/prefill_endpoint.h"
 #include "endpoint/topology.h"
-#include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
+#include "kvferry/manager.h"
+#include "manager/manager_internal.h"
 
 namespace kvferry::bench {
 namespace {
@@ -70,8 +71,8 @@ class RankRun {
  public:
   // Samples of the rooms go to a scratch file as they come (a fixed stdio buffer), not
   // to memory: the rank's resident memory must not grow with the rooms it served.
-  RankRun(const BenchRankOptions& o, EndpointCore& core, const std::string& name)
-      : o_(o), core_(core), samples_path_(o.dir + "/" + name + ".samples") {
+  RankRun(const BenchRankOptions& o, Manager& manager, const std::string& name)
+      : o_(o), manager_(manager), samples_path_(o.dir + "/" + name + ".samples") {
     samples_ = std::fopen(samples_path_.c_str(), "w+b");
   }
   ~RankRun() {
@@ -83,20 +84,12 @@ class RankRun {
   RankRun(const RankRun&) = delete;
   RankRun& operator=(const RankRun&) = delete;
 
-  // Control frames to `on_msg`, transport completions to `on_event`.
-  template <class OnMsg, class OnEvent>
-  void pump(int timeout_ms, OnMsg&& on_msg, OnEvent&& on_event) {
-    int fds[2] = {core_.waker().fd(), core_.control().fd()};
-    wait_readable(fds, 2, timeout_ms);
-    core_.waker().drain();
-    for (int i = 0; i < 4096; ++i) {
-      auto frame = core_.control().recv(std::chrono::milliseconds(0));
-      if (!frame) break;
-      auto msg = decode(*frame);
-      if (!msg.ok()) continue;
-      on_msg(*msg);
-    }
-    for (const TransportEvent& e : core_.take_events()) on_event(e);
+  // Waits up to `timeout_ms` for the manager's fds, then one round of its progress (control
+  // frames, transport completions to the chunk hook, deadlines).
+  void pump(int timeout_ms) {
+    std::vector<int> fds = manager_.wait_fds();
+    wait_readable(fds.data(), static_cast<int>(fds.size()), timeout_ms);
+    manager_.progress();
   }
 
   void window_tick(int64_t now, uint64_t done_total) {
@@ -142,7 +135,7 @@ class RankRun {
     j["rss_start"] = rss_start_.to_json();
     j["rss_end"] = rss_end_.to_json();
     if (checkpoint_taken_) j["rss_checkpoint"] = rss_checkpoint_.to_json();
-    j["pool_bytes"] = core_.layout().total_bytes();
+    j["pool_bytes"] = manager_.layout().total_bytes();
     if (!samples_ || samples_failed_ || std::fflush(samples_) != 0)
       return fail_start("cannot write the room samples to " + samples_path_);
     nlohmann::json rooms = nlohmann::json::array();
@@ -160,7 +153,7 @@ class RankRun {
 
  private:
   const BenchRankOptions& o_;
-  EndpointCore& core_;
+  Manager& manager_;
   bool window_started_ = false, window_ended_ = false, checkpoint_taken_ = false;
   double cpu_start_ = 0, cpu_end_ = 0;
   RssSample rss_start_, rss_end_, rss_checkpoint_;
@@ -181,10 +174,11 @@ std::optional<Go> wait_go(const BenchRankOptions& o, Pump&& pump) {
   return std::nullopt;
 }
 
-int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<HeadTransfer>& plan,
+int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTransfer>& plan,
                 const std::string& name) {
-  PrefillEndpoint ep(c, plan);
-  RankRun run(o, c, name);
+  EndpointCore& c = internal(m).core();
+  PrefillEndpoint& ep = *internal(m).prefill();
+  RankRun run(o, m, name);
   const size_t want_peers = dests_of(plan, o.tp_rank).size();
   PageAllocator staging(c.layout().num_pages);
   const uint64_t room_pages = c.layout().pages_for(o.tokens);
@@ -197,24 +191,19 @@ int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<He
   std::map<uint64_t, Open> open;
   std::unordered_map<uint64_t, std::vector<uint64_t>> chunk_pages_of;  // tag -> staging pages
   uint64_t next_tag = 1, next_room = 1, max_meta_room = 0, failed = 0;
-  auto on_msg = [&](const Message& m) {
-    if (auto* md = std::get_if<RoomMetadata>(&m)) max_meta_room = std::max(max_meta_room, md->room);
-    ep.on_message(m);
-  };
-  auto on_event = [&](const TransportEvent& e) {
-    auto done = ep.on_transport_event(e);
-    if (!done) return;
+  internal(m).set_message_hook([&](const Message& msg) {
+    if (auto* md = std::get_if<RoomMetadata>(&msg)) max_meta_room = std::max(max_meta_room, md->room);
+  });
+  internal(m).set_chunk_done_hook([&](const ChunkDone& d) {
+    const ChunkDone* done = &d;
     auto it = chunk_pages_of.find(done->tag);
     if (it == chunk_pages_of.end()) return;
     staging.free(it->second);
     chunk_pages_of.erase(it);
     auto r = open.find(done->room);
     if (r != open.end() && r->second.chunks_out > 0) --r->second.chunks_out;
-  };
-  auto idle_pump = [&] {
-    run.pump(5, on_msg, on_event);
-    ep.tick(monotonic_ns());
-  };
+  });
+  auto idle_pump = [&] { run.pump(5); };
   // Every destination's pool registration must be here before rooms start.
   for (int64_t deadline = monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9); ep.peers() < want_peers;) {
     if (monotonic_ns() > deadline) return fail_start("the decode ranks' pool registrations never arrived");
@@ -226,9 +215,8 @@ int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<He
   run.go_ = *go;
   int64_t idle_since = 0;
   for (;;) {
-    run.pump(1, on_msg, on_event);
+    run.pump(1);
     int64_t now = monotonic_ns();
-    ep.tick(now);
     run.window_tick(now, run.done_total_);
     const bool after = now >= go->window_end;
     // Open rooms: up to `concurrency`; after the window only those decode already asked for.
@@ -298,13 +286,10 @@ int run_prefill(const BenchRankOptions& o, EndpointCore& c, const std::vector<He
   }
 }
 
-int run_decode(const BenchRankOptions& o, EndpointCore& c, const std::vector<HeadTransfer>& plan,
-               const std::string& name) {
-  DecodeEndpoint ep(c, plan, o.bootstrap);
-  BootstrapClient bootstrap(o.bootstrap, 2000);
-  Status s = ep.connect_peers(bootstrap, monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9));
-  if (!s.ok()) return fail_start(s.str());
-  RankRun run(o, c, name);
+int run_decode(const BenchRankOptions& o, Manager& m, const std::string& name) {
+  EndpointCore& c = internal(m).core();
+  DecodeEndpoint& ep = *internal(m).decode();
+  RankRun run(o, m, name);
   PageAllocator pages(c.layout().num_pages);
   PageAllocator aux(c.layout().aux_slots);
   const uint64_t room_pages = c.layout().pages_for(o.tokens);
@@ -315,12 +300,7 @@ int run_decode(const BenchRankOptions& o, EndpointCore& c, const std::vector<Hea
   };
   std::map<uint64_t, Open> open;
   uint64_t next_room = 1, failed = 0;
-  auto on_msg = [&](const Message& m) { ep.on_message(m); };
-  auto on_event = [](const TransportEvent&) {};
-  auto idle_pump = [&] {
-    run.pump(5, on_msg, on_event);
-    ep.tick(monotonic_ns());
-  };
+  auto idle_pump = [&] { run.pump(5); };
   if (!write_file(o.dir + "/ready-" + name, "ready\n")) return fail_start("cannot write the ready file");
   auto go = wait_go(o, idle_pump);
   if (!go) return fail_start("no go from the orchestrator");
@@ -329,10 +309,8 @@ int run_decode(const BenchRankOptions& o, EndpointCore& c, const std::vector<Hea
   for (;;) {
     int64_t now = monotonic_ns();
     // Sleep no longer than until the next room is due.
-    int timeout = 1;
-    run.pump(timeout, on_msg, on_event);
+    run.pump(1);
     now = monotonic_ns();
-    ep.tick(now);
     run.window_tick(now, run.done_total_);
     while (now >= go->start && now < go->window_end && open.size() < o.concurrency &&
            now >= go->start + static_cast<int64_t>(interval_ns * static_cast<double>(next_room - 1))) {
@@ -404,38 +382,26 @@ int run_bench_rank(const BenchRankOptions& o) {
   if (!probe.ok()) return fail_start(probe.status().str());
   const uint64_t pages = probe->pages_for(o.tokens) * o.concurrency;
   const uint64_t pool_bytes = pages * probe->page_bytes() * probe->num_buffers() + aux_slots * kAuxSlotBytes;
-  auto layout = make_layout(m, o.tp_size, o.tp_rank, o.page_size, pool_bytes, aux_slots);
-  if (!layout.ok()) return fail_start(layout.status().str());
 
-  EndpointConfig ec;
-  ec.self = self;
-  ec.layout = *layout;
-  ec.transport = o.transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
-  ec.transfer_shards = o.transfer_shards;
-  auto core = EndpointCore::create(ec);
-  if (!core.ok()) return fail_start(core.status().str());
-  EndpointCore& c = **core;
+  ManagerConfig mc;
+  mc.self = self;
+  mc.tp_size = o.tp_size;
+  mc.peer_tp_size = o.peer_tp_size;
+  mc.model = m;
+  mc.page_size = o.page_size;
+  mc.pool_bytes = pool_bytes;
+  mc.aux_rows = aux_slots;
+  mc.bootstrap_address = o.bootstrap;
+  mc.transport = o.transport;
+  mc.transfer_shards = o.transfer_shards;
+  mc.deadlines.lookup_timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
+  mc.progress_thread = false;
+  auto manager = Manager::create(mc);
+  if (!manager.ok()) return fail_start(manager.status().str());
   // Touch the whole pool once: KV pages are resident in serving; page faults are not transfer cost.
-  std::memset(c.base(), 0, layout->total_bytes());
-
-  if (o.prefill) {
-    PrefillRankInfo info;
-    info.tp_rank = o.tp_rank;
-    info.tp_size = o.tp_size;
-    info.host = ec.control.advertised();
-    info.control_endpoint = c.control().endpoint();
-    info.page_size = o.page_size;
-    info.dtype = m.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", m.dtype_bytes);
-    info.model = m.name;
-    info.num_layers = m.num_layers;
-    info.heads_per_rank = layout->heads_per_rank;
-    info.first_head = layout->first_head;
-    BootstrapClient bootstrap(o.bootstrap, 2000);
-    Status s = bootstrap.register_rank(info);
-    if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
-    return run_prefill(o, c, *plan, name);
-  }
-  return run_decode(o, c, *plan, name);
+  std::memset((*manager)->pool_base(), 0, (*manager)->layout().total_bytes());
+  if (o.prefill) return run_prefill(o, **manager, *plan, name);
+  return run_decode(o, **manager, name);
 }
 
 }  // namespace kvferry::bench

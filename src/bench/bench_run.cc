@@ -21,8 +21,8 @@
 #include "kvferry/bootstrap.h"
 #include "kvferry/geometry.h"
 #include "kvferry/transport.h"
-#include "replay/orchestrator.h"
-#include "replay/process.h"
+#include "process/host_memory.h"
+#include "process/process.h"
 
 namespace kvferry::bench {
 namespace fs = std::filesystem;
@@ -78,7 +78,7 @@ Status validate(BenchConfig& c) {
   if (c.chunk_tokens < c.page_size) return invalid("--chunk-tokens must be at least one page");
   if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
   if (!(c.rate >= 0)) return invalid("--rate must be >= 0 rooms/s");
-  if (c.transport != "shm" && c.transport != "tcp") return invalid("--transport must be shm or tcp");
+  if (Status st = check_transport_name(c.transport); !st.ok()) return invalid("--transport: " + st.message());
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
     return invalid(fmt::format("--transfer-shards must be in 1..{}", kMaxTransportShards));
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
@@ -99,11 +99,11 @@ Status validate(BenchConfig& c) {
       total += l->bytes_for_pages(l->pages_for(c.tokens)) * c.concurrency;
     }
   }
-  uint64_t avail = replay::mem_available_bytes();
+  uint64_t avail = process::mem_available_bytes();
   if (avail && total > avail * 7 / 10)
     return invalid(fmt::format("the pools need {} MiB, more than 70% of the {} MiB available; lower "
                                "--tokens or --concurrency", total >> 20, avail >> 20));
-  if (c.exe.empty()) c.exe = replay::self_exe();
+  if (c.exe.empty()) c.exe = process::self_exe();
   if (c.work_dir.empty()) {
     fs::path base = c.out.empty() ? fs::path("out/bench") : fs::path(c.out).parent_path();
     if (base.empty()) base = ".";
@@ -131,7 +131,7 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
     return 2;
   }
   const std::string bootstrap = (*server)->address();
-  replay::ProcessGroup group;
+  process::ProcessGroup group;
   std::vector<std::string> names;
   for (int side = 0; side < 2; ++side) {
     const bool prefill = side == 0;
@@ -146,9 +146,9 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
       names.push_back(name);
     }
   }
-  auto fail_child = [&](const replay::ChildExit& e) {
+  auto fail_child = [&](const process::ChildExit& e) {
     err << "kvferry bench: " << e.name << " " << e.describe() << "; its output:\n"
-        << replay::tail_file(c.work_dir + "/" + e.name + ".stderr", 20);
+        << process::tail_file(c.work_dir + "/" + e.name + ".stderr", 20);
     group.stop_all(std::chrono::milliseconds(500));
     return 2;
   };

@@ -4,7 +4,8 @@
 
 #include <utility>
 
-#include "driver/log_policy.h"
+#include "manager/log_policy.h"
+#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
@@ -15,9 +16,9 @@ namespace {
 constexpr std::string_view kComp = "decode.driver";
 }
 
-DecodeDriver::DecodeDriver(EndpointCore& core, DecodeEndpoint& ep)
-    : core_(core), ep_(ep), pages_(core.layout().num_pages), aux_(core.layout().aux_slots),
-      verifier_(core.waker()) {}
+DecodeDriver::DecodeDriver(Manager& manager)
+    : core_(internal(manager).core()), ep_(*internal(manager).decode()), pages_(core_.layout().num_pages),
+      aux_(core_.layout().aux_slots), verifier_(core_.waker()) {}
 
 DecodeDriver::~DecodeDriver() = default;
 
@@ -83,12 +84,14 @@ void DecodeDriver::apply(const Decision& d) {
       Room& r = it->second;
       log_release(d.room, r);
       if (r.admitted) {
+        // Pages and aux row by the same rule: a late prefill write may still land in either.
         if (d.quarantine) {
-          quarantined_ += r.kv_indices.size();  // a late prefill write may still land there
+          quarantined_ += r.kv_indices.size();
+          ++quarantined_aux_;
         } else {
           pages_.free(r.kv_indices);
+          aux_.free({*r.aux_slot});
         }
-        aux_.free({*r.aux_slot});
       }
       ep_.release(d.room);
       rooms_.erase(it);
@@ -291,7 +294,7 @@ RankLeakStats DecodeDriver::leak_stats() const {
   s.rank = core_.self().str();
   s.live_rooms = ep_.live_rooms() + rooms_.size();
   s.records = core_.registry().records();
-  s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use();
+  s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use() - quarantined_aux_;
   s.peers = ep_.peers();
   return s;
 }

@@ -6,9 +6,11 @@
 //   transfer queue:      admitted receivers wait for Success; then a worker thread verifies every
 //                        byte of the room against the deterministic content;
 //   release:             when every rank verified (Success) or the room Failed and no prefill write
-//                        can still reach its pages (drained), the leader decides kRelease: pages
-//                        return to the pool (or are quarantined if the drain deadline passed).
-// Thread contract: main thread only (see EngineLoop).
+//                        can still reach its pages and aux row (drained: the receiver's
+//                        release_safe()), the leader decides kRelease: pages and aux row return to
+//                        the pool, or both are quarantined if the drain deadline passed.
+// Built on a caller-pumped Manager (kvferry/manager.h), its endpoint driven through
+// manager/manager_internal.h. Thread contract: main thread only (see EngineLoop).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -20,12 +22,13 @@
 #include "driver/job_worker.h"
 #include "endpoint/decode_endpoint.h"
 #include "endpoint/page_allocator.h"
+#include "kvferry/manager.h"
 
 namespace kvferry {
 
 class DecodeDriver : public EngineDriver {
  public:
-  DecodeDriver(EndpointCore& core, DecodeEndpoint& ep);
+  explicit DecodeDriver(Manager& manager);
   ~DecodeDriver() override;
 
   void apply(const Decision& d) override;
@@ -40,6 +43,7 @@ class DecodeDriver : public EngineDriver {
   bool idle() const override { return rooms_.empty(); }
 
   uint64_t quarantined_pages() const { return quarantined_; }
+  uint64_t quarantined_aux_rows() const { return quarantined_aux_; }
 
  private:
   struct Room {
@@ -69,6 +73,7 @@ class DecodeDriver : public EngineDriver {
   std::map<uint64_t, Room> rooms_;
   std::deque<uint64_t> prealloc_;  // leader only: rooms waiting for pages, in arrival order
   uint64_t quarantined_ = 0;
+  uint64_t quarantined_aux_ = 0;  // aux rows a late prefill write may still reach
 };
 
 }  // namespace kvferry

@@ -31,7 +31,7 @@ class DecodeDriverTest : public ::testing::Test {
     auto p = EndpointPair::create(cfg);
     ASSERT_TRUE(p.ok()) << p.status().str();
     pair_ = std::move(p).value();
-    drv_ = std::make_unique<DecodeDriver>(pair_->dcore(), pair_->decode());
+    drv_ = std::make_unique<DecodeDriver>(pair_->dmanager());
   }
   void TearDown() override {
     drv_.reset();

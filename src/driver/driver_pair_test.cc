@@ -32,8 +32,8 @@ class DriverPairTest : public ::testing::Test {
     auto p = EndpointPair::create(cfg);
     ASSERT_TRUE(p.ok()) << p.status().str();
     pair_ = std::move(p).value();
-    prefill_ = std::make_unique<PrefillDriver>(pair_->pcore(), pair_->prefill(), PrefillDriverConfig{4});
-    decode_ = std::make_unique<DecodeDriver>(pair_->dcore(), pair_->decode());
+    prefill_ = std::make_unique<PrefillDriver>(pair_->pmanager(), PrefillDriverConfig{4});
+    decode_ = std::make_unique<DecodeDriver>(pair_->dmanager());
     pair_->on_chunk_done = [this](const ChunkDone& d) { prefill_->on_chunk_done(d); };
   }
   void TearDown() override {

@@ -12,65 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "driver/engine_protocol.h"
 #include "kvferry/error.h"
 #include "kvferry/poll.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry {
-
-// One rank's view of one room in one step.
-struct RoomReport {
-  uint64_t room = 0;
-  uint32_t tp_rank = 0;
-  KVPoll poll = KVPoll::Bootstrapping;
-  bool drained = false;     // no peer write can still reach (decode) / come from (prefill) this room
-  bool quarantine = false;  // decode: drained only because the drain deadline passed
-  bool has_failure = false;
-  ErrorCode code = ErrorCode::kOk;
-  std::string origin;       // RankId::str()
-  std::string reason;
-  int64_t first_seen_ns = 0;
-  int64_t failed_ns = 0;    // when this rank reached Failed
-  int64_t send_ns = 0;      // prefill: first send()
-  int64_t success_ns = 0;   // decode: every source reported Success
-  uint64_t bytes = 0;       // prefill: bytes written
-  uint64_t verified = 0;    // decode: bytes verified
-  uint64_t mismatched = 0;  // decode
-};
-
-struct Decision {
-  enum class Op { kNew, kStart, kAdmit, kFail, kRelease };
-  Op op = Op::kNew;
-  uint64_t room = 0;
-  RouterRequest request;     // kNew
-  ErrorCode code = ErrorCode::kOk;  // kFail
-  std::string origin;        // kFail
-  std::string reason;        // kFail
-  int64_t first_seen_ns = 0; // kFail
-  bool quarantine = false;   // kRelease
-  // kFail made by the leader from its own observation (abort, rejection, prealloc timeout, a dead
-  // engine rank): on the leader that failure is local. Never sent: followers get origin != self.
-  bool observed_by_leader = false;
-};
-
-// A failure one rank of an engine tells every other rank of its engine directly (the fan-out,
-// DESIGN §3 "Propagation, within an engine"), ahead of the per-step agreement, which stays the
-// authority for release and the router's result. Sent once per room by the rank that first
-// recorded the failure first-hand or from the other engine; a receiver never sends it on.
-struct SiblingFailure {
-  uint64_t room = 0;
-  uint32_t tp_rank = 0;      // the sending rank (logged as "via")
-  ErrorCode code = ErrorCode::kOk;
-  std::string origin;        // RankId::str() of the failure's origin (unchanged by the fan-out)
-  std::string reason;
-  int64_t first_seen_ns = 0; // monotonic ns, when the origin first saw the failure
-};
-
-// One rank of an engine as the leader announces it in a step: where its engine socket listens.
-struct EngineMember {
-  uint32_t tp_rank = 0;
-  std::string endpoint;  // "tcp://host:port"
-};
 
 // The reduction of one room over all ranks of an engine.
 struct RoomReduction {
@@ -171,9 +117,5 @@ bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& sel
 // engine's tp ranks this rank exchanges data with for the room (topology.h), in the room's DP group.
 bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
                    const std::vector<uint32_t>& peers, uint32_t peer_dp_rank);
-
-// JSON codecs for the step frames (see sync_codec.h).
-std::string encode_decision_json(const Decision& d);
-std::string encode_report_json(const RoomReport& r);
 
 }  // namespace kvferry

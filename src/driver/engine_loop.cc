@@ -8,7 +8,8 @@
 #include <utility>
 
 #include "core/stop_request.h"
-#include "driver/log_policy.h"
+#include "manager/log_policy.h"
+#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
@@ -35,11 +36,8 @@ Result<std::unique_ptr<ControlSocket>> bind_engine_socket(const EngineLoopConfig
 }
 }
 
-EngineLoop::EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
-                       std::function<void(const Message&)> on_control,
-                       std::function<void(const TransportEvent&)> on_transport)
-    : cfg_(std::move(config)), core_(core), driver_(driver), on_control_(std::move(on_control)),
-      on_transport_(std::move(on_transport)) {}
+EngineLoop::EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& driver)
+    : cfg_(std::move(config)), manager_(manager), core_(internal(manager).core()), driver_(driver) {}
 
 int EngineLoop::run() {
   bool leader = cfg_.self.tp_rank == 0;
@@ -59,21 +57,10 @@ int EngineLoop::run() {
 }
 
 void EngineLoop::pump_local(ControlSocket& engine) {
-  int fds[3] = {core_.waker().fd(), core_.control().fd(), engine.fd()};
-  wait_readable(fds, 3, 1);
-  core_.waker().drain();
-  for (int i = 0; i < 4096; ++i) {
-    auto frame = core_.control().recv(std::chrono::milliseconds(0));
-    if (!frame) break;
-    auto msg = decode(*frame);
-    if (!msg.ok()) {
-      log_event(LogLevel::kWarning, "control", "rejected control frame: " + msg.status().str(),
-                {.code = std::string(code_name(ErrorCode::kProtocolError))});
-      continue;
-    }
-    on_control_(*msg);
-  }
-  for (const TransportEvent& e : core_.take_events()) on_transport_(e);
+  std::vector<int> fds = manager_.wait_fds();
+  fds.push_back(engine.fd());
+  wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
+  manager_.progress();  // control frames, transport completions (chunk hooks), deadlines
   // The time after the wait: what the driver observes now is stamped now (first_seen_ns), not
   // with the time the loop went to sleep, which can be before the news that caused it arrived.
   driver_.pump(monotonic_ns());

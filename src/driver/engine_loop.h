@@ -12,7 +12,8 @@
 // kEarlyFailTtlNs) and applied when the step that creates the room arrives.
 // Deadlines: a follower that does not reply, or a leader that sends no step, for
 // `peer_timeout_ms` ends the rank with a critical log line and exit code 3.
-// Thread contract: run() on the rank's main thread.
+// The rank is a caller-pumped Manager (kvferry/manager.h): the loop waits on its wait_fds() and the
+// engine socket and calls its progress(). Thread contract: run() on the rank's main thread.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -24,6 +25,7 @@
 
 #include "driver/engine.h"
 #include "endpoint/core.h"
+#include "kvferry/manager.h"
 
 namespace kvferry {
 
@@ -46,9 +48,7 @@ struct EngineLoopConfig {
 
 class EngineLoop {
  public:
-  EngineLoop(EngineLoopConfig config, EndpointCore& core, EngineDriver& driver,
-             std::function<void(const Message&)> on_control,
-             std::function<void(const TransportEvent&)> on_transport);
+  EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& driver);
   // Runs until shutdown; returns the process exit code.
   int run();
 
@@ -70,10 +70,9 @@ class EngineLoop {
   static constexpr int64_t kEarlyFailTtlNs = 2'000'000'000;
 
   EngineLoopConfig cfg_;
-  EndpointCore& core_;
+  Manager& manager_;
+  EndpointCore& core_;  // its control socket carries the router's frames
   EngineDriver& driver_;
-  std::function<void(const Message&)> on_control_;
-  std::function<void(const TransportEvent&)> on_transport_;
   std::vector<std::string> outbox_;  // frames for the router not yet accepted
   std::map<uint32_t, std::string> siblings_;  // follower: the other followers' engine endpoints
   std::deque<std::pair<int64_t, SiblingFailure>> early_fails_;  // (arrival ns, frame), oldest first

@@ -18,10 +18,10 @@
 #include <set>
 #include <thread>
 
+#include "driver/engine_protocol.h"
 #include "driver/sync_codec.h"
 #include "endpoint/endpoint_pair_test_util.h"
 #include "kvferry/control.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry {
 namespace {
@@ -83,8 +83,8 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   auto router = ControlSocket::bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(router.ok());
   RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
-  auto leader_core = testing::make_test_core(leader_id);
-  auto follower_core = testing::make_test_core(follower_id);
+  auto leader_core = testing::make_test_manager(leader_id);
+  auto follower_core = testing::make_test_manager(follower_id);
   ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
   ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
 
@@ -95,8 +95,8 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   fcfg.self = follower_id;
 
   StallingDriver leader_driver, follower_driver;
-  EngineLoop leader(cfg, **leader_core, leader_driver, [](const Message&) {}, [](const TransportEvent&) {});
-  EngineLoop follower(fcfg, **follower_core, follower_driver, [](const Message&) {}, [](const TransportEvent&) {});
+  EngineLoop leader(cfg, **leader_core, leader_driver);
+  EngineLoop follower(fcfg, **follower_core, follower_driver);
   auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
   auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
   // However the test ends, both loops end first (each would run on, and the futures wait for them).
@@ -188,7 +188,7 @@ TEST(EngineLoop, FollowerFailureReachesSiblingWithoutAStep) {
   auto router = ControlSocket::bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(router.ok());
   constexpr uint32_t kTp = 3;
-  std::vector<std::unique_ptr<EndpointCore>> cores;
+  std::vector<std::unique_ptr<Manager>> cores;
   std::vector<std::unique_ptr<FanOutDriver>> drivers;
   std::vector<std::unique_ptr<EngineLoop>> loops;
   EngineLoopConfig cfg{RankId{Role::kPrefill, 0, 0, 0}, kTp, free_endpoint(), (*router)->endpoint()};
@@ -196,15 +196,14 @@ TEST(EngineLoop, FollowerFailureReachesSiblingWithoutAStep) {
   cfg.peer_timeout_ms = 20000;  // the leader's stall below must not make it give up on anyone
   for (uint32_t tp = 0; tp < kTp; ++tp) {
     RankId id{Role::kPrefill, 0, tp, 0};
-    auto core = testing::make_test_core(id);
+    auto core = testing::make_test_manager(id);
     ASSERT_TRUE(core.ok()) << core.status().str();
     cores.push_back(std::move(*core));
     drivers.push_back(std::make_unique<FanOutDriver>());
     if (tp > 0) drivers.back()->leader_steps = &drivers[0]->steps;
     EngineLoopConfig c = cfg;
     c.self = id;
-    loops.push_back(std::make_unique<EngineLoop>(c, *cores.back(), *drivers.back(), [](const Message&) {},
-                                                 [](const TransportEvent&) {}));
+    loops.push_back(std::make_unique<EngineLoop>(c, *cores.back(), *drivers.back()));
   }
   std::vector<std::future<int>> rcs;
   for (auto& l : loops) rcs.push_back(std::async(std::launch::async, [&l] { return l->run(); }));

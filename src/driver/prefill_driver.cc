@@ -5,7 +5,8 @@
 #include <algorithm>
 #include <utility>
 
-#include "driver/log_policy.h"
+#include "manager/log_policy.h"
+#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
@@ -16,12 +17,14 @@ namespace {
 constexpr std::string_view kComp = "prefill.driver";
 }
 
-PrefillDriver::PrefillDriver(EndpointCore& core, PrefillEndpoint& ep, PrefillDriverConfig config)
-    : core_(core), ep_(ep), cfg_(config), staging_(core.layout().num_pages), filler_(core.waker()) {
+PrefillDriver::PrefillDriver(Manager& manager, PrefillDriverConfig config)
+    : manager_(manager), core_(internal(manager).core()), ep_(*internal(manager).prefill()), cfg_(config),
+      staging_(core_.layout().num_pages), filler_(core_.waker()) {
+  internal(manager_).set_chunk_done_hook([this](const ChunkDone& done) { on_chunk_done(done); });
   cfg_.chunk_pages = std::max<uint64_t>(1, std::min<uint64_t>(cfg_.chunk_pages, std::max<uint64_t>(1, staging_.total_pages() / 2)));
 }
 
-PrefillDriver::~PrefillDriver() = default;
+PrefillDriver::~PrefillDriver() { internal(manager_).set_chunk_done_hook({}); }
 
 void PrefillDriver::apply(const Decision& d) {
   switch (d.op) {
@@ -36,8 +39,8 @@ void PrefillDriver::apply(const Decision& d) {
                  monotonic_ns(), true);
         return;
       }
-      if (fault_at(d.request, "transfer", self))
-        core_.faults().fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
+      if (fault_at(d.request, "transfer", self) && core_.faults())  // the rank is built with the decorator
+        core_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
       if (fault_at(d.request, "timeout", self))  // our decode peer stays silent: bootstrap timeout here
         ep_.set_bootstrap_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
       // A destination must time out waiting for us: stay silent.
@@ -77,7 +80,7 @@ void PrefillDriver::apply(const Decision& d) {
       if (it == rooms_.end()) return;
       log_release(d.room, it->second);
       ep_.release(d.room);
-      core_.faults().clear_room(d.room);
+      if (core_.faults()) core_.faults()->clear_room(d.room);
       rooms_.erase(it);
       std::erase(start_order_, d.room);
       return;

@@ -8,7 +8,9 @@
 //                    leader then decides kRelease and reports the room to the router.
 // The staging pool is a ring: a chunk's pages return once its writes completed, so a prefill rank
 // needs far less memory than a request's KV (decode holds the whole request).
-// Thread contract: main thread only (see EngineLoop).
+// Built on a caller-pumped Manager (kvferry/manager.h) whose endpoint it drives through
+// manager/manager_internal.h: the staging ring needs each chunk's completion, which the public
+// Sender does not expose. Thread contract: main thread only (see EngineLoop).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -22,6 +24,7 @@
 #include "driver/job_worker.h"
 #include "endpoint/page_allocator.h"
 #include "endpoint/prefill_endpoint.h"
+#include "kvferry/manager.h"
 
 namespace kvferry {
 
@@ -31,7 +34,7 @@ struct PrefillDriverConfig {
 
 class PrefillDriver : public EngineDriver {
  public:
-  PrefillDriver(EndpointCore& core, PrefillEndpoint& ep, PrefillDriverConfig config);
+  PrefillDriver(Manager& manager, PrefillDriverConfig config);
   ~PrefillDriver() override;
 
   void on_chunk_done(const ChunkDone& done);
@@ -69,6 +72,7 @@ class PrefillDriver : public EngineDriver {
   void schedule_chunks();
   void log_release(uint64_t room, const Room& r);
 
+  Manager& manager_;
   EndpointCore& core_;
   PrefillEndpoint& ep_;
   PrefillDriverConfig cfg_;

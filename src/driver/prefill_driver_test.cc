@@ -1,5 +1,5 @@
 // PrefillDriver as the engine leader: decide() over the ranks' reports (the per-step agreement),
-// aborts and down ranks. One EndpointCore, no peer: decide() needs no transfer.
+// aborts and down ranks. One caller-pumped Manager, no peer: decide() needs no transfer.
 #include "driver/prefill_driver.h"
 
 #include <gtest/gtest.h>
@@ -46,16 +46,16 @@ std::vector<Decision> ops_for(const std::vector<Decision>& ds, uint64_t room) {
 class PrefillDriverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto core = testing::make_test_core(prefill_rank0());
-    ASSERT_TRUE(core.ok()) << core.status().str();
-    core_ = std::move(core).value();
-    ep_ = std::make_unique<PrefillEndpoint>(*core_, *plan_transfers(core_->layout().model, 1, 1));
-    drv_ = std::make_unique<PrefillDriver>(*core_, *ep_, PrefillDriverConfig{4});
+    auto m = testing::make_test_manager(prefill_rank0());
+    ASSERT_TRUE(m.ok()) << m.status().str();
+    manager_ = std::move(m).value();
+    core_ = &internal(*manager_).core();
+    ep_ = internal(*manager_).prefill();
+    drv_ = std::make_unique<PrefillDriver>(*manager_, PrefillDriverConfig{4});
   }
   void TearDown() override {
     drv_.reset();
-    ep_.reset();
-    core_.reset();
+    manager_.reset();
   }
   // The leader's step: decide, then apply every decision (as every rank does).
   std::vector<Decision> step(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
@@ -74,8 +74,9 @@ class PrefillDriverTest : public ::testing::Test {
     ASSERT_TRUE(ep_->has_room(room));
   }
 
-  std::unique_ptr<EndpointCore> core_;
-  std::unique_ptr<PrefillEndpoint> ep_;
+  std::unique_ptr<Manager> manager_;
+  EndpointCore* core_ = nullptr;   // manager_'s
+  PrefillEndpoint* ep_ = nullptr;  // manager_'s
   std::unique_ptr<PrefillDriver> drv_;
   std::vector<RoomResult> results_;
 };

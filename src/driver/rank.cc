@@ -10,11 +10,8 @@
 #include "driver/decode_driver.h"
 #include "driver/engine_loop.h"
 #include "driver/prefill_driver.h"
-#include "endpoint/decode_endpoint.h"
-#include "endpoint/prefill_endpoint.h"
-#include "endpoint/topology.h"
-#include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
+#include "kvferry/manager.h"
 #include "kvferry/metrics.h"
 #include "kvferry/net.h"
 #include "kvferry/port_file.h"
@@ -60,35 +57,33 @@ int run_rank(const RankOptions& o) {
 
   auto model = load_model_file(o.models_file, o.model);
   if (!model.ok()) return fail_start(model.status().str());
-  if (o.page_size == 0) return fail_start("page size must be at least 1 token");
-  auto layout = make_layout(*model, o.tp_size, o.tp_rank, o.page_size, o.pool_mib << 20, o.aux_slots);
-  if (!layout.ok()) return fail_start(layout.status().str());
-  uint32_t peer_tp = o.peer_tp_size ? o.peer_tp_size : o.tp_size;
-  uint32_t prefill_tp = o.role == Role::kPrefill ? o.tp_size : peer_tp;
-  uint32_t decode_tp = o.role == Role::kPrefill ? peer_tp : o.tp_size;
-  auto plan = plan_transfers(*model, prefill_tp, decode_tp);
-  if (!plan.ok()) return fail_start(plan.status().str());
-
+  const uint64_t pool_bytes = o.pool_mib << 20;
   uint64_t avail = mem_available();
-  if (avail != 0 && layout->total_bytes() > avail)
+  if (avail != 0 && pool_bytes > avail)
     return fail_start(fmt::format("a pool of {} MiB does not fit this machine ({} MiB available)", o.pool_mib,
                                   avail >> 20));
 
-  EndpointConfig ec;
-  ec.self = self;
-  ec.layout = *layout;
-  ec.transport = o.transport;
-  ec.transfer_shards = o.transfer_shards;
-  ec.deadlines = o.deadlines;
-  ec.control = listen;
-  auto core = EndpointCore::create(ec);
-  if (!core.ok()) return fail_start(core.status().str());
-  EndpointCore& c = **core;
-  log_event(LogLevel::kDebug, kComp,
-            fmt::format("pool: {} pages of {} tokens, {} buffers, {} bytes, transport {}", layout->num_pages,
-                        layout->page_size, layout->num_buffers(), layout->total_bytes(), transport_name(o.transport)));
+  // The rank is one caller-pumped Manager; the engine loop pumps it.
+  ManagerConfig mc;
+  mc.self = self;
+  mc.tp_size = o.tp_size;
+  mc.peer_tp_size = o.peer_tp_size;
+  mc.peer_dp_size = o.peer_dp_size;
+  mc.model = *model;
+  mc.page_size = o.page_size;
+  mc.pool_bytes = pool_bytes;
+  mc.aux_rows = o.aux_slots;
+  mc.bootstrap_address = o.bootstrap;
+  mc.transport = o.transport;
+  mc.transfer_shards = o.transfer_shards;
+  mc.deadlines = o.deadlines;
+  mc.progress_thread = false;
+  mc.control = listen;
+  mc.fault_injection = true;  // the replay harness's fault plans (transfer faults)
+  auto manager = Manager::create(mc);
+  if (!manager.ok()) return fail_start(manager.status().str());
+  Manager& m = **manager;
 
-  BootstrapClient bootstrap(o.bootstrap, 2000);
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
@@ -96,39 +91,12 @@ int run_rank(const RankOptions& o) {
   lc.advertise_host = o.advertise_host;
   int rc = 0;
   if (o.role == Role::kPrefill) {
-    PrefillRankInfo info;
-    info.tp_rank = o.tp_rank;
-    info.dp_rank = o.dp_rank;
-    info.tp_size = o.tp_size;
-    info.host = listen.advertised();
-    info.control_endpoint = c.control().endpoint();
-    info.page_size = o.page_size;
-    info.dtype = model->dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", model->dtype_bytes);
-    info.model = model->name;
-    info.num_layers = model->num_layers;
-    info.heads_per_rank = layout->heads_per_rank;
-    info.first_head = layout->first_head;
-    Status s = bootstrap.register_rank(info);
-    for (int64_t deadline = monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000; !s.ok() && monotonic_ns() < deadline;) {
-      wait_readable(nullptr, 0, 50);
-      s = bootstrap.register_rank(info);
-    }
-    if (!s.ok()) return fail_start("bootstrap registration: " + s.str());
-    PrefillEndpoint ep(c, *plan, o.peer_dp_size);
-    PrefillDriver driver(c, ep, {std::max<uint64_t>(1, o.chunk_tokens / o.page_size)});
-    EngineLoop loop(
-        lc, c, driver, [&](const Message& m) { ep.on_message(m); },
-        [&](const TransportEvent& e) {
-          if (auto done = ep.on_transport_event(e)) driver.on_chunk_done(*done);
-        });
+    PrefillDriver driver(m, {std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size))});
+    EngineLoop loop(lc, m, driver);
     rc = loop.run();
   } else {
-    DecodeEndpoint ep(c, *plan, o.bootstrap, o.peer_dp_size);
-    Status s = ep.connect_peers(bootstrap, monotonic_ns() + o.deadlines.lookup_timeout_ms * 1'000'000);
-    if (!s.ok()) return fail_start(s.str());
-    DecodeDriver driver(c, ep);
-    EngineLoop loop(
-        lc, c, driver, [&](const Message& m) { ep.on_message(m); }, [&](const TransportEvent&) {});
+    DecodeDriver driver(m);
+    EngineLoop loop(lc, m, driver);
     rc = loop.run();
   }
   if (!o.metrics_file.empty()) {

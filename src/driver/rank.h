@@ -1,5 +1,5 @@
-// One engine rank as a process: builds the manager (pool, transport, control socket), joins the
-// bootstrap service, and runs the engine loop until the router's shutdown.
+// One engine rank as a process: builds the rank's Manager (kvferry/manager.h: pool, transport,
+// control socket, bootstrap), and runs the engine loop until the router's shutdown.
 // Thread contract: run_rank() on the process's main thread; returns the exit code
 // (0 clean shutdown, 2 could not start, 3 a peer of the engine stopped answering, 128+N stopped by
 // signal N: SIGTERM/SIGINT end the loop after its step, logs and metrics file are still written).
@@ -29,7 +29,7 @@ struct RankOptions {
   std::string bootstrap = "127.0.0.1:8998";
   std::string engine_endpoint;   // the engine leader's endpoint
   std::string router_endpoint;
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // transfer worker shards (TransportOptions::shards)
   std::string log_file;
   uint16_t metrics_port = 0;     // serve Prometheus metrics on bind_host:port (0: none, or any free

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "driver/engine.h"
+#include "driver/engine_protocol.h"
 
 namespace kvferry {
 
@@ -30,7 +30,7 @@ struct SyncFrame {
   SiblingFailure fail;                  // fail
   std::vector<RoomReport> rooms;
   RankLeakStats stats;
-  std::string raw;  // the frame text (router frames are decoded by router_protocol)
+  std::string raw;  // the frame text (router frames are decoded by engine_protocol.h)
 };
 
 std::string encode_hello(uint32_t tp_rank, const std::string& endpoint);
@@ -44,5 +44,8 @@ std::string encode_hi(uint32_t tp_rank);
 std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
                          const RankLeakStats& stats);
 Result<SyncFrame> decode_sync_frame(const std::string& text);
+// JSON objects of one Decision / one RoomReport as the step frames carry them.
+std::string encode_decision_json(const Decision& d);
+std::string encode_report_json(const RoomReport& r);
 
 }  // namespace kvferry

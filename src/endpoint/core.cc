@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "endpoint/span_compat.h"
+#include "kvferry/port_file.h"
 
 namespace kvferry {
 
@@ -12,27 +13,34 @@ EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.se
 
 EndpointCore::~EndpointCore() {
   monitor_.reset();
-  faults_.reset();
+  faults_ = nullptr;
+  transport_.reset();
 }
 
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
-  topt.kind = config.transport;
   topt.shards = config.transfer_shards;
-  auto t = make_ucx_transport(topt);
+  auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
-  core->faults_ = std::make_unique<FaultInjectingTransport>(std::move(t).value());
+  if (config.fault_injection) {
+    auto f = std::make_unique<FaultInjectingTransport>(std::move(t).value());
+    core->faults_ = f.get();
+    core->transport_ = std::move(f);
+  } else {
+    core->transport_ = std::move(t).value();
+  }
   Status mapped = core->build_map();
   if (!mapped.ok()) return mapped;
-  auto spans = register_map(*core->faults_, core->map_);
+  auto spans = register_map(*core->transport_, core->map_);
   if (!spans.ok()) return spans.status();
   core->spans_ = std::move(spans).value();
   auto sock = ControlSocket::bind(config.control);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
+  core->control_endpoint_ = core->control_->endpoint();  // the advertised endpoint (kvferry/net.h)
   EndpointCore* raw = core.get();
-  core->faults_->set_peer_error_handler([raw](PeerId peer, Status st) {
+  core->transport_->set_peer_error_handler([raw](PeerId peer, Status st) {
     {
       std::lock_guard<std::mutex> lock(raw->mu_);
       raw->peer_errors_.push_back({peer, std::move(st)});

@@ -1,6 +1,7 @@
 // EndpointCore: what every rank's manager owns (docs/manager.md): the registered memory (its map,
 // endpoint/memory_map.h: a contiguous KV pool or the engine's own buffers, plus guard rows),
-// the transport (UCX behind a fault-injecting decorator), the control socket, the failure
+// the transport (UCX, behind the fault-injecting decorator only with fault_injection; the
+// manager, src/manager/, builds the core), the control socket, the failure
 // registry, and the queue through which transport completions reach the rank's main thread.
 //
 // Thread contract: owned and used by the rank's main thread; post()/signal come from the
@@ -31,9 +32,11 @@ namespace kvferry {
 struct EndpointConfig {
   RankId self;
   PoolLayout layout;
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   ListenAddress control;  // control and heartbeat sockets' bind/advertised host (kvferry/net.h)
+  // Wrap the transport in the fault-injecting decorator (faults() non-null).
+  bool fault_injection = true;
   Deadlines deadlines;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
   // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.
@@ -94,9 +97,12 @@ class EndpointCore {
   uint8_t* guard_row(uint64_t row) const { return row < shape().aux_rows ? map_.guard_row(row) : nullptr; }
   // The spans as registered, published in the pool registration.
   const std::vector<RegionSpan>& spans() const { return spans_; }
-  Transport& transport() { return *faults_; }
-  FaultInjectingTransport& faults() { return *faults_; }
+  Transport& transport() { return *transport_; }
+  // The fault decorator (config fault_injection), else nullptr.
+  FaultInjectingTransport* faults() { return faults_; }
   ControlSocket& control() { return *control_; }
+  // The control endpoint peers are told ("tcp://advertised-host:port").
+  const std::string& control_endpoint() const { return control_endpoint_; }
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
   PeerMonitor& monitor() { return *monitor_; }
@@ -114,8 +120,10 @@ class EndpointCore {
   // The memory map of config_ (checks engine buffers against the layout; fixes layout pages/rows).
   Status build_map();
   EndpointConfig config_;
-  std::unique_ptr<FaultInjectingTransport> faults_;
+  std::unique_ptr<Transport> transport_;
+  FaultInjectingTransport* faults_ = nullptr;  // transport_ itself when it is the decorator
   std::unique_ptr<ControlSocket> control_;
+  std::string control_endpoint_;
   MemoryMap map_;
   bool contiguous_ = true;
   std::vector<RegionSpan> spans_;

@@ -35,7 +35,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   const MemoryShape& sh = core_.shape();
   PoolRegistration reg;
   reg.sender = core_.self();
-  reg.control_endpoint = core_.control().endpoint();
+  reg.control_endpoint = core_.control_endpoint();
   reg.worker_address = core_.transport().address();
   reg.spans = core_.spans();
   reg.page_size = sh.page_size;
@@ -274,14 +274,14 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   log_event(LogLevel::kDebug, kComp, "all sources reported success", {.room = r.room});
 }
 
-void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens) {
+void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank) {
   if (rooms_.count(room)) return;
   ReceiverRoom& r = rooms_[room];
   r.room = room;
   r.input_tokens = input_tokens;
   r.total_pages = core_.layout().pages_for(input_tokens);
-  for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
-    r.sources.push_back({Role::kPrefill, 0, p, dp_rank_for_room(room, prefill_dp_)});
+  const uint32_t dp = prefill_dp_rank >= 0 ? static_cast<uint32_t>(prefill_dp_rank) : dp_rank_for_room(room, prefill_dp_);
+  for (uint32_t p : sources_of(plan_, core_.self().tp_rank)) r.sources.push_back({Role::kPrefill, 0, p, dp});
   core_.registry().open(room);
   // A source that is down may already be back (its engine may hold this room): the room waits
   // for it to register again, up to its rejoin deadline (expire_dead_sources).

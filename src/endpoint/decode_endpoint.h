@@ -84,7 +84,8 @@ class DecodeEndpoint {
 
   void on_message(const Message& m);
 
-  void add_room(uint64_t room, uint64_t input_tokens);
+  // `prefill_dp_rank`: the prefill DP group serving the room (-1: dp_rank_for_room(room, prefill_dp)).
+  void add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank = -1);
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const ReceiverRoom* room(uint64_t room) const;
   KVPoll poll(uint64_t room) const;

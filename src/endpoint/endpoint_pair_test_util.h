@@ -1,14 +1,14 @@
-// Test-only harness: one prefill rank (EndpointCore + PrefillEndpoint) and one decode rank
-// (EndpointCore + DecodeEndpoint), tp 1 each, in ONE process, connected for real: a
-// BootstrapServer on port 0, the prefill rank registered there with its control endpoint, the
-// decode rank's connect_peers() looking it up and registering its pool (UCX shm + ZeroMQ).
+// Test-only harness: one prefill rank and one decode rank, tp 1 each, in ONE process, each built
+// the one way a rank is built, Manager::create (kvferry/manager.h), caller-pumped and with the
+// fault decorator, and connected for real: a BootstrapServer on port 0, the prefill manager
+// registered there, the decode manager looking it up and registering its pool (UCX shm + ZeroMQ).
 //
-// The test thread plays both ranks' main loops: pump() drains both ControlSockets (decode() each
-// frame, on_message), hands the prefill core's transport completions to on_transport_event, and
-// ticks both endpoints. Finer steps (control only, events only, one side only) exist so a test can
-// hold one side back and observe an intermediate state.
+// The test thread plays both ranks' main loops: pump() runs both managers' progress in its
+// pieces (manager/manager_internal.h: control frames, transport completions, ticks). Finer steps
+// (control only, events only, one side only) exist so a test can hold one side back and observe
+// an intermediate state; pcore()/prefill()/dcore()/decode() reach the managers' insides.
 //
-// Header-only so it can be shared by endpoint and driver tests without entering a library.
+// Header-only so it can be shared by endpoint and driver tests (they link kvferry_manager).
 // Thread contract: the test thread only.
 #pragma once
 #include <chrono>
@@ -29,7 +29,9 @@
 #include "kvferry/bootstrap.h"
 #include "kvferry/content.h"
 #include "kvferry/geometry.h"
+#include "kvferry/manager.h"
 #include "kvferry/messages.h"
+#include "manager/manager_internal.h"
 
 namespace kvferry::testing {
 
@@ -61,16 +63,32 @@ inline Result<PoolLayout> make_test_layout(const TestLayoutSpec& s = {}) {
 inline RankId prefill_rank0() { return {Role::kPrefill, 0, 0, 0}; }
 inline RankId decode_rank0() { return {Role::kDecode, 0, 0, 0}; }
 
-// A single EndpointCore (no peer) for tests that need only one side.
-inline Result<std::unique_ptr<EndpointCore>> make_test_core(const RankId& self, const Deadlines& d = {},
-                                                             const TestLayoutSpec& s = {}) {
-  auto layout = make_test_layout(s);
-  if (!layout.ok()) return layout.status();
-  EndpointConfig c;
+// The config of a caller-pumped test rank with the fault decorator (no bootstrap service: a
+// prefill rank registers nowhere, a decode rank looks nothing up).
+inline Result<ManagerConfig> test_manager_config(const RankId& self, const Deadlines& d = {},
+                                                 const TestLayoutSpec& s = {}) {
+  auto m = load_test_model(s.model);
+  if (!m.ok()) return m.status();
+  ManagerConfig c;
   c.self = self;
-  c.layout = *layout;
+  // The smallest power-of-two TP engine this rank can be part of (it divides the test model's heads).
+  while (c.tp_size <= self.tp_rank) c.tp_size *= 2;
+  c.model = *m;
+  c.page_size = s.page_size;
+  c.pool_bytes = s.pool_bytes;
+  c.aux_rows = s.aux_slots;
   c.deadlines = d;
-  return EndpointCore::create(c);
+  c.progress_thread = false;
+  c.fault_injection = true;
+  return c;
+}
+
+// A single rank (no peer) for tests that need only one side.
+inline Result<std::unique_ptr<Manager>> make_test_manager(const RankId& self, const Deadlines& d = {},
+                                                          const TestLayoutSpec& s = {}) {
+  auto c = test_manager_config(self, d, s);
+  if (!c.ok()) return c.status();
+  return Manager::create(*c);
 }
 
 struct PairConfig {
@@ -107,9 +125,11 @@ class EndpointPair {
   }
 
   const PoolLayout& layout() const { return layout_; }
-  EndpointCore& pcore() { return *pcore_; }
+  Manager& pmanager() { return *pm_; }
+  Manager& dmanager() { return *dm_; }
+  EndpointCore& pcore() { return internal(*pm_).core(); }
   PrefillEndpoint& prefill() { return *prefill_; }
-  EndpointCore& dcore() { return *dcore_; }
+  EndpointCore& dcore() { return internal(*dm_).core(); }
   DecodeEndpoint& decode() { return *decode_; }
   bool has_decode() const { return decode_ != nullptr; }
   bool has_prefill() const { return prefill_ != nullptr; }
@@ -118,102 +138,71 @@ class EndpointPair {
   // Destroys the prefill rank (endpoint, then core), as a killed process looks to its peer. Its
   // entry stays at the bootstrap service, as a killed rank's would.
   void kill_prefill() {
-    prefill_.reset();
-    pcore_.reset();
+    prefill_ = nullptr;
+    pm_.reset();
   }
 
   // A fresh prefill rank (new transport, new control port) registered at the bootstrap service,
   // as a restarted prefill process does.
   Status start_prefill() {
     kill_prefill();
-    EndpointConfig pc;
-    pc.self = prefill_rank0();
-    pc.layout = layout_;
-    pc.deadlines = cfg_.prefill_deadlines;
-    auto pcore = EndpointCore::create(pc);
-    if (!pcore.ok()) return pcore.status();
-    pcore_ = std::move(pcore).value();
-    prefill_ = std::make_unique<PrefillEndpoint>(*pcore_, *plan_transfers(pcore_->layout().model, 1, 1));
-    PrefillRankInfo info;
-    info.host = "127.0.0.1";
-    info.control_endpoint = pcore_->control().endpoint();
-    info.page_size = layout_.page_size;
-    info.dtype = "bfloat16";
-    info.model = layout_.model.name;
-    info.num_layers = layout_.model.num_layers;
-    info.heads_per_rank = layout_.heads_per_rank;
-    info.first_head = layout_.first_head;
-    BootstrapClient client(bootstrap_address_);
-    return client.register_rank(info);
+    auto c = test_manager_config(prefill_rank0(), cfg_.prefill_deadlines, cfg_.layout);
+    if (!c.ok()) return c.status();
+    c->bootstrap_address = bootstrap_address_;
+    auto m = Manager::create(*c);
+    if (!m.ok()) return m.status();
+    pm_ = std::move(m).value();
+    prefill_ = internal(*pm_).prefill();
+    internal(*pm_).set_chunk_done_hook([this](const ChunkDone& done) {
+      chunks_done.push_back(done);
+      if (on_chunk_done) on_chunk_done(done);
+    });
+    return Status::Ok();
   }
 
   // Destroys the decode rank (endpoint, then core: transport, control socket, heartbeats), as a
   // killed process looks to its peer.
   void kill_decode() {
-    decode_.reset();
-    dcore_.reset();
+    decode_ = nullptr;
+    dm_.reset();
   }
 
   // A fresh decode rank (new transport, new control port) that looks the prefill rank up at the
   // bootstrap service and registers its pool, as a restarted decode process does.
   Status start_decode() {
     kill_decode();
-    EndpointConfig dc;
-    dc.self = decode_rank0();
-    dc.layout = layout_;
-    dc.deadlines = cfg_.decode_deadlines;
-    auto dcore = EndpointCore::create(dc);
-    if (!dcore.ok()) return dcore.status();
-    dcore_ = std::move(dcore).value();
-    decode_ = std::make_unique<DecodeEndpoint>(*dcore_, *plan_transfers(dcore_->layout().model, 1, 1), bootstrap_address_);
-    BootstrapClient client(bootstrap_address_);
-    return decode_->connect_peers(client, monotonic_ns() + 5'000'000'000);
+    auto c = test_manager_config(decode_rank0(), cfg_.decode_deadlines, cfg_.layout);
+    if (!c.ok()) return c.status();
+    c->bootstrap_address = bootstrap_address_;
+    auto m = Manager::create(*c);
+    if (!m.ok()) return m.status();
+    dm_ = std::move(m).value();
+    decode_ = internal(*dm_).decode();
+    return Status::Ok();
   }
 
   // --- the two main loops, in pieces ---
   void drain_prefill_control() {
-    if (!prefill_) return;
-    while (auto f = pcore_->control().recv(std::chrono::milliseconds(0))) {
-      auto m = kvferry::decode(*f);
-      if (!m.ok()) {
-        ++bad_frames;
-        continue;
-      }
-      prefill_->on_message(*m);
-    }
+    if (pm_) internal(*pm_).progress_control();
   }
   void drain_prefill_events() {
-    if (!prefill_) return;
-    for (const TransportEvent& e : pcore_->take_events()) {
-      if (auto done = prefill_->on_transport_event(e)) {
-        chunks_done.push_back(*done);
-        if (on_chunk_done) on_chunk_done(*done);
-      }
-    }
+    if (pm_) internal(*pm_).progress_events();  // completed chunks reach chunks_done (the hook)
   }
   void drain_decode_control() {
-    if (!decode_) return;
-    while (auto f = dcore_->control().recv(std::chrono::milliseconds(0))) {
-      auto m = kvferry::decode(*f);
-      if (!m.ok()) {
-        ++bad_frames;
-        continue;
-      }
-      decode_->on_message(*m);
-    }
+    if (dm_) internal(*dm_).progress_control();
   }
   // Prefill main-loop iteration; `events` false holds transport completions back.
   void pump_prefill(bool events = true) {
-    if (!prefill_) return;
+    if (!pm_) return;
     drain_prefill_control();
     if (events) drain_prefill_events();
-    prefill_->tick(monotonic_ns());
+    internal(*pm_).progress_tick();
   }
   void pump_decode() {
-    if (!decode_) return;
+    if (!dm_) return;
     drain_decode_control();
-    (void)dcore_->take_events();  // decode issues no writes; nothing to hand on
-    decode_->tick(monotonic_ns());
+    internal(*dm_).progress_events();  // decode issues no writes; nothing to hand on
+    internal(*dm_).progress_tick();
   }
   void pump() {
     pump_prefill();
@@ -242,7 +231,7 @@ class EndpointPair {
     for (size_t i = 0; i < staging.size(); ++i) {
       uint64_t first_token = (first_page + i) * layout_.page_size;
       for (uint32_t b = 0; b < layout_.num_buffers(); ++b)
-        fill_page(layout_, room, b, first_token, pcore_->base() + layout_.page_offset(b, staging[i]));
+        fill_page(layout_, room, b, first_token, pm_->pool_base() + layout_.page_offset(b, staging[i]));
     }
   }
   // fill_staging + send().
@@ -256,20 +245,19 @@ class EndpointPair {
     for (size_t i = 0; i < kv_indices.size(); ++i) {
       uint64_t first_token = i * layout_.page_size;
       for (uint32_t b = 0; b < layout_.num_buffers(); ++b)
-        bad += verify_page(layout_, room, b, first_token, dcore_->base() + layout_.page_offset(b, kv_indices[i]));
+        bad += verify_page(layout_, room, b, first_token, dm_->pool_base() + layout_.page_offset(b, kv_indices[i]));
     }
     return bad;
   }
   // The decode pool's aux record in `slot`.
   AuxRecord decode_aux(uint32_t slot) const {
     AuxRecord rec;
-    std::memcpy(&rec, dcore_->base() + layout_.aux_offset(slot), sizeof rec);
+    std::memcpy(&rec, dm_->pool_base() + layout_.aux_offset(slot), sizeof rec);
     return rec;
   }
 
   std::vector<ChunkDone> chunks_done;
   std::function<void(const ChunkDone&)> on_chunk_done;
-  size_t bad_frames = 0;
 
  private:
   explicit EndpointPair(const PairConfig& cfg) : cfg_(cfg) {}
@@ -277,10 +265,10 @@ class EndpointPair {
   PoolLayout layout_;
   std::string bootstrap_address_;
   std::unique_ptr<BootstrapServer> server_;
-  std::unique_ptr<EndpointCore> pcore_;
-  std::unique_ptr<PrefillEndpoint> prefill_;
-  std::unique_ptr<EndpointCore> dcore_;
-  std::unique_ptr<DecodeEndpoint> decode_;
+  std::unique_ptr<Manager> pm_;
+  PrefillEndpoint* prefill_ = nullptr;  // pm_'s
+  std::unique_ptr<Manager> dm_;
+  DecodeEndpoint* decode_ = nullptr;    // dm_'s
 };
 
 }  // namespace kvferry::testing

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "driver/engine_protocol.h"
 #include "kvferry/error.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry::replay {
 

@@ -26,12 +26,20 @@
 #include "kvferry/port_file.h"
 #include "kvferry/trace.h"
 #include "kvferry/transport.h"
-#include "replay/process.h"
+#include "process/host_memory.h"
+#include "process/process.h"
+#include "replay/peer_death_frames.h"
 #include "replay/progress.h"
 #include "replay/report.h"
 #include "replay/results.h"
 
 namespace kvferry::replay {
+using process::ChildExit;
+using process::mem_available_bytes;
+using process::meminfo_bytes;
+using process::ProcessGroup;
+using process::self_exe;
+using process::tail_file;
 namespace {
 
 namespace fs = std::filesystem;
@@ -189,19 +197,6 @@ uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
   return std::clamp<uint64_t>(per_rank, 64, 7168);
 }
 
-uint64_t meminfo_bytes(const std::string& field) {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit) {
-    if (key == field + ":") return kb * 1024;
-  }
-  return 0;
-}
-
-uint64_t mem_available_bytes() { return meminfo_bytes("MemAvailable"); }
-
 Status validate(ReplayConfig& c) {
   if (c.trace.empty()) return invalid("--trace is required");
   if (c.prefill_tp < 1 || c.prefill_tp > 64) return invalid("--prefill-tp must be in 1..64");
@@ -230,8 +225,8 @@ Status validate(ReplayConfig& c) {
       return invalid(fmt::format("{} must be > 0 ms, got {}", f.option, c.deadlines.*f.member));
     }
   }
-  if (c.transport != "shm" && c.transport != "tcp") {
-    return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
+  if (Status st = check_transport_name(c.transport); !st.ok()) {
+    return invalid("--transport: " + st.message());
   }
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards) {
     return invalid(fmt::format("--transfer-shards must be in 1..{}, got {}", kMaxTransportShards,
@@ -645,12 +640,12 @@ class Run {
       return;
     }
     for (auto text = control_->recv(wait); text; text = control_->recv(std::chrono::milliseconds(0))) {
-      auto f = decode_router_frame(*text);
-      if (f.ok() && f->type == "kill") {
-        kill_rank(f->rank);
+      auto f = decode_peer_death_frame(*text);
+      if (f.ok() && f->has_value() && (*f)->type == "kill") {
+        kill_rank((*f)->rank);
       } else {
         err_ << "kvferry replay: unexpected frame from the router: "
-             << (f.ok() ? f->type : f.status().str()) << "\n";
+             << (!f.ok() ? f.status().str() : f->has_value() ? (*f)->type : *text) << "\n";
       }
     }
   }

@@ -16,7 +16,7 @@
 // requests marked "partial" (docs/metrics.md). No child outlives it
 // (process group + PR_SET_PDEATHSIG).
 // Planned peer deaths (fault plan): the router asks for the kill over the orchestrator's
-// ControlSocket (router_protocol.h); the orchestrator SIGKILLs that rank, notes the time
+// ControlSocket (peer_death_frames.h); the orchestrator SIGKILLs that rank, notes the time
 // (CLOCK_MONOTONIC), tells the router, and once the process is reaped and restart_delay_ms passed
 // starts the same command line again (its log and stderr files are appended to). That exit is
 // not a failure; any other is.
@@ -85,9 +85,6 @@ struct ReplayConfig {
 // 64. Ranks: TP x DP of each engine.
 uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_ranks,
                           uint64_t prefill_pool_mib, uint32_t decode_ranks);
-// A /proc/meminfo field ("MemTotal", "MemAvailable") in bytes (0 when unknown).
-uint64_t meminfo_bytes(const std::string& field);
-uint64_t mem_available_bytes();  // meminfo_bytes("MemAvailable")
 
 // Checks every option, the trace (every line), the model, that each pool holds a page and that
 // all pools together fit in MemTotal; fills defaults (models_file, pool_mib, exe) and makes `out`

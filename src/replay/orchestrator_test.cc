@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "core/data_dir.h"
+#include "process/host_memory.h"
 
 namespace kvferry::replay {
 namespace {
@@ -104,7 +105,7 @@ TEST_F(Validate, RejectsBadOptions) {
   EXPECT_NE(error_of(c).find("--page-size"), std::string::npos);
   c = good();
   c.transport = "rdma";
-  EXPECT_NE(error_of(c).find("shm or tcp"), std::string::npos);
+  EXPECT_NE(error_of(c).find("unknown transport 'rdma' (known: shm, tcp)"), std::string::npos);
   c = good();
   c.fault_rate = 1.5;
   EXPECT_NE(error_of(c).find("--fault-rate"), std::string::npos);
@@ -175,7 +176,7 @@ TEST(DefaultPool, RuleAndBounds) {
   EXPECT_EQ(default_pool_mib(100 * gib, 1, 1024, 1), 7168u);  // capped
   EXPECT_EQ(default_pool_mib(1 * gib, 4, 1024, 4), 64u);      // floor
   EXPECT_EQ(default_pool_mib(0, 1, 1024, 1), 64u);
-  EXPECT_GT(mem_available_bytes(), 0u);
+  EXPECT_GT(process::mem_available_bytes(), 0u);
 }
 
 TEST(ChildArgs, RankRouterBootstrap) {

@@ -6,7 +6,7 @@
 //   {"version":1, "dispatch_start_ns":N, "dispatch_end_ns":N, "last_result_ns":N,
 //    "requests":[{"room":"<u64>","input_tokens":N,"output_tokens":N,"arrival_ms":N,
 //                 "dispatched_ns":N, "fault":null|{"kind":..,"at":..},
-//                 "prefill":null|<RoomResult as in router_protocol>, "decode":null|<RoomResult>,
+//                 "prefill":null|<RoomResult as in driver/engine_protocol.h>, "decode":null|<RoomResult>,
 //                 "router_failure":"" | "router: no result within 300 s",
 //                 "abort_sent_ns":N (0: no abort sent), "error":"" | final_error()}...],
 //    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}}
@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "driver/engine_protocol.h"
 #include "kvferry/error.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry::replay {
 

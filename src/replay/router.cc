@@ -20,6 +20,7 @@
 #include "kvferry/log.h"
 #include "kvferry/port_file.h"
 #include "kvferry/routing.h"
+#include "replay/peer_death_frames.h"
 #include "replay/results.h"
 
 namespace kvferry::replay {
@@ -294,7 +295,7 @@ class Router {
     return Status::Ok();
   }
 
-  void on_death_frame(const RouterFrame& f) {
+  void on_death_frame(const PeerDeathFrame& f) {
     Death* d = current_death();
     if (!d || d->rank.str() != f.rank || d->state == Death::State::kPlanned) {
       log_event(LogLevel::kWarning, kComponent, "unexpected '" + f.type + "' frame for " + f.rank);
@@ -409,6 +410,11 @@ class Router {
 
   // Handles one frame; returns 1 when it finished a request.
   size_t on_frame(const std::string& text) {
+    // The orchestrator's frames and the engines' come to the same socket.
+    if (auto pd = decode_peer_death_frame(text); pd.ok() && pd->has_value()) {
+      on_death_frame(**pd);
+      return 0;
+    }
     auto f = decode_router_frame(text);
     if (!f.ok()) {
       log_event(LogLevel::kWarning, kComponent, "dropped a malformed frame: " + f.status().str());
@@ -420,10 +426,6 @@ class Router {
       auto& all = f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats;
       if (!all) all.emplace();
       all->insert(all->end(), f->stats->begin(), f->stats->end());
-      return 0;
-    }
-    if (f->type == "killed" || f->type == "restarted" || f->type == "kill_failed") {
-      on_death_frame(*f);
       return 0;
     }
     if (f->type == "ready" && f->ready_role) {

@@ -3,7 +3,8 @@
 // to the DP group of each engine that serves the room (dp_rank_for_room(), kvferry/routing.h,
 // the same rule the ranks use); waits for "ready" from every DP group's leader first;
 // collects one RoomResult per engine per room, shuts the engines down and writes the results
-// file (results.h). Messages: router_protocol.h over ControlSocket.
+// file (results.h). Messages over ControlSocket: driver/engine_protocol.h with the engines,
+// peer_death_frames.h with the orchestrator.
 // Faults (fault_plan.h): per-room faults go to both engines with the request, except abort: the
 // router sends {"type":"abort"} to the decode leader abort_delay_ms() after the dispatch (unless
 // the room finished first). Peer deaths: once `after_dispatched` requests went out, the router
@@ -24,10 +25,10 @@
 #include <string>
 #include <vector>
 
+#include "driver/engine_protocol.h"
 #include "kvferry/error.h"
 #include "kvferry/trace.h"
 #include "replay/fault_plan.h"
-#include "replay/router_protocol.h"
 
 namespace kvferry::replay {
 

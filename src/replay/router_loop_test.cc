@@ -13,7 +13,8 @@
 #include <thread>
 
 #include "kvferry/control.h"
-#include "replay/process.h"
+#include "process/process.h"
+#include "replay/peer_death_frames.h"
 #include "replay/results.h"
 #include "replay/router.h"
 
@@ -116,7 +117,7 @@ class RouterLoop : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   RouterConfig config(ControlSocket& p, ControlSocket& d) {
-    auto ports = pick_free_ports(1);
+    auto ports = process::pick_free_ports(1);
     EXPECT_TRUE(ports.ok());
     RouterConfig c;
     c.trace_path = (dir_ / "trace.jsonl").string();
@@ -336,8 +337,9 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
     };
     while (!stop && shutdowns < 2) {
       if (auto text = (*o)->recv(std::chrono::milliseconds(0))) {
-        auto f = decode_router_frame(*text);
-        ASSERT_TRUE(f.ok() && f->type == "kill" && f->rank == "prefill/tp0") << *text;
+        auto k = decode_peer_death_frame(*text);
+        ASSERT_TRUE(k.ok() && k->has_value() && (*k)->type == "kill" && (*k)->rank == "prefill/tp0") << *text;
+        const PeerDeathFrame* f = &**k;
         // The router dispatched exactly kill_after requests before it asked for the kill, but they
         // come on another socket: take them all first, so the leader really had them when it died.
         for (int64_t until = monotonic_ns() + 5'000'000'000; prefill_requests < kill_after && monotonic_ns() < until;)

@@ -1,4 +1,4 @@
-#include "driver/log_policy.h"
+#include "manager/log_policy.h"
 
 #include <gtest/gtest.h>
 

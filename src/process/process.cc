@@ -1,5 +1,5 @@
 // ProcessGroup: fork+exec children into one process group and supervise them (process.h).
-#include "replay/process.h"
+#include "process/process.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-namespace kvferry::replay {
+namespace kvferry::process {
 namespace {
 
 Status sys_error(const std::string& what) {
@@ -292,4 +292,4 @@ std::string self_exe() {
   return std::string(buf, static_cast<size_t>(n));
 }
 
-}  // namespace kvferry::replay
+}  // namespace kvferry::process

@@ -1,4 +1,4 @@
-#include "replay/process.h"
+#include "process/process.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -9,7 +9,7 @@
 #include <fstream>
 #include <thread>
 
-namespace kvferry::replay {
+namespace kvferry::process {
 namespace {
 
 namespace fs = std::filesystem;
@@ -156,4 +156,4 @@ TEST(SelfExe, IsThisBinary) {
 }
 
 }  // namespace
-}  // namespace kvferry::replay
+}  // namespace kvferry::process

@@ -1,6 +1,8 @@
-// Messages between the replay router and the engines' leader ranks (tp0 of each engine), and
-// between an engine's leader and its followers. JSON text frames over ControlSocket (ZeroMQ).
-// Internal to kvferry: these are not the prefill<->decode control plane (see messages.h).
+// The engine protocol: what the router (or any client that schedules rooms) and an engine's
+// leader rank (tp0 of each engine) say to each other, and the value types of the engine's
+// per-step agreement between its ranks (the step frames' codec: sync_codec.h). JSON text frames
+// over ControlSocket (ZeroMQ). Internal to kvferry: these are not the prefill<->decode control
+// plane (see messages.h). The driver layer owns it; replay's router is one client.
 //
 // Router -> leader (to the leader's engine endpoint):
 //   RouterRequest   {"type":"request","room":"<u64 decimal>","input_tokens":N,"output_tokens":N,
@@ -16,12 +18,8 @@
 //   RoomResult      see struct below, "type":"result"
 //   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
 //                   pages_in_use, peers}...]}   one per DP group, from its leader
-// Router <-> orchestrator (replay peer deaths; to the orchestrator's / router's endpoint):
-//   {"type":"kill","rank":"prefill/tp1"}                         router asks for the planned kill
-//   {"type":"killed","rank":..,"time_ns":N}                      SIGKILL sent at N (CLOCK_MONOTONIC)
-//   {"type":"restarted","rank":..,"time_ns":N}                   same command line started again
-//   {"type":"kill_failed","rank":..,"reason":".."}               the kill or the restart failed
-// Thread contract: pure functions.
+// (The replay's own router <-> orchestrator frames are replay/peer_death_frames.h.)
+// Thread contract: pure functions and value types.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -79,6 +77,63 @@ struct RankLeakStats {
   uint64_t peers = 0;
 };
 
+// The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,
+// within an engine"): each rank reports its rooms, the leader reduces them and decides, every rank applies
+// the decisions in the same order (driver/engine.h; frames: driver/sync_codec.h).
+// One rank's view of one room in one step.
+struct RoomReport {
+  uint64_t room = 0;
+  uint32_t tp_rank = 0;
+  KVPoll poll = KVPoll::Bootstrapping;
+  bool drained = false;     // no peer write can still reach (decode) / come from (prefill) this room
+  bool quarantine = false;  // decode: drained only because the drain deadline passed
+  bool has_failure = false;
+  ErrorCode code = ErrorCode::kOk;
+  std::string origin;       // RankId::str()
+  std::string reason;
+  int64_t first_seen_ns = 0;
+  int64_t failed_ns = 0;    // when this rank reached Failed
+  int64_t send_ns = 0;      // prefill: first send()
+  int64_t success_ns = 0;   // decode: every source reported Success
+  uint64_t bytes = 0;       // prefill: bytes written
+  uint64_t verified = 0;    // decode: bytes verified
+  uint64_t mismatched = 0;  // decode
+};
+
+struct Decision {
+  enum class Op { kNew, kStart, kAdmit, kFail, kRelease };
+  Op op = Op::kNew;
+  uint64_t room = 0;
+  RouterRequest request;     // kNew
+  ErrorCode code = ErrorCode::kOk;  // kFail
+  std::string origin;        // kFail
+  std::string reason;        // kFail
+  int64_t first_seen_ns = 0; // kFail
+  bool quarantine = false;   // kRelease
+  // kFail made by the leader from its own observation (abort, rejection, prealloc timeout, a dead
+  // engine rank): on the leader that failure is local. Never sent: followers get origin != self.
+  bool observed_by_leader = false;
+};
+
+// A failure one rank of an engine tells every other rank of its engine directly (the fan-out,
+// DESIGN §3 "Propagation, within an engine"), ahead of the per-step agreement, which stays the
+// authority for release and the router's result. Sent once per room by the rank that first
+// recorded the failure first-hand or from the other engine; a receiver never sends it on.
+struct SiblingFailure {
+  uint64_t room = 0;
+  uint32_t tp_rank = 0;      // the sending rank (logged as "via")
+  ErrorCode code = ErrorCode::kOk;
+  std::string origin;        // RankId::str() of the failure's origin (unchanged by the fan-out)
+  std::string reason;
+  int64_t first_seen_ns = 0; // monotonic ns, when the origin first saw the failure
+};
+
+// One rank of an engine as the leader announces it in a step: where its engine socket listens.
+struct EngineMember {
+  uint32_t tp_rank = 0;
+  std::string endpoint;  // "tcp://host:port"
+};
+
 std::string encode_request(const RouterRequest& r);
 std::string encode_shutdown();
 std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
@@ -86,14 +141,10 @@ std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
 std::string encode_result(const RoomResult& r);
 std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0);
 std::string encode_abort(uint64_t room);
-// Router <-> orchestrator frames; `type` is kill, killed, restarted or kill_failed.
-std::string encode_peer_death(const std::string& type, const std::string& rank, int64_t time_ns,
-                              const std::string& reason);
 
 // A decoded router-protocol frame. Exactly one of the optionals is set for known types.
 struct RouterFrame {
-  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort", "kill",
-                     // "killed", "restarted", "kill_failed"
+  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort"
   std::optional<RouterRequest> request;
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;
@@ -103,9 +154,6 @@ struct RouterFrame {
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
   uint64_t abort_room = 0;   // abort
-  std::string rank;          // kill, killed, restarted, kill_failed
-  int64_t time_ns = 0;       // killed, restarted
-  std::string reason;        // kill_failed
 };
 // kProtocolError for malformed JSON, a missing field or an unknown type.
 Result<RouterFrame> decode_router_frame(const std::string& text);

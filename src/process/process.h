@@ -1,4 +1,4 @@
-// Child processes of the replay orchestrator: spawn into one process group, supervise, stop.
+// Child processes of the replay orchestrator and the benchmark: spawn into one process group, supervise, stop.
 //
 // Every child: its own process group shared with its siblings (the first child leads it),
 // PR_SET_PDEATHSIG = SIGKILL (dies with the orchestrator's thread that spawned it), stdin from
@@ -17,7 +17,7 @@
 
 #include "kvferry/error.h"
 
-namespace kvferry::replay {
+namespace kvferry::process {
 
 struct ChildExit {
   std::string name;
@@ -80,4 +80,4 @@ bool port_accepts(uint16_t port);
 // Path of the running executable (/proc/self/exe resolved).
 std::string self_exe();
 
-}  // namespace kvferry::replay
+}  // namespace kvferry::process

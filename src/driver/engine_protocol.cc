@@ -1,6 +1,6 @@
-// Router <-> engine-leader frames (router_protocol.h) as JSON text. Decoding never throws: every
+// Router <-> engine-leader frames (engine_protocol.h) as JSON text. Decoding never throws: every
 // field is type-checked before it is read and any problem is kProtocolError naming the field.
-#include "replay/router_protocol.h"
+#include "driver/engine_protocol.h"
 
 #include <charconv>
 #include <limits>
@@ -291,14 +291,6 @@ std::string encode_abort(uint64_t room) {
   return dump(json{{"type", "abort"}, {"room", std::to_string(room)}});
 }
 
-std::string encode_peer_death(const std::string& type, const std::string& rank, int64_t time_ns,
-                              const std::string& reason) {
-  json j = {{"type", type}, {"rank", rank}};
-  if (type == "killed" || type == "restarted") j["time_ns"] = time_ns;
-  if (type == "kill_failed") j["reason"] = reason;
-  return dump(j);
-}
-
 Result<RouterFrame> decode_router_frame(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("not valid JSON");
@@ -342,14 +334,6 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     Reader r(j);
     f.abort_room = r.room("room");
     if (r.failed()) return bad(r.error());
-  } else if (f.type == "kill" || f.type == "killed" || f.type == "restarted" ||
-             f.type == "kill_failed") {
-    Reader r(j);
-    f.rank = r.str("rank");
-    if (f.type == "killed" || f.type == "restarted") f.time_ns = r.i64("time_ns");
-    if (f.type == "kill_failed") f.reason = r.str("reason");
-    if (r.failed()) return bad(r.error());
-    if (!valid_rank_string(f.rank)) return bad("'" + f.rank + "' is not a rank");
   } else {
     return bad("unknown type '" + f.type + "'");
   }

@@ -1,5 +1,5 @@
-// The one logging policy for failed rooms (DESIGN §3 "Logging policy"), used wherever a driver
-// learns that a room failed. Tested as a table in log_policy_test.cc.
+// The one logging policy for failed rooms (docs/manager.md "Failure logging"), used wherever a driver
+// or a manager learns that a room failed. Tested as a table in log_policy_test.cc.
 //
 //   situation                                   decode driver   prefill driver
 //   local failure (this rank is the origin)     error           warning

@@ -1,0 +1,263 @@
+// Manager::create and the rank's progress (kvferry/manager.h); the per-room handles are in
+// room_handles.cc.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "endpoint/topology.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/log.h"
+#include "manager/log_policy.h"
+#include "manager/manager_internal.h"
+
+namespace kvferry {
+namespace {
+
+Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
+
+}  // namespace
+
+Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
+  std::unique_ptr<ManagerImpl> m(new ManagerImpl(config));
+  Status s = m->start();
+  if (!s.ok()) return s;
+  if (config.progress_thread) m->thread_ = std::thread([raw = m.get()] { raw->run(); });
+  return std::unique_ptr<Manager>(std::move(m));
+}
+
+Status ManagerImpl::start() {
+  const ManagerConfig& c = config_;
+  if (c.page_size == 0) return bad("page_size must be at least 1 token");
+  if (c.tp_size == 0 || c.self.tp_rank >= c.tp_size)
+    return bad(fmt::format("tp_rank {} is outside a TP size of {}", c.self.tp_rank, c.tp_size));
+  if (c.peer_dp_size == 0) return bad("peer_dp_size must be at least 1");
+  if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
+    return bad(fmt::format("transfer_shards {} is outside 1..{}", c.transfer_shards, kMaxTransportShards));
+  if (c.pool_base != nullptr && c.pool_bytes == 0) return bad("the engine's pool is empty (pool_bytes 0)");
+  if (!c.buffers.empty() && c.pool_base != nullptr) return bad("give either engine buffers or a pool, not both");
+  if (Status known = check_transport_name(c.transport); !known.ok()) return known;
+  // With engine buffers the layout only plans heads and pages; the buffers set its page count
+  // and aux rows (EndpointCore).
+  const uint64_t layout_bytes = c.buffers.empty() ? c.pool_bytes : ~0ull >> 8;
+  auto layout = make_layout(c.model, c.tp_size, c.self.tp_rank, c.page_size, layout_bytes, c.aux_rows);
+  if (!layout.ok()) return layout.status();  // names the pool's size
+  const uint32_t peer_tp = c.peer_tp_size ? c.peer_tp_size : c.tp_size;
+  const bool prefill = c.self.role == Role::kPrefill;
+  auto plan = plan_transfers(c.model, prefill ? c.tp_size : peer_tp, prefill ? peer_tp : c.tp_size);
+  if (!plan.ok()) return plan.status();
+  plan_ = *plan;
+
+  EndpointConfig ec;
+  ec.self = c.self;
+  ec.layout = *layout;
+  ec.transport = c.transport;
+  ec.transfer_shards = c.transfer_shards;
+  ec.control = c.control;
+  ec.deadlines = c.deadlines;
+  ec.external_base = c.pool_base;
+  ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
+  ec.fault_injection = c.fault_injection;
+  ec.buffers = c.buffers;
+  auto core = EndpointCore::create(ec);
+  if (!core.ok()) return core.status();
+  core_ = std::move(core).value();
+
+  if (prefill) {
+    prefill_ = std::make_unique<PrefillEndpoint>(*core_, plan_, c.peer_dp_size);
+    if (!c.bootstrap_address.empty()) {
+      PrefillRankInfo info;
+      info.engine_id = c.self.engine_id;
+      info.tp_rank = c.self.tp_rank;
+      info.dp_rank = c.self.dp_rank;
+      info.tp_size = c.tp_size;
+      info.host = c.control.advertised();
+      info.control_endpoint = core_->control_endpoint();
+      info.page_size = c.page_size;
+      info.dtype = c.model.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", c.model.dtype_bytes);
+      info.model = c.model.name;
+      info.num_layers = c.model.num_layers;
+      info.heads_per_rank = layout->heads_per_rank;
+      info.first_head = layout->first_head;
+      BootstrapClient bootstrap(c.bootstrap_address, 2000);
+      Status s = bootstrap.register_rank(info);
+      for (int64_t deadline = monotonic_ns() + c.deadlines.lookup_timeout_ms * 1'000'000;
+           !s.ok() && monotonic_ns() < deadline;) {
+        wait_readable(nullptr, 0, 50);
+        s = bootstrap.register_rank(info);
+      }
+      if (!s.ok()) return Status(s.code(), "bootstrap registration at " + c.bootstrap_address + ": " + s.message());
+    }
+  } else {
+    decode_ = std::make_unique<DecodeEndpoint>(*core_, plan_, c.bootstrap_address, c.peer_dp_size);
+    if (!c.bootstrap_address.empty()) {
+      Status s = connect_prefill_instance(c.bootstrap_address);
+      if (!s.ok()) return s;
+    }
+  }
+  log_event(LogLevel::kDebug, "manager",
+            fmt::format("rank up: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
+                        core_->layout().num_pages, core_->layout().page_size, core_->layout().num_buffers(),
+                        c.buffers.size(), c.transport, core_->control_endpoint()));
+  return Status::Ok();
+}
+
+Status ManagerImpl::connect_prefill_instance(const std::string& address) {
+  // The endpoint re-finds restarted peers at the address it was built with: one built without
+  // rooms for another address is replaced.
+  if (address != config_.bootstrap_address && decode_->live_rooms() == 0 && decode_->peers() == 0)
+    decode_ = std::make_unique<DecodeEndpoint>(*core_, plan_, address, config_.peer_dp_size);
+  BootstrapClient bootstrap(address, 2000);
+  Status s = decode_->connect_peers(bootstrap, monotonic_ns() + config_.deadlines.lookup_timeout_ms * 1'000'000);
+  if (!s.ok()) return Status(s.code(), "prefill instance at " + address + ": " + s.message());
+  connected_bootstrap_ = address;
+  return Status::Ok();
+}
+
+ManagerImpl::~ManagerImpl() {
+  stop_ = true;
+  if (core_) core_->waker().signal();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  prefill_.reset();
+  decode_.reset();
+  core_.reset();  // the transport goes before the engine may free its memory
+  rooms_.clear();
+}
+
+void ManagerImpl::run() {
+  while (!stop_) {
+    int fds[2] = {core_->waker().fd(), core_->control().fd()};
+    wait_readable(fds, 2, static_cast<int>(std::max<int64_t>(1, config_.progress_interval_ms)));
+    if (stop_) break;
+    std::lock_guard lock(mu_);
+    progress_control();
+    progress_events();
+    progress_tick();
+  }
+}
+
+std::vector<int> ManagerImpl::wait_fds() const {
+  if (config_.progress_thread) return {};
+  return {core_->waker().fd(), core_->control().fd()};
+}
+
+void ManagerImpl::progress() {
+  if (config_.progress_thread) return;
+  std::lock_guard lock(mu_);
+  progress_control();
+  progress_events();
+  progress_tick();
+}
+
+void ManagerImpl::progress_control() {
+  std::lock_guard lock(mu_);
+  core_->waker().drain();
+  for (int i = 0; i < 4096; ++i) {
+    auto frame = core_->control().recv(std::chrono::milliseconds(0));
+    if (!frame) break;
+    auto msg = kvferry::decode(*frame);
+    if (!msg.ok()) {
+      log_event(LogLevel::kWarning, "control", "rejected control frame: " + msg.status().str(),
+                {.code = std::string(code_name(ErrorCode::kProtocolError))});
+      continue;
+    }
+    if (message_hook_) message_hook_(*msg);
+    if (prefill_) prefill_->on_message(*msg);
+    else decode_->on_message(*msg);
+  }
+}
+
+void ManagerImpl::progress_events() {
+  std::lock_guard lock(mu_);
+  for (const TransportEvent& e : core_->take_events()) {
+    if (!prefill_) continue;  // decode issues no writes
+    auto done = prefill_->on_transport_event(e);
+    if (!done) continue;
+    if (done->tag >= kSenderTagBase && done->tag < (1ull << 62)) {
+      auto it = rooms_.find(done->room);
+      if (it != rooms_.end() && it->second.chunks_out > 0) --it->second.chunks_out;
+    } else if (chunk_hook_) {
+      chunk_hook_(*done);
+    }
+  }
+}
+
+void ManagerImpl::progress_tick() {
+  std::lock_guard lock(mu_);
+  const int64_t now = monotonic_ns();
+  if (prefill_) prefill_->tick(now);
+  else decode_->tick(now);
+  housekeeping(now);
+}
+
+ManagerImpl::Room* ManagerImpl::room(uint64_t id) {
+  auto it = rooms_.find(id);
+  return it == rooms_.end() ? nullptr : &it->second;
+}
+
+void ManagerImpl::log_failure_once(uint64_t id, Room& r) {
+  if (r.logged || config_.failure_log_component.empty()) return;
+  std::optional<KVTransferError> e = r.early_failure;
+  if (!e && r.initialized) e = core_->registry().get(id);
+  if (!e) return;
+  r.logged = true;
+  log_event(failure_log_level(self().role, e->is_from_another_rank, e->code), config_.failure_log_component, e->str(),
+            {.room = id, .code = std::string(code_name(e->code)), .origin = e->origin.str(),
+             .extra = {{"is_from_another_rank", e->is_from_another_rank ? "true" : "false"}}});
+}
+
+bool ManagerImpl::release_safe_locked(uint64_t id, const Room& r, int64_t now) const {
+  if (!r.initialized) return true;
+  if (prefill_) return r.chunks_out == 0 && prefill_->drained(id);
+  return decode_->drained(id, now);
+}
+
+void ManagerImpl::housekeeping(int64_t now) {
+  for (auto it = rooms_.begin(); it != rooms_.end();) {
+    const uint64_t id = it->first;
+    Room& r = it->second;
+    if (r.initialized) {
+      KVPoll p = prefill_ ? prefill_->poll(id) : decode_->poll(id);
+      if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
+      if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
+      if (p == KVPoll::Failed) log_failure_once(id, r);
+    } else if (r.early_failure) {
+      log_failure_once(id, r);
+    }
+    if (r.dropped && release_safe_locked(id, r, now)) {
+      if (r.initialized) {
+        if (prefill_) {
+          prefill_->release(id);
+        } else {
+          const ReceiverRoom* rr = decode_->room(id);
+          if (rr && rr->failed_ns != 0)
+            for (const RankId& src : rr->metadata_sent)
+              if (!rr->terminal.count(src)) {
+                ++quarantined_rooms_;
+                break;
+              }
+          decode_->release(id);
+        }
+        if (core_->faults()) core_->faults()->clear_room(id);
+      }
+      it = rooms_.erase(it);
+      continue;
+    }
+    ++it;
+  }
+}
+
+ManagerStats ManagerImpl::stats() const {
+  std::lock_guard lock(mu_);
+  ManagerStats s;
+  s.live_rooms = prefill_ ? prefill_->live_rooms() : decode_->live_rooms();
+  for (const auto& [id, r] : rooms_)
+    if (!r.initialized) ++s.live_rooms;
+  s.peers = prefill_ ? prefill_->peers() : decode_->peers();
+  s.quarantined_rooms = quarantined_rooms_;
+  s.transport = core_->transport().stats();
+  return s;
+}
+
+}  // namespace kvferry

@@ -1,0 +1,106 @@
+// The Manager's inside (kvferry/manager.h), for kvferry's own drivers and tests only: the rank's
+// EndpointCore and endpoint, finer progress steps (so a test can hold one side back) and the hook
+// through which chunk completions of writes the manager's own senders did not issue reach their
+// issuer (the C++ prefill driver's staging pool, the benchmark's).
+//
+// Everything here runs on the thread that pumps the manager; use it only with a caller-pumped
+// manager (progress_thread false), which is what the drivers and the test harness build.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <atomic>
+
+#include "endpoint/core.h"
+#include "endpoint/decode_endpoint.h"
+#include "endpoint/prefill_endpoint.h"
+#include "kvferry/manager.h"
+
+namespace kvferry {
+
+class ManagerImpl final : public Manager {
+ public:
+  ~ManagerImpl() override;
+
+  Result<std::unique_ptr<Sender>> sender(uint64_t room) override;
+  Result<std::unique_ptr<Receiver>> receiver(uint64_t room, const std::string& prefill_bootstrap) override;
+  std::vector<int> wait_fds() const override;
+  void progress() override;
+  const RankId& self() const override { return core_->self(); }
+  const PoolLayout& layout() const override { return core_->layout(); }
+  uint8_t* pool_base() const override { return core_->base(); }
+  std::string control_endpoint() const override { return core_->control_endpoint(); }
+  ManagerStats stats() const override;
+  FaultInjectingTransport* faults() override { return core_->faults(); }
+
+  // --- internal ---
+  EndpointCore& core() { return *core_; }
+  PrefillEndpoint* prefill() { return prefill_.get(); }  // null on a decode manager
+  DecodeEndpoint* decode() { return decode_.get(); }     // null on a prefill manager
+  const ManagerConfig& config() const { return config_; }
+  // Chunk completions of writes not issued by a Sender of this manager.
+  void set_chunk_done_hook(std::function<void(const ChunkDone&)> hook) { chunk_hook_ = std::move(hook); }
+  // Sees every decoded control frame before the endpoint does (the benchmark's bookkeeping).
+  void set_message_hook(std::function<void(const Message&)> hook) { message_hook_ = std::move(hook); }
+  // progress() in pieces: control frames; transport completions; deadlines and handle releases.
+  void progress_control();
+  void progress_events();
+  void progress_tick();
+
+  // Tag space of the chunks written by Senders (ChunkDone.tag); other tags go to the hook.
+  static constexpr uint64_t kSenderTagBase = 1ull << 48;
+
+  // One room of a Sender or Receiver (guarded by mu_).
+  struct Room {
+    bool initialized = false;  // in the endpoint (init / send_metadata called)
+    bool dropped = false;      // the handle is gone: released once release-safe
+    bool logged = false;       // the failure was logged (failure_log_component)
+    uint64_t total_pages = 0;
+    uint64_t next_page = 0;    // sender: pages handed to send()
+    bool last_sent = false;    // sender: the last chunk came
+    uint32_t chunks_out = 0;   // sender: chunks whose writes have not completed
+    int64_t prefill_dp_rank = -1;  // receiver: init()
+    bool dp_set = false;       // receiver: init() called
+    std::optional<KVTransferError> early_failure;  // aborted before init
+    TransferMetrics metrics;
+  };
+  std::recursive_mutex& mutex() const { return mu_; }
+  Room* room(uint64_t id);
+  uint64_t next_tag() { return next_tag_++; }
+  void log_failure_once(uint64_t id, Room& r);
+  void wake() { core_->waker().signal(); }
+
+ private:
+  friend class Manager;
+  explicit ManagerImpl(const ManagerConfig& c) : config_(c) {}
+  Status start();
+  Status connect_prefill_instance(const std::string& address);
+  void run();
+  void housekeeping(int64_t now);
+  bool release_safe_locked(uint64_t id, const Room& r, int64_t now) const;
+
+  ManagerConfig config_;
+  mutable std::recursive_mutex mu_;
+  std::unique_ptr<EndpointCore> core_;
+  std::unique_ptr<PrefillEndpoint> prefill_;
+  std::unique_ptr<DecodeEndpoint> decode_;
+  std::string connected_bootstrap_;  // decode: the prefill instance looked up (empty: none yet)
+  std::vector<HeadTransfer> plan_;
+  std::function<void(const ChunkDone&)> chunk_hook_;
+  std::function<void(const Message&)> message_hook_;
+  std::map<uint64_t, Room> rooms_;
+  uint64_t next_tag_ = kSenderTagBase;
+  uint64_t quarantined_rooms_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The inside of a manager made by Manager::create.
+inline ManagerImpl& internal(Manager& m) { return static_cast<ManagerImpl&>(m); }
+
+}  // namespace kvferry

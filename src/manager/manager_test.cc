@@ -1,0 +1,300 @@
+// The public Manager (kvferry/manager.h): a prefill and a decode manager in one process, over shm
+// and tcp, caller-pumped and with their own progress threads: rooms end to end with every byte
+// verified, aborts on either side with the failure record on both, release_safe() while a
+// prefill write can still land, and the refused calls.
+#include "kvferry/manager.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "endpoint/endpoint_pair_test_util.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/content.h"
+#include "manager/manager_internal.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Ranks {
+  std::unique_ptr<BootstrapServer> server;
+  std::string bootstrap;
+  std::unique_ptr<Manager> prefill, decode;
+  bool pumped = true;
+
+  void pump() {
+    if (!pumped) return;
+    prefill->progress();
+    decode->progress();
+  }
+  // Pumps (caller-pumped) or waits until pred() holds or `timeout` passed.
+  bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 10s,
+             const std::function<void()>& step = {}) {
+    auto end = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      if (step) step();
+      else pump();
+      if (pred()) return true;
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::vector<int> fds = decode->wait_fds();
+      for (int fd : prefill->wait_fds()) fds.push_back(fd);
+      wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
+    }
+  }
+};
+
+ManagerConfig base_config(Role role, const std::string& transport, bool thread) {
+  ManagerConfig c;
+  c.self = {role, 0, 0, 0};
+  auto model = testing::load_test_model("Qwen2.5-7B");
+  EXPECT_TRUE(model.ok()) << model.status().str();
+  if (model.ok()) c.model = *model;
+  c.page_size = 16;
+  c.pool_bytes = 16ull << 20;
+  c.aux_rows = 64;
+  c.transport = transport;
+  c.progress_thread = thread;
+  c.fault_injection = true;
+  return c;
+}
+
+std::unique_ptr<Ranks> make_ranks(const std::string& transport, bool thread, const Deadlines& d = {}) {
+  auto r = std::make_unique<Ranks>();
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  EXPECT_TRUE(server.ok());
+  if (!server.ok()) return nullptr;
+  r->server = std::move(server).value();
+  r->bootstrap = "127.0.0.1:" + std::to_string(r->server->port());
+  r->pumped = !thread;
+  ManagerConfig pc = base_config(Role::kPrefill, transport, thread);
+  pc.bootstrap_address = r->bootstrap;
+  pc.deadlines = d;
+  auto p = Manager::create(pc);
+  EXPECT_TRUE(p.ok()) << p.status().str();
+  if (!p.ok()) return nullptr;
+  r->prefill = std::move(p).value();
+  ManagerConfig dc = base_config(Role::kDecode, transport, thread);
+  dc.bootstrap_address = r->bootstrap;
+  dc.deadlines = d;
+  auto m = Manager::create(dc);
+  EXPECT_TRUE(m.ok()) << m.status().str();
+  if (!m.ok()) return nullptr;
+  r->decode = std::move(m).value();
+  if (!r->until([&] { return r->prefill->stats().peers == 1; })) {
+    ADD_FAILURE() << "the decode pool registration never reached the prefill manager";
+    return nullptr;
+  }
+  return r;
+}
+
+// Writes the room's pages [first_page, first_page + pages.size()) into prefill pages `pages`.
+void fill(Manager& m, uint64_t room, uint64_t first_page, const std::vector<uint64_t>& pages) {
+  const PoolLayout& l = m.layout();
+  for (size_t i = 0; i < pages.size(); ++i)
+    for (uint32_t b = 0; b < l.num_buffers(); ++b)
+      fill_page(l, room, b, (first_page + i) * l.page_size, m.pool_base() + l.page_offset(b, pages[i]));
+}
+
+uint64_t mismatched(Manager& m, uint64_t room, const std::vector<uint64_t>& pages) {
+  const PoolLayout& l = m.layout();
+  uint64_t bad = 0;
+  for (size_t i = 0; i < pages.size(); ++i)
+    for (uint32_t b = 0; b < l.num_buffers(); ++b)
+      bad += verify_page(l, room, b, i * l.page_size, m.pool_base() + l.page_offset(b, pages[i]));
+  return bad;
+}
+
+class ManagerPair : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+TEST_P(ManagerPair, RoomEndToEndInChunksWithAnEmptyLastChunk) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread);
+  ASSERT_TRUE(r);
+  const uint64_t room = 77;
+  const std::vector<uint64_t> src{3, 1, 4, 0, 2}, dst{9, 5, 12, 7, 6};
+  auto rx = r->decode->receiver(room);
+  ASSERT_TRUE(rx.ok()) << rx.status().str();
+  auto tx = r->prefill->sender(room);
+  ASSERT_TRUE(tx.ok()) << tx.status().str();
+  ASSERT_TRUE((*rx)->init(-1).ok());
+  ASSERT_TRUE((*rx)->send_metadata(dst, 11, {}, 70).ok());
+  ASSERT_TRUE((*tx)->init(5, 0, 70).ok());
+  ASSERT_TRUE(r->until([&] { return (*tx)->poll() == KVPoll::WaitingForInput; }));
+  fill(*r->prefill, room, 0, src);
+  ASSERT_TRUE((*tx)->send(std::span(src).first(3), {}, false).ok());
+  ASSERT_TRUE((*tx)->send(std::span(src).subspan(3), {}, false).ok());
+  ASSERT_TRUE((*tx)->send({}, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return (*rx)->poll() == KVPoll::Success && (*tx)->poll() == KVPoll::Success; }))
+      << "prefill " << to_string((*tx)->poll()) << ", decode " << to_string((*rx)->poll());
+  EXPECT_EQ(mismatched(*r->decode, room, dst), 0u);
+  AuxRecord aux;
+  std::memcpy(&aux, r->decode->pool_base() + r->decode->layout().aux_offset(11), sizeof aux);
+  EXPECT_EQ(aux.room, room);
+  EXPECT_EQ(aux.cached_tokens, 70u);
+  EXPECT_TRUE((*rx)->release_safe());
+  EXPECT_FALSE((*rx)->quarantined());
+  EXPECT_TRUE(r->until([&] { return (*tx)->release_safe(); }));
+  EXPECT_FALSE((*tx)->failure());
+  EXPECT_FALSE((*rx)->failure());
+  TransferMetrics m = (*tx)->metrics();
+  EXPECT_GT(m.bytes, r->prefill->layout().bytes_for_pages(5)) << "the KV bytes of 5 pages and the aux record";
+  EXPECT_LE(m.bytes, r->prefill->layout().bytes_for_pages(5) + kAuxSlotBytes);
+  EXPECT_GT(m.first_send_ns, 0);
+  EXPECT_GE(m.done_ns, m.first_send_ns);
+  EXPECT_EQ((*rx)->metrics().bytes, r->decode->layout().bytes_for_pages(5));
+  // Dropped handles release their rooms.
+  tx->reset();
+  rx->reset();
+  EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }));
+  EXPECT_GT(r->prefill->stats().transport.bytes_written, 0u);
+}
+
+TEST_P(ManagerPair, PrefillAbortIsReportedOnBothSidesWithItsOrigin) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(5).value();
+  auto tx = r->prefill->sender(5).value();
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{0, 1}, 0, {}).ok());
+  ASSERT_TRUE(tx->init(2, 0).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  tx->abort("engine shutting down");
+  EXPECT_EQ(tx->poll(), KVPoll::Failed);
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed && rx->release_safe(); }));
+  auto pe = tx->failure(), de = rx->failure();
+  ASSERT_TRUE(pe && de);
+  EXPECT_EQ(pe->code, ErrorCode::kAborted);
+  EXPECT_EQ(pe->origin, r->prefill->self());
+  EXPECT_FALSE(pe->is_from_another_rank);
+  EXPECT_EQ(de->code, ErrorCode::kAborted);
+  EXPECT_EQ(de->origin, r->prefill->self());
+  EXPECT_TRUE(de->is_from_another_rank);
+  EXPECT_EQ(de->failure_reason, "engine shutting down");
+  EXPECT_FALSE(rx->quarantined());
+  // A call on a failed room is not an error and sends nothing.
+  EXPECT_TRUE(tx->send(std::vector<uint64_t>{0, 1}, {}, true).ok());
+}
+
+TEST_P(ManagerPair, DecodeAbortIsReportedOnBothSidesWithItsOrigin) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(6).value();
+  auto tx = r->prefill->sender(6).value();
+  ASSERT_TRUE(tx->init(3, 0).ok());
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{4, 5, 6}, 2, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  rx->abort("client went away");
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed && rx->release_safe(); }));
+  auto pe = tx->failure(), de = rx->failure();
+  ASSERT_TRUE(pe && de);
+  EXPECT_EQ(de->origin, r->decode->self());
+  EXPECT_FALSE(de->is_from_another_rank);
+  EXPECT_EQ(pe->code, ErrorCode::kAborted);
+  EXPECT_EQ(pe->origin, r->decode->self());
+  EXPECT_TRUE(pe->is_from_another_rank);
+  EXPECT_EQ(pe->failure_reason, "client went away");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ManagerPair,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_Thread" : "_Pumped");
+                         });
+
+// Decode fails the room while a prefill chunk is in flight and prefill is held back (not pumped:
+// its completions and the failure notice wait): Failed, but not release-safe, until prefill's
+// terminal status says no write can land any more.
+TEST(Manager, ReleaseSafeStaysFalseWhileAPrefillWriteCanLand) {
+  auto r = make_ranks("shm", false);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(8).value();
+  auto tx = r->prefill->sender(8).value();
+  const std::vector<uint64_t> pages{0, 1, 2, 3};
+  ASSERT_TRUE(tx->init(4, 0).ok());
+  ASSERT_TRUE(rx->send_metadata(pages, 1, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  fill(*r->prefill, 8, 0, pages);
+  ASSERT_TRUE(tx->send(std::span(pages).first(2), {}, false).ok());
+  rx->abort("decode gives up");
+  EXPECT_EQ(rx->poll(), KVPoll::Failed);
+  auto decode_only = [&] { r->decode->progress(); };
+  r->until([] { return false; }, 200ms, decode_only);
+  EXPECT_EQ(rx->poll(), KVPoll::Failed);
+  EXPECT_FALSE(rx->release_safe()) << "a prefill write of the room can still land";
+  EXPECT_FALSE(tx->release_safe());
+  ASSERT_TRUE(r->until([&] { return rx->release_safe(); }));
+  EXPECT_FALSE(rx->quarantined());
+  EXPECT_EQ(tx->poll(), KVPoll::Failed);
+  EXPECT_TRUE(r->until([&] { return tx->release_safe(); }));
+}
+
+TEST(Manager, BadCallsAreRefusedNamingTheValue) {
+  auto r = make_ranks("shm", false);
+  ASSERT_TRUE(r);
+  auto is_bad = [](const Status& s, const std::string& text) {
+    return s.code() == ErrorCode::kInvalidArgument && s.message().find(text) != std::string::npos;
+  };
+  EXPECT_TRUE(is_bad(r->decode->sender(1).status(), "decode manager"));
+  EXPECT_TRUE(is_bad(r->prefill->receiver(1).status(), "prefill manager"));
+  auto tx = r->prefill->sender(1).value();
+  EXPECT_TRUE(is_bad(r->prefill->sender(1).status(), "already has a sender"));
+  EXPECT_TRUE(is_bad(tx->send(std::vector<uint64_t>{0}, {}, true), "before init"));
+  EXPECT_TRUE(is_bad(tx->init(0, 0), "at least one page"));
+  EXPECT_TRUE(is_bad(tx->init(2, 64), "aux_index 64"));
+  EXPECT_TRUE(is_bad(tx->init(2, 0, 100), "100 tokens take 7 pages"));
+  ASSERT_TRUE(tx->init(2, 0).ok());
+  EXPECT_TRUE(is_bad(tx->init(2, 0), "twice"));
+  EXPECT_TRUE(is_bad(tx->send(std::vector<uint64_t>{0, 1, 2}, {}, false), "exceed its 2 pages"));
+  EXPECT_TRUE(is_bad(tx->send(std::vector<uint64_t>{0}, {}, true), "leaves 1 of its 2 pages"));
+  EXPECT_TRUE(is_bad(tx->send(std::vector<uint64_t>{0, 99}, {}, true), "kv_indices[1] = 99"));
+  EXPECT_TRUE(is_bad(tx->send({}, {}, false), "no pages"));
+  EXPECT_TRUE(is_bad(tx->send(std::vector<uint64_t>{0}, std::vector<uint64_t>{0}, false), "last chunk only"));
+
+  auto rx = r->decode->receiver(2).value();
+  EXPECT_TRUE(is_bad(r->decode->receiver(2).status(), "already has a receiver"));
+  EXPECT_TRUE(is_bad(r->decode->receiver(3, "127.0.0.1:1").status(), "one prefill instance"));
+  EXPECT_TRUE(is_bad(rx->init(1), "prefill_dp_rank 1"));
+  EXPECT_TRUE(is_bad(rx->send_metadata(std::vector<uint64_t>{1, 1}, 0, {}), "kv_indices[1] = 1 appears twice"));
+  EXPECT_TRUE(is_bad(rx->send_metadata(std::vector<uint64_t>{1, 99}, 0, {}), "kv_indices[1] = 99"));
+  EXPECT_TRUE(is_bad(rx->send_metadata(std::vector<uint64_t>{1}, 64, {}), "aux_index 64"));
+  EXPECT_TRUE(is_bad(rx->send_metadata({}, 0, {}), "at least one page"));
+  EXPECT_EQ(rx->poll(), KVPoll::Bootstrapping) << "a refused call changes nothing";
+  EXPECT_EQ(r->decode->stats().live_rooms, 1u);
+
+  ManagerConfig c = base_config(Role::kPrefill, "carrier-pigeon", false);
+  EXPECT_TRUE(is_bad(Manager::create(c).status(), "carrier-pigeon"));
+  c = base_config(Role::kPrefill, "shm", false);
+  c.transfer_shards = 9;
+  EXPECT_TRUE(is_bad(Manager::create(c).status(), "transfer_shards 9"));
+  c = base_config(Role::kPrefill, "shm", false);
+  c.buffers.push_back({});
+  EXPECT_EQ(Manager::create(c).status().code(), ErrorCode::kInvalidArgument);
+  c = base_config(Role::kDecode, "shm", false);
+  auto lone = Manager::create(c);
+  ASSERT_TRUE(lone.ok()) << lone.status().str();
+  EXPECT_TRUE(is_bad((*lone)->receiver(1).status(), "no prefill bootstrap address"));
+}
+
+TEST(Manager, FaultDecoratorOnlyWhenAskedFor) {
+  ManagerConfig c = base_config(Role::kPrefill, "shm", false);
+  c.fault_injection = false;
+  auto plain = Manager::create(c);
+  ASSERT_TRUE(plain.ok()) << plain.status().str();
+  EXPECT_EQ((*plain)->faults(), nullptr);
+  c.fault_injection = true;
+  auto faulty = Manager::create(c);
+  ASSERT_TRUE(faulty.ok()) << faulty.status().str();
+  EXPECT_NE((*faulty)->faults(), nullptr);
+  EXPECT_EQ((*faulty)->wait_fds().size(), 2u);
+}
+
+}  // namespace
+}  // namespace kvferry

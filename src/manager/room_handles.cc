@@ -1,0 +1,311 @@
+// Sender and Receiver (kvferry/manager.h): per-room handles over the manager's prefill or decode
+// endpoint. Every call takes the manager's lock; checks come first, so a refused call sends
+// nothing. A call on a room that already failed is not an error: it does nothing.
+#include <fmt/format.h>
+
+#include <set>
+#include <utility>
+
+#include "manager/manager_internal.h"
+
+namespace kvferry {
+namespace {
+
+Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
+
+class SenderImpl final : public Sender {
+ public:
+  SenderImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
+  ~SenderImpl() override {
+    std::lock_guard lock(m_.mutex());
+    if (ManagerImpl::Room* r = m_.room(room_)) r->dropped = true;
+    m_.wake();
+  }
+  uint64_t room() const override { return room_; }
+
+  Status init(uint64_t num_pages, uint64_t aux_index, uint64_t num_tokens) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    const PoolLayout& l = m_.layout();
+    if (r.initialized || r.early_failure) return bad(fmt::format("room {}: init() called twice or after abort", room_));
+    if (num_pages == 0) return bad(fmt::format("room {}: a room needs at least one page", room_));
+    if (num_pages > l.num_pages)
+      return bad(fmt::format("room {}: {} pages exceed the pool's {} pages", room_, num_pages, l.num_pages));
+    if (aux_index >= l.aux_slots)
+      return bad(fmt::format("room {}: aux_index {} is out of range: the pool has {} aux rows", room_, aux_index, l.aux_slots));
+    if (num_tokens == 0) num_tokens = num_pages * l.page_size;
+    if (l.pages_for(num_tokens) != num_pages)
+      return bad(fmt::format("room {}: {} tokens take {} pages of {} tokens, not {}", room_, num_tokens,
+                             l.pages_for(num_tokens), l.page_size, num_pages));
+    // With engine buffers the room's aux row is the engine's; with the contiguous pool kvferry
+    // stages the guard record in a row it picks (endpoint/prefill_endpoint.h add_room).
+    std::optional<uint64_t> aux;
+    if (!m_.config().buffers.empty()) aux = aux_index;
+    Status st = m_.prefill()->add_room(room_, num_tokens, aux);
+    if (!st.ok()) return st;
+    r.initialized = true;
+    r.total_pages = num_pages;
+    m_.wake();
+    return Status::Ok();
+  }
+
+  Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    if (r.early_failure) return Status::Ok();
+    if (!r.initialized) return bad(fmt::format("room {}: send() before init()", room_));
+    PrefillEndpoint& ep = *m_.prefill();
+    if (ep.poll(room_) == KVPoll::Failed) return Status::Ok();
+    if (r.last_sent) return bad(fmt::format("room {}: send() after the last chunk", room_));
+    if (!state_indices.empty() && !last)
+      return bad(fmt::format("room {}: state indices go with the last chunk only", room_));
+    if (pages.empty() && !last) return bad(fmt::format("room {}: send() of no pages that is not the last chunk", room_));
+    if (r.next_page + pages.size() > r.total_pages)
+      return bad(fmt::format("room {}: {} pages sent plus {} more exceed its {} pages", room_, r.next_page,
+                             pages.size(), r.total_pages));
+    if (last && r.next_page + pages.size() != r.total_pages)
+      return bad(fmt::format("room {}: the last chunk leaves {} of its {} pages unsent", room_,
+                             r.total_pages - r.next_page - pages.size(), r.total_pages));
+    const uint64_t num_pages = m_.layout().num_pages;
+    std::vector<uint64_t> src(pages.begin(), pages.end());
+    for (size_t i = 0; i < src.size(); ++i)
+      if (src[i] >= num_pages)
+        return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, src[i], num_pages));
+    // A room whose heads go to no decode rank (replicated heads) concludes on the last chunk.
+    Status st = ep.send(room_, r.next_page, src, m_.next_tag(), state_indices, last);
+    if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? Status::Ok() : st;
+    if (!src.empty()) ++r.chunks_out;
+    if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
+    r.next_page += src.size();
+    r.last_sent = last;
+    m_.wake();
+    return Status::Ok();
+  }
+
+  KVPoll poll() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    if (r.early_failure) return KVPoll::Failed;
+    if (!r.initialized) return KVPoll::Bootstrapping;
+    return m_.prefill()->poll(room_);
+  }
+
+  std::optional<KVTransferError> failure() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    if (r.early_failure) return r.early_failure;
+    if (!r.initialized || m_.prefill()->poll(room_) != KVPoll::Failed) return std::nullopt;
+    return m_.core().registry().get(room_);
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    const int64_t now = monotonic_ns();
+    if (!r.initialized) {
+      if (!r.early_failure) r.early_failure = KVTransferError{room_, ErrorCode::kAborted, reason, m_.self(), false, now};
+    } else {
+      m_.prefill()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
+    }
+    m_.log_failure_once(room_, r);  // before abort() returns; the first cause is the one logged
+    m_.wake();
+  }
+
+  void fail_from_engine(const KVTransferError& e) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    if (!r.initialized) {
+      if (!r.early_failure) {
+        r.early_failure = e;
+        r.early_failure->bootstrap_room = room_;
+        r.early_failure->is_from_another_rank = e.origin != m_.self();
+      }
+    } else {
+      m_.prefill()->fail(room_, e.code, e.failure_reason, e.origin, e.first_seen_ns, false);
+    }
+    m_.wake();
+  }
+
+  bool release_safe() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    return !r.initialized || (r.chunks_out == 0 && m_.prefill()->drained(room_));
+  }
+
+  TransferMetrics metrics() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    TransferMetrics t = r.metrics;
+    if (const SenderRoom* s = r.initialized ? m_.prefill()->room(room_) : nullptr) t.bytes = s->bytes;
+    return t;
+  }
+
+ private:
+  ManagerImpl& m_;
+  uint64_t room_;
+};
+
+class ReceiverImpl final : public Receiver {
+ public:
+  ReceiverImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
+  ~ReceiverImpl() override {
+    std::lock_guard lock(m_.mutex());
+    if (ManagerImpl::Room* r = m_.room(room_)) r->dropped = true;
+    m_.wake();
+  }
+  uint64_t room() const override { return room_; }
+
+  Status init(int64_t prefill_dp_rank) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    if (r.dp_set || r.initialized) return bad(fmt::format("room {}: init() called twice or after send_metadata()", room_));
+    const uint32_t dp = m_.config().peer_dp_size;
+    if (prefill_dp_rank < -1 || prefill_dp_rank >= static_cast<int64_t>(dp))
+      return bad(fmt::format("room {}: prefill_dp_rank {} is outside the prefill engine's DP size {}", room_,
+                             prefill_dp_rank, dp));
+    r.dp_set = true;
+    r.prefill_dp_rank = prefill_dp_rank;
+    return Status::Ok();
+  }
+
+  Status send_metadata(std::span<const uint64_t> pages, uint64_t aux_index, std::span<const uint64_t> state_indices,
+                       uint64_t num_tokens) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    const PoolLayout& l = m_.layout();
+    if (r.initialized || r.early_failure)
+      return bad(fmt::format("room {}: send_metadata() called twice or after abort", room_));
+    if (pages.empty()) return bad(fmt::format("room {}: a room needs at least one page", room_));
+    if (num_tokens == 0) num_tokens = pages.size() * l.page_size;
+    if (l.pages_for(num_tokens) != pages.size())
+      return bad(fmt::format("room {}: {} tokens take {} pages of {} tokens, not {}", room_, num_tokens,
+                             l.pages_for(num_tokens), l.page_size, pages.size()));
+    if (aux_index >= l.aux_slots)
+      return bad(fmt::format("room {}: aux_index {} is out of range: the pool has {} aux rows", room_, aux_index, l.aux_slots));
+    std::vector<uint64_t> dst(pages.begin(), pages.end());
+    std::set<uint64_t> seen;
+    for (size_t i = 0; i < dst.size(); ++i) {
+      if (dst[i] >= l.num_pages)
+        return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, dst[i], l.num_pages));
+      if (!seen.insert(dst[i]).second) return bad(fmt::format("room {}: kv_indices[{}] = {} appears twice", room_, i, dst[i]));
+    }
+    DecodeEndpoint& ep = *m_.decode();
+    ep.add_room(room_, num_tokens, r.prefill_dp_rank);
+    r.initialized = true;
+    r.total_pages = dst.size();
+    r.metrics.metadata_ns = monotonic_ns();
+    r.metrics.bytes = l.bytes_for_pages(dst.size());
+    Status s = ep.init(room_, dst, aux_index, state_indices);
+    if (!s.ok() && s.code() == ErrorCode::kInvalidArgument) {  // refused: nothing was sent
+      ep.release(room_);
+      r.initialized = false;
+      return s;
+    }
+    m_.wake();
+    return s;
+  }
+
+  KVPoll poll() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    if (r.early_failure) return KVPoll::Failed;
+    if (!r.initialized) return KVPoll::Bootstrapping;
+    return m_.decode()->poll(room_);
+  }
+
+  std::optional<KVTransferError> failure() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    if (r.early_failure) return r.early_failure;
+    if (!r.initialized || m_.decode()->poll(room_) != KVPoll::Failed) return std::nullopt;
+    return m_.core().registry().get(room_);
+  }
+
+  void abort(const std::string& reason) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    const int64_t now = monotonic_ns();
+    if (!r.initialized) {
+      if (!r.early_failure) r.early_failure = KVTransferError{room_, ErrorCode::kAborted, reason, m_.self(), false, now};
+    } else {
+      m_.decode()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
+    }
+    m_.log_failure_once(room_, r);
+    m_.wake();
+  }
+
+  void fail_from_engine(const KVTransferError& e) override {
+    std::lock_guard lock(m_.mutex());
+    ManagerImpl::Room& r = *m_.room(room_);
+    if (!r.initialized) {
+      if (!r.early_failure) {
+        r.early_failure = e;
+        r.early_failure->bootstrap_room = room_;
+        r.early_failure->is_from_another_rank = e.origin != m_.self();
+      }
+    } else {
+      m_.decode()->fail(room_, e.code, e.failure_reason, e.origin, e.first_seen_ns, false);
+    }
+    m_.wake();
+  }
+
+  bool release_safe() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    return !r.initialized || m_.decode()->drained(room_, monotonic_ns());
+  }
+
+  bool quarantined() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    if (!r.initialized || !m_.decode()->drained(room_, monotonic_ns())) return false;
+    const ReceiverRoom* rr = m_.decode()->room(room_);
+    if (!rr || rr->failed_ns == 0) return false;
+    for (const RankId& src : rr->metadata_sent)
+      if (!rr->terminal.count(src)) return true;
+    return false;
+  }
+
+  TransferMetrics metrics() const override {
+    std::lock_guard lock(m_.mutex());
+    return m_.room(room_)->metrics;
+  }
+
+ private:
+  ManagerImpl& m_;
+  uint64_t room_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Sender>> ManagerImpl::sender(uint64_t id) {
+  std::lock_guard lock(mu_);
+  if (!prefill_) return bad(fmt::format("sender(room {}) on a decode manager: senders are prefill's", id));
+  auto [it, added] = rooms_.try_emplace(id);
+  if (!added)
+    return bad(fmt::format("room {} already has a sender on {} (or it is still being released)", id, self().str()));
+  it->second.metrics.created_ns = monotonic_ns();
+  return std::unique_ptr<Sender>(new SenderImpl(*this, id));
+}
+
+Result<std::unique_ptr<Receiver>> ManagerImpl::receiver(uint64_t id, const std::string& prefill_bootstrap) {
+  std::lock_guard lock(mu_);
+  if (!decode_) return bad(fmt::format("receiver(room {}) on a prefill manager: receivers are decode's", id));
+  if (rooms_.count(id))
+    return bad(fmt::format("room {} already has a receiver on {} (or it is still being released)", id, self().str()));
+  const std::string& address = prefill_bootstrap.empty() ? config_.bootstrap_address : prefill_bootstrap;
+  if (connected_bootstrap_.empty()) {
+    if (address.empty())
+      return bad(fmt::format("receiver(room {}): no prefill bootstrap address (none given, none configured)", id));
+    Status s = connect_prefill_instance(address);
+    if (!s.ok()) return s;
+  } else if (!address.empty() && address != connected_bootstrap_) {
+    return bad(fmt::format("receiver(room {}): prefill instance {} differs from {}, the one this decode manager "
+                           "serves (one prefill instance per decode manager for now)",
+                           id, address, connected_bootstrap_));
+  }
+  rooms_[id].metrics.created_ns = monotonic_ns();
+  return std::unique_ptr<Receiver>(new ReceiverImpl(*this, id));
+}
+
+}  // namespace kvferry
