@@ -125,12 +125,12 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
     err << "kvferry bench: cannot create " << c.work_dir << ": " << ec.message() << "\n";
     return 2;
   }
-  auto server = BootstrapServer::start("127.0.0.1", 0);
+  auto server = BootstrapServer::start(ListenAddress{});
   if (!server.ok()) {
     err << "kvferry bench: bootstrap service: " << server.status().str() << "\n";
     return 2;
   }
-  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  const std::string bootstrap = (*server)->address();
   process::ProcessGroup group;
   std::vector<std::string> names;
   for (int side = 0; side < 2; ++side) {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/host_options.h"
 #include "core/data_dir.h"
 #include "core/stop_request.h"
 #include "driver/rank.h"
@@ -81,7 +82,11 @@ void add_rank_command(CLI::App& app) {
                   "transfer worker shards (UCX workers, one progress thread each; a room stays on one)")
       ->check(CLI::Range(1u, kMaxTransportShards));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
-  cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics");
+  add_host_options(cmd, &opts->bind_host, &opts->advertise_host,
+                   std::string(kDefaultHost) + "; the engine leader's socket: its --engine-endpoint host",
+                   "the bind host, the engine leader's: its --engine-endpoint host; for a wildcard bind, this "
+                   "machine's host name");
+  cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on the bind host, port PORT, /metrics");
   cmd->add_option("--metrics-port-file", opts->metrics_port_file,
                   "also serve metrics, and write their bound port here (without --metrics-port: any free "
                   "port)");

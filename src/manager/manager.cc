@@ -16,20 +16,6 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
-std::string bracketed(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
-}
-
-// The host peers are told (TODO: ListenAddress::advertised() once src/core/net.cc is on main).
-std::string advertised_host(const ListenAddress& a) {
-  if (!a.advertise_host.empty()) return a.advertise_host;
-  if (a.bind_host.empty() || a.bind_host == "0.0.0.0" || a.bind_host == "::" || a.bind_host == "*") {
-    char name[256] = {};
-    if (gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') return name;
-  }
-  return a.bind_host;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
@@ -67,9 +53,7 @@ Status ManagerImpl::start() {
   ec.layout = *layout;
   ec.transport = c.transport;
   ec.transfer_shards = c.transfer_shards;
-  ec.control_bind = "tcp://" + bracketed(c.control.bind_host.empty() ? "0.0.0.0" : c.control.bind_host) + ":" +
-                    std::to_string(c.control.port);
-  ec.control_advertise_host = advertised_host(c.control);
+  ec.control = c.control;
   ec.deadlines = c.deadlines;
   ec.external_base = c.pool_base;
   ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
@@ -87,7 +71,7 @@ Status ManagerImpl::start() {
       info.tp_rank = c.self.tp_rank;
       info.dp_rank = c.self.dp_rank;
       info.tp_size = c.tp_size;
-      info.host = ec.control_advertise_host;
+      info.host = c.control.advertised();
       info.control_endpoint = core_->control_endpoint();
       info.page_size = c.page_size;
       info.dtype = c.model.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", c.model.dtype_bytes);
