@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvferry/error.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 
@@ -24,8 +25,10 @@ struct PrefillRankInfo {
   uint32_t dp_rank = 0;
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
-  std::string host;              // "127.0.0.1"
-  std::string control_endpoint;  // ZeroMQ endpoint of the rank's ControlSocket
+  std::string host;              // the rank's advertised host (kvferry/net.h): a host name, IPv4 or
+                                 // IPv6 address without brackets ("10.0.0.5", "fd00::5")
+  std::string control_endpoint;  // ZeroMQ endpoint of the rank's ControlSocket, as advertised
+                                 // ("tcp://host:port", IPv6 in brackets)
   uint32_t page_size = 0;        // tokens
   std::string dtype;             // "bfloat16"
   std::string model;             // geometry name
@@ -36,10 +39,16 @@ struct PrefillRankInfo {
 
 class BootstrapServer {
  public:
-  // Starts listening on host:port (port 0 picks a free one). Errors: kInternal if it cannot bind.
+  // Starts listening on host:port (port 0 picks a free one). `host`: an IPv4 or IPv6 address
+  // (brackets optional), a host name, or a wildcard ("0.0.0.0": IPv4; "::", "*", "": IPv6 and
+  // IPv4). Errors: kInvalidArgument for a malformed host, kInternal if it cannot bind.
   static Result<std::unique_ptr<BootstrapServer>> start(const std::string& host, uint16_t port);
+  // The same on address.bind_host and address.port; address() then gives the advertised one.
+  static Result<std::unique_ptr<BootstrapServer>> start(const ListenAddress& address);
   ~BootstrapServer();  // stops and joins
   uint16_t port() const;
+  // "host:port" clients use: the advertised host ("[v6]:port" for IPv6) and the bound port.
+  std::string address() const;
   size_t registered() const;
 
  private:
@@ -50,7 +59,9 @@ class BootstrapServer {
 
 class BootstrapClient {
  public:
-  // `address` is "host:port". Each call is bounded by `timeout_ms`.
+  // `address` is "host:port", "[v6]:port" or "http://host:port"; host an IPv4 or IPv6 address
+  // or a host name (kvferry/net.h parse_host_port). A malformed address makes every call fail with
+  // kInvalidArgument. Each call is bounded by `timeout_ms`.
   BootstrapClient(std::string address, int timeout_ms = 2000);
   ~BootstrapClient();
   Status register_rank(const PrefillRankInfo& info);

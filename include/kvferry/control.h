@@ -1,7 +1,10 @@
 // ZeroMQ transport for control frames (src/control).
 //
-// A ControlSocket owns one bound PULL socket (its endpoint, e.g. "tcp://127.0.0.1:5601", is what
-// peers send to) and one PUSH socket per destination endpoint, created on first use.
+// A ControlSocket owns one bound PULL socket and one PUSH socket per destination endpoint, created
+// on first use. It listens on a ListenAddress (kvferry/net.h): the bind host may be a wildcard, an
+// IPv4 or IPv6 address or a host name (bound on every address it resolves to, one port); its
+// endpoint() is the ADVERTISED one ("tcp://advertised-host:port", IPv6 in brackets), which is what
+// peers are told and send to. Destinations may be IPv4, IPv6 ("tcp://[::1]:5601") or host names.
 // send() never blocks: a frame that cannot be queued (peer gone, high-water mark) returns an error.
 // Thread contract: NOT thread-safe; one thread owns a ControlSocket (ZeroMQ sockets are not
 // thread-safe). Frames are opaque bytes here; see messages.h for their format.
@@ -12,17 +15,26 @@
 #include <string>
 
 #include "kvferry/error.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 
 class ControlSocket {
  public:
-  // Binds a PULL socket on `bind_endpoint` ("tcp://127.0.0.1:0" picks a free port).
+  // Binds a PULL socket on `address` (port 0: any free port). Errors: kInvalidArgument for a bad
+  // or unresolvable host or a wildcard advertise_host; kInternal when it cannot bind (port taken,
+  // no such local address).
+  static Result<std::unique_ptr<ControlSocket>> bind(const ListenAddress& address);
+  // Binds on an endpoint that is also what peers are told: "tcp://host:port" (port 0 or "*": any
+  // free port) is bind(listen_address_for(endpoint)); other ZeroMQ transports (ipc://, inproc://)
+  // are bound as given. Errors as above.
   static Result<std::unique_ptr<ControlSocket>> bind(const std::string& bind_endpoint);
   ~ControlSocket();
 
-  // The endpoint peers connect to (port resolved).
+  // The endpoint peers connect to: the advertised host and the bound port.
   const std::string& endpoint() const;
+  // Where the socket really listens (ZeroMQ's last endpoint, e.g. "tcp://0.0.0.0:5601"), for logs.
+  const std::string& bound_endpoint() const;
 
   // Queues `frame` to `dest_endpoint`. Errors: kPeerUnreachable when it cannot be queued;
   // kInvalidArgument for a malformed endpoint. Ok means queued, not delivered.

@@ -1,15 +1,27 @@
-// FaultInjectingTransport: a Transport decorator for tests and replay fault plans (DESIGN.md §5).
-// Forwards every call to the wrapped transport, except write() batches that hit an armed fault:
-// those complete with the armed Status instead (done called exactly once, on the decorator's own
-// completion thread, never inside write(); nothing is forwarded, so nothing reaches the peer).
+// FaultInjectingTransport: a Transport decorator for tests and replay fault plans
+// (docs/transport.md "Fault injection"). Forwards every call to the wrapped transport, except write() batches
+// that hit an armed fault or a hold/delay. Nothing in the transport layer needs it: a rank runs on
+// the bare transport unless a fault plan or a test asks for the decorator.
 //
 // Faults: per room (every later write tagged with that room fails until clear_room) and, for
 // tests, "the next n writes" regardless of room. A room fault wins over fail_next_writes (the
-// counter is not consumed by a write that a room fault already failed).
+// counter is not consumed by a write that a room fault already failed). A failed batch completes
+// with the armed Status (done called exactly once, on the decorator's own thread, never inside
+// write(); nothing is forwarded, so nothing reaches the peer). Faults are decided when write() is
+// called.
+//
+// Holds and delays keep a room's writes in flight: a write of a held room is queued and forwarded
+// (and so completed, by the wrapped transport) only after release_held(room); with
+// delay_room(room, d) each later write is forwarded d after its write() call. A room's queued
+// writes are forwarded in the order they were written, and a write of a room that still has
+// queued writes queues behind them (a room's batches never overtake each other). This lets a test
+// show that a decode room is not release-safe while a prefill write can still land.
 //
 // Thread contract: every method may be called from any thread; the fault set is mutex-protected.
+// Forwarding happens on the decorator's own thread.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -18,7 +30,9 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
+#include <vector>
 
 #include "kvferry/transport.h"
 
@@ -27,6 +41,8 @@ namespace kvferry {
 class FaultInjectingTransport : public Transport {
  public:
   explicit FaultInjectingTransport(std::unique_ptr<Transport> inner);
+  // Completes every queued (held or delayed) write with kTransferError without forwarding it,
+  // and runs every pending injected completion, before returning.
   ~FaultInjectingTransport() override;
 
   // Every later write() tagged with `room` completes with Status(code, reason).
@@ -37,11 +53,24 @@ class FaultInjectingTransport : public Transport {
   // Number of write() batches failed by an injected fault so far.
   uint64_t injected_failures() const { return injected_.load(); }
 
+  // Later writes of `room` are queued until release_held(room).
+  void hold_room(uint64_t room);
+  // Ends the hold of `room`; its queued writes are forwarded (after their delay, if any).
+  void release_held(uint64_t room);
+  // Each later write of `room` is forwarded `delay` after its write() call; 0 ends the delay
+  // (writes queued meanwhile still wait for theirs).
+  void delay_room(uint64_t room, std::chrono::milliseconds delay);
+  // Writes of `room` queued and not yet forwarded.
+  size_t queued_writes(uint64_t room) const;
+  // Writes forwarded after a hold or a delay, so far.
+  uint64_t forwarded_late() const { return forwarded_late_.load(); }
+
   Transport& inner() { return *inner_; }
 
-  // Transport: forwarded. The destructor first runs every pending injected completion.
+  // Transport: forwarded.
   Result<LocalRegion> create_region(uint64_t bytes) override;
-  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override;
+  Result<std::vector<LocalRegion>> register_spans(const std::vector<MemorySpan>& spans) override;
+  TransportCaps caps() const override;
   std::string address() const override;
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
   void disconnect(PeerId peer) override;
@@ -52,7 +81,21 @@ class FaultInjectingTransport : public Transport {
   TransportStats stats() const override;
 
  private:
-  void run_completions();
+  using Clock = std::chrono::steady_clock;
+  struct Queued {
+    PeerId peer = 0;
+    std::vector<WriteOp> ops;
+    std::function<void(Status)> done;
+    Clock::time_point due;
+  };
+  struct RoomQueue {
+    std::deque<Queued> writes;
+    int forwarding = 0;  // popped, being forwarded outside the lock
+  };
+
+  void run();
+  // Under mu_: a room whose front write may be forwarded now, or 0 with *next the earliest due.
+  bool take_ready(uint64_t* room, Queued* out, Clock::time_point* next);
 
   std::unique_ptr<Transport> inner_;
   mutable std::mutex mu_;
@@ -61,9 +104,13 @@ class FaultInjectingTransport : public Transport {
   size_t next_failures_ = 0;
   ErrorCode next_code_ = ErrorCode::kInjected;
   std::deque<std::pair<std::function<void(Status)>, Status>> completions_;
+  std::unordered_set<uint64_t> held_;
+  std::unordered_map<uint64_t, std::chrono::milliseconds> delays_;
+  std::unordered_map<uint64_t, RoomQueue> queued_;  // rooms with queued or forwarding writes
   bool stopping_ = false;
   std::atomic<uint64_t> injected_{0};
-  std::thread completer_;  // last: started after everything above exists
+  std::atomic<uint64_t> forwarded_late_{0};
+  std::thread worker_;  // last: started after everything above exists
 };
 
 }  // namespace kvferry

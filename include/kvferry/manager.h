@@ -53,11 +53,12 @@ struct ManagerConfig {
   // the transfer plan for unequal TP; page_size in tokens.
   ModelGeometry model;
   uint32_t page_size = 1;
-  // The engine's buffers (kvferry/buffers.h). Empty: one contiguous pool of pool_bytes laid out
-  // by kvferry (PoolLayout, kvferry/geometry.h) with aux_rows aux slots: at pool_base if set (the
-  // engine owns it, e.g. a numpy array; valid until the manager is destroyed), else kvferry
-  // allocates it. (Until the engine-shaped buffer list is wired, a non-empty list is refused with
-  // kInvalidArgument.)
+  // The engine's buffers (kvferry/buffers.h; valid until the manager is destroyed): one KV buffer
+  // per layer tensor of item_bytes = a page of this rank's heads, aux and state buffers; their
+  // page count and aux rows become layout().num_pages and aux_slots (pool_bytes, pool_base and
+  // aux_rows are then unused). Empty: one contiguous pool of pool_bytes laid out by kvferry
+  // (PoolLayout, kvferry/geometry.h) with aux_rows aux slots: at pool_base if set (the engine owns
+  // it, e.g. a numpy array; valid until the manager is destroyed), else kvferry allocates it.
   std::vector<BufferDesc> buffers;
   uint8_t* pool_base = nullptr;
   uint64_t pool_bytes = 0;
@@ -183,7 +184,7 @@ class Manager {
   virtual const RankId& self() const = 0;
   virtual const PoolLayout& layout() const = 0;  // heads of this rank, page size, pages, aux slots
   // The contiguous pool laid out as layout() (kvferry's, or config.pool_base): where the engine
-  // reads and writes page i of buffer b (layout().page_offset(b, i)).
+  // reads and writes page i of buffer b (layout().page_offset(b, i)). Null with engine buffers.
   virtual uint8_t* pool_base() const = 0;
   virtual std::string control_endpoint() const = 0;  // advertised ("tcp://host:port")
   virtual ManagerStats stats() const = 0;

@@ -65,7 +65,9 @@ RankMetrics* rank_metrics();  // null before init_rank_metrics()
 // Serves GET /metrics (the exposition of `metrics`) on host:port with cpp-httplib.
 class MetricsServer {
  public:
-  // Port 0 picks a free port (port()). Errors: kInternal when host:port cannot be bound.
+  // `host`: an IPv4 or IPv6 address (brackets optional), a host name, or a wildcard ("0.0.0.0":
+  // IPv4; "::", "*", "": IPv6 and IPv4), kvferry/net.h. Port 0 picks a free port (port()).
+  // Errors: kInvalidArgument for a malformed host, kInternal when host:port cannot be bound.
   static Result<std::unique_ptr<MetricsServer>> start(const RankMetrics& metrics, const std::string& host,
                                                       uint16_t port);
   ~MetricsServer();  // stops and joins

@@ -1,12 +1,17 @@
-// The data plane behind one small interface: a registered region per rank, peers, and batched
+// The data plane behind one small interface: registered memory per rank, peers, and batched
 // one-sided writes that complete only after the data is visible at the peer (flush).
 //
-// Implementations: UCX (src/transport/ucx; put over shared memory, active messages over TCP) and a
-// fault-injecting decorator (src/transport/fault) for tests and replay.
+// Implementations: UCX (src/transport/ucx; put over shared memory, active messages over TCP),
+// chosen by name through a registry (make_transport: "shm", "tcp"), and a fault-injecting
+// decorator (kvferry/fault_transport.h) that callers add only when a test or fault plan asks.
 //
-// Offsets are bytes from the start of the peer's registered region; a write that does not fit the
-// peer's region is rejected locally (kProtocolError) and, where the receiver copies (TCP), again by
-// the receiver, so a remote peer never makes us write outside a registered region.
+// Memory (docs/transport.md "Spans"): every rank has one *offset space*, the union of its
+// registered spans, each placed at an `offset` chosen by the caller (or at 0 for create_region).
+// A WriteOp's local_offset is in our offset space, its remote_offset in the peer's. An op must lie
+// inside ONE span on each side; the sender checks both (against the spans the peer announced in
+// RemoteRegionInfo) before anything is posted, and where the receiver copies (TCP) the receiver
+// checks again against its OWN spans, never the sender's claim. Anything else is refused with
+// kProtocolError, overflow-safe. Zero-length ops are checked the same way and write nothing.
 //
 // Thread contract: every method may be called from any thread. Completion callbacks run on the
 // transport's own progress thread(s): they must be short and must not call back into the
@@ -18,49 +23,80 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "kvferry/buffers.h"
 #include "kvferry/error.h"
 
 namespace kvferry {
 
+// The UCX transport's flavour. Chosen from the registered name by make_transport ("shm", "tcp");
+// set directly only by code that calls make_ucx_transport (tests, measurements).
 enum class TransportKind { kShm, kTcp };
 std::string_view transport_name(TransportKind k);  // "shm" / "tcp"
 
 inline constexpr uint32_t kMaxTransportShards = 8;
+// Bounds on what a rank registers and on what a peer may announce (RemoteRegionInfo).
+inline constexpr size_t kMaxTransportSpans = 1024;
+inline constexpr size_t kMaxWorkerAddressBytes = 1u << 16;
+inline constexpr size_t kMaxPackedRkeyBytes = 1u << 16;
 
 struct TransportOptions {
-  TransportKind kind = TransportKind::kShm;
+  TransportKind kind = TransportKind::kShm;  // make_transport sets it from the name
   std::string ucx_tls_override;  // empty: chosen from kind
   // Transfer worker shards, 1..kMaxTransportShards: each shard is one UCX worker with its own
   // progress thread (over shm, the thread that copies the data of a put; over tcp, the one that
   // sends and receives). A room's batches always go through the same shard (room % shards), so
-  // they stay in order; rooms spread over the shards. All shards share one UCX context and one
-  // registered region. Peers with different shard counts interoperate (local shard i talks to the
+  // they stay in order; rooms spread over the shards. All shards share one UCX context and the
+  // registered spans. Peers with different shard counts interoperate (local shard i talks to the
   // peer's shard i % its shards); shards = 1 is one worker and one thread, as before sharding.
   uint32_t shards = 1;
 };
 
-// Local registered memory. Owned by the transport; valid until the transport is destroyed.
+// Caller-owned memory to register: [base, base + bytes) placed at [offset, offset + bytes) of
+// this rank's offset space. `memory`: where it lives (kCuda only where caps() lists it).
+struct MemorySpan {
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  uint64_t offset = 0;
+  MemoryKind memory = MemoryKind::kHost;
+};
+
+// One registered span. Owned by the transport (create_region) or by the caller (register_spans);
+// the registration is valid until the transport is destroyed.
 struct LocalRegion {
   uint8_t* base = nullptr;
   uint64_t bytes = 0;
-  std::string packed_rkey;  // opaque; ship to peers in the pool registration
+  uint64_t offset = 0;      // where the span sits in this rank's offset space
+  std::string packed_rkey;  // opaque; ship to peers (RemoteSpan::packed_rkey)
 };
 
-// What a peer needs to write into our region.
+// One span of a peer, as the peer registered it.
+struct RemoteSpan {
+  uint64_t offset = 0;      // in the peer's offset space
+  uint64_t bytes = 0;
+  uint64_t base = 0;        // the span's address as the peer sees it (LocalRegion::base)
+  std::string packed_rkey;  // LocalRegion::packed_rkey (put transports need it; tcp ignores it)
+};
+
+// What a peer needs to write into our memory. Checked by connect() before any UCX call: a worker
+// address of 1..kMaxWorkerAddressBytes, 1..kMaxTransportSpans spans, none empty, none
+// overflowing (offset + bytes, base + bytes), none overlapping another in the offset space, and
+// over shm a packed rkey of 1..kMaxPackedRkeyBytes each. Otherwise kProtocolError.
 struct RemoteRegionInfo {
   std::string worker_address;  // opaque, from Transport::address()
-  std::string packed_rkey;     // opaque, from LocalRegion::packed_rkey
-  uint64_t base = 0;           // the peer's region base address as the peer sees it
-  uint64_t bytes = 0;          // the peer's region size
+  std::vector<RemoteSpan> spans;
 };
+
+// The peer's view of our registered spans (what to ship in a pool registration).
+RemoteRegionInfo remote_info_for(std::string worker_address, const std::vector<LocalRegion>& spans);
 
 using PeerId = uint64_t;
 
 struct WriteOp {
-  uint64_t local_offset = 0;   // in our region
-  uint64_t remote_offset = 0;  // in the peer's region
+  uint64_t local_offset = 0;   // in our offset space
+  uint64_t remote_offset = 0;  // in the peer's offset space
   uint64_t length = 0;         // bytes
 };
 
@@ -72,29 +108,53 @@ struct TransportStats {
   uint64_t peers = 0;        // live peers
 };
 
+// What an instance can do (queried from UCX where it matters).
+struct TransportCaps {
+  std::string name;                      // registry name ("shm", "tcp")
+  std::vector<MemoryKind> memory_kinds;  // what register_spans accepts; kHost always
+  // Writes into spans of create_region are one-sided (the peer's CPU does not copy).
+  bool one_sided_put = false;
+  // Writes are copied by the receiver's progress thread: every write (tcp), or writes into
+  // caller-owned spans (shm, where UCX cannot map caller memory into the peer).
+  bool receiver_copy = false;
+  uint32_t max_shards = kMaxTransportShards;
+  size_t max_spans = kMaxTransportSpans;
+  // Why kCuda is missing from memory_kinds ("" when it is listed): names the UCX support needed.
+  std::string cuda_missing;
+  bool supports(MemoryKind k) const;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
 
-  // Allocates and registers this rank's region of `bytes` (once per transport).
+  // Allocates one UCX-mapped span of `bytes` at offset 0 (over shm a peer's put is a memcpy into
+  // it: the fast path). Once per transport; create_region and register_spans exclude each other.
+  // Errors: kInvalidArgument (0 bytes, memory already registered), kResourceExhausted.
   virtual Result<LocalRegion> create_region(uint64_t bytes) = 0;
-  // Registers caller-owned memory [base, base + bytes) as this rank's region instead (once per
-  // transport; create_region and register_region exclude each other). The memory must stay valid
-  // until the transport is destroyed. Used by the Python module for KV pools the engine allocated
-  // (numpy arrays). Over shm, UCX cannot map such memory into the peer, so a put is carried out by
-  // the receiver's progress thread (slower than an allocated region; docs/transport.md).
-  // Errors: kInvalidArgument (null or empty, or a region exists), kResourceExhausted (UCX refused).
-  virtual Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) = 0;
+  // Registers caller-owned spans (engine buffers, kvferry's own rows) as this rank's offset space;
+  // returns one LocalRegion per span, in the order given. Once per transport. The memory must stay
+  // valid until the transport is destroyed. Over shm, UCX cannot map such memory into the peer, so
+  // a put into it is carried out by the receiver's progress thread (docs/transport.md).
+  // Errors: kInvalidArgument (no spans or more than kMaxTransportSpans, a null base, an empty span,
+  // offset + bytes overflowing, spans overlapping in the offset space, memory already registered,
+  // a memory kind caps() does not list: the message names the missing UCX support),
+  // kResourceExhausted (UCX refused a registration; nothing stays registered then).
+  virtual Result<std::vector<LocalRegion>> register_spans(const std::vector<MemorySpan>& spans) = 0;
+  virtual TransportCaps caps() const = 0;
   // This worker's address, to be shipped to peers.
   virtual std::string address() const = 0;
 
-  // Connects to a peer (peer error-handling mode); returns an id for write().
+  // Connects to a peer (peer error-handling mode); returns an id for write(). Errors:
+  // kProtocolError (RemoteRegionInfo fails its checks, or UCX rejects a remote key),
+  // kPeerUnreachable.
   virtual Result<PeerId> connect(const RemoteRegionInfo& peer) = 0;
   // Closes the endpoint; in-flight writes complete with an error.
   virtual void disconnect(PeerId peer) = 0;
 
   // Writes every op then flushes; `done` runs exactly once, with ok only when all data is at the
-  // peer. `room` tags the batch (logging and fault injection). Asynchronous.
+  // peer. `room` tags the batch (logging, sharding and fault injection). Asynchronous. An op
+  // outside one span on either side fails the whole batch with kProtocolError, nothing written.
   virtual void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
                      std::function<void(Status)> done) = 0;
 
@@ -104,12 +164,30 @@ class Transport {
   virtual TransportStats stats() const = 0;
 };
 
-// The UCX implementation (options.shards workers). Errors: kInvalidArgument if options.shards is
-// outside 1..kMaxTransportShards, kInternal if UCX cannot be initialised.
+// The UCX implementation of options.kind (options.shards workers). Errors: kInvalidArgument if
+// options.shards is outside 1..kMaxTransportShards, kInternal if UCX cannot be initialised.
 Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportOptions& options);
 
-// Wraps `inner`; write() batches tagged with a room in the fail set complete with `code` instead of
-// being written (nothing reaches the peer).
-class FaultInjectingTransport;
+// ---- registry of named transports: the one place a transport name is parsed ----------------
+using TransportFactoryFn =
+    std::function<Result<std::unique_ptr<Transport>>(const TransportOptions&)>;
+struct TransportFactory {
+  std::string name;         // e.g. "shm"
+  std::string description;  // one line, for help texts
+  TransportFactoryFn make;
+};
+// Adds a factory (built in: "shm", "tcp"). Errors: kInvalidArgument (empty name or no factory,
+// or the name is taken). Thread-safe.
+Status register_transport(TransportFactory factory);
+// Registered names, sorted.
+std::vector<std::string> transport_names();
+// ok if `name` is registered; else kInvalidArgument "unknown transport 'x' (known: shm, tcp)".
+Status check_transport_name(std::string_view name);
+// One line per registered transport: "name: description".
+std::string describe_transports();
+// Builds the transport registered as `name` with `options` (kind is set by the factory).
+// Errors: check_transport_name's, else the factory's.
+Result<std::unique_ptr<Transport>> make_transport(std::string_view name,
+                                                  const TransportOptions& options = {});
 
 }  // namespace kvferry

@@ -53,7 +53,7 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   mc.pool_bytes = c.pool_bytes;
   mc.aux_rows = c.aux_slots;
   mc.bootstrap_address = c.bootstrap;
-  mc.transport = std::string(transport_name(c.transport));
+  mc.transport = c.transport;
   mc.transfer_shards = c.transfer_shards;
   mc.deadlines = c.deadlines;
   mc.progress_thread = true;

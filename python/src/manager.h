@@ -40,7 +40,7 @@ struct ConnectorConfig {
   uint32_t page_size = 16;    // tokens
   uint32_t aux_slots = 64;
   std::string bootstrap;      // "host:port" of the bootstrap service
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   Deadlines deadlines;
   uint8_t* pool = nullptr;    // the engine's pool; the layout uses as many pages as fit

@@ -64,9 +64,8 @@ class PyManager {
     if (role == "prefill") c.role = Role::kPrefill;
     else if (role == "decode") c.role = Role::kDecode;
     else throw py::value_error("role must be 'prefill' or 'decode', not '" + role + "'");
-    if (transport == "shm") c.transport = TransportKind::kShm;
-    else if (transport == "tcp") c.transport = TransportKind::kTcp;
-    else throw py::value_error("transport must be 'shm' or 'tcp', not '" + transport + "'");
+    if (Status st = check_transport_name(transport); !st.ok()) throw py::value_error(st.message());
+    c.transport = transport;
     if (transfer_shards < 1 || transfer_shards > kMaxTransportShards)
       throw py::value_error("transfer_shards must be in 1.." + std::to_string(kMaxTransportShards));
     c.transfer_shards = transfer_shards;

@@ -78,7 +78,7 @@ Status validate(BenchConfig& c) {
   if (c.chunk_tokens < c.page_size) return invalid("--chunk-tokens must be at least one page");
   if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
   if (!(c.rate >= 0)) return invalid("--rate must be >= 0 rooms/s");
-  if (c.transport != "shm" && c.transport != "tcp") return invalid("--transport must be shm or tcp");
+  if (Status st = check_transport_name(c.transport); !st.ok()) return invalid("--transport: " + st.message());
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
     return invalid(fmt::format("--transfer-shards must be in 1..{}", kMaxTransportShards));
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
@@ -125,12 +125,12 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
     err << "kvferry bench: cannot create " << c.work_dir << ": " << ec.message() << "\n";
     return 2;
   }
-  auto server = BootstrapServer::start("127.0.0.1", 0);
+  auto server = BootstrapServer::start(ListenAddress{});
   if (!server.ok()) {
     err << "kvferry bench: bootstrap service: " << server.status().str() << "\n";
     return 2;
   }
-  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  const std::string bootstrap = (*server)->address();
   process::ProcessGroup group;
   std::vector<std::string> names;
   for (int side = 0; side < 2; ++side) {

@@ -6,6 +6,7 @@
 
 #include "bootstrap/rank_info_json.h"
 #include "kvferry/bootstrap.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
@@ -192,6 +193,122 @@ TEST_F(Bootstrap, RawBadPayloadsGet400) {
   auto none = http.Get("/route?engine_id=1&dp_rank=0&tp_rank=1");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 404);
+}
+
+// --- Addresses (kvferry/net.h): IPv6 loopback, host names, a wildcard advertising a given host. ---
+
+// Registers one rank through `client_address` and reads it back.
+void expect_round_trip(const std::string& client_address, const PrefillRankInfo& info) {
+  BootstrapClient c(client_address, 2000);
+  ASSERT_TRUE(c.register_rank(info).ok()) << client_address;
+  auto back = c.lookup(info.engine_id, info.dp_rank, info.tp_rank);
+  ASSERT_TRUE(back.ok()) << client_address << ": " << back.status().str();
+  expect_same(*back, info);
+}
+
+PrefillRankInfo rank_at(const std::string& host, uint16_t port) {
+  PrefillRankInfo r = rank(0, zmq_endpoint(host, port));
+  r.host = host;
+  return r;
+}
+
+TEST(BootstrapAddresses, Ipv6Loopback) {
+  auto s = BootstrapServer::start("[::1]", 0);
+  ASSERT_TRUE(s.ok()) << s.status().str();
+  const uint16_t port = (*s)->port();
+  EXPECT_EQ((*s)->address(), "[::1]:" + std::to_string(port));
+  PrefillRankInfo info = rank_at("::1", 5600);
+  EXPECT_EQ(info.control_endpoint, "tcp://[::1]:5600");
+  expect_round_trip((*s)->address(), info);
+  expect_round_trip("http://[::1]:" + std::to_string(port), info);
+  EXPECT_EQ((*s)->registered(), 1u);
+  // Not listening on IPv4.
+  BootstrapClient v4("127.0.0.1:" + std::to_string(port), 300);
+  EXPECT_EQ(v4.health().status().code(), ErrorCode::kPeerUnreachable);
+}
+
+TEST(BootstrapAddresses, HostName) {
+  ListenAddress a;
+  a.bind_host = "localhost";
+  auto s = BootstrapServer::start(a);
+  ASSERT_TRUE(s.ok()) << s.status().str();
+  EXPECT_EQ((*s)->address(), "localhost:" + std::to_string((*s)->port()));
+  expect_round_trip((*s)->address(), rank_at("localhost", 5601));
+  BootstrapClient c((*s)->address());
+  EXPECT_EQ(c.lookup(1, 0, 0).value().control_endpoint, "tcp://localhost:5601");
+}
+
+TEST(BootstrapAddresses, WildcardAdvertisesGivenHost) {
+  ListenAddress a;
+  a.bind_host = "::";
+  a.advertise_host = "::1";
+  auto s = BootstrapServer::start(a);
+  ASSERT_TRUE(s.ok()) << s.status().str();
+  const std::string port = std::to_string((*s)->port());
+  EXPECT_EQ((*s)->address(), "[::1]:" + port);
+  // Every interface, IPv4 and IPv6, by address and by name.
+  for (const std::string& via : {"[::1]:" + port, "127.0.0.1:" + port, "localhost:" + port}) {
+    BootstrapClient c(via, 2000);
+    auto h = c.health();
+    ASSERT_TRUE(h.ok()) << via << ": " << h.status().str();
+  }
+  ListenAddress v4;
+  v4.bind_host = "0.0.0.0";
+  v4.advertise_host = "localhost";
+  auto s4 = BootstrapServer::start(v4);
+  ASSERT_TRUE(s4.ok()) << s4.status().str();
+  EXPECT_EQ((*s4)->address(), "localhost:" + std::to_string((*s4)->port()));
+  expect_round_trip("127.0.0.1:" + std::to_string((*s4)->port()), rank_at("10.0.0.5", 5602));
+  auto star = BootstrapServer::start("*", 0);
+  ASSERT_TRUE(star.ok()) << star.status().str();
+  EXPECT_TRUE(BootstrapClient("127.0.0.1:" + std::to_string((*star)->port())).health().ok());
+  EXPECT_EQ((*star)->address(), host_port(ListenAddress{"*", "", 0}.advertised(), (*star)->port()));
+}
+
+TEST(BootstrapAddresses, BadHosts) {
+  for (const char* host : {"bad host", "[10.0.0.1]", "::g"}) {
+    auto s = BootstrapServer::start(host, 0);
+    ASSERT_FALSE(s.ok()) << host;
+    EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument) << s.status().str();
+  }
+  ListenAddress wild_adv;
+  wild_adv.advertise_host = "0.0.0.0";
+  EXPECT_EQ(BootstrapServer::start(wild_adv).status().code(), ErrorCode::kInvalidArgument);
+  auto not_local = BootstrapServer::start("192.0.2.1", 0);  // TEST-NET-1: no interface has it
+  ASSERT_FALSE(not_local.ok());
+  EXPECT_EQ(not_local.status().code(), ErrorCode::kInternal) << not_local.status().str();
+  for (const char* address : {"::1:8998", "localhost:0", "0.0.0.0:8998", "[::]:8998", "host:port", "a b:1"}) {
+    BootstrapClient c(address, 100);
+    auto h = c.health();
+    ASSERT_FALSE(h.ok()) << address;
+    EXPECT_EQ(h.status().code(), ErrorCode::kInvalidArgument) << address << ": " << h.status().str();
+  }
+}
+
+// A registration must carry a host and control endpoint peers can use.
+TEST_F(Bootstrap, RejectsUnusableAddresses) {
+  BootstrapClient c(address_);
+  struct Case {
+    std::string host, endpoint, field;
+  };
+  for (const Case& k : {Case{"0.0.0.0", "tcp://10.0.0.1:5600", "host"}, Case{"", "tcp://10.0.0.1:5600", "host"},
+                        Case{"bad host", "tcp://10.0.0.1:5600", "host"},
+                        Case{"10.0.0.1", "tcp://0.0.0.0:5600", "control_endpoint"},
+                        Case{"10.0.0.1", "tcp://[::]:5600", "control_endpoint"},
+                        Case{"10.0.0.1", "tcp://10.0.0.1:0", "control_endpoint"},
+                        Case{"10.0.0.1", "tcp://::1:5600", "control_endpoint"},
+                        Case{"10.0.0.1", "ipc:///tmp/x", "control_endpoint"},
+                        Case{"10.0.0.1", "10.0.0.1:5600", "control_endpoint"}}) {
+    PrefillRankInfo bad = rank(0, k.endpoint);
+    bad.host = k.host;
+    Status s = c.register_rank(bad);
+    EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << k.host << " " << k.endpoint << ": " << s.str();
+    EXPECT_NE(s.message().find("'" + k.field + "'"), std::string::npos) << s.str();
+  }
+  EXPECT_EQ(server_->registered(), 0u);
+  PrefillRankInfo named = rank(0, "tcp://decode-0.example:5600");
+  named.host = "decode-0.example";
+  EXPECT_TRUE(c.register_rank(named).ok());  // a host name need not resolve at the bootstrap
 }
 
 }  // namespace

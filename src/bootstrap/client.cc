@@ -6,12 +6,12 @@
 //   other status, bad JSON  -> kProtocolError
 #include <httplib.h>
 
-#include <charconv>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
 #include "kvferry/bootstrap.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
@@ -37,7 +37,8 @@ struct BootstrapClient::Impl {
                               const std::string& body) {
     if (!http) {
       return Status(ErrorCode::kInvalidArgument,
-                    "bootstrap: address '" + address + "' is not host:port");
+                    "bootstrap: address '" + address +
+                        "' is not host:port, [IPv6]:port or http://host:port with a port other than 0");
     }
     try {
       httplib::Result res = std::string_view(method) == "PUT"
@@ -74,18 +75,10 @@ struct BootstrapClient::Impl {
 BootstrapClient::BootstrapClient(std::string address, int timeout_ms)
     : impl_(std::make_unique<Impl>()) {
   impl_->address = std::move(address);
-  std::string_view a = impl_->address;
-  if (a.substr(0, 7) == "http://") a.remove_prefix(7);
-  const size_t colon = a.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return;
-  int port = 0;
-  const std::string_view p = a.substr(colon + 1);
-  auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), port);
-  if (p.empty() || ec != std::errc() || end != p.data() + p.size() || port <= 0 || port > 65535) {
-    return;
-  }
+  auto hp = parse_host_port(impl_->address);
+  if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return;
   try {
-    impl_->http = std::make_unique<httplib::Client>(std::string(a.substr(0, colon)), port);
+    impl_->http = std::make_unique<httplib::Client>(hp->host, hp->port);
     const auto t = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1);
     impl_->http->set_connection_timeout(t);
     impl_->http->set_read_timeout(t);

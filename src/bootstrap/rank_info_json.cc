@@ -4,6 +4,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "kvferry/net.h"
+
 namespace kvferry::bootstrap {
 namespace {
 
@@ -79,7 +81,18 @@ Result<PrefillRankInfo> rank_info_from_json(const nlohmann::json& j) {
     return field_error("tp_rank", std::to_string(info.tp_rank) + " is not below tp_size " +
                                       std::to_string(info.tp_size));
   }
-  if (info.control_endpoint.empty()) return field_error("control_endpoint", "must not be empty");
+  // Peers connect to these: a usable host, never a wildcard (kvferry/net.h).
+  if (auto h = parse_host(info.host, /*allow_wildcard=*/false); !h.ok()) {
+    return field_error("host", h.status().message());
+  }
+  if (info.control_endpoint.rfind("tcp://", 0) != 0) {
+    return field_error("control_endpoint", "expected tcp://host:port");
+  }
+  auto ep = parse_host_port(info.control_endpoint);
+  if (!ep.ok()) return field_error("control_endpoint", ep.status().message());
+  if (ep->port == 0 || is_wildcard_host(ep->host)) {
+    return field_error("control_endpoint", "needs a host peers can reach and a port other than 0");
+  }
   return info;
 }
 

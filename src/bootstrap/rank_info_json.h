@@ -1,8 +1,9 @@
 // JSON form of PrefillRankInfo for the bootstrap HTTP API (server and client share it).
 //
 // Every field of PrefillRankInfo is a required JSON member of the same name; integers must be
-// non-negative and fit u32, strings at most kMaxRankInfoString bytes, tp_rank < tp_size,
-// control_endpoint non-empty. Unknown members are ignored (forward compatibility).
+// non-negative and fit u32, strings at most kMaxRankInfoString bytes, tp_rank < tp_size, host a
+// host name or IPv4/IPv6 address (no wildcard, kvferry/net.h), control_endpoint "tcp://host:port"
+// with such a host and a non-zero port. Unknown members are ignored (forward compatibility).
 // Errors name the field, e.g. "field 'tp_rank': expected an unsigned 32-bit integer".
 // Thread contract: pure functions.
 #pragma once

@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <vector>
 
 #include "bootstrap/rank_info_json.h"
 #include "kvferry/bootstrap.h"
@@ -63,6 +64,7 @@ struct BootstrapServer::Impl {
   std::thread thread;
   std::atomic<bool> listen_returned{false};
   uint16_t port = 0;
+  std::string advertised;  // host clients are told (address())
   mutable std::mutex mu;
   std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
 
@@ -164,19 +166,39 @@ BootstrapServer::~BootstrapServer() {
 
 Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::string& host,
                                                                 uint16_t port) {
+  ListenAddress a;
+  a.bind_host = host;
+  a.port = port;
+  return start(a);
+}
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddress& address) {
+  auto host = parse_host(address.bind_host);
+  if (!host.ok()) return Status(host.status().code(), "bootstrap: bind host: " + host.status().message());
+  if (!address.advertise_host.empty()) {
+    auto adv = parse_host(address.advertise_host, /*allow_wildcard=*/false);
+    if (!adv.ok()) return Status(adv.status().code(), "bootstrap: advertise host: " + adv.status().message());
+  }
+  const uint16_t port = address.port;
   std::unique_ptr<BootstrapServer> s(new BootstrapServer());
   Impl& impl = *s->impl_;
+  impl.advertised = address.advertised();
   try {
     impl.install();
+    // "*" and "" listen on IPv6 and IPv4 ("::"), or on IPv4 only where IPv6 is off.
+    std::vector<std::string> hosts{bind_host_for_socket(*host)};
+    if (host->empty() || *host == "*") hosts.push_back("0.0.0.0");
     int bound = -1;
-    if (port == 0) {
-      bound = impl.http.bind_to_any_port(host);
-    } else if (impl.http.bind_to_port(host, port)) {
-      bound = port;
+    for (const std::string& h : hosts) {
+      if (port == 0) {
+        bound = impl.http.bind_to_any_port(h);
+      } else if (impl.http.bind_to_port(h, port)) {
+        bound = port;
+      }
+      if (bound > 0) break;
     }
     if (bound <= 0) {
-      return Status(ErrorCode::kInternal,
-                    "bootstrap: cannot bind " + host + ":" + std::to_string(port));
+      return Status(ErrorCode::kInternal, "bootstrap: cannot bind " + host_port(*host, port));
     }
     impl.port = static_cast<uint16_t>(bound);
     impl.thread = std::thread([&impl] {
@@ -199,6 +221,8 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::strin
 }
 
 uint16_t BootstrapServer::port() const { return impl_->port; }
+
+std::string BootstrapServer::address() const { return host_port(impl_->advertised, impl_->port); }
 
 size_t BootstrapServer::registered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -62,7 +62,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--chunk-tokens", o->chunk_tokens);
   r->add_option("--concurrency", o->concurrency);
   r->add_option("--rate", o->rate);
-  r->add_option("--transport", o->transport)->check(CLI::IsMember({"shm", "tcp"}));
+  r->add_option("--transport", o->transport)->check(CLI::IsMember(transport_names()));
   r->add_option("--transfer-shards", o->transfer_shards)->check(CLI::Range(1u, kMaxTransportShards));
   r->add_option("--bootstrap", o->bootstrap)->required();
   r->add_option("--dir", o->dir)->required();

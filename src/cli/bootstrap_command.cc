@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/host_options.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 #include "kvferry/port_file.h"
@@ -15,7 +16,8 @@ namespace kvferry::cli {
 namespace {
 
 struct BootstrapOptions {
-  std::string host = "127.0.0.1";
+  std::string bind_host = std::string(kDefaultHost);
+  std::string advertise_host;
   uint16_t port = 0;
   std::string log_file;
   std::string port_file;
@@ -29,7 +31,7 @@ int run_bootstrap(const BootstrapOptions& o) {
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
-  auto server = BootstrapServer::start(o.host, o.port);
+  auto server = BootstrapServer::start(make_listen_address(o.bind_host, o.advertise_host, o.port));
   if (!server.ok()) {
     log_event(LogLevel::kError, "bootstrap", "cannot start: " + server.status().str());
     flush_logging();
@@ -44,7 +46,7 @@ int run_bootstrap(const BootstrapOptions& o) {
     }
   }
   log_event(LogLevel::kInfo, "bootstrap",
-            "listening on " + o.host + ":" + std::to_string((*server)->port()));
+            "listening on " + host_port(o.bind_host, (*server)->port()) + ", clients use " + (*server)->address());
   int sig = 0;
   sigwait(&stop, &sig);
   log_event(LogLevel::kInfo, "bootstrap", std::string("stopping on ") + strsignal(sig));
@@ -58,7 +60,8 @@ int run_bootstrap(const BootstrapOptions& o) {
 void add_bootstrap_command(CLI::App& app) {
   auto o = std::make_shared<BootstrapOptions>();
   CLI::App* cmd = app.add_subcommand("bootstrap", "Run the bootstrap service until SIGTERM/SIGINT");
-  cmd->add_option("--host", o->host, "address to listen on")->capture_default_str();
+  add_host_options(cmd, &o->bind_host, &o->advertise_host, std::string(kDefaultHost));
+  cmd->add_option("--host", o->bind_host, "the same as --bind-host (older name)")->check(host_check(true));
   cmd->add_option("--port", o->port, "port (0: any free port, printed)")->capture_default_str();
   cmd->add_option("--log-file", o->log_file, "JSON log file");
   cmd->add_option("--port-file", o->port_file, "write the bound port here once listening");

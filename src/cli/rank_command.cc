@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/host_options.h"
 #include "core/data_dir.h"
 #include "core/stop_request.h"
 #include "driver/rank.h"
@@ -59,7 +60,6 @@ void stop_on_termination_signals() {
 void add_rank_command(CLI::App& app) {
   auto opts = std::make_shared<RankOptions>();
   auto role = std::make_shared<std::string>("prefill");
-  auto transport = std::make_shared<std::string>("shm");
   opts->models_file = default_models_file();
   CLI::App* cmd = app.add_subcommand("rank", "run one engine rank (internal: spawned by `kvferry replay`)");
   cmd->add_option("--role", *role, "prefill or decode")->check(CLI::IsMember({"prefill", "decode"}))->required();
@@ -76,12 +76,17 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--bootstrap", opts->bootstrap, "bootstrap service host:port");
   cmd->add_option("--engine-endpoint", opts->engine_endpoint, "the engine leader's endpoint")->required();
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();
-  cmd->add_option("--transport", *transport, "shm or tcp")->check(CLI::IsMember({"shm", "tcp"}));
+  cmd->add_option("--transport", opts->transport, "a registered transport name: shm or tcp (kvferry/transport.h)")
+      ->check(CLI::IsMember(transport_names()));
   cmd->add_option("--transfer-shards", opts->transfer_shards,
                   "transfer worker shards (UCX workers, one progress thread each; a room stays on one)")
       ->check(CLI::Range(1u, kMaxTransportShards));
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
-  cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics");
+  add_host_options(cmd, &opts->bind_host, &opts->advertise_host,
+                   std::string(kDefaultHost) + "; the engine leader's socket: its --engine-endpoint host",
+                   "the bind host, the engine leader's: its --engine-endpoint host; for a wildcard bind, this "
+                   "machine's host name");
+  cmd->add_option("--metrics-port", opts->metrics_port, "serve Prometheus metrics on the bind host, port PORT, /metrics");
   cmd->add_option("--metrics-port-file", opts->metrics_port_file,
                   "also serve metrics, and write their bound port here (without --metrics-port: any free "
                   "port)");
@@ -91,9 +96,8 @@ void add_rank_command(CLI::App& app) {
   opts->deadlines = deadlines_from_env();
   for (const DeadlineField& f : deadline_fields())
     cmd->add_option(f.option, opts->deadlines.*f.member, std::string(f.help) + " (env " + f.env + ")");
-  cmd->callback([opts, role, transport] {
+  cmd->callback([opts, role] {
     opts->role = *role == "prefill" ? Role::kPrefill : Role::kDecode;
-    opts->transport = *transport == "tcp" ? TransportKind::kTcp : TransportKind::kShm;
     stop_on_termination_signals();
     int rc = run_rank(*opts);
     if (stop_signal() != 0) end_by_signal(stop_signal());

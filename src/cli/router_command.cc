@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/host_options.h"
 #include "kvferry/log.h"
 #include "replay/router.h"
 
@@ -26,7 +27,10 @@ void add_router_command(CLI::App& app) {
   cmd->add_option("--prefill-dp", cfg->prefill_dp);
   cmd->add_option("--decode-dp", cfg->decode_dp);
   cmd->add_option("--port-file", cfg->port_file, "write the bound port of --endpoint here");
-  cmd->add_option("--endpoint", cfg->endpoint, "bind the router's PULL socket here")->required();
+  cmd->add_option("--endpoint", cfg->endpoint,
+                  "the router's endpoint (tcp://host:port): its PULL socket binds it and engines send to it")
+      ->required();
+  add_host_options(cmd, &cfg->bind_host, &cfg->advertise_host, "the --endpoint host", "the --endpoint host");
   cmd->add_option("--prefill-leader", cfg->prefill_leaders,
                   "prefill tp0 engine endpoint per DP group (default: from their ready frames)");
   cmd->add_option("--decode-leader", cfg->decode_leaders,

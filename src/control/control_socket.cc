@@ -8,6 +8,7 @@
 // in order, by later send()/recv() calls; send() itself waits at most kConnectWait, once, for the
 // connection. When the window ends with frames still held, they are dropped and the peer is
 // unreachable. All sockets have ZMQ_LINGER 0: closing never blocks on unsent frames.
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <unordered_map>
@@ -75,7 +76,8 @@ struct Push {
 
 struct ControlSocket::Impl {
   zmq::socket_t pull;
-  std::string endpoint;
+  std::string endpoint;        // advertised
+  std::string bound_endpoint;  // ZeroMQ's last endpoint of the first bind
   std::unordered_map<std::string, Push> pushes;
 
   void flush_all() {
@@ -107,7 +109,77 @@ struct ControlSocket::Impl {
 ControlSocket::ControlSocket() : impl_(std::make_unique<Impl>()) {}
 ControlSocket::~ControlSocket() = default;
 
+namespace {
+
+// The addresses to bind for `host` (ZeroMQ hosts: numeric, or "*" for every interface) and the
+// ones among them that need ZMQ_IPV6. A host name is bound on every address it resolves to, so a
+// peer reaches it whichever of them its resolver picks.
+Result<std::vector<std::string>> bind_hosts(const std::string& host) {
+  if (host == "0.0.0.0") return std::vector<std::string>{host};       // every IPv4 interface
+  if (is_wildcard_host(host)) return std::vector<std::string>{"*"};  // with ZMQ_IPV6: IPv6 and IPv4
+  return resolve_host(host);
+}
+
+bool needs_ipv6(const std::string& host) { return host == "*" || is_ipv6_literal(host); }
+
+uint16_t port_of(const std::string& endpoint) {
+  auto hp = parse_host_port(endpoint);
+  return hp.ok() ? hp->port : 0;
+}
+
+constexpr int kBindAttempts = 4;  // a free port of the first address may be taken on another one
+
+}  // namespace
+
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address) {
+  auto host = parse_host(address.bind_host);
+  if (!host.ok()) return Status(host.status().code(), "control socket: bind host: " + host.status().message());
+  if (!address.advertise_host.empty()) {
+    auto adv = parse_host(address.advertise_host, /*allow_wildcard=*/false);
+    if (!adv.ok()) return Status(adv.status().code(), "control socket: advertise host: " + adv.status().message());
+  }
+  auto hosts = bind_hosts(*host);
+  if (!hosts.ok()) return Status(hosts.status().code(), "control socket: bind host: " + hosts.status().message());
+  // IPv4 first, then IPv6: ZMQ_IPV6 applies to the binds after it is set.
+  std::stable_partition(hosts->begin(), hosts->end(), [](const std::string& h) { return !needs_ipv6(h); });
+  std::string what;
+  for (int attempt = 0; attempt < kBindAttempts; ++attempt) {
+    std::unique_ptr<ControlSocket> s(new ControlSocket());
+    uint16_t port = address.port;
+    try {
+      zmq::socket_t pull(context(), zmq::socket_type::pull);
+      pull.set(zmq::sockopt::linger, 0);
+      pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
+      for (size_t i = 0; i < hosts->size(); ++i) {
+        const std::string& h = (*hosts)[i];
+        if (needs_ipv6(h)) pull.set(zmq::sockopt::ipv6, true);
+        what = zmq_endpoint(h, port);
+        pull.bind(what);
+        const std::string bound = pull.get(zmq::sockopt::last_endpoint);
+        if (i == 0) {
+          s->impl_->bound_endpoint = bound;
+          port = port_of(bound);
+        }
+      }
+      if (port == 0) return Status(ErrorCode::kInternal, "control socket: no port bound for " + what);
+      s->impl_->endpoint = zmq_endpoint(address.advertised(), port);
+      s->impl_->pull = std::move(pull);
+      return s;
+    } catch (const zmq::error_t& e) {
+      // Only a port another address had free but this one has not is worth a retry.
+      if (e.num() == EADDRINUSE && address.port == 0 && port != 0 && attempt + 1 < kBindAttempts) continue;
+      return Status(code_for(e), "control socket: cannot bind " + what + ": " + e.what());
+    }
+  }
+  return Status(ErrorCode::kInternal, "control socket: cannot bind " + what);
+}
+
 Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bind_endpoint) {
+  if (bind_endpoint.rfind("tcp://", 0) == 0) {
+    auto address = listen_address_for(bind_endpoint);
+    if (!address.ok()) return Status(address.status().code(), "control socket: " + address.status().message());
+    return bind(*address);
+  }
   std::unique_ptr<ControlSocket> s(new ControlSocket());
   try {
     zmq::socket_t pull(context(), zmq::socket_type::pull);
@@ -115,6 +187,7 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bi
     pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
     pull.bind(bind_endpoint);
     s->impl_->endpoint = pull.get(zmq::sockopt::last_endpoint);
+    s->impl_->bound_endpoint = s->impl_->endpoint;
     s->impl_->pull = std::move(pull);
   } catch (const zmq::error_t& e) {
     return Status(code_for(e), "control socket: cannot bind " + bind_endpoint + ": " + e.what());
@@ -123,6 +196,7 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bi
 }
 
 const std::string& ControlSocket::endpoint() const { return impl_->endpoint; }
+const std::string& ControlSocket::bound_endpoint() const { return impl_->bound_endpoint; }
 
 Status ControlSocket::send(const std::string& dest_endpoint, const std::string& frame) {
   auto it = impl_->pushes.find(dest_endpoint);
@@ -132,6 +206,9 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
       push.set(zmq::sockopt::linger, 0);
       push.set(zmq::sockopt::sndhwm, kSendHighWaterMark);
       push.set(zmq::sockopt::immediate, true);
+      // IPv6 literals and host names (which may resolve to IPv6) need ZMQ_IPV6 to be reached.
+      auto dest = parse_host_port(dest_endpoint);
+      push.set(zmq::sockopt::ipv6, !dest.ok() || !is_ipv4_literal(dest->host));
       push.connect(dest_endpoint);
       it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), {}}).first;
     } catch (const zmq::error_t& e) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvferry/control.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
@@ -199,6 +200,108 @@ TEST(ControlSocket, ForgetThenRestartedPeerOnSamePort) {
   ASSERT_TRUE(a->send(ep, "second").ok());
   EXPECT_EQ(deliver(*a, *b2), "second");
   EXPECT_EQ(a->open_connections(), 1u);
+}
+
+// --- Addresses (kvferry/net.h): IPv6, host names, wildcards that advertise a given host. ---
+
+std::unique_ptr<ControlSocket> bind_at(const ListenAddress& a) {
+  auto r = ControlSocket::bind(a);
+  EXPECT_TRUE(r.ok()) << a.bind_host << ": " << r.status().str();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+ListenAddress at(std::string bind_host, std::string advertise_host = "") {
+  ListenAddress a;
+  a.bind_host = std::move(bind_host);
+  a.advertise_host = std::move(advertise_host);
+  return a;
+}
+
+// Frames go both ways between `a` and `b` through their advertised endpoints.
+void expect_exchange(ControlSocket& a, ControlSocket& b) {
+  ASSERT_TRUE(a.send(b.endpoint(), "to b").ok()) << b.endpoint();
+  EXPECT_EQ(deliver(a, b), "to b") << a.endpoint() << " -> " << b.endpoint();
+  ASSERT_TRUE(b.send(a.endpoint(), "to a").ok()) << a.endpoint();
+  EXPECT_EQ(deliver(b, a), "to a") << b.endpoint() << " -> " << a.endpoint();
+}
+
+uint16_t port_of(const ControlSocket& s) {
+  auto hp = parse_host_port(s.endpoint());
+  EXPECT_TRUE(hp.ok()) << s.endpoint();
+  return hp.ok() ? hp->port : 0;
+}
+
+TEST(ControlSocket, Ipv6Loopback) {
+  auto v6 = bind_at(at("::1"));
+  auto v4 = bind_local();
+  ASSERT_TRUE(v6 && v4);
+  EXPECT_EQ(v6->endpoint(), zmq_endpoint("::1", port_of(*v6)));
+  EXPECT_EQ(v6->endpoint().rfind("tcp://[::1]:", 0), 0u) << v6->endpoint();
+  EXPECT_EQ(v6->bound_endpoint(), v6->endpoint());
+  expect_exchange(*v4, *v6);  // an IPv4 socket sends to IPv6 and back
+  auto v6b = ControlSocket::bind("tcp://[::1]:0");
+  ASSERT_TRUE(v6b.ok()) << v6b.status().str();
+  expect_exchange(*v6, **v6b);
+}
+
+TEST(ControlSocket, HostName) {
+  auto named = bind_at(at("localhost"));
+  auto v4 = bind_local();
+  ASSERT_TRUE(named && v4);
+  EXPECT_EQ(named->endpoint(), "tcp://localhost:" + std::to_string(port_of(*named)));
+  expect_exchange(*v4, *named);
+  auto named2 = ControlSocket::bind("tcp://localhost:0");
+  ASSERT_TRUE(named2.ok()) << named2.status().str();
+  expect_exchange(*named, **named2);
+}
+
+TEST(ControlSocket, WildcardBindAdvertisesGivenHost) {
+  auto any4 = bind_at(at("0.0.0.0", "127.0.0.1"));
+  ASSERT_TRUE(any4);
+  const uint16_t port = port_of(*any4);
+  EXPECT_NE(port, 0);
+  EXPECT_EQ(any4->endpoint(), "tcp://127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(any4->bound_endpoint(), "tcp://0.0.0.0:" + std::to_string(port));
+  auto any6 = bind_at(at("::", "::1"));
+  ASSERT_TRUE(any6);
+  EXPECT_EQ(any6->endpoint(), zmq_endpoint("::1", port_of(*any6)));
+  expect_exchange(*any4, *any6);
+  // The dual-stack wildcard is reachable over IPv4 too.
+  auto v4 = bind_local();
+  ASSERT_TRUE(v4);
+  const std::string over_v4 = "tcp://127.0.0.1:" + std::to_string(port_of(*any6));
+  ASSERT_TRUE(v4->send(over_v4, "v4 to ::").ok());
+  EXPECT_EQ(deliver(*v4, *any6), "v4 to ::");
+  // Without an advertise host, a wildcard advertises the machine's host name.
+  auto named = bind_at(at("*"));
+  ASSERT_TRUE(named);
+  EXPECT_EQ(named->endpoint(), zmq_endpoint(ListenAddress{"*", "", 0}.advertised(), port_of(*named)));
+  EXPECT_EQ(named->endpoint().find('*'), std::string::npos) << named->endpoint();
+}
+
+TEST(ControlSocket, FixedPortOnIpv6) {
+  auto first = bind_at(at("::1"));
+  ASSERT_TRUE(first);
+  ListenAddress same = at("::1");
+  same.port = port_of(*first);
+  auto taken = ControlSocket::bind(same);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_EQ(taken.status().code(), ErrorCode::kInternal) << taken.status().str();
+}
+
+TEST(ControlSocket, BadAddresses) {
+  for (const ListenAddress& a : {at("bad host"), at("no-such-host.invalid"), at("::1", "0.0.0.0"),
+                                 at("127.0.0.1", "not valid"), at("[127.0.0.1]")}) {
+    auto r = ControlSocket::bind(a);
+    ASSERT_FALSE(r.ok()) << a.bind_host << " / " << a.advertise_host;
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument) << r.status().str();
+  }
+  auto not_local = ControlSocket::bind(at("192.0.2.1"));  // TEST-NET-1: no interface has it
+  ASSERT_FALSE(not_local.ok());
+  EXPECT_EQ(not_local.status().code(), ErrorCode::kInternal) << not_local.status().str();
+  auto bad_endpoint = ControlSocket::bind("tcp://::1:0");  // IPv6 without brackets
+  ASSERT_FALSE(bad_endpoint.ok());
+  EXPECT_EQ(bad_endpoint.status().code(), ErrorCode::kInvalidArgument) << bad_endpoint.status().str();
 }
 
 }  // namespace

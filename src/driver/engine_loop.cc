@@ -13,6 +13,7 @@
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "kvferry/log.h"
+#include "kvferry/net.h"
 #include "kvferry/port_file.h"
 
 namespace kvferry {
@@ -25,6 +26,14 @@ int stopped(EngineDriver& driver, int64_t now) {
   log_event(LogLevel::kDebug, kComp, fmt::format("stopped by signal {}", stop_signal()));
   return 128 + stop_signal();
 }
+
+// The engine socket (kvferry/net.h): the leader's on engine_endpoint, a follower's on any port.
+Result<std::unique_ptr<ControlSocket>> bind_engine_socket(const EngineLoopConfig& c, bool leader) {
+  if (!leader) return ControlSocket::bind(make_listen_address(c.bind_host, c.advertise_host));
+  auto listen = listen_address_for(c.engine_endpoint, c.bind_host, c.advertise_host);
+  if (!listen.ok()) return listen.status();
+  return ControlSocket::bind(*listen);
+}
 }
 
 EngineLoop::EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& driver)
@@ -32,7 +41,7 @@ EngineLoop::EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& 
 
 int EngineLoop::run() {
   bool leader = cfg_.self.tp_rank == 0;
-  auto sock = ControlSocket::bind(leader ? cfg_.engine_endpoint : "tcp://127.0.0.1:0");
+  auto sock = bind_engine_socket(cfg_, leader);
   if (!sock.ok()) {
     log_event(LogLevel::kCritical, kComp, "cannot bind engine socket: " + sock.status().str());
     return 2;

@@ -38,6 +38,12 @@ struct EngineLoopConfig {
   int64_t idle_step_interval_us = 20000;
   int64_t peer_timeout_ms = 30000;
   std::string port_file;  // leader: the bound engine port is written here (kvferry/port_file.h)
+  // The engine socket's bind and advertised host (kvferry/net.h; empty: not given). The leader
+  // binds engine_endpoint's port on bind_host (default: the endpoint's host) and advertises
+  // advertise_host (default: the endpoint's host); a follower binds any port on bind_host
+  // (default: kDefaultHost) and advertises advertise_host (default: its bind host).
+  std::string bind_host;
+  std::string advertise_host;
 };
 
 class EngineLoop {

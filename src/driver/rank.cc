@@ -13,6 +13,7 @@
 #include "kvferry/log.h"
 #include "kvferry/manager.h"
 #include "kvferry/metrics.h"
+#include "kvferry/net.h"
 #include "kvferry/port_file.h"
 
 namespace kvferry {
@@ -42,9 +43,10 @@ int run_rank(const RankOptions& o) {
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
   init_rank_metrics(self);
   install_stop_handler();
+  const ListenAddress listen = make_listen_address(o.bind_host, o.advertise_host);
   std::unique_ptr<MetricsServer> metrics_server;
   if (o.metrics_port != 0 || !o.metrics_port_file.empty()) {
-    auto server = MetricsServer::start(*rank_metrics(), "127.0.0.1", o.metrics_port);
+    auto server = MetricsServer::start(*rank_metrics(), listen.bind_host, o.metrics_port);
     if (!server.ok()) return fail_start(server.status().str());
     metrics_server = std::move(*server);
     if (!o.metrics_port_file.empty()) {
@@ -72,10 +74,11 @@ int run_rank(const RankOptions& o) {
   mc.pool_bytes = pool_bytes;
   mc.aux_rows = o.aux_slots;
   mc.bootstrap_address = o.bootstrap;
-  mc.transport = std::string(transport_name(o.transport));
+  mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
   mc.deadlines = o.deadlines;
   mc.progress_thread = false;
+  mc.control = listen;
   mc.fault_injection = true;  // the replay harness's fault plans (transfer faults)
   auto manager = Manager::create(mc);
   if (!manager.ok()) return fail_start(manager.status().str());
@@ -84,6 +87,8 @@ int run_rank(const RankOptions& o) {
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
+  lc.bind_host = o.bind_host;
+  lc.advertise_host = o.advertise_host;
   int rc = 0;
   if (o.role == Role::kPrefill) {
     PrefillDriver driver(m, {std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size))});

@@ -29,15 +29,20 @@ struct RankOptions {
   std::string bootstrap = "127.0.0.1:8998";
   std::string engine_endpoint;   // the engine leader's endpoint
   std::string router_endpoint;
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // transfer worker shards (TransportOptions::shards)
   std::string log_file;
-  uint16_t metrics_port = 0;     // serve Prometheus metrics on 127.0.0.1:port (0: none, or any free
+  uint16_t metrics_port = 0;     // serve Prometheus metrics on bind_host:port (0: none, or any free
                                  // port when metrics_port_file is set)
   std::string metrics_port_file; // serve metrics and write their bound port here (kvferry/port_file.h)
   std::string metrics_file;      // write the final metrics here at exit (empty: none)
   std::string port_file;         // leader: the engine endpoint's bound port goes here (port_file.h)
   Deadlines deadlines;
+  // Where the rank's sockets listen (control, heartbeat, engine agreement, metrics) and the host
+  // peers are told (kvferry/net.h). Empty: not given; bind_host is then kDefaultHost (the engine
+  // leader's socket: its engine_endpoint's host) and advertise_host follows the bind host.
+  std::string bind_host;
+  std::string advertise_host;
 };
 
 int run_rank(const RankOptions& options);

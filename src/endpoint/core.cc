@@ -20,9 +20,8 @@ EndpointCore::~EndpointCore() {
 Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig& config) {
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
-  topt.kind = config.transport;
   topt.shards = config.transfer_shards;
-  auto t = make_ucx_transport(topt);
+  auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
   if (config.fault_injection) {
     auto f = std::make_unique<FaultInjectingTransport>(std::move(t).value());
@@ -36,16 +35,10 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   auto spans = register_map(*core->transport_, core->map_);
   if (!spans.ok()) return spans.status();
   core->spans_ = std::move(spans).value();
-  auto sock = ControlSocket::bind(config.control_bind);
+  auto sock = ControlSocket::bind(config.control);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
-  core->control_endpoint_ = core->control_->endpoint();
-  if (!config.control_advertise_host.empty()) {
-    auto port = endpoint_port(core->control_endpoint_);
-    if (!port) return Status(ErrorCode::kInternal, "control socket bound to " + core->control_endpoint_ + ": no port");
-    const std::string& h = config.control_advertise_host;
-    core->control_endpoint_ = "tcp://" + (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(*port);
-  }
+  core->control_endpoint_ = core->control_->endpoint();  // the advertised endpoint (kvferry/net.h)
   EndpointCore* raw = core.get();
   core->transport_->set_peer_error_handler([raw](PeerId peer, Status st) {
     {
@@ -54,7 +47,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
     }
     raw->waker_.signal();
   });
-  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines);
+  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control);
   return core;
 }
 

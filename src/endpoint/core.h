@@ -32,11 +32,9 @@ namespace kvferry {
 struct EndpointConfig {
   RankId self;
   PoolLayout layout;
-  TransportKind transport = TransportKind::kShm;
+  std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
-  std::string control_bind = "tcp://127.0.0.1:0";
-  // The host peers are told to reach the control socket at (empty: the bound endpoint's host).
-  std::string control_advertise_host;
+  ListenAddress control;  // control and heartbeat sockets' bind/advertised host (kvferry/net.h)
   // Wrap the transport in the fault-injecting decorator (faults() non-null).
   bool fault_injection = true;
   Deadlines deadlines;

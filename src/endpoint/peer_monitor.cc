@@ -1,25 +1,24 @@
 #include "endpoint/peer_monitor.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
-#include <string_view>
 #include <chrono>
 #include <memory>
 
 #include "kvferry/control.h"
 #include "kvferry/messages.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 
-PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines)
-    : self_(self), deadlines_(deadlines), thread_([this] { run(); }) {}
+PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat)
+    : self_(self), deadlines_(deadlines), heartbeat_(std::move(heartbeat)), thread_([this] { run(); }) {}
 
 PeerMonitor::~PeerMonitor() {
   {
@@ -92,22 +91,13 @@ std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
   return out;
 }
 
-bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {
-  constexpr std::string_view kTcp = "tcp://";
-  if (endpoint.rfind(kTcp, 0) != 0) return false;
-  const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon < kTcp.size()) return false;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  const std::string host = endpoint.substr(kTcp.size(), colon - kTcp.size());
-  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;
-  char* end = nullptr;
-  const long port = std::strtol(endpoint.c_str() + colon + 1, &end, 10);
-  if (*end != '\0' || port <= 0 || port > 65535) return false;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+namespace {
+
+// A non-blocking TCP connect to `addr`, waiting at most `timeout_ms` for it to complete.
+bool connects(const addrinfo& addr, int timeout_ms) {
+  const int fd = ::socket(addr.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  bool ok = ::connect(fd, addr.ai_addr, addr.ai_addrlen) == 0;
   if (!ok && errno == EINPROGRESS) {
     pollfd pfd{fd, POLLOUT, 0};
     if (::poll(&pfd, 1, timeout_ms) == 1) {
@@ -120,13 +110,40 @@ bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) 
   return ok;
 }
 
+}  // namespace
+
+bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {
+  if (endpoint.rfind("tcp://", 0) != 0) return false;
+  auto hp = parse_host_port(endpoint);
+  if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return false;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;  // a host name may resolve to IPv4, IPv6 or both
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(hp->port);
+  if (::getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &res) != 0) return false;
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
+  // Every address in the resolver's order, within one overall budget: any that accepts is enough.
+  const int64_t deadline = monotonic_ns() + static_cast<int64_t>(timeout_ms) * 1'000'000;
+  size_t tried = 0;
+  for (const addrinfo* ai = res; ai != nullptr && tried < kMaxResolvedAddresses; ai = ai->ai_next, ++tried) {
+    const int64_t left_ms = (deadline - monotonic_ns()) / 1'000'000;
+    if (left_ms <= 0) break;
+    if (connects(*ai, static_cast<int>(left_ms))) return true;
+  }
+  return false;
+}
+
 size_t PeerMonitor::watched() const {
   std::lock_guard<std::mutex> lock(mu_);
   return peers_.size();
 }
 
 void PeerMonitor::run() {
-  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ListenAddress address = heartbeat_;
+  address.port = 0;
+  auto sock = ControlSocket::bind(address);
   if (!sock.ok()) return;  // no heartbeats: peers will time us out, which is the honest outcome
   uint64_t seq = 0;
   std::unique_lock<std::mutex> lock(mu_);

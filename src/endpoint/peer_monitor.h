@@ -15,6 +15,11 @@
 // it). A suspect whose endpoint still accepts is not reported until it has been silent for
 // kHungFactor x heartbeat_timeout (a hung process). So a kill -9 is still reported after
 // heartbeat_timeout, a busy peer is not. Probes go at most every kProbeIntervalMs per peer.
+// The probe resolves the endpoint's host (a host name, IPv4 or IPv6 literal: getaddrinfo) and tries
+// each of its addresses within the probe's budget; any that accepts means alive. A host name is
+// resolved at each probe (fast from /etc/hosts; a slow DNS resolver would delay take_dead()).
+// The heartbeat socket binds `heartbeat` (kvferry/net.h; nothing is sent to it, its PUSH sockets
+// reach peers on any address). Its port is always chosen by the system.
 // Thread contract: watch/unwatch/heard/take_dead from the main thread; the sender thread is internal.
 #pragma once
 #include <atomic>
@@ -28,6 +33,7 @@
 
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 
@@ -38,7 +44,7 @@ struct DeadPeer {
 
 class PeerMonitor {
  public:
-  PeerMonitor(RankId self, const Deadlines& deadlines);
+  PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat = {});
   ~PeerMonitor();
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
@@ -56,8 +62,9 @@ class PeerMonitor {
 
   static constexpr int64_t kHungFactor = 4;
   static constexpr int64_t kProbeIntervalMs = 50;
-  // Whether something listens on a "tcp://IPv4:PORT" endpoint (connect within `timeout_ms`).
-  // Unparsable endpoints and failed or timed-out connects are "no".
+  // Whether something listens on a "tcp://HOST:PORT" endpoint (HOST: IPv4, [IPv6] or a host name;
+  // a connect to one of its addresses within `timeout_ms` in all). Unparsable or unresolvable
+  // endpoints, wildcards, port 0 and failed or timed-out connects are "no".
   static bool endpoint_accepts(const std::string& endpoint, int timeout_ms);
 
  private:
@@ -73,6 +80,7 @@ class PeerMonitor {
 
   RankId self_;
   Deadlines deadlines_;
+  ListenAddress heartbeat_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<RankId, Peer> peers_;

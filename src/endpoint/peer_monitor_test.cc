@@ -3,12 +3,17 @@
 #include "endpoint/peer_monitor.h"
 
 #include <gtest/gtest.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <thread>
 
 #include "kvferry/control.h"
 #include "kvferry/messages.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
@@ -203,10 +208,82 @@ TEST(PeerMonitor, EndpointAccepts) {
   ASSERT_TRUE(sock.ok()) << sock.status().str();
   EXPECT_TRUE(PeerMonitor::endpoint_accepts((*sock)->endpoint(), 100));
   EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:1", 100));
-  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://localhost:5000", 100));  // not an IPv4 address
   EXPECT_FALSE(PeerMonitor::endpoint_accepts("ipc:///tmp/x", 100));
   EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:99999", 100));
   EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://127.0.0.1:12x", 100));
+}
+
+// A TCP port bound on `host` but not listening: connects to it are refused, and nobody else can
+// take it while it is held.
+struct RefusingPort {
+  int fd = -1;
+  uint16_t port = 0;
+  explicit RefusingPort(const char* host) {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+    addrinfo* res = nullptr;
+    if (::getaddrinfo(host, "0", &hints, &res) != 0) return;
+    fd = ::socket(res->ai_family, SOCK_STREAM, 0);
+    sockaddr_storage addr{};
+    socklen_t len = sizeof addr;
+    if (fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+    }
+    ::freeaddrinfo(res);
+  }
+  ~RefusingPort() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+TEST(PeerMonitor, EndpointAcceptsIpv6) {
+  ListenAddress v6;
+  v6.bind_host = "::1";
+  auto sock = ControlSocket::bind(v6);
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  ASSERT_EQ((*sock)->endpoint().rfind("tcp://[::1]:", 0), 0u) << (*sock)->endpoint();
+  EXPECT_TRUE(PeerMonitor::endpoint_accepts((*sock)->endpoint(), 100));
+  RefusingPort refused("::1");
+  ASSERT_NE(refused.port, 0);
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts(zmq_endpoint("::1", refused.port), 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://::1:5000", 100));  // no brackets: unparsable
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://[::]:5000", 100));  // a wildcard is no peer
+}
+
+TEST(PeerMonitor, EndpointAcceptsHostName) {
+  auto sock = ControlSocket::bind("tcp://localhost:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  ASSERT_EQ((*sock)->endpoint().rfind("tcp://localhost:", 0), 0u) << (*sock)->endpoint();
+  EXPECT_TRUE(PeerMonitor::endpoint_accepts((*sock)->endpoint(), 100));
+  // Refused on every address "localhost" has (IPv4 here; IPv6 too where it resolves to ::1).
+  RefusingPort refused("127.0.0.1");
+  ASSERT_NE(refused.port, 0);
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://localhost:" + std::to_string(refused.port), 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://no-such-host.invalid:5000", 100));
+  EXPECT_FALSE(PeerMonitor::endpoint_accepts("tcp://localhost:0", 100));
+}
+
+// A dead peer on IPv6 is reported after the timeout (the probe is refused); a live one is not.
+TEST(PeerMonitor, ProbeOverIpv6ConfirmsDeathOnly) {
+  ListenAddress v6;
+  v6.bind_host = "::1";
+  auto sock = ControlSocket::bind(v6);
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  RefusingPort gone("::1");
+  ASSERT_NE(gone.port, 0);
+  PeerMonitor m(kSelf, short_deadlines(), v6);
+  m.watch(kPeer, (*sock)->endpoint());             // silent but listening: a busy peer
+  m.watch(kOther, zmq_endpoint("::1", gone.port));  // refused: a killed one
+  const int64_t t = monotonic_ns();
+  auto dead = m.take_dead(t + 150 * kMs);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kOther);
+  // The heartbeats of a monitor bound on IPv6 reach an IPv6 peer.
+  auto beats = collect(**sock, 300ms);
+  EXPECT_GE(beats.size(), 2u);
 }
 
 }  // namespace

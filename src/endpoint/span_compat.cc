@@ -1,20 +1,10 @@
 #include "endpoint/span_compat.h"
 
-#include <fmt/format.h>
-
-#include <algorithm>
-
 namespace kvferry {
 
 Result<std::vector<RegionSpan>> register_map(Transport& t, MemoryMap& map) {
   const std::vector<MapSpan>& spans = map.spans();
   if (spans.empty()) return Status(ErrorCode::kInvalidArgument, "no memory to register");
-  for (const MapSpan& s : spans)
-    if (s.memory != MemoryKind::kHost)
-      return Status(ErrorCode::kInvalidArgument,
-                    fmt::format("a {} buffer needs a transport with UCX {} support (register_spans); this build "
-                                "registers host memory only",
-                                memory_kind_name(s.memory), memory_kind_name(s.memory)));
   if (map.transport_allocates()) {
     auto region = t.create_region(spans.front().bytes);
     if (!region.ok()) return region.status();
@@ -22,19 +12,15 @@ Result<std::vector<RegionSpan>> register_map(Transport& t, MemoryMap& map) {
     return std::vector<RegionSpan>{
         {0, region->bytes, reinterpret_cast<uint64_t>(region->base), region->packed_rkey}};
   }
-  uint64_t lo = UINT64_MAX, hi = 0;
-  for (const MapSpan& s : spans) {
-    lo = std::min(lo, reinterpret_cast<uint64_t>(s.base));
-    hi = std::max(hi, reinterpret_cast<uint64_t>(s.base) + s.bytes);
-  }
-  for (const MapSpan& s : spans)
-    if (reinterpret_cast<uint64_t>(s.base) - lo != s.offset)
-      return Status(ErrorCode::kInternal, "memory map offsets do not mirror the address layout");
-  auto region = t.register_region(reinterpret_cast<uint8_t*>(lo), hi - lo);
-  if (!region.ok()) return region.status();
+  std::vector<MemorySpan> request;
+  request.reserve(spans.size());
+  for (const MapSpan& s : spans) request.push_back({s.base, s.bytes, s.offset, s.memory});
+  auto regions = t.register_spans(request);
+  if (!regions.ok()) return regions.status();
   std::vector<RegionSpan> out;
-  for (const MapSpan& s : spans)
-    out.push_back({s.offset, s.bytes, reinterpret_cast<uint64_t>(s.base), region->packed_rkey});
+  out.reserve(regions->size());
+  for (const LocalRegion& r : *regions)
+    out.push_back({r.offset, r.bytes, reinterpret_cast<uint64_t>(r.base), r.packed_rkey});
   return out;
 }
 
@@ -42,18 +28,8 @@ Result<RemoteRegionInfo> region_info(const std::string& worker_address, const st
   if (spans.empty()) return Status(ErrorCode::kProtocolError, "no span");
   RemoteRegionInfo info;
   info.worker_address = worker_address;
-  info.packed_rkey = spans.front().packed_rkey;
-  const RegionSpan& f = spans.front();
-  if (f.base < f.offset) return Status(ErrorCode::kProtocolError, "span base below its offset");
-  info.base = f.base - f.offset;
-  uint64_t end = 0;
-  for (const RegionSpan& s : spans) {
-    if (s.packed_rkey != info.packed_rkey || s.base < s.offset || s.base - s.offset != info.base)
-      return Status(ErrorCode::kProtocolError,
-                    "spans that are not one region need a transport with register_spans");
-    end = std::max(end, s.offset + s.bytes);  // decode() checked offset + bytes does not overflow
-  }
-  info.bytes = end;
+  info.spans.reserve(spans.size());
+  for (const RegionSpan& s : spans) info.spans.push_back({s.offset, s.bytes, s.base, s.packed_rkey});
   return info;
 }
 

@@ -16,28 +16,6 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
-// The transport names a manager accepts (TODO: the transport registry's make_transport once it
-// is on main; this is the only place a manager parses them).
-Result<TransportKind> transport_kind(const std::string& name) {
-  if (name == "shm") return TransportKind::kShm;
-  if (name == "tcp") return TransportKind::kTcp;
-  return bad("unknown transport '" + name + "' (known: shm, tcp)");
-}
-
-std::string bracketed(const std::string& host) {
-  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
-}
-
-// The host peers are told (TODO: ListenAddress::advertised() once src/core/net.cc is on main).
-std::string advertised_host(const ListenAddress& a) {
-  if (!a.advertise_host.empty()) return a.advertise_host;
-  if (a.bind_host.empty() || a.bind_host == "0.0.0.0" || a.bind_host == "::" || a.bind_host == "*") {
-    char name[256] = {};
-    if (gethostname(name, sizeof name - 1) == 0 && name[0] != '\0') return name;
-  }
-  return a.bind_host;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
@@ -50,8 +28,6 @@ Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
 
 Status ManagerImpl::start() {
   const ManagerConfig& c = config_;
-  if (!c.buffers.empty())
-    return bad("engine-shaped buffer lists are not wired into the manager yet: pass a contiguous pool (pool_bytes)");
   if (c.page_size == 0) return bad("page_size must be at least 1 token");
   if (c.tp_size == 0 || c.self.tp_rank >= c.tp_size)
     return bad(fmt::format("tp_rank {} is outside a TP size of {}", c.self.tp_rank, c.tp_size));
@@ -59,9 +35,12 @@ Status ManagerImpl::start() {
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards)
     return bad(fmt::format("transfer_shards {} is outside 1..{}", c.transfer_shards, kMaxTransportShards));
   if (c.pool_base != nullptr && c.pool_bytes == 0) return bad("the engine's pool is empty (pool_bytes 0)");
-  auto kind = transport_kind(c.transport);
-  if (!kind.ok()) return kind.status();
-  auto layout = make_layout(c.model, c.tp_size, c.self.tp_rank, c.page_size, c.pool_bytes, c.aux_rows);
+  if (!c.buffers.empty() && c.pool_base != nullptr) return bad("give either engine buffers or a pool, not both");
+  if (Status known = check_transport_name(c.transport); !known.ok()) return known;
+  // With engine buffers the layout only plans heads and pages; the buffers set its page count
+  // and aux rows (EndpointCore).
+  const uint64_t layout_bytes = c.buffers.empty() ? c.pool_bytes : ~0ull >> 8;
+  auto layout = make_layout(c.model, c.tp_size, c.self.tp_rank, c.page_size, layout_bytes, c.aux_rows);
   if (!layout.ok()) return layout.status();  // names the pool's size
   const uint32_t peer_tp = c.peer_tp_size ? c.peer_tp_size : c.tp_size;
   const bool prefill = c.self.role == Role::kPrefill;
@@ -72,15 +51,14 @@ Status ManagerImpl::start() {
   EndpointConfig ec;
   ec.self = c.self;
   ec.layout = *layout;
-  ec.transport = *kind;
+  ec.transport = c.transport;
   ec.transfer_shards = c.transfer_shards;
-  ec.control_bind = "tcp://" + bracketed(c.control.bind_host.empty() ? "0.0.0.0" : c.control.bind_host) + ":" +
-                    std::to_string(c.control.port);
-  ec.control_advertise_host = advertised_host(c.control);
+  ec.control = c.control;
   ec.deadlines = c.deadlines;
   ec.external_base = c.pool_base;
   ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
   ec.fault_injection = c.fault_injection;
+  ec.buffers = c.buffers;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return core.status();
   core_ = std::move(core).value();
@@ -93,7 +71,7 @@ Status ManagerImpl::start() {
       info.tp_rank = c.self.tp_rank;
       info.dp_rank = c.self.dp_rank;
       info.tp_size = c.tp_size;
-      info.host = ec.control_advertise_host;
+      info.host = c.control.advertised();
       info.control_endpoint = core_->control_endpoint();
       info.page_size = c.page_size;
       info.dtype = c.model.dtype_bytes == 2 ? "bfloat16" : fmt::format("{}-byte", c.model.dtype_bytes);
@@ -118,9 +96,9 @@ Status ManagerImpl::start() {
     }
   }
   log_event(LogLevel::kDebug, "manager",
-            fmt::format("rank up: {} pages of {} tokens, {} buffers, {} bytes, transport {}, control {}",
-                        layout->num_pages, layout->page_size, layout->num_buffers(), layout->total_bytes(),
-                        c.transport, core_->control_endpoint()));
+            fmt::format("rank up: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
+                        core_->layout().num_pages, core_->layout().page_size, core_->layout().num_buffers(),
+                        c.buffers.size(), c.transport, core_->control_endpoint()));
   return Status::Ok();
 }
 

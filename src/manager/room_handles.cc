@@ -37,7 +37,12 @@ class SenderImpl final : public Sender {
     if (l.pages_for(num_tokens) != num_pages)
       return bad(fmt::format("room {}: {} tokens take {} pages of {} tokens, not {}", room_, num_tokens,
                              l.pages_for(num_tokens), l.page_size, num_pages));
-    m_.prefill()->add_room(room_, num_tokens);
+    // With engine buffers the room's aux row is the engine's; with the contiguous pool kvferry
+    // stages the guard record in a row it picks (endpoint/prefill_endpoint.h add_room).
+    std::optional<uint64_t> aux;
+    if (!m_.config().buffers.empty()) aux = aux_index;
+    Status st = m_.prefill()->add_room(room_, num_tokens, aux);
+    if (!st.ok()) return st;
     r.initialized = true;
     r.total_pages = num_pages;
     m_.wake();
@@ -52,9 +57,8 @@ class SenderImpl final : public Sender {
     PrefillEndpoint& ep = *m_.prefill();
     if (ep.poll(room_) == KVPoll::Failed) return Status::Ok();
     if (r.last_sent) return bad(fmt::format("room {}: send() after the last chunk", room_));
-    if (!state_indices.empty())
-      return bad(fmt::format("room {}: {} state indices given, but this rank registered no state buffer", room_,
-                             state_indices.size()));
+    if (!state_indices.empty() && !last)
+      return bad(fmt::format("room {}: state indices go with the last chunk only", room_));
     if (pages.empty() && !last) return bad(fmt::format("room {}: send() of no pages that is not the last chunk", room_));
     if (r.next_page + pages.size() > r.total_pages)
       return bad(fmt::format("room {}: {} pages sent plus {} more exceed its {} pages", room_, r.next_page,
@@ -67,19 +71,11 @@ class SenderImpl final : public Sender {
     for (size_t i = 0; i < src.size(); ++i)
       if (src[i] >= num_pages)
         return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, src[i], num_pages));
-    const SenderRoom* s = ep.room(room_);
-    const int64_t now = monotonic_ns();
-    if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = now;
-    if (s && s->dests.empty()) {  // this rank's heads go to no decode rank (replicated heads)
-      if (last) {
-        Status st = ep.conclude_without_writing(room_);
-        if (!st.ok() && ep.poll(room_) != KVPoll::Failed) return st;
-      }
-    } else if (!src.empty()) {
-      Status st = ep.send(room_, r.next_page, src, m_.next_tag());
-      if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? Status::Ok() : st;
-      ++r.chunks_out;
-    }
+    // A room whose heads go to no decode rank (replicated heads) concludes on the last chunk.
+    Status st = ep.send(room_, r.next_page, src, m_.next_tag(), state_indices, last);
+    if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? Status::Ok() : st;
+    if (!src.empty()) ++r.chunks_out;
+    if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
     r.next_page += src.size();
     r.last_sent = last;
     m_.wake();
@@ -180,9 +176,6 @@ class ReceiverImpl final : public Receiver {
     if (r.initialized || r.early_failure)
       return bad(fmt::format("room {}: send_metadata() called twice or after abort", room_));
     if (pages.empty()) return bad(fmt::format("room {}: a room needs at least one page", room_));
-    if (!state_indices.empty())
-      return bad(fmt::format("room {}: {} state indices given, but this rank registered no state buffer", room_,
-                             state_indices.size()));
     if (num_tokens == 0) num_tokens = pages.size() * l.page_size;
     if (l.pages_for(num_tokens) != pages.size())
       return bad(fmt::format("room {}: {} tokens take {} pages of {} tokens, not {}", room_, num_tokens,
@@ -202,7 +195,12 @@ class ReceiverImpl final : public Receiver {
     r.total_pages = dst.size();
     r.metrics.metadata_ns = monotonic_ns();
     r.metrics.bytes = l.bytes_for_pages(dst.size());
-    Status s = ep.init(room_, dst, static_cast<uint32_t>(aux_index));
+    Status s = ep.init(room_, dst, aux_index, state_indices);
+    if (!s.ok() && s.code() == ErrorCode::kInvalidArgument) {  // refused: nothing was sent
+      ep.release(room_);
+      r.initialized = false;
+      return s;
+    }
     m_.wake();
     return s;
   }

@@ -5,8 +5,10 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 #include "kvferry/metrics.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 
@@ -44,9 +46,15 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const RankMetrics& m
   impl.http.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  int bound = port == 0 ? impl.http.bind_to_any_port(host) : (impl.http.bind_to_port(host, port) ? port : -1);
-  if (bound <= 0)
-    return Status(ErrorCode::kInternal, "metrics: cannot bind " + host + ":" + std::to_string(port));
+  auto checked = parse_host(host);
+  if (!checked.ok()) return Status(checked.status().code(), "metrics: bind host: " + checked.status().message());
+  // "*" and "" listen on IPv6 and IPv4 ("::"), or on IPv4 only where IPv6 is off.
+  std::vector<std::string> hosts{bind_host_for_socket(*checked)};
+  if (checked->empty() || *checked == "*") hosts.push_back("0.0.0.0");
+  int bound = -1;
+  for (size_t i = 0; i < hosts.size() && bound <= 0; ++i)
+    bound = port == 0 ? impl.http.bind_to_any_port(hosts[i]) : (impl.http.bind_to_port(hosts[i], port) ? port : -1);
+  if (bound <= 0) return Status(ErrorCode::kInternal, "metrics: cannot bind " + host_port(*checked, port));
   impl.port = static_cast<uint16_t>(bound);
   impl.thread = std::thread([&impl] {
     impl.http.listen_after_bind();

@@ -263,7 +263,7 @@ Result<std::vector<uint16_t>> pick_free_ports(size_t count) {
     socklen_t len = sizeof addr;
     if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
         ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      st = sys_error("bind 127.0.0.1:0");
+      st = sys_error("bind loopback port 0");
       break;
     }
     ports.push_back(ntohs(addr.sin_port));

@@ -71,10 +71,10 @@ class ProcessGroup {
 // Last `max_lines` lines of a text file ("" when unreadable).
 std::string tail_file(const std::string& path, size_t max_lines);
 
-// Reserves `count` distinct free TCP ports on 127.0.0.1 (bound together, then released).
+// Reserves `count` distinct free TCP ports on IPv4 loopback (bound together, then released).
 Result<std::vector<uint16_t>> pick_free_ports(size_t count);
 
-// True when something accepts TCP connections on 127.0.0.1:port.
+// True when something accepts TCP connections on IPv4 loopback, port `port`.
 bool port_accepts(uint16_t port);
 
 // Path of the running executable (/proc/self/exe resolved).

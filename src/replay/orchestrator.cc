@@ -22,6 +22,7 @@
 #include "kvferry/control.h"
 #include "endpoint/topology.h"
 #include "kvferry/geometry.h"
+#include "kvferry/net.h"
 #include "kvferry/port_file.h"
 #include "kvferry/trace.h"
 #include "kvferry/transport.h"
@@ -224,8 +225,8 @@ Status validate(ReplayConfig& c) {
       return invalid(fmt::format("{} must be > 0 ms, got {}", f.option, c.deadlines.*f.member));
     }
   }
-  if (c.transport != "shm" && c.transport != "tcp") {
-    return invalid("--transport must be shm or tcp, got '" + c.transport + "'");
+  if (Status st = check_transport_name(c.transport); !st.ok()) {
+    return invalid("--transport: " + st.message());
   }
   if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards) {
     return invalid(fmt::format("--transfer-shards must be in 1..{}, got {}", kMaxTransportShards,
@@ -309,7 +310,7 @@ std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
 }
 
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
-  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", "127.0.0.1", "--port",
+  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", std::string(kDefaultHost), "--port",
                                    std::to_string(p.bootstrap), "--log-file",
                                    logs_dir(c) + "/bootstrap.jsonl"};
   if (p.bootstrap == 0) {
@@ -337,9 +338,9 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--models-file", c.models_file,
           "--page-size", broken ? "0" : std::to_string(c.page_size),
           "--pool-mib", std::to_string(prefill ? c.prefill_pool_mib : c.pool_mib),
-          "--bootstrap", "127.0.0.1:" + std::to_string(p.bootstrap),
-          "--engine-endpoint", "tcp://127.0.0.1:" + std::to_string(engine_port),
-          "--router-endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
+          "--bootstrap", host_port(kDefaultHost, p.bootstrap),
+          "--engine-endpoint", zmq_endpoint(kDefaultHost, engine_port),
+          "--router-endpoint", zmq_endpoint(kDefaultHost, p.router),
           "--transport", c.transport,
           "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
@@ -381,7 +382,7 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--decode-tp", std::to_string(c.decode_tp),
           "--prefill-dp", std::to_string(c.prefill_dp),
           "--decode-dp", std::to_string(c.decode_dp),
-          "--endpoint", "tcp://127.0.0.1:" + std::to_string(p.router),
+          "--endpoint", zmq_endpoint(kDefaultHost, p.router),
           "--max-inflight", std::to_string(c.max_inflight),
           "--results", c.out + "/results.json",
           "--log-file", logs_dir(c) + "/router.jsonl",
@@ -398,7 +399,7 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
   // The leaders' engine endpoints reach the router in their "ready" frames.
   if (p.orchestrator != 0) {
     args.push_back("--orchestrator");
-    args.push_back("tcp://127.0.0.1:" + std::to_string(p.orchestrator));
+    args.push_back(zmq_endpoint(kDefaultHost, p.orchestrator));
   }
   return args;
 }
@@ -419,7 +420,7 @@ class Run {
     SignalGuard signals;
     Ports p;
     if (c_.fault_plan.has_peer_death()) {
-      auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+      auto sock = ControlSocket::bind(ListenAddress{});
       if (!sock.ok()) return early_error("cannot bind the orchestrator's socket: " + sock.status().str(), false);
       control_ = std::move(*sock);
       p.orchestrator = endpoint_port(control_->endpoint()).value_or(0);
@@ -442,7 +443,7 @@ class Run {
     if (int rc = wait_port("bootstrap", p.bootstrap); rc != 0) return rc;
     if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
     if (int rc = wait_port("router", p.router); rc != 0) return rc;
-    if (control_) router_endpoint_ = "tcp://127.0.0.1:" + std::to_string(p.router);
+    if (control_) router_endpoint_ = zmq_endpoint(kDefaultHost, p.router);
     for (bool prefill : {true, false}) {
       const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
       const uint32_t dp = prefill ? c_.prefill_dp : c_.decode_dp;
@@ -516,7 +517,7 @@ class Run {
       const std::string port_file = metrics_port_file(file);
       const auto port = read_port_file(port_file);
       all_ports_ = all_ports_ && port.has_value();
-      j[name] = {{"url", port ? nlohmann::ordered_json(fmt::format("http://127.0.0.1:{}/metrics", *port))
+      j[name] = {{"url", port ? nlohmann::ordered_json("http://" + host_port(kDefaultHost, *port) + "/metrics")
                               : nlohmann::ordered_json(nullptr)},
                  {"port", port ? nlohmann::ordered_json(*port) : nlohmann::ordered_json(nullptr)},
                  {"port_file", port_file},

@@ -3,7 +3,7 @@
 // sockets only), supervises them, and writes DIR/report.json (docs/report.md).
 //
 // Processes (argv[1] is the subcommand of the same executable):
-//   bootstrap  kvferry bootstrap --host 127.0.0.1 --port P --log-file DIR/logs/bootstrap.jsonl
+//   bootstrap  kvferry bootstrap --host kDefaultHost --port P --log-file DIR/logs/bootstrap.jsonl
 //   ranks      kvferry rank --role prefill|decode --tp-rank R [--dp-rank D] ... (see rank_args()):
 //              dp x tp ranks per engine, each DP group its own engine (leader tp0 + followers)
 //   router     kvferry router ... --results DIR/results.json

@@ -105,7 +105,7 @@ TEST_F(Validate, RejectsBadOptions) {
   EXPECT_NE(error_of(c).find("--page-size"), std::string::npos);
   c = good();
   c.transport = "rdma";
-  EXPECT_NE(error_of(c).find("shm or tcp"), std::string::npos);
+  EXPECT_NE(error_of(c).find("unknown transport 'rdma' (known: shm, tcp)"), std::string::npos);
   c = good();
   c.fault_rate = 1.5;
   EXPECT_NE(error_of(c).find("--fault-rate"), std::string::npos);

@@ -577,7 +577,9 @@ int run_router(const RouterConfig& c) {
     return fail("the fault plan has peer deaths but no --orchestrator endpoint");
   }
   install_stop_handler();
-  auto sock = ControlSocket::bind(c.endpoint);
+  auto listen = listen_address_for(c.endpoint, c.bind_host, c.advertise_host);
+  if (!listen.ok()) return fail("--endpoint/--bind-host/--advertise-host: " + listen.status().message());
+  auto sock = ControlSocket::bind(*listen);
   if (!sock.ok()) return fail("cannot bind " + c.endpoint + ": " + sock.status().str());
   if (!c.port_file.empty()) {
     Status st = write_port_file(c.port_file, endpoint_port((*sock)->endpoint()).value_or(0));

@@ -44,7 +44,9 @@ struct RouterConfig {
   uint32_t decode_tp = 1;
   uint32_t prefill_dp = 1;     // DP groups per engine: each its own leader and followers
   uint32_t decode_dp = 1;
-  std::string endpoint;        // bind (PULL), e.g. tcp://127.0.0.1:5600
+  std::string endpoint;        // bind (PULL), e.g. tcp://10.0.0.1:5600; what engines send to
+  std::string bind_host;       // listen here instead of endpoint's host (kvferry/net.h; "": that host)
+  std::string advertise_host;  // the host to report instead of endpoint's host ("": that host)
   // Engine endpoints of the leaders, index = DP rank. Empty (or fewer than dp): learned from the
   // leaders' "ready" frames, which carry the endpoint; a "ready" endpoint always wins.
   std::vector<std::string> prefill_leaders;

@@ -1,3 +1,4 @@
+// FaultInjectingTransport: injected failures, holds and delays (kvferry/fault_transport.h).
 #include "kvferry/fault_transport.h"
 
 #include <optional>
@@ -5,30 +6,79 @@
 namespace kvferry {
 
 FaultInjectingTransport::FaultInjectingTransport(std::unique_ptr<Transport> inner)
-    : inner_(std::move(inner)), completer_([this] { run_completions(); }) {}
+    : inner_(std::move(inner)), worker_([this] { run(); }) {}
 
 FaultInjectingTransport::~FaultInjectingTransport() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    for (auto& [room, q] : queued_) {
+      for (Queued& w : q.writes) {
+        if (w.done) {
+          completions_.emplace_back(std::move(w.done),
+                                    Status(ErrorCode::kTransferError,
+                                           "room " + std::to_string(room) +
+                                               ": transport shut down with the write held"));
+        }
+      }
+      q.writes.clear();
+    }
   }
   cv_.notify_all();
-  completer_.join();
+  worker_.join();
 }
 
-void FaultInjectingTransport::run_completions() {
+bool FaultInjectingTransport::take_ready(uint64_t* room, Queued* out, Clock::time_point* next) {
+  const auto now = Clock::now();
+  *next = Clock::time_point::max();
+  for (auto& [r, q] : queued_) {
+    if (q.writes.empty() || held_.count(r) != 0) continue;
+    if (q.writes.front().due <= now) {
+      *room = r;
+      *out = std::move(q.writes.front());
+      q.writes.pop_front();
+      q.forwarding++;
+      return true;
+    }
+    if (q.writes.front().due < *next) *next = q.writes.front().due;
+  }
+  return false;
+}
+
+void FaultInjectingTransport::run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !completions_.empty(); });
-    if (completions_.empty()) return;  // stopping and drained
-    auto [done, status] = std::move(completions_.front());
-    completions_.pop_front();
-    lock.unlock();
-    try {
-      done(std::move(status));
-    } catch (...) {  // a throwing callback must not take the thread down
+    if (!completions_.empty()) {
+      auto [done, status] = std::move(completions_.front());
+      completions_.pop_front();
+      lock.unlock();
+      try {
+        done(std::move(status));
+      } catch (...) {  // a throwing callback must not take the thread down
+      }
+      lock.lock();
+      continue;
     }
-    lock.lock();
+    if (stopping_) return;  // completions drained; queued writes were turned into completions
+    uint64_t room = 0;
+    Queued w;
+    Clock::time_point next;
+    if (take_ready(&room, &w, &next)) {
+      lock.unlock();
+      forwarded_late_++;  // before: the wrapped transport may complete the write inside write()
+      inner_->write(w.peer, room, std::move(w.ops), std::move(w.done));
+      lock.lock();
+      auto it = queued_.find(room);
+      if (it != queued_.end() && --it->second.forwarding == 0 && it->second.writes.empty()) {
+        queued_.erase(it);
+      }
+      continue;
+    }
+    if (next == Clock::time_point::max()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, next);
+    }
   }
 }
 
@@ -48,13 +98,47 @@ void FaultInjectingTransport::fail_next_writes(size_t n, ErrorCode code) {
   next_code_ = code;
 }
 
+void FaultInjectingTransport::hold_room(uint64_t room) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_.insert(room);
+}
+
+void FaultInjectingTransport::release_held(uint64_t room) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_.erase(room);
+  }
+  cv_.notify_all();
+}
+
+void FaultInjectingTransport::delay_room(uint64_t room, std::chrono::milliseconds delay) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (delay.count() > 0) {
+      delays_.insert_or_assign(room, delay);
+    } else {
+      delays_.erase(room);
+    }
+  }
+  cv_.notify_all();
+}
+
+size_t FaultInjectingTransport::queued_writes(uint64_t room) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = queued_.find(room);
+  return it == queued_.end() ? 0 : it->second.writes.size();
+}
+
 Result<LocalRegion> FaultInjectingTransport::create_region(uint64_t bytes) {
   return inner_->create_region(bytes);
 }
 
-Result<LocalRegion> FaultInjectingTransport::register_region(uint8_t* base, uint64_t bytes) {
-  return inner_->register_region(base, bytes);
+Result<std::vector<LocalRegion>> FaultInjectingTransport::register_spans(
+    const std::vector<MemorySpan>& spans) {
+  return inner_->register_spans(spans);
 }
+
+TransportCaps FaultInjectingTransport::caps() const { return inner_->caps(); }
 
 std::string FaultInjectingTransport::address() const { return inner_->address(); }
 
@@ -76,10 +160,22 @@ void FaultInjectingTransport::write(PeerId peer, uint64_t room, std::vector<Writ
       --next_failures_;
       fault = Status(next_code_, "injected fault (fail_next_writes)");
     }
-    if (fault) {
-      injected_++;
-      if (done) completions_.emplace_back(std::move(done), std::move(*fault));
-      cv_.notify_one();
+    if (fault || stopping_) {
+      if (fault) injected_++;
+      if (done) {
+        completions_.emplace_back(
+            std::move(done), fault ? std::move(*fault)
+                                   : Status(ErrorCode::kTransferError, "transport shut down"));
+      }
+      cv_.notify_all();
+      return;
+    }
+    auto delay = delays_.find(room);
+    if (held_.count(room) != 0 || delay != delays_.end() || queued_.count(room) != 0) {
+      Queued w{peer, std::move(ops), std::move(done), Clock::now()};
+      if (delay != delays_.end()) w.due += delay->second;
+      queued_[room].writes.push_back(std::move(w));
+      cv_.notify_all();
       return;
     }
   }

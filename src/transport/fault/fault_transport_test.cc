@@ -28,11 +28,16 @@ class FakeTransport : public Transport {
     r.packed_rkey = "rkey";
     return r;
   }
-  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override {
-    LocalRegion r;
-    r.base = base;
-    r.bytes = bytes;
-    return r;
+  Result<std::vector<LocalRegion>> register_spans(const std::vector<MemorySpan>& spans) override {
+    std::vector<LocalRegion> out;
+    for (const MemorySpan& s : spans) out.push_back({s.base, s.bytes, s.offset, "rkey"});
+    return out;
+  }
+  TransportCaps caps() const override {
+    TransportCaps c;
+    c.name = "fake";
+    c.memory_kinds = {MemoryKind::kHost};
+    return c;
   }
   std::string address() const override { return "fake-address"; }
   Result<PeerId> connect(const RemoteRegionInfo& peer) override {
@@ -153,6 +158,12 @@ TEST(FaultTransportTest, ForwardsEverythingElse) {
   Fixture f;
   EXPECT_EQ(f.t.address(), "fake-address");
   EXPECT_EQ(f.t.create_region(123).value().bytes, 123u);
+  uint8_t mem[16];
+  auto spans = f.t.register_spans({{mem, 16, 4096}});
+  ASSERT_TRUE(spans.ok());
+  EXPECT_EQ(spans->at(0).offset, 4096u);
+  EXPECT_EQ(spans->at(0).base, mem);
+  EXPECT_EQ(f.t.caps().name, "fake");
   RemoteRegionInfo info;
   info.worker_address = "ok";
   EXPECT_EQ(f.t.connect(info).value(), 7u);
@@ -189,6 +200,81 @@ TEST(FaultTransportTest, ConcurrentArmingAndWritingCompletesEveryBatchOnce) {
   EXPECT_EQ(ok + failed, kThreads * kWrites);
   EXPECT_EQ(static_cast<uint64_t>(failed.load()), f.t.injected_failures());
   EXPECT_EQ(static_cast<size_t>(ok.load()), f.seen());
+}
+
+// A write's completion, observable without sleeping.
+struct Done {
+  std::shared_ptr<std::promise<Status>> p = std::make_shared<std::promise<Status>>();
+  std::future<Status> f = p->get_future();
+  std::function<void(Status)> cb() {
+    return [p = p](Status s) { p->set_value(std::move(s)); };
+  }
+  bool ready() { return f.wait_for(0s) == std::future_status::ready; }
+};
+
+TEST(FaultTransportTest, HeldRoomIsForwardedAndCompletedOnlyAfterRelease) {
+  Fixture f;
+  f.t.hold_room(3);
+  Done held1, held2;
+  f.t.write(1, 3, {{0, 0, 8}}, held1.cb());
+  f.t.write(1, 3, {{0, 0, 8}, {8, 8, 8}}, held2.cb());
+  EXPECT_EQ(f.t.queued_writes(3), 2u);
+  EXPECT_TRUE(f.write(4).ok());  // other rooms are not held, and complete meanwhile
+  ASSERT_EQ(f.seen(), 1u);
+  EXPECT_EQ(f.fake->seen[0].room, 4u);
+  EXPECT_FALSE(held1.ready());   // room 4 completed after both writes of room 3 were made
+  EXPECT_FALSE(held2.ready());
+  f.t.release_held(3);
+  ASSERT_EQ(held1.f.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(held2.f.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(held1.f.get().ok());
+  EXPECT_TRUE(held2.f.get().ok());
+  ASSERT_EQ(f.seen(), 3u);
+  EXPECT_EQ(f.fake->seen[1].room, 3u);  // in the order written
+  EXPECT_EQ(f.fake->seen[1].ops, 1u);
+  EXPECT_EQ(f.fake->seen[2].ops, 2u);
+  EXPECT_EQ(f.t.queued_writes(3), 0u);
+  EXPECT_EQ(f.t.forwarded_late(), 2u);
+  EXPECT_TRUE(f.write(3).ok());  // released: completes (at once, or behind the last forward)
+}
+
+TEST(FaultTransportTest, DelayedRoomIsForwardedAfterTheDelayInOrder) {
+  Fixture f;
+  constexpr auto kDelay = 150ms;
+  f.t.delay_room(8, kDelay);
+  const auto start = std::chrono::steady_clock::now();
+  Done first, second;
+  f.t.write(1, 8, {{0, 0, 1}}, first.cb());
+  f.t.write(1, 8, {{0, 0, 1}, {1, 1, 1}}, second.cb());
+  f.t.delay_room(8, 0ms);  // ends the delay: a later write still queues behind the delayed ones
+  Done third;
+  f.t.write(1, 8, {{0, 0, 1}, {1, 1, 1}, {2, 2, 1}}, third.cb());
+  ASSERT_EQ(third.f.wait_for(5s), std::future_status::ready);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, kDelay);
+  EXPECT_TRUE(first.ready());
+  EXPECT_TRUE(second.ready());
+  ASSERT_EQ(f.seen(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(f.fake->seen[i].ops, i + 1);  // never overtaken
+  EXPECT_EQ(f.t.forwarded_late(), 3u);
+  EXPECT_TRUE(f.write(8).ok());
+}
+
+TEST(FaultTransportTest, FaultsWinOverHoldsAndDestructionFailsHeldWrites) {
+  Done held;
+  {
+    Fixture f;
+    f.t.hold_room(2);
+    f.t.fail_room(2, ErrorCode::kInjected, "plan");
+    EXPECT_EQ(f.write(2).code(), ErrorCode::kInjected);  // failed at once, not held
+    f.t.clear_room(2);
+    f.t.write(1, 2, {{0, 0, 8}}, held.cb());
+    EXPECT_EQ(f.t.queued_writes(2), 1u);
+    EXPECT_FALSE(held.ready());
+  }  // never released
+  ASSERT_TRUE(held.ready());
+  Status st = held.f.get();
+  EXPECT_EQ(st.code(), ErrorCode::kTransferError);
+  EXPECT_NE(st.message().find("held"), std::string::npos) << st.message();
 }
 
 TEST(FaultTransportTest, DestructorRunsPendingInjectedCompletions) {

@@ -6,8 +6,9 @@
 namespace kvferry::ucx {
 
 Status parse_write_header(const void* header, size_t header_length, size_t payload_length,
-                          uint64_t region_bytes, AmWriteHeader* out) {
+                          const SpanTable& spans, AmWriteHeader* out, uint8_t** dst) {
   *out = AmWriteHeader{};
+  *dst = nullptr;
   out->magic = 0;
   if (header == nullptr || header_length != sizeof(AmWriteHeader)) {
     return {ErrorCode::kProtocolError,
@@ -20,14 +21,15 @@ Status parse_write_header(const void* header, size_t header_length, size_t paylo
     return {ErrorCode::kProtocolError, "write header length " + std::to_string(out->length) +
                                            " != payload " + std::to_string(payload_length)};
   }
-  if (!range_fits(out->offset, out->length, region_bytes)) {
+  *dst = spans.resolve(out->offset, out->length);
+  if (*dst == nullptr) {
     std::string msg = "write [";  // appended piecewise: GCC 12 warns falsely on "x" + string
     msg += std::to_string(out->offset);
     msg += ", +";
     msg += std::to_string(out->length);
-    msg += ") outside the registered region of ";
-    msg += std::to_string(region_bytes);
-    msg += " bytes";
+    msg += ") not inside one registered span (";
+    msg += spans.describe();
+    msg += ')';
     return {ErrorCode::kProtocolError, msg};
   }
   return Status::Ok();
@@ -64,9 +66,9 @@ Status parse_scatter_header(const void* header, size_t header_length, size_t pay
 }
 
 Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t payload_length,
-                     uint8_t* region, uint64_t region_bytes) {
+                     const SpanTable& spans) {
   const uint64_t table = uint64_t(h.count) * sizeof(AmScatterEntry);
-  if (payload == nullptr || region == nullptr || h.count == 0 || h.count > kScatterMaxEntries ||
+  if (payload == nullptr || spans.empty() || h.count == 0 || h.count > kScatterMaxEntries ||
       payload_length != table + h.data_bytes) {
     return {ErrorCode::kProtocolError, "scatter payload does not match its header"};
   }
@@ -74,16 +76,16 @@ Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t pa
   for (uint32_t i = 0; i < h.count; ++i) {  // every entry is checked before anything is written
     AmScatterEntry e;
     std::memcpy(&e, payload + uint64_t(i) * sizeof(e), sizeof(e));
-    if (!range_fits(e.offset, e.length, region_bytes)) {
+    if (spans.resolve(e.offset, e.length) == nullptr) {
       std::string msg = "scatter entry ";
       msg += std::to_string(i);
       msg += " [";
       msg += std::to_string(e.offset);
       msg += ", +";
       msg += std::to_string(e.length);
-      msg += ") outside the registered region of ";
-      msg += std::to_string(region_bytes);
-      msg += " bytes";
+      msg += ") not inside one registered span (";
+      msg += spans.describe();
+      msg += ')';
       return {ErrorCode::kProtocolError, msg};
     }
     if (e.length > h.data_bytes - sum) {  // overflow-safe: sum <= data_bytes holds here
@@ -100,7 +102,7 @@ Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t pa
   for (uint32_t i = 0; i < h.count; ++i) {
     AmScatterEntry e;
     std::memcpy(&e, payload + uint64_t(i) * sizeof(e), sizeof(e));
-    if (e.length > 0) std::memcpy(region + e.offset, src, e.length);
+    if (e.length > 0) std::memcpy(spans.resolve(e.offset, e.length), src, e.length);
     src += e.length;
   }
   return Status::Ok();

@@ -1,6 +1,6 @@
 // Wire format of the active-message write path (TCP): a write AM carries one op's data with a
-// fixed header; the receiver validates the header against ITS OWN registered region, places the
-// data and answers with an ack AM (status code per op). Both sides run on the same machine
+// fixed header; the receiver validates the header against ITS OWN registered spans (span_table.h),
+// places the data and answers with an ack AM (status code per op). Both sides run on the same machine
 // architecture (loopback or one cluster), so headers are host-endian PODs with a magic/version.
 // Thread contract: pure functions.
 #pragma once
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kvferry/error.h"
+#include "transport/ucx/span_table.h"
 
 namespace kvferry::ucx {
 
@@ -21,7 +22,7 @@ struct AmWriteHeader {
   uint32_t magic = kAmMagic;
   uint32_t op_index = 0;
   uint64_t batch_id = 0;
-  uint64_t offset = 0;  // bytes from the start of the receiver's region
+  uint64_t offset = 0;  // in the receiver's offset space
   uint64_t length = 0;  // bytes; must equal the AM payload length
 };
 
@@ -32,16 +33,12 @@ struct AmAck {
   uint64_t batch_id = 0;
 };
 
-// True when [offset, offset + length) lies inside a region of `bytes` bytes (overflow-safe).
-constexpr bool range_fits(uint64_t offset, uint64_t length, uint64_t bytes) {
-  return offset <= bytes && length <= bytes - offset;
-}
-
-// Parses and validates a write header against the receiver's region. On success fills *out.
-// Errors (kProtocolError): wrong size or magic, length != payload_length, range outside region.
-// *out.batch_id is filled whenever the header was readable, so the sender can be told.
+// Parses and validates a write header against the receiver's own spans. On success fills *out
+// and *dst (where the data goes). Errors (kProtocolError): wrong size or magic, length !=
+// payload_length, a range not inside one span. *out.batch_id is filled whenever the header was
+// readable, so the sender can be told.
 Status parse_write_header(const void* header, size_t header_length, size_t payload_length,
-                          uint64_t region_bytes, AmWriteHeader* out);
+                          const SpanTable& spans, AmWriteHeader* out, uint8_t** dst);
 
 // A scatter message packs many small writes of one batch into one AM (so a head-sliced transfer
 // is not one message per token row): AM header = AmScatterHeader, payload = `count`
@@ -55,7 +52,7 @@ struct AmScatterHeader {
 };
 
 struct AmScatterEntry {
-  uint64_t offset = 0;  // bytes from the start of the receiver's region
+  uint64_t offset = 0;  // in the receiver's offset space
   uint64_t length = 0;  // bytes
 };
 
@@ -78,11 +75,11 @@ inline constexpr uint64_t kScatterMaxPayload =
 Status parse_scatter_header(const void* header, size_t header_length, size_t payload_length,
                             AmScatterHeader* out);
 
-// Places a scatter payload (already checked with parse_scatter_header) into the region: first
-// checks EVERY entry (overflow-safe range inside the region, lengths summing to data_bytes),
-// then copies. On any error nothing is written (kProtocolError).
+// Places a scatter payload (already checked with parse_scatter_header) into the receiver's spans:
+// first checks EVERY entry (inside one span, overflow-safe; lengths summing to data_bytes), then
+// copies. On any error nothing is written (kProtocolError).
 Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t payload_length,
-                     uint8_t* region, uint64_t region_bytes);
+                     const SpanTable& spans);
 
 // Parses an ack; false when malformed.
 bool parse_ack(const void* data, size_t length, AmAck* out);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 namespace kvferry::ucx {
@@ -17,8 +18,18 @@ AmWriteHeader header(uint64_t offset, uint64_t length) {
   return h;
 }
 
+// One span of `bytes` at offset 0 over a real buffer (0 bytes: no span at all).
+SpanTable one_span(uint64_t bytes) {
+  static std::vector<uint8_t> memory(1 << 16);
+  if (bytes == 0) return SpanTable();
+  return SpanTable({{0, bytes, memory.data()}});
+}
+
 Status check(const AmWriteHeader& h, size_t payload, uint64_t region, AmWriteHeader* out) {
-  return parse_write_header(&h, sizeof(h), payload, region, out);
+  uint8_t* dst = nullptr;
+  Status st = parse_write_header(&h, sizeof(h), payload, one_span(region), out, &dst);
+  EXPECT_EQ(st.ok(), dst != nullptr);
+  return st;
 }
 
 TEST(AmWireTest, AcceptsWritesInsideTheRegionUpToItsEnd) {
@@ -45,9 +56,11 @@ TEST(AmWireTest, RejectsRangesOutsideTheRegionIncludingOverflow) {
 TEST(AmWireTest, RejectsMalformedHeaders) {
   AmWriteHeader out;
   AmWriteHeader h = header(0, 8);
-  EXPECT_EQ(parse_write_header(&h, sizeof(h) - 1, 8, 4096, &out).code(),
+  uint8_t* dst = nullptr;
+  EXPECT_EQ(parse_write_header(&h, sizeof(h) - 1, 8, one_span(4096), &out, &dst).code(),
             ErrorCode::kProtocolError);
-  EXPECT_EQ(parse_write_header(nullptr, 0, 8, 4096, &out).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(parse_write_header(nullptr, 0, 8, one_span(4096), &out, &dst).code(),
+            ErrorCode::kProtocolError);
   h.magic = 0;
   EXPECT_EQ(check(h, 8, 4096, &out).code(), ErrorCode::kProtocolError);
   // The header must describe exactly the payload that came with it.
@@ -103,7 +116,7 @@ TEST(AmWireTest, ScatterPlacesEveryEntryAtItsOffset) {
   EXPECT_EQ(out.batch_id, 42u);
   EXPECT_EQ(out.count, 3u);
   EXPECT_EQ(out.data_bytes, 8u);
-  ASSERT_TRUE(place_scatter(out, s.payload.data(), s.payload.size(), region.data(), 256).ok());
+  ASSERT_TRUE(place_scatter(out, s.payload.data(), s.payload.size(), SpanTable({{0, 256, region.data()}})).ok());
   std::vector<uint8_t> want(256, 0xEE);
   want[200] = 1, want[201] = 2, want[202] = 3, want[0] = 4, want[1] = 5;
   want[253] = 6, want[254] = 7, want[255] = 8;
@@ -125,10 +138,46 @@ TEST(AmWireTest, ScatterWithAnyBadEntryWritesNothing) {
     std::memcpy(s.payload.data(), entries.data(), s.payload.size());
     s.payload.insert(s.payload.end(), {1, 2, 3, 4, 5, 6, 7});
     s.h.data_bytes = 7;
-    Status st = place_scatter(s.h, s.payload.data(), s.payload.size(), region.data(), 256);
+    Status st = place_scatter(s.h, s.payload.data(), s.payload.size(), SpanTable({{0, 256, region.data()}}));
     EXPECT_EQ(st.code(), ErrorCode::kProtocolError) << entries[1].offset;
     EXPECT_EQ(region, std::vector<uint8_t>(256, 0xEE)) << "written despite a bad entry";
   }
+}
+
+// Two spans with a gap between them in the offset space: [100, 164) and [200, 232), each over
+// its own buffer. Writes resolve into the right buffer; anything across an edge or into the gap
+// is refused, and nothing at all is written for a scatter with one such entry.
+TEST(AmWireTest, WritesResolveAgainstSeveralSpansAndNeverCrossAnEdge) {
+  std::vector<uint8_t> a(64, 0xEE), b(32, 0xEE);
+  SpanTable spans({{200, 32, b.data()}, {100, 64, a.data()}});  // any order
+  AmWriteHeader out;
+  uint8_t* dst = nullptr;
+  AmWriteHeader h = header(160, 4);
+  ASSERT_TRUE(parse_write_header(&h, sizeof(h), 4, spans, &out, &dst).ok());
+  EXPECT_EQ(dst, a.data() + 60);
+  h = header(200, 32);
+  ASSERT_TRUE(parse_write_header(&h, sizeof(h), 32, spans, &out, &dst).ok());
+  EXPECT_EQ(dst, b.data());
+  for (auto [off, len] : std::vector<std::pair<uint64_t, uint64_t>>{
+           {161, 4}, {164, 1}, {190, 20}, {99, 2}, {231, 2}, {0, 1}, {150, 60}, {232, 1}}) {
+    h = header(off, len);
+    EXPECT_EQ(parse_write_header(&h, sizeof(h), len, spans, &out, &dst).code(),
+              ErrorCode::kProtocolError)
+        << off << "+" << len;
+    EXPECT_EQ(dst, nullptr);
+  }
+  Scatter ok = scatter({{100, 2}, {230, 2}});
+  ASSERT_TRUE(place_scatter(ok.h, ok.payload.data(), ok.payload.size(), spans).ok());
+  EXPECT_EQ(a[0], 1);
+  EXPECT_EQ(a[1], 2);
+  EXPECT_EQ(b[30], 3);
+  EXPECT_EQ(b[31], 4);
+  std::vector<uint8_t> a0 = a, b0 = b;
+  Scatter bad = scatter({{200, 2}, {162, 4}});  // the second entry crosses a's end
+  EXPECT_EQ(place_scatter(bad.h, bad.payload.data(), bad.payload.size(), spans).code(),
+            ErrorCode::kProtocolError);
+  EXPECT_EQ(a, a0);
+  EXPECT_EQ(b, b0);
 }
 
 TEST(AmWireTest, ScatterEntriesMustCoverExactlyTheData) {
@@ -137,15 +186,15 @@ TEST(AmWireTest, ScatterEntriesMustCoverExactlyTheData) {
   AmScatterHeader h = s.h;
   h.data_bytes = 7;  // entries say 8
   s.payload.pop_back();
-  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), region.data(), 256).code(),
+  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), SpanTable({{0, 256, region.data()}})).code(),
             ErrorCode::kProtocolError);
   h.data_bytes = 9;  // entries say 8
   s.payload.push_back(0);
   s.payload.push_back(0);
-  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), region.data(), 256).code(),
+  EXPECT_EQ(place_scatter(h, s.payload.data(), s.payload.size(), SpanTable({{0, 256, region.data()}})).code(),
             ErrorCode::kProtocolError);
   EXPECT_EQ(region, std::vector<uint8_t>(256, 0xEE));
-  EXPECT_EQ(place_scatter(s.h, s.payload.data(), s.payload.size(), nullptr, 256).code(),
+  EXPECT_EQ(place_scatter(s.h, s.payload.data(), s.payload.size(), SpanTable()).code(),
             ErrorCode::kProtocolError);
 }
 

@@ -57,23 +57,38 @@ ShardedTransport::~ShardedTransport() {
 }
 
 Result<LocalRegion> ShardedTransport::create_region(uint64_t bytes) {
-  return share(shards_[0]->create_region(bytes));
-}
-
-Result<LocalRegion> ShardedTransport::register_region(uint8_t* base, uint64_t bytes) {
-  return share(shards_[0]->register_region(base, bytes));
-}
-
-Result<LocalRegion> ShardedTransport::share(Result<LocalRegion> region) {
+  auto region = shards_[0]->create_region(bytes);
   if (!region.ok()) return region;
-  for (size_t i = 1; i < shards_.size(); ++i) {
-    Status st = shards_[i]->share_region(region->base, region->bytes);
-    if (!st.ok()) return st;
-  }
+  Status st = share({*region});
+  if (!st.ok()) return st;
   return region;
 }
 
+Result<std::vector<LocalRegion>> ShardedTransport::register_spans(const std::vector<MemorySpan>& spans) {
+  auto regions = shards_[0]->register_spans(spans);
+  if (!regions.ok()) return regions;
+  Status st = share(*regions);
+  if (!st.ok()) return st;
+  return regions;
+}
+
+Status ShardedTransport::share(const std::vector<LocalRegion>& regions) {
+  std::vector<LocalSpanView> views;
+  views.reserve(regions.size());
+  for (const LocalRegion& r : regions) views.push_back({r.offset, r.bytes, r.base});
+  for (size_t i = 1; i < shards_.size(); ++i) {
+    Status st = shards_[i]->share_spans(views);
+    if (!st.ok()) return st;
+  }
+  return Status::Ok();
+}
+
 Result<PeerId> ShardedTransport::connect(const RemoteRegionInfo& info) {
+  if (info.worker_address.size() > kMaxWorkerAddressBytes) {  // before parsing it
+    return Status(ErrorCode::kProtocolError,
+                  "peer worker address of " + std::to_string(info.worker_address.size()) +
+                      " bytes (at most " + std::to_string(kMaxWorkerAddressBytes) + ")");
+  }
   auto remote = parse_shard_address(info.worker_address);
   if (!remote.ok()) return remote.status();
   PeerId id = 0;

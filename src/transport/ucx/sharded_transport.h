@@ -2,11 +2,11 @@
 // public face is make_ucx_transport and TransportOptions::shards in kvferry/transport.h).
 //
 // Each shard is a UcxTransport (one ucp worker, one progress thread). All shards share one ucp
-// context (created with UCP_PARAM_FIELD_MT_WORKERS_SHARED when N > 1) and one registered region:
-// shard 0 maps it, the others write from and receive into the same memory (share_region), so a
-// peer sees one region and one remote key. Over shm a put is a memcpy done by the sending
+// context (created with UCP_PARAM_FIELD_MT_WORKERS_SHARED when N > 1) and the registered spans:
+// shard 0 maps them, the others write from and receive into the same memory (share_spans), so a
+// peer sees one set of spans, one remote key each. Over shm a put is a memcpy done by the sending
 // shard's thread, over tcp each shard's worker sends its rooms' AMs and receives (and checks
-// against the region, as a single worker does) what peers' shards send to it.
+// against the spans, as a single worker does) what peers' shards send to it.
 //
 // Routing: room -> shard room % N, so the batches of one room go through one shard's command
 // queue and stay in order; no thread per room. A peer is one PeerId for N shard endpoints: local
@@ -41,11 +41,12 @@ class ShardedTransport final : public Transport {
   // UCX cannot be initialised.
   static Result<std::unique_ptr<ShardedTransport>> create(const TransportOptions& options,
                                                           const UcxTestHooks& hooks = {});
-  // Stops every shard (last shard first: shard 0 owns the region), then releases the context.
+  // Stops every shard (last shard first: shard 0 owns the spans), then releases the context.
   ~ShardedTransport() override;
 
   Result<LocalRegion> create_region(uint64_t bytes) override;
-  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override;
+  Result<std::vector<LocalRegion>> register_spans(const std::vector<MemorySpan>& spans) override;
+  TransportCaps caps() const override { return shards_[0]->caps(); }
   std::string address() const override { return address_; }
   // Errors: kProtocolError (malformed address), else as UcxTransport::connect per shard.
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
@@ -69,7 +70,7 @@ class ShardedTransport final : public Transport {
   };
 
   explicit ShardedTransport(ucp_context_h context) : context_(context) {}
-  Result<LocalRegion> share(Result<LocalRegion> region);
+  Status share(const std::vector<LocalRegion>& regions);
   void on_shard_peer_error(size_t shard, PeerId shard_peer, Status status);
   void disconnect_shards(const std::vector<PeerId>& shard_peers, size_t except);
 

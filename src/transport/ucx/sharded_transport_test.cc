@@ -182,9 +182,11 @@ TEST(ShardedTransport, RegisteredCallerMemoryReceivesOnEveryShard) {
     ASSERT_TRUE(a.ok() && b.ok());
     constexpr uint64_t kBytes = 1 << 20;
     std::vector<uint8_t> src(kBytes), dst(kBytes + 3, kFill);
-    auto ra = a.value()->register_region(src.data(), kBytes);
-    auto rb = b.value()->register_region(dst.data() + 3, kBytes);
-    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().str() << " " << rb.status().str();
+    auto sa = a.value()->register_spans({{src.data(), kBytes, 0}});
+    auto sb = b.value()->register_spans({{dst.data() + 3, kBytes, 0}});
+    ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status().str() << " " << sb.status().str();
+    const LocalRegion* ra = &sa->front();
+    const LocalRegion* rb = &sb->front();
     testing::fill_pattern(ra->base, kBytes);
     auto id = a.value()->connect(testing::remote_info(*b.value(), *rb));
     ASSERT_TRUE(id.ok()) << id.status().str();
@@ -256,7 +258,7 @@ TEST(ShardedTransport, EveryShardWritesFromTheOneRegion) {
   auto ra = a.value()->create_region(1 << 20);
   ASSERT_TRUE(ra.ok());
   EXPECT_EQ(a.value()->create_region(4096).status().code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(a.value()->shard(1).share_region(ra->base, ra->bytes).code(),
+  EXPECT_EQ(a.value()->shard(1).share_spans({{0, ra->bytes, ra->base}}).code(),
             ErrorCode::kInvalidArgument);  // shared once, by create_region
 }
 

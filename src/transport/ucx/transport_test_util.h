@@ -64,12 +64,11 @@ inline Status write_and_wait(Transport& t, PeerId peer, uint64_t room, std::vect
 }
 
 inline RemoteRegionInfo remote_info(const Transport& t, const LocalRegion& r) {
-  RemoteRegionInfo info;
-  info.worker_address = t.address();
-  info.packed_rkey = r.packed_rkey;
-  info.base = reinterpret_cast<uint64_t>(r.base);
-  info.bytes = r.bytes;
-  return info;
+  return remote_info_for(t.address(), {r});
+}
+
+inline RemoteRegionInfo remote_info(const Transport& t, const std::vector<LocalRegion>& spans) {
+  return remote_info_for(t.address(), spans);
 }
 
 // A writer/receiver pair of transports (fields a, b: created, owning pointers; ra, rb; peer):

@@ -15,6 +15,10 @@ std::string default_tls(TransportKind kind) {
   return kind == TransportKind::kShm ? "posix,sysv,self" : "tcp,self";
 }
 
+std::string tls_for(const TransportOptions& options) {
+  return options.ucx_tls_override.empty() ? default_tls(options.kind) : options.ucx_tls_override;
+}
+
 void enable_shm_error_handling_env() {
   static std::once_flag once;
   std::call_once(once, [] {

@@ -12,6 +12,8 @@ namespace kvferry::ucx {
 // UCX_TLS used for `kind` unless TransportOptions::ucx_tls_override is set.
 //   kShm: "posix,sysv,self"   kTcp: "tcp,self"   (cma is never chosen in peer error mode)
 std::string default_tls(TransportKind kind);
+// options.ucx_tls_override, or default_tls(options.kind).
+std::string tls_for(const TransportOptions& options);
 
 // UCX 1.13 hides shared-memory transports from peer error-handling mode unless
 // UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING are "y". Sets both in the environment (once

@@ -23,18 +23,18 @@ Result<PeerId> UcxTransport::connect(const RemoteRegionInfo& info) {
 void UcxTransport::start_connect(const RemoteRegionInfo& info,
                                  std::function<void(Result<PeerId>)> reply) {
   if (shutting_down_) return reply(Result<PeerId>(ErrorCode::kInternal, "shutting down"));
-  if (info.worker_address.empty()) {
-    return reply(Result<PeerId>(ErrorCode::kInvalidArgument, "connect: empty worker address"));
-  }
-  if (mode_ == WriteMode::kPut && info.packed_rkey.empty()) {
-    return reply(Result<PeerId>(ErrorCode::kInvalidArgument, "connect: empty remote key"));
-  }
+  // Every byte of the peer's announcement is checked before UCX parses any of it.
+  std::vector<size_t> order;
+  Status valid = check_remote_info(info, mode_ == WriteMode::kPut, &order);
+  if (!valid.ok()) return reply(Result<PeerId>(valid.code(), "connect: " + valid.message()));
   auto owned = std::make_unique<Peer>();
   Peer& peer = *owned;
   peer.owner = this;
   peer.id = next_peer_id_++;
-  peer.remote_base = info.base;
-  peer.remote_bytes = info.bytes;
+  peer.spans.reserve(order.size());
+  for (size_t k : order) {
+    peer.spans.push_back({info.spans[k].offset, info.spans[k].bytes, info.spans[k].base, nullptr});
+  }
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -50,11 +50,16 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   peers_.emplace(id, std::move(owned));
   live_peers_++;
   if (mode_ == WriteMode::kPut) {
-    s = ucp_ep_rkey_unpack(peer.ep, info.packed_rkey.data(), &peer.rkey);
-    if (s != UCS_OK) {
-      do_disconnect(id);
-      return reply(
-          ucx_error(ErrorCode::kProtocolError, peer_name(id) + ": remote key rejected", s));
+    for (size_t j = 0; j < order.size(); ++j) {
+      s = ucp_ep_rkey_unpack(peer.ep, info.spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
+      if (s != UCS_OK) {
+        peer.spans[j].rkey = nullptr;
+        do_disconnect(id);
+        return reply(ucx_error(ErrorCode::kProtocolError,
+                               peer_name(id) + ": remote key of span " + std::to_string(order[j]) +
+                                   " rejected",
+                               s));
+      }
     }
   }
   // Wait for wire-up before answering: the peer is known reachable, and no wire-up reply is left
@@ -211,9 +216,15 @@ void UcxTransport::on_close_done(void* request, ucs_status_t /*status*/, void* u
 void UcxTransport::finish_close(Peer& peer) {
   peer.ep = nullptr;
   peer.closing = false;
-  if (peer.rkey != nullptr) ucp_rkey_destroy(peer.rkey);
-  peer.rkey = nullptr;
+  peer.destroy_rkeys();
   if (peer.erase_when_closed && !shutting_down_) peers_.erase(peer.id);  // last use of peer
+}
+
+void UcxTransport::Peer::destroy_rkeys() {
+  for (Span& s : spans) {
+    if (s.rkey != nullptr) ucp_rkey_destroy(s.rkey);
+    s.rkey = nullptr;
+  }
 }
 
 void UcxTransport::set_peer_error_handler(std::function<void(PeerId, Status)> handler) {

@@ -162,10 +162,12 @@ std::unique_ptr<Child> spawn_child(TransportKind kind, uint32_t shards = 1, bool
   c->pid = pid;
   c->to = down[1];
   c->from = up[0];
-  if (!recv_str(c->from, &c->info.worker_address) || !recv_str(c->from, &c->info.packed_rkey) ||
-      !recv_u64(c->from, &c->info.base) || !recv_u64(c->from, &c->info.bytes)) {
+  RemoteSpan span;
+  if (!recv_str(c->from, &c->info.worker_address) || !recv_str(c->from, &span.packed_rkey) ||
+      !recv_u64(c->from, &span.base) || !recv_u64(c->from, &span.bytes)) {
     return nullptr;
   }
+  c->info.spans = {span};
   return c;
 }
 
@@ -174,7 +176,7 @@ class UcxProcessTest : public ::testing::TestWithParam<TransportKind> {};
 TEST_P(UcxProcessTest, WritesLandInTheChildProcessRegion) {
   auto child = spawn_child(GetParam());
   ASSERT_NE(child, nullptr);
-  ASSERT_EQ(child->info.bytes, kChildRegion);
+  ASSERT_EQ(child->info.spans.at(0).bytes, kChildRegion);
   TransportOptions opt;
   opt.kind = GetParam();
   auto t = make_ucx_transport(opt);

@@ -118,8 +118,7 @@ Result<ucp_context_h> UcxTransport::create_context(const TransportOptions& optio
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_config_read", s);
-  std::string tls =
-      options.ucx_tls_override.empty() ? default_tls(options.kind) : options.ucx_tls_override;
+  std::string tls = tls_for(options);
   s = ucp_config_modify(config, "TLS", tls.c_str());
   if (s == UCS_OK && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
     s = ucp_config_modify(config, "KEEPALIVE_INTERVAL", kDefaultKeepaliveInterval);
@@ -150,7 +149,12 @@ Status UcxTransport::init_ucx() {
     if (!context.ok()) return context.status();
     context_ = context.value();
   }
-  ucs_status_t s = UCS_OK;
+  tls_ = tls_for(options_);
+  ucp_context_attr_t ca{};
+  ca.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  ucs_status_t s = ucp_context_query(context_, &ca);
+  if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_context_query", s);
+  memory_types_ = ca.memory_types;
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches the worker
@@ -192,16 +196,10 @@ void UcxTransport::teardown() {
   while (worker_ != nullptr && any_open() && std::chrono::steady_clock::now() < deadline) {
     ucp_worker_progress(worker_);
   }
-  for (auto& [id, p] : peers_) {
-    if (p->rkey != nullptr) ucp_rkey_destroy(p->rkey);
-    p->rkey = nullptr;
-  }
+  for (auto& [id, p] : peers_) p->destroy_rkeys();
   if (worker_ != nullptr) ucp_worker_destroy(worker_);  // may still run request callbacks
   worker_ = nullptr;
-  if (memh_ != nullptr) ucp_mem_unmap(context_, memh_);  // no receive can target it any more
-  memh_ = nullptr;
-  if (plain_mmap_ != nullptr) munmap(plain_mmap_, region_bytes_);
-  plain_mmap_ = nullptr;
+  unmap_all();  // no receive can target the spans any more
   peers_.clear();
   batches_.clear();
   for (RecvCtx* r : recvs_) delete r;
@@ -219,84 +217,155 @@ Result<LocalRegion> UcxTransport::create_region(uint64_t bytes) {
   return call<LocalRegion>([this, bytes] { return do_create_region(bytes); });
 }
 
-Result<LocalRegion> UcxTransport::register_region(uint8_t* base, uint64_t bytes) {
-  if (base == nullptr) return Result<LocalRegion>(ErrorCode::kInvalidArgument, "register_region: null base");
-  return call<LocalRegion>([this, base, bytes] { return do_create_region(bytes, base); });
+Result<std::vector<LocalRegion>> UcxTransport::register_spans(const std::vector<MemorySpan>& spans) {
+  using R = Result<std::vector<LocalRegion>>;
+  std::vector<size_t> order;
+  Status st = check_spans(spans, kMaxTransportSpans, ErrorCode::kInvalidArgument,
+                          "register_spans", &order);
+  if (!st.ok()) return st;
+  const TransportCaps c = caps();
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (spans[i].base == nullptr) {
+      return R(ErrorCode::kInvalidArgument, "register_spans: span " + std::to_string(i) + " has a null base");
+    }
+    if (!c.supports(spans[i].memory)) {
+      return R(ErrorCode::kInvalidArgument,
+               "register_spans: span " + std::to_string(i) + " is " +
+                   std::string(memory_kind_name(spans[i].memory)) + " memory: " + c.cuda_missing);
+    }
+  }
+  return call<std::vector<LocalRegion>>([this, spans] { return do_register_spans(spans); });
 }
 
-Status UcxTransport::share_region(uint8_t* base, uint64_t bytes) {
-  auto r = call<bool>([this, base, bytes]() -> Result<bool> {
-    if (base == nullptr || bytes == 0) {
-      return Result<bool>(ErrorCode::kInvalidArgument, "share_region: null or empty");
+TransportCaps UcxTransport::caps() const {
+  TransportCaps c;
+  c.name = std::string(transport_name(options_.kind));
+  c.memory_kinds = {MemoryKind::kHost};
+  c.one_sided_put = mode_ == WriteMode::kPut;
+  c.receiver_copy = true;  // tcp: every write; shm: writes into caller-owned spans
+  const bool ucx_cuda = (memory_types_ & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  if (mode_ == WriteMode::kPut && ucx_cuda) {
+    c.memory_kinds.push_back(MemoryKind::kCuda);
+  } else if (mode_ != WriteMode::kPut) {
+    c.cuda_missing =
+        "the tcp transport copies on the receiver's CPU (active messages into host memory); device "
+        "memory needs the shm transport on a UCX build with CUDA support (cuda_copy/cuda_ipc "
+        "transports, UCX configured --with-cuda)";
+  } else {
+    c.cuda_missing = "UCX reports no CUDA memory support for UCX_TLS=" + tls_ +
+                     ": device memory needs a UCX build with CUDA support (cuda_copy/cuda_ipc "
+                     "transports, UCX configured --with-cuda) and those transports in UCX_TLS "
+                     "(TransportOptions::ucx_tls_override)";
+  }
+  return c;
+}
+
+Status UcxTransport::share_spans(std::vector<LocalSpanView> spans) {
+  auto r = call<bool>([this, spans = std::move(spans)]() mutable -> Result<bool> {
+    if (spans.empty()) return Result<bool>(ErrorCode::kInvalidArgument, "share_spans: no spans");
+    if (!spans_.empty()) {
+      return Result<bool>(ErrorCode::kInvalidArgument, "share_spans: memory is registered already");
     }
-    if (region_base_ != nullptr) {
-      return Result<bool>(ErrorCode::kInvalidArgument, "share_region: a region exists");
-    }
-    region_base_ = base;
-    region_bytes_ = bytes;
+    spans_ = SpanTable(std::move(spans));
     return true;
   });
   return r.ok() ? Status::Ok() : r.status();
 }
 
-Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes, uint8_t* user) {
-  if (region_base_ != nullptr) {
-    return Result<LocalRegion>(ErrorCode::kInvalidArgument, "create_region: already created");
-  }
-  if (bytes == 0) return Result<LocalRegion>(ErrorCode::kInvalidArgument, "create_region: 0 bytes");
+Result<LocalRegion> UcxTransport::map_span(void* address, uint64_t bytes, MemoryKind memory) {
   ucp_mem_map_params_t mp{};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH;
   mp.length = bytes;
-  if (user != nullptr) {
+  if (address != nullptr) {
     mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
-    mp.address = user;
-  } else if (hooks_.plain_mmap_region) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-      return Result<LocalRegion>(ErrorCode::kResourceExhausted,
-                                 "mmap of " + std::to_string(bytes) + " bytes failed");
-    }
-    plain_mmap_ = p;
-    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_ADDRESS;
-    mp.address = p;
+    mp.address = address;
   } else {
     // UCX allocates (posix/sysv shared memory for shm, so a peer's put is a memcpy); pages are
     // only touched when written.
     mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_FLAGS;
     mp.flags = UCP_MEM_MAP_ALLOCATE;
   }
-  ucs_status_t s = ucp_mem_map(context_, &mp, &memh_);
+  if (memory == MemoryKind::kCuda) {
+    mp.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    mp.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
+  ucp_mem_h memh = nullptr;
+  ucs_status_t s = ucp_mem_map(context_, &mp, &memh);
   if (s != UCS_OK) {
-    memh_ = nullptr;
-    if (plain_mmap_ != nullptr) munmap(plain_mmap_, bytes);
-    plain_mmap_ = nullptr;
     return ucx_error(ErrorCode::kResourceExhausted,
                      "ucp_mem_map of " + std::to_string(bytes) + " bytes", s);
   }
-  region_bytes_ = bytes;
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-  s = ucp_mem_query(memh_, &attr);
+  s = ucp_mem_query(memh, &attr);
   void* rkey_buf = nullptr;
   size_t rkey_len = 0;
-  if (s == UCS_OK) s = ucp_rkey_pack(context_, memh_, &rkey_buf, &rkey_len);
+  if (s == UCS_OK) s = ucp_rkey_pack(context_, memh, &rkey_buf, &rkey_len);
   if (s != UCS_OK) {
-    ucp_mem_unmap(context_, memh_);
-    memh_ = nullptr;
-    if (plain_mmap_ != nullptr) munmap(plain_mmap_, bytes);
-    plain_mmap_ = nullptr;
-    region_bytes_ = 0;
+    ucp_mem_unmap(context_, memh);
     return ucx_error(ErrorCode::kInternal, "ucp_mem_query/ucp_rkey_pack", s);
   }
-  // UCX reports the registration rounded out to whole pages; caller memory starts where it said.
-  region_base_ = user != nullptr ? user : static_cast<uint8_t*>(attr.address);
+  memhs_.push_back(memh);
   LocalRegion region;
-  region.base = region_base_;
+  // UCX reports a registration rounded out to whole pages; caller memory starts where it said.
+  region.base = address != nullptr ? static_cast<uint8_t*>(address) : static_cast<uint8_t*>(attr.address);
   region.bytes = bytes;
   region.packed_rkey.assign(static_cast<const char*>(rkey_buf), rkey_len);
   ucp_rkey_buffer_release(rkey_buf);
   return region;
+}
+
+void UcxTransport::unmap_all() {
+  for (ucp_mem_h m : memhs_) ucp_mem_unmap(context_, m);
+  memhs_.clear();
+  if (plain_mmap_ != nullptr) munmap(plain_mmap_, plain_mmap_bytes_);
+  plain_mmap_ = nullptr;
+  plain_mmap_bytes_ = 0;
+}
+
+Result<LocalRegion> UcxTransport::do_create_region(uint64_t bytes) {
+  if (!spans_.empty()) {
+    return Result<LocalRegion>(ErrorCode::kInvalidArgument, "create_region: memory is registered already");
+  }
+  if (bytes == 0) return Result<LocalRegion>(ErrorCode::kInvalidArgument, "create_region: 0 bytes");
+  void* address = nullptr;
+  if (hooks_.plain_mmap_region) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return Result<LocalRegion>(ErrorCode::kResourceExhausted,
+                                 "mmap of " + std::to_string(bytes) + " bytes failed");
+    }
+    plain_mmap_ = address = p;
+    plain_mmap_bytes_ = bytes;
+  }
+  auto region = map_span(address, bytes, MemoryKind::kHost);
+  if (!region.ok()) {
+    unmap_all();
+    return region;
+  }
+  spans_ = SpanTable({{0, bytes, region->base}});
+  return region;
+}
+
+Result<std::vector<LocalRegion>> UcxTransport::do_register_spans(const std::vector<MemorySpan>& spans) {
+  using R = Result<std::vector<LocalRegion>>;
+  if (!spans_.empty()) return R(ErrorCode::kInvalidArgument, "register_spans: memory is registered already");
+  std::vector<LocalRegion> out;
+  std::vector<LocalSpanView> views;
+  out.reserve(spans.size());
+  for (size_t i = 0; i < spans.size(); ++i) {
+    auto r = map_span(spans[i].base, spans[i].bytes, spans[i].memory);
+    if (!r.ok()) {
+      unmap_all();
+      return R(r.status().code(), "register_spans: span " + std::to_string(i) + ": " + r.status().message());
+    }
+    r->offset = spans[i].offset;
+    views.push_back({spans[i].offset, spans[i].bytes, spans[i].base});
+    out.push_back(std::move(r).value());
+  }
+  spans_ = SpanTable(std::move(views));
+  return out;
 }
 
 TransportStats UcxTransport::stats() const {

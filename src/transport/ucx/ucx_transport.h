@@ -3,22 +3,29 @@
 // One shard of the transport (ShardedTransport, sharded_transport.h, composes N of them).
 // One worker, owned by a progress thread: every UCX call on it happens on that thread. The ucp
 // context is the transport's own, or (a shard of ShardedTransport) one shared by several shards'
-// workers, created by the owner with create_context(shared_workers=true) and outliving them. Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
+// workers, created by the owner with create_context(shared_workers=true) and outliving them.
+// Public methods enqueue closures (CommandQueue) and, where they return a value, wait for
 // the thread's answer. The thread sleeps in poll() on the command eventfd and the worker's event
 // fd (UCP_FEATURE_WAKEUP + ucp_worker_arm), waking at least every kIdleWakeMs so UCX keepalive
 // (dead shared-memory peers) runs.
 //
+// Memory: a SpanTable (span_table.h) of this rank's spans; each op is resolved to (span, offset
+// in span) on both sides before anything is posted: locally against our table, remotely against
+// the peer's announced spans (Peer::spans, each with its own unpacked rkey in put mode).
+//
 // Write path per kind (measurements in docs/transport.md):
-//   kShm  one ucp_put_nbx per op into the peer's ucp_mem_map(ALLOCATE)'d region (posix/sysv:
-//         a memcpy into the peer's mapping), then ucp_ep_flush_nbx; done after the flush.
+//   kShm  one ucp_put_nbx per op into the peer's span: a ucp_mem_map(ALLOCATE)'d region (posix/
+//         sysv: a memcpy into the peer's mapping), or caller memory (UCX emulates the put with
+//         its own active messages; the receiver's thread copies); then ucp_ep_flush_nbx.
 //   kTcp  consecutive ops whose remote ranges touch (a head slice into a narrower row) form one
 //         remote range, gathered from the local pieces with an IOV. Ranges of
 //         kScatterMaxOpBytes or more go one ucp_am_send_nbx each (header = AmWriteHeader; the
 //         receiver receives straight into its region); shorter ones are packed into scatter AMs
 //         (header = AmScatterHeader, payload = entry table + data, also sent as an IOV straight
-//         from the region, up to kScatterMaxEntries / kScatterMaxDataBytes each). The receiver checks every header and every scatter entry
-//         against its own region before it writes anything, places the data and replies with one
-//         AmAck per message; done after all acks.
+//         from our spans, up to kScatterMaxEntries / kScatterMaxDataBytes each). Ranges are
+//         gathered only inside one remote span. The receiver checks every header and every
+//         scatter entry against its OWN spans before it writes anything, places the data and
+//         replies with one AmAck per message; done after all acks.
 #pragma once
 #include <ucp/api/ucp.h>
 
@@ -36,6 +43,7 @@
 #include "kvferry/transport.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/command_queue.h"
+#include "transport/ucx/span_table.h"
 
 namespace kvferry::ucx {
 
@@ -66,7 +74,8 @@ class UcxTransport final : public Transport {
   ~UcxTransport() override;
 
   Result<LocalRegion> create_region(uint64_t bytes) override;
-  Result<LocalRegion> register_region(uint8_t* base, uint64_t bytes) override;
+  Result<std::vector<LocalRegion>> register_spans(const std::vector<MemorySpan>& spans) override;
+  TransportCaps caps() const override;
   std::string address() const override { return address_; }
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
   void disconnect(PeerId peer) override;
@@ -75,11 +84,11 @@ class UcxTransport final : public Transport {
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
   TransportStats stats() const override;
 
-  // Shards of one context: this transport writes from and receives into [base, base + bytes), a
-  // region another shard on the same context registered (and keeps registered until after this
-  // transport is destroyed); nothing is registered here. Once, instead of create_region.
-  // Errors: kInvalidArgument (null or empty, or a region exists).
-  Status share_region(uint8_t* base, uint64_t bytes);
+  // Shards of one context: this transport writes from and receives into `spans`, which another
+  // shard on the same context registered (and keeps registered until after this transport is
+  // destroyed); nothing is registered here. Once, instead of create_region / register_spans.
+  // Errors: kInvalidArgument (no spans, or memory is registered already).
+  Status share_spans(std::vector<LocalSpanView> spans);
 
   WriteMode mode() const { return mode_; }
   // ucp_ep_print_info() of a peer's endpoint (which lanes/transports UCX chose); "" if unknown.
@@ -111,8 +120,12 @@ class UcxTransport final : public Transport {
   bool on_progress_thread() const;
 
   // Progress-thread only (ucx_transport.cc).
-  // `user` null: allocate (or the plain-mmap test hook); else register the caller's memory.
-  Result<LocalRegion> do_create_region(uint64_t bytes, uint8_t* user = nullptr);
+  Result<LocalRegion> do_create_region(uint64_t bytes);
+  // `spans` passed check_spans; registers each (in order), or nothing on failure.
+  Result<std::vector<LocalRegion>> do_register_spans(const std::vector<MemorySpan>& spans);
+  // ucp_mem_map of [address, +bytes) (address null: UCX allocates) and its packed rkey.
+  Result<LocalRegion> map_span(void* address, uint64_t bytes, MemoryKind memory);
+  void unmap_all();
 
   // Progress-thread only (ucx_peers.cc).
   void start_connect(const RemoteRegionInfo& info, std::function<void(Result<PeerId>)> reply);
@@ -131,6 +144,7 @@ class UcxTransport final : public Transport {
   void do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
                 std::function<void(Status)> done);
   Status validate_ops(const Peer& peer, const std::vector<WriteOp>& ops) const;
+  uint8_t* local_ptr(uint64_t offset, uint64_t length) const { return spans_.resolve(offset, length); }
   void issue_puts(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops);
   void issue_am_writes(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops);
   void finish(Batch& batch, Status status);
@@ -175,10 +189,12 @@ class UcxTransport final : public Transport {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_efd_ = -1;
-  ucp_mem_h memh_ = nullptr;
+  std::vector<ucp_mem_h> memhs_;  // what this transport mapped (a sharing shard: none)
   void* plain_mmap_ = nullptr;
-  uint8_t* region_base_ = nullptr;
-  uint64_t region_bytes_ = 0;
+  uint64_t plain_mmap_bytes_ = 0;
+  SpanTable spans_;               // empty until memory is registered
+  uint64_t memory_types_ = 0;     // ucp_context_query: UCS_BIT(ucs_memory_type_t); set in start()
+  std::string tls_;               // UCX_TLS this transport's context uses
   bool stop_ = false;
   bool shutting_down_ = false;
   PeerId next_peer_id_ = 1;
@@ -202,9 +218,14 @@ struct UcxTransport::Peer {
   UcxTransport* owner = nullptr;
   PeerId id = 0;
   ucp_ep_h ep = nullptr;       // null once the close completed
-  ucp_rkey_h rkey = nullptr;   // put mode only
-  uint64_t remote_base = 0;
-  uint64_t remote_bytes = 0;
+  struct Span {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint64_t base = 0;
+    ucp_rkey_h rkey = nullptr;  // put mode only
+  };
+  std::vector<Span> spans;     // the peer's spans, sorted by offset
+  void destroy_rkeys();
   State state = State::kLive;
   Status error;                // why the peer is no longer live
   bool closing = false;

@@ -81,9 +81,13 @@ TEST_P(UcxPairTest, RegisteredCallerMemoryReceivesWritesAtItsOffsets) {
   ASSERT_TRUE(a.ok() && b.ok());
   constexpr uint64_t kBytes = 1 << 20;
   std::vector<uint8_t> src(kBytes + 3), dst(kBytes + 5, kFill);
-  auto ra = a.value()->register_region(src.data() + 3, kBytes);
-  auto rb = b.value()->register_region(dst.data() + 5, kBytes);
-  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status().str() << " " << rb.status().str();
+  auto sa = a.value()->register_spans({{src.data() + 3, kBytes, 0}});
+  auto sb = b.value()->register_spans({{dst.data() + 5, kBytes, 0}});
+  ASSERT_TRUE(sa.ok() && sb.ok()) << sa.status().str() << " " << sb.status().str();
+  ASSERT_EQ(sa->size(), 1u);
+  ASSERT_EQ(sb->size(), 1u);
+  const LocalRegion* ra = &sa->front();
+  const LocalRegion* rb = &sb->front();
   EXPECT_EQ(ra->base, src.data() + 3);
   EXPECT_EQ(rb->base, dst.data() + 5);
   EXPECT_EQ(b.value()->create_region(4096).status().code(), ErrorCode::kInvalidArgument);  // once only

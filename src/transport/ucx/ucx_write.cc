@@ -65,22 +65,22 @@ void UcxTransport::do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
 }
 
 Status UcxTransport::validate_ops(const Peer& peer, const std::vector<WriteOp>& ops) const {
-  if (region_base_ == nullptr) {
-    return {ErrorCode::kInvalidArgument, "no local region (create_region first)"};
+  if (spans_.empty()) {
+    return {ErrorCode::kInvalidArgument, "no local memory (create_region or register_spans first)"};
   }
   for (size_t i = 0; i < ops.size(); ++i) {
     const WriteOp& op = ops[i];
-    if (!range_fits(op.local_offset, op.length, region_bytes_)) {
+    if (local_ptr(op.local_offset, op.length) == nullptr) {
       return {ErrorCode::kProtocolError,
               "op " + std::to_string(i) + ": local " + range_text(op.local_offset, op.length) +
-                  " outside the local region of " + std::to_string(region_bytes_) + " bytes"};
+                  " not inside one local span (" + spans_.describe() + ")"};
     }
     if (!hooks_.skip_local_bounds_check &&
-        !range_fits(op.remote_offset, op.length, peer.remote_bytes)) {
+        find_span(peer.spans, op.remote_offset, op.length) == nullptr) {
       return {ErrorCode::kProtocolError,
               "op " + std::to_string(i) + ": remote " + range_text(op.remote_offset, op.length) +
-                  " outside the peer's region of " + std::to_string(peer.remote_bytes) +
-                  " bytes"};
+                  " not inside one of the peer's " + std::to_string(peer.spans.size()) +
+                  " spans"};
     }
   }
   return Status::Ok();
@@ -90,8 +90,9 @@ void UcxTransport::issue_puts(Peer& p, Batch& b, const std::vector<WriteOp>& ops
   ucp_request_param_t prm{};  // no callback: the flush below completes after every put
   for (const WriteOp& op : ops) {
     if (op.length == 0) continue;
-    void* req = ucp_put_nbx(p.ep, region_base_ + op.local_offset, op.length,
-                            p.remote_base + op.remote_offset, p.rkey, &prm);
+    const Peer::Span* rs = find_span(p.spans, op.remote_offset, op.length);  // validated
+    void* req = ucp_put_nbx(p.ep, local_ptr(op.local_offset, op.length), op.length,
+                            rs->base + (op.remote_offset - rs->offset), rs->rkey, &prm);
     writes_++;
     if (UCS_PTR_IS_ERR(req)) return finish(b, ucx_failure("put", UCS_PTR_STATUS(req)));
     if (req != nullptr) ucp_request_free(req);  // completes in the background
@@ -131,12 +132,15 @@ void UcxTransport::issue_am_writes(Peer& p, Batch& b, const std::vector<WriteOp>
       ++i;
       continue;
     }
-    // [i, j): ops whose remote ranges follow each other, bounded in pieces and bytes.
+    // [i, j): ops whose remote ranges follow each other inside one remote span, bounded in
+    // pieces and bytes (no span: a forged op of the test hook, sent alone).
     size_t j = i + 1;
     uint64_t length = ops[i].length;
-    while (j < ops.size() && j - i < kMaxGatherPieces && ops[j].length > 0 &&
+    const Peer::Span* rs = find_span(p.spans, ops[i].remote_offset, length);
+    while (rs != nullptr && j < ops.size() && j - i < kMaxGatherPieces && ops[j].length > 0 &&
            ops[j].remote_offset == ops[j - 1].remote_offset + ops[j - 1].length &&
-           length + ops[j].length <= kMaxGatherBytes) {
+           length + ops[j].length <= kMaxGatherBytes &&
+           range_fits(ops[i].remote_offset - rs->offset, length + ops[j].length, rs->bytes)) {
       length += ops[j].length;
       ++j;
     }
@@ -159,7 +163,7 @@ void UcxTransport::issue_am_writes(Peer& p, Batch& b, const std::vector<WriteOp>
     }
     b.entries.push_back({ops[i].remote_offset, length});
     for (size_t k = i; k < j; ++k) {
-      b.iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+      b.iovs.push_back({local_ptr(ops[k].local_offset, ops[k].length), ops[k].length});
     }
     ++count;
     pieces += j - i;
@@ -183,13 +187,13 @@ bool UcxTransport::send_write(Peer& p, Batch& b, const std::vector<WriteOp>& ops
   prm.flags = UCP_AM_SEND_FLAG_REPLY | hooks_.am_send_flags;
   prm.cb.send = &UcxTransport::on_am_sent;
   prm.user_data = &b;
-  const void* buffer = region_base_ + ops[first].local_offset;
+  const void* buffer = local_ptr(ops[first].local_offset, ops[first].length);
   size_t count = length;
   if (end - first > 1) {  // gather the local pieces (their own array: a scatter may be open)
     buffer = b.gather_iovs.data() + b.gather_iovs.size();  // reserved: stays valid
     count = end - first;
     for (size_t k = first; k < end; ++k) {
-      b.gather_iovs.push_back({region_base_ + ops[k].local_offset, ops[k].length});
+      b.gather_iovs.push_back({local_ptr(ops[k].local_offset, ops[k].length), ops[k].length});
     }
     prm.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
     prm.datatype = ucp_dt_make_iov();
@@ -321,14 +325,14 @@ ucs_status_t UcxTransport::handle_am_write(const void* header, size_t header_len
   ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
   AmWriteHeader h;
-  // The one check that keeps a remote peer inside our registered region.
-  Status st = parse_write_header(header, header_length, length, region_bytes_, &h);
-  if (!st.ok() || region_base_ == nullptr) {
+  uint8_t* dst = nullptr;
+  // The one check that keeps a remote peer inside our registered spans (our table, not its claim).
+  Status st = parse_write_header(header, header_length, length, spans_, &h, &dst);
+  if (!st.ok()) {
     rejected_incoming_++;
     send_ack(reply_ep, h.batch_id, ErrorCode::kProtocolError);
     return UCS_OK;  // drops the data (eager) or the rendezvous descriptor
   }
-  uint8_t* dst = region_base_ + h.offset;
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     if (length > 0) std::memcpy(dst, data, length);
     send_ack(reply_ep, h.batch_id, ErrorCode::kOk);
@@ -375,15 +379,15 @@ ucs_status_t UcxTransport::handle_am_scatter(const void* header, size_t header_l
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
   AmScatterHeader h;
   // Header first (bounds the bounce buffer), then every entry inside place_scatter: together
-  // they keep a remote peer inside our registered region.
+  // they keep a remote peer inside our registered spans.
   Status st = parse_scatter_header(header, header_length, length, &h);
-  if (!st.ok() || region_base_ == nullptr) {
+  if (!st.ok() || spans_.empty()) {
     rejected_incoming_++;
     send_ack(reply_ep, h.batch_id, ErrorCode::kProtocolError);
     return UCS_OK;
   }
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    st = place_scatter(h, static_cast<const uint8_t*>(data), length, region_base_, region_bytes_);
+    st = place_scatter(h, static_cast<const uint8_t*>(data), length, spans_);
     if (!st.ok()) rejected_incoming_++;
     send_ack(reply_ep, h.batch_id, st.ok() ? ErrorCode::kOk : ErrorCode::kProtocolError);
     return UCS_OK;
@@ -420,8 +424,7 @@ void UcxTransport::on_recv_done(void* request, ucs_status_t status, size_t /*len
   if (status == UCS_OK) {
     ErrorCode code = ErrorCode::kOk;
     if (ctx->scatter) {
-      Status st = place_scatter(ctx->scatter_header, ctx->bounce.get(), ctx->length,
-                                self->region_base_, self->region_bytes_);
+      Status st = place_scatter(ctx->scatter_header, ctx->bounce.get(), ctx->length, self->spans_);
       if (!st.ok()) {
         self->rejected_incoming_++;
         code = ErrorCode::kProtocolError;
@@ -493,7 +496,7 @@ void UcxTransport::handle_am_ack(const void* data, size_t length) {
   if (ack.code != 0) {
     ErrorCode code = ack.code <= kMaxErrorCode ? static_cast<ErrorCode>(ack.code)
                                                : ErrorCode::kProtocolError;
-    return finish(b, {code, "peer refused the write (its region check failed)"});
+    return finish(b, {code, "peer refused the write (its span check failed)"});
   }
   if (--b.acks == 0) finish(b, Status::Ok());
 }

@@ -1,0 +1,101 @@
+// PrefillEndpoint's side of the pool registrations (prefill_endpoint.h): what a decode rank
+// declares about its memory, checked against this rank's shape and transfer plan before use, and
+// the transport connection to it.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "endpoint/prefill_endpoint.h"
+#include "endpoint/span_compat.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "prefill.endpoint";
+}  // namespace
+
+MemoryShape shape_of(const PoolRegistration& r) {
+  MemoryShape s;
+  s.page_size = r.page_size;
+  s.page_bytes = r.page_bytes;
+  s.num_pages = r.num_pages;
+  s.kv_offsets = r.kv_offsets;
+  s.aux_offsets = r.aux_offsets;
+  s.aux_item_bytes = r.aux_item_bytes;
+  s.aux_rows = r.aux_rows;
+  s.state_offsets = r.state_offsets;
+  s.state_item_bytes = r.state_item_bytes;
+  s.state_rows = r.state_rows;
+  s.guard_offset = r.guard_offset;
+  return s;
+}
+
+std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const {
+  const PoolLayout& l = core_.layout();
+  const MemoryShape& ours = core_.shape();
+  if (r.sender.role != Role::kDecode) return "sender is not a decode rank";
+  if (r.page_size != l.page_size) return fmt::format("page_size {} != ours {}", r.page_size, l.page_size);
+  if (r.kv_offsets.size() != ours.kv_offsets.size())
+    return fmt::format("{} KV buffers != our {}", r.kv_offsets.size(), ours.kv_offsets.size());
+  if (r.aux_item_bytes != ours.aux_item_bytes)
+    return fmt::format("aux buffers of [{}] bytes a row != ours [{}]", fmt::join(r.aux_item_bytes, ", "),
+                       fmt::join(ours.aux_item_bytes, ", "));
+  if (r.state_item_bytes != ours.state_item_bytes)
+    return fmt::format("state buffers of [{}] bytes a row != ours [{}]", fmt::join(r.state_item_bytes, ", "),
+                       fmt::join(ours.state_item_bytes, ", "));
+  const uint32_t model_heads = l.model.is_mla() ? 1 : l.model.cache_heads;
+  if (r.heads_per_rank == 0 || r.first_head > model_heads || r.heads_per_rank > model_heads - r.first_head)
+    return fmt::format("heads [{}, +{}) outside the model's {} KV heads", r.first_head, r.heads_per_rank, model_heads);
+  uint64_t expected = 0;
+  const uint64_t head_bytes = uint64_t(l.model.head_dim) * l.model.dtype_bytes;
+  if (__builtin_mul_overflow(uint64_t(r.page_size) * r.heads_per_rank, head_bytes, &expected) ||
+      r.page_bytes != expected)
+    return fmt::format("page_bytes {} is not {} tokens x {} heads of {} bytes", r.page_bytes, r.page_size,
+                       r.heads_per_rank, head_bytes);
+  for (const HeadTransfer& t : plan_) {
+    if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != r.sender.tp_rank) continue;
+    if (t.first_head < r.first_head || t.first_head + t.num_heads > r.first_head + r.heads_per_rank)
+      return fmt::format("heads [{}, +{}) do not hold heads [{}, +{}) the transfer plan sends it", r.first_head,
+                         r.heads_per_rank, t.first_head, t.num_heads);
+  }
+  std::vector<SpanExtent> spans;
+  for (const RegionSpan& sp : r.spans) spans.push_back({sp.offset, sp.bytes});
+  return check_shape_in_spans(shape_of(r), spans);
+}
+
+void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  std::string bad = check_registration(r);
+  std::optional<RemoteRegionInfo> info;
+  if (bad.empty()) {
+    auto ri = region_info(r.worker_address, r.spans);
+    if (ri.ok()) info = std::move(ri).value();
+    else bad = ri.status().message();
+  }
+  if (!bad.empty()) {
+    ++refused_registrations_;
+    last_refusal_ = bad;
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
+              {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
+    return;
+  }
+  auto old = peers_.find(r.sender);
+  if (old != peers_.end()) {  // a restarted decode rank: replace its endpoint
+    core_.transport().disconnect(old->second.peer);
+    core_.control().forget(old->second.reg.control_endpoint);
+    peers_.erase(old);
+  }
+  auto peer = core_.transport().connect(*info);
+  if (!peer.ok()) {
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("cannot connect to {}: {}", r.sender.str(), peer.status().str()),
+              {.code = std::string(code_name(peer.status().code())), .origin = r.sender.str()});
+    return;
+  }
+  peers_[r.sender] = {r, shape_of(r), *peer};
+  dead_peers_.erase(r.sender);
+  dead_regs_.erase(r.sender);
+  core_.monitor().watch(r.sender, r.control_endpoint);
+  log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
+}
+
+}  // namespace kvferry

@@ -1,0 +1,126 @@
+// The public Manager over engine-owned buffers (kvferry/buffers.h): one KV buffer per layer
+// tensor, two aux buffers and one state buffer on each side, a room moved in two chunks with an
+// empty last chunk carrying the state rows; every KV byte, both aux rows and the state row arrive.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "endpoint/endpoint_pair_test_util.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/manager.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint64_t kPages = 8, kAuxRows = 8, kStateRows = 4;
+constexpr uint64_t kAuxItem[2] = {16, 8};
+constexpr uint64_t kStateItem = 96;
+
+// One rank's engine memory, with every byte set from (side, buffer, offset).
+struct EngineMemory {
+  std::vector<std::vector<uint8_t>> kv, aux, state;
+  std::vector<BufferDesc> descs;
+
+  EngineMemory(uint64_t page_bytes, uint32_t kv_buffers, uint8_t seed) {
+    auto add = [&](std::vector<std::vector<uint8_t>>& into, uint64_t bytes, uint64_t item, BufferKind kind) {
+      into.emplace_back(bytes);
+      std::vector<uint8_t>& b = into.back();
+      for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(seed + i * 7 + into.size() * 13);
+      descs.push_back({reinterpret_cast<uint64_t>(b.data()), bytes, item, kind, MemoryKind::kHost});
+    };
+    kv.reserve(kv_buffers);
+    for (uint32_t i = 0; i < kv_buffers; ++i) add(kv, kPages * page_bytes, page_bytes, BufferKind::kKv);
+    aux.reserve(2);
+    for (uint64_t item : kAuxItem) add(aux, kAuxRows * item, item, BufferKind::kAux);
+    add(state, kStateRows * kStateItem, kStateItem, BufferKind::kState);
+  }
+};
+
+TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  auto pc = testing::test_manager_config({Role::kPrefill, 0, 0, 0});
+  ASSERT_TRUE(pc.ok()) << pc.status().str();
+  auto dc = testing::test_manager_config({Role::kDecode, 0, 0, 0});
+  ASSERT_TRUE(dc.ok());
+  auto probe = testing::make_test_layout();
+  ASSERT_TRUE(probe.ok());
+  EngineMemory pm(probe->page_bytes(), probe->num_buffers(), 1), dm(probe->page_bytes(), probe->num_buffers(), 100);
+  pc->buffers = pm.descs;
+  pc->bootstrap_address = bootstrap;
+  dc->buffers = dm.descs;
+  dc->bootstrap_address = bootstrap;
+  auto p = Manager::create(*pc);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  auto d = Manager::create(*dc);
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  Manager& prefill = **p;
+  Manager& decode = **d;
+  EXPECT_EQ(prefill.layout().num_pages, kPages);
+  EXPECT_EQ(decode.layout().aux_slots, kAuxRows);
+  EXPECT_EQ(prefill.pool_base(), nullptr);
+  auto until = [&](const std::function<bool()>& pred) {
+    for (auto end = std::chrono::steady_clock::now() + 10s; std::chrono::steady_clock::now() < end;) {
+      prefill.progress();
+      decode.progress();
+      if (pred()) return true;
+      std::vector<int> fds = prefill.wait_fds();
+      for (int fd : decode.wait_fds()) fds.push_back(fd);
+      wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
+    }
+    return false;
+  };
+  ASSERT_TRUE(until([&] { return prefill.stats().peers == 1; }));
+
+  const uint64_t room = 4242;
+  const std::vector<uint64_t> src{5, 0, 3}, dst{1, 7, 2}, pstate{3}, dstate{0};
+  const uint64_t paux = 2, daux = 6;
+  auto rx = decode.receiver(room).value();
+  auto tx = prefill.sender(room).value();
+  ASSERT_TRUE(rx->init().ok());
+  ASSERT_TRUE(rx->send_metadata(dst, daux, dstate).ok());
+  ASSERT_TRUE(tx->init(3, paux).ok());
+  ASSERT_TRUE(until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx->send(std::span(src).first(2), {}, false).ok());
+  ASSERT_TRUE(tx->send(std::span(src).subspan(2), {}, false).ok());
+  ASSERT_TRUE(tx->send({}, pstate, true).ok());
+  ASSERT_TRUE(until([&] { return rx->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }))
+      << "prefill " << to_string(tx->poll()) << ", decode " << to_string(rx->poll());
+  EXPECT_TRUE(rx->release_safe());
+
+  const uint64_t pb = probe->page_bytes();
+  uint64_t bad = 0;
+  for (size_t b = 0; b < pm.kv.size(); ++b)
+    for (size_t i = 0; i < src.size(); ++i)
+      bad += std::memcmp(pm.kv[b].data() + src[i] * pb, dm.kv[b].data() + dst[i] * pb, pb) != 0;
+  EXPECT_EQ(bad, 0u) << "KV pages that differ";
+  for (size_t a = 0; a < 2; ++a)
+    EXPECT_EQ(std::memcmp(pm.aux[a].data() + paux * kAuxItem[a], dm.aux[a].data() + daux * kAuxItem[a], kAuxItem[a]), 0)
+        << "aux buffer " << a;
+  EXPECT_EQ(std::memcmp(pm.state[0].data() + pstate[0] * kStateItem, dm.state[0].data() + dstate[0] * kStateItem,
+                        kStateItem), 0);
+  // Rows and pages the room does not name are untouched.
+  EngineMemory fresh(pb, probe->num_buffers(), 100);
+  EXPECT_EQ(dm.aux[0][0], fresh.aux[0][0]);
+  EXPECT_EQ(std::memcmp(dm.kv[0].data() + 4 * pb, fresh.kv[0].data() + 4 * pb, pb), 0);
+
+  // A state row outside the decode's state buffer is refused before anything is sent.
+  auto rx2 = decode.receiver(room + 1).value();
+  Status s = rx2->send_metadata(std::vector<uint64_t>{0}, 0, std::vector<uint64_t>{kStateRows});
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
+  EXPECT_EQ(rx2->poll(), KVPoll::Bootstrapping);
+  tx.reset();
+  rx.reset();
+  rx2.reset();
+  EXPECT_TRUE(until([&] { return prefill.stats().live_rooms == 0 && decode.stats().live_rooms == 0; }));
+}
+
+}  // namespace
+}  // namespace kvferry
