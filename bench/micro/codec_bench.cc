@@ -25,10 +25,10 @@ RoomStatus status(bool failed) {
   s.room = 123456789;
   s.sender = {Role::kPrefill, 0, 1, 0};
   s.state = failed ? KVPoll::Failed : KVPoll::Success;
-  s.code = failed ? ErrorCode::kTransferError : ErrorCode::kOk;
-  s.origin = {Role::kPrefill, 0, 1, 0};
-  s.first_seen_ns = 42;
-  if (failed) s.reason = "injected transfer error (replay fault plan)";
+  s.failure.code = failed ? ErrorCode::kTransferError : ErrorCode::kOk;
+  s.failure.origin = {Role::kPrefill, 0, 1, 0};
+  s.failure.first_seen_ns = 42;
+  if (failed) s.failure.reason = "injected transfer error (replay fault plan)";
   return s;
 }
 

@@ -3,7 +3,8 @@
 //
 // JSON line keys: ts (ISO-8601 UTC with microseconds), mono_ns (CLOCK_MONOTONIC), level
 // (trace/debug/info/warning/error/critical), rank ("prefill/tp1", or the process's role name),
-// component, msg, and when given: room (decimal string), code, origin, plus any extra fields.
+// component, msg, and when given: room (decimal string), code, origin, reason (the failure
+// record's fields, so `kvferry logs` reads them instead of parsing msg), plus any extra fields.
 // Thread contract: all functions thread-safe after init_logging().
 #pragma once
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "kvferry/error.h"
 
 namespace kvferry {
 
@@ -34,7 +37,11 @@ struct LogFields {
   std::string code;    // code_name(), empty when none
   std::string origin;  // RankId::str(), empty when none
   std::vector<std::pair<std::string, std::string>> extra;  // more string fields
+  std::string reason;  // the failure's reason, empty when none
 };
+
+// The fields of a line about a failure of `room`: room, code, origin, reason.
+LogFields failure_log_fields(uint64_t room, const Failure& f);
 
 void log_event(LogLevel level, std::string_view component, std::string_view msg,
                const LogFields& fields = {});

@@ -22,8 +22,8 @@
 namespace kvferry {
 
 // 2: engine-shaped memory (PoolRegistration spans and buffer offsets, RoomMetadata aux_index and
-// state_indices).
-constexpr uint16_t kProtocolVersion = 2;
+// state_indices). 3: RoomStatus carries the failure record with its wall_ns (kvferry/error.h).
+constexpr uint16_t kProtocolVersion = 3;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
 constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
@@ -91,14 +91,12 @@ struct RoomMetadata {
 // they drained (or the sender dies, or the receiver's drain deadline passes). On the wire it is
 // an optional trailing flags byte, present only when not terminal, so terminal frames are
 // unchanged from earlier builds.
+// `failure` is the one failure record (kvferry/error.h), with code kOk on Success.
 struct RoomStatus {
   uint64_t room = 0;
   RankId sender;
   KVPoll state = KVPoll::Failed;
-  ErrorCode code = ErrorCode::kOk;
-  RankId origin;                    // where the failure was first observed as a local fact
-  int64_t first_seen_ns = 0;
-  std::string reason;
+  Failure failure{ErrorCode::kOk, {}, "", 0, 0};
   bool terminal = true;             // false: early failure notice, writes may still land
 };
 

@@ -1,10 +1,17 @@
-// FailureRegistry: per-manager map room -> first failure cause (DESIGN §3 "Registry").
+// FailureRegistry: per-manager map room -> the room's root cause as this rank knows it
+// (docs/failure-model.md "Registry").
 //
 // - A room must be open()ed before failures attach to it; a record for a room that is not open
 //   (never opened, or already released) is dropped and counted, so a late record can never attach
-//   to a later room that reuses the id (DESIGN §4 defect 2).
-// - First cause wins; later causes are kept as secondary detail (bounded), not new errors.
-// - get() is non-destructive: asking twice gives the same answer (DESIGN §4 defect 1).
+//   to a later room that reuses the id (DESIGN defect 2, docs/failure-model.md).
+// - The primary is the root cause by the root-cause rule (failure_precedes, kvferry/error.h) over
+//   the room's candidates known here: this rank's first local observation, if it came before the
+//   rank knew of any failure of the room, and every record that reached it from another rank. A
+//   later candidate that wins replaces the primary; the loser is kept in the primary's
+//   `superseded` list ("superseded by ORIGIN"). A local observation made after the room already had
+//   a record is a consequence, never a candidate: it is kept as secondary detail only.
+//   Hence the primary is a function of the SET of candidates, not of their arrival order.
+// - get() is non-destructive: asking twice gives the same answer (DESIGN defect 1).
 // - release() removes the room and its record.
 // Thread contract: all methods are thread-safe (one internal mutex).
 #pragma once
@@ -30,19 +37,26 @@ class FailureRegistry {
   bool open(uint64_t room);
   bool is_open(uint64_t room) const;
 
-  // Records a failure cause. Returns true if it became the room's (first) cause, false if the room
-  // already had one (kept as secondary) or is not open (dropped). `is_from_another_rank` of the
-  // stored error is computed as (origin != self).
+  // Records a failure of the room. `observed_here` is true only where this rank observed the
+  // failure itself (then a missing wall_ns is stamped from first_seen_ns, a CLOCK_MONOTONIC stamp of
+  // this host). A failure that names this rank as origin but reached it in a message (e.g. a
+  // restarted rank blamed for its previous incarnation's death) is not observed here.
+  // Returns true if the record became the room's primary (its first, or a winner that replaced the
+  // primary); false if it lost or was a duplicate (kept as detail) or the room is not open (dropped).
+  bool record(uint64_t room, const Failure& f, bool observed_here);
+  // The same, with `observed_here` = (origin == self).
   bool record(uint64_t room, ErrorCode code, std::string reason, RankId origin, int64_t first_seen_ns);
-  // The same with the fact stated explicitly: `observed_here` is true only where this rank observed
-  // the failure itself. A failure that names this rank as origin but reached it in a message (e.g. a
-  // restarted rank blamed for its previous incarnation's death) is still from another rank.
   bool record(uint64_t room, ErrorCode code, std::string reason, RankId origin, int64_t first_seen_ns,
               bool observed_here);
 
-  // The room's first cause, or nullopt if it has none. Non-destructive.
+  // The room's primary (root cause as known here, with its `superseded` losers), or nullopt if it
+  // has none. Non-destructive.
   std::optional<KVTransferError> get(uint64_t room) const;
-  // Later causes of the same room (at most 4 kept).
+  // This rank's own local observation of the room that was a candidate (it may have lost: then it
+  // is not get()'s record), or nullopt.
+  std::optional<Failure> own(uint64_t room) const;
+  // Later records of the same room that were not candidates or lost (at most 4 kept), in arrival
+  // order; a superseded primary is among them too.
   std::vector<KVTransferError> secondary(uint64_t room) const;
 
   // Stops tracking the room; its record goes with it. Returns false if it was not open.

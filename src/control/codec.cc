@@ -11,8 +11,9 @@
 //   RoomMetadata     room u64 | sender RankId | kv_indices u64[] | aux_index u64 |
 //                    state_indices u64[] | expected_senders u32
 // u64[] = u32 count + count * u64.
-//   RoomStatus       room u64 | sender RankId | state u8 (KVPoll) | code u16 (ErrorCode) |
-//                    origin RankId | first_seen_ns i64 | reason str [| flags u8]
+//   Failure          code u16 (ErrorCode) | origin RankId | first_seen_ns i64 | wall_ns i64 |
+//                    reason str   (the failure record's one binary piece, kvferry/error.h)
+//   RoomStatus       room u64 | sender RankId | state u8 (KVPoll) | failure Failure [| flags u8]
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
 //                    (bit 0), with state Failed; absent means terminal (the original format).
 //   Heartbeat        sender RankId | seq u64 | sent_ns i64
@@ -93,15 +94,36 @@ void put_body(WireWriter& w, const RoomMetadata& m) {
   w.u32(m.expected_senders);
 }
 
+void put_failure(WireWriter& w, const Failure& f) {
+  w.u16(static_cast<uint16_t>(f.code));
+  put_rank(w, f.origin);
+  w.i64(f.first_seen_ns);
+  w.i64(f.wall_ns);
+  std::string_view reason = f.reason;
+  w.bytes(reason.substr(0, kMaxStringBytes));
+}
+
+// Reads a Failure as put_failure() wrote it; `what` prefixes the field names ("RoomStatus").
+// The code must be a known ErrorCode (kOk included: the caller checks it against its state).
+void get_failure(WireReader& r, const std::string& what, Failure* f) {
+  uint16_t code = 0;
+  const std::string code_field = what + ".code";
+  if (r.u16(code_field.c_str(), &code)) {
+    auto c = code_from_int(code);
+    if (!c) r.fail(code_field.c_str(), std::to_string(code) + " is not an ErrorCode value");
+    else f->code = *c;
+  }
+  get_rank(r, (what + ".origin").c_str(), &f->origin);
+  r.i64((what + ".first_seen_ns").c_str(), &f->first_seen_ns);
+  r.i64((what + ".wall_ns").c_str(), &f->wall_ns);
+  r.bytes((what + ".reason").c_str(), kMaxStringBytes, &f->reason);
+}
+
 void put_body(WireWriter& w, const RoomStatus& m) {
   w.u64(m.room);
   put_rank(w, m.sender);
   w.u8(static_cast<uint8_t>(m.state));
-  w.u16(static_cast<uint16_t>(m.code));
-  put_rank(w, m.origin);
-  w.i64(m.first_seen_ns);
-  std::string_view reason = m.reason;
-  w.bytes(reason.substr(0, kMaxStringBytes));
+  put_failure(w, m.failure);
   if (!m.terminal) w.u8(kFlagNotTerminal);
 }
 
@@ -195,22 +217,11 @@ void get_body(WireReader& r, RoomStatus* m) {
       m->state = *p;
     }
   }
-  uint16_t code = 0;
-  if (r.u16("RoomStatus.code", &code)) {
-    auto c = code_from_int(code);
-    if (!c) {
-      r.fail("RoomStatus.code", std::to_string(code) + " is not an ErrorCode value");
-    } else if ((m->state == KVPoll::Success) != (*c == ErrorCode::kOk)) {
-      r.fail("RoomStatus.code", std::to_string(code) + " contradicts state " +
-                                    std::string(to_string(m->state)) +
-                                    " (Success carries ok, Failed a non-ok code)");
-    } else {
-      m->code = *c;
-    }
+  get_failure(r, "RoomStatus", &m->failure);
+  if (r.ok() && (m->state == KVPoll::Success) != (m->failure.code == ErrorCode::kOk)) {
+    r.fail("RoomStatus.code", std::to_string(static_cast<int>(m->failure.code)) + " contradicts state " +
+                                  std::string(to_string(m->state)) + " (Success carries ok, Failed a non-ok code)");
   }
-  get_rank(r, "RoomStatus.origin", &m->origin);
-  r.i64("RoomStatus.first_seen_ns", &m->first_seen_ns);
-  r.bytes("RoomStatus.reason", kMaxStringBytes, &m->reason);
   if (r.ok() && r.remaining() > 0) {  // the optional flags byte
     uint8_t flags = 0;
     if (r.u8("RoomStatus.flags", &flags)) {

@@ -63,10 +63,11 @@ RoomStatus sample_status() {
   m.room = 42;
   m.sender = prefill(1);
   m.state = KVPoll::Failed;
-  m.code = ErrorCode::kTransferError;
-  m.origin = decode_rank(0);
-  m.first_seen_ns = -5;
-  m.reason = "ucp_put_nbx: Endpoint timeout";
+  m.failure.code = ErrorCode::kTransferError;
+  m.failure.origin = decode_rank(0);
+  m.failure.first_seen_ns = -5;
+  m.failure.reason = "ucp_put_nbx: Endpoint timeout";
+  m.failure.wall_ns = 1'764'000'000'123'456'789;
   return m;
 }
 
@@ -220,17 +221,19 @@ TEST(Codec, RoomStatusRoundTrip) {
   EXPECT_EQ(d.room, 42u);
   EXPECT_EQ(d.sender, m.sender);
   EXPECT_EQ(d.state, KVPoll::Failed);
-  EXPECT_EQ(d.code, ErrorCode::kTransferError);
-  EXPECT_EQ(d.origin, m.origin);
-  EXPECT_EQ(d.first_seen_ns, -5);
-  EXPECT_EQ(d.reason, m.reason);
+  EXPECT_EQ(d.failure.code, ErrorCode::kTransferError);
+  EXPECT_EQ(d.failure.origin, m.failure.origin);
+  EXPECT_EQ(d.failure.first_seen_ns, -5);
+  EXPECT_EQ(d.failure.wall_ns, m.failure.wall_ns);
+  EXPECT_EQ(d.failure.reason, m.failure.reason);
+  EXPECT_EQ(d.failure, m.failure);
 
   RoomStatus ok;
   ok.state = KVPoll::Success;
-  ok.code = ErrorCode::kOk;
+  ok.failure.code = ErrorCode::kOk;
   const auto d2 = round_trip(ok);
   EXPECT_EQ(d2.state, KVPoll::Success);
-  EXPECT_EQ(d2.reason, "");
+  EXPECT_EQ(d2.failure.reason, "");
 }
 
 TEST(Codec, RoomStatusNotTerminalRoundTrip) {
@@ -241,26 +244,26 @@ TEST(Codec, RoomStatusNotTerminalRoundTrip) {
   const auto d = round_trip(m);
   EXPECT_FALSE(d.terminal);
   EXPECT_EQ(d.state, KVPoll::Failed);
-  EXPECT_EQ(d.code, ErrorCode::kTransferError);
-  EXPECT_EQ(d.origin, m.origin);
-  EXPECT_EQ(d.reason, m.reason);
+  EXPECT_EQ(d.failure.code, ErrorCode::kTransferError);
+  EXPECT_EQ(d.failure.origin, m.failure.origin);
+  EXPECT_EQ(d.failure.reason, m.failure.reason);
   EXPECT_EQ(encode(Message(m)).size(), terminal_bytes + 1);  // one trailing flags byte
 }
 
 TEST(Codec, RoomStatusEveryFailureCode) {
   for (int c = 1; c <= kMaxErrorCode; ++c) {
     RoomStatus m = sample_status();
-    m.code = static_cast<ErrorCode>(c);
-    EXPECT_EQ(static_cast<int>(round_trip(m).code), c);
+    m.failure.code = static_cast<ErrorCode>(c);
+    EXPECT_EQ(static_cast<int>(round_trip(m).failure.code), c);
   }
 }
 
 TEST(Codec, OverlongReasonIsTruncatedNotRejected) {
   RoomStatus m = sample_status();
-  m.reason = std::string(kMaxStringBytes + 100, 'r');
+  m.failure.reason = std::string(kMaxStringBytes + 100, 'r');
   auto r = decode(encode(Message(m)));
   ASSERT_TRUE(r.ok()) << r.status().str();
-  EXPECT_EQ(std::get<RoomStatus>(*r).reason.size(), kMaxStringBytes);
+  EXPECT_EQ(std::get<RoomStatus>(*r).failure.reason.size(), kMaxStringBytes);
 }
 
 TEST(Codec, HeartbeatRoundTrip) {
@@ -274,7 +277,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 2);  // version 2, low byte first
+  EXPECT_EQ(f[4], 3);  // version 3, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 29);  // body length
@@ -302,10 +305,13 @@ TEST(CodecReject, BadMagicVersionType) {
   g[0] = 'X';
   expect_rejected(g, "magic");
   g = f;
-  put_le(g, 4, 1, 2);  // the version before engine-shaped memory
+  put_le(g, 4, 2, 2);  // version 2: RoomStatus without the failure's wall_ns
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 3, 2);
+  put_le(g, 4, 1, 2);  // version 1: before engine-shaped memory
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 4, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
@@ -355,7 +361,7 @@ TEST(CodecReject, StringLengthPastEndAndOverLimit) {
   expect_rejected(g, "exceeds the limit");
 
   RoomStatus s = sample_status();
-  s.reason = "abc";
+  s.failure.reason = "abc";
   g = encode(Message(s));
   put_le(g, g.size() - 7, 4, 4);  // reason length 4, only 3 bytes follow
   expect_rejected(g, "RoomStatus.reason");
@@ -420,7 +426,7 @@ TEST(CodecReject, RoomStatusFlags) {
 
   RoomStatus ok;
   ok.state = KVPoll::Success;
-  ok.code = ErrorCode::kOk;
+  ok.failure.code = ErrorCode::kOk;
   g = encode(Message(ok));
   g.push_back(1);  // Success is always terminal
   fix_body_length(g);

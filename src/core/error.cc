@@ -1,4 +1,4 @@
-// Error vocabulary: code names, RankId text form, Status/KVTransferError printing, clock.
+// Error vocabulary: code names, RankId text form, Status printing, clocks.
 #include "kvferry/error.h"
 
 #include <array>
@@ -107,21 +107,21 @@ std::string Status::str() const {
   return s;
 }
 
-std::string KVTransferError::str() const {
-  std::string s = "room " + std::to_string(bootstrap_room) + ": ";
-  s += code_name(code);
-  s += " at ";
-  s += origin.str();
-  if (is_from_another_rank) s += " (from another rank)";
-  s += ": ";
-  s += failure_reason;
-  return s;
-}
-
 int64_t monotonic_ns() {
   timespec ts{};
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+int64_t wall_from_monotonic(int64_t mono_ns) {
+  const int64_t wall = realtime_ns();
+  return wall - (monotonic_ns() - mono_ns);
 }
 
 }  // namespace kvferry

@@ -84,7 +84,7 @@ std::string iso8601_utc_now() {
 }
 
 bool reserved_key(const std::string& k) {
-  for (const char* r : {"ts", "mono_ns", "level", "rank", "component", "msg", "room", "code", "origin"}) {
+  for (const char* r : {"ts", "mono_ns", "level", "rank", "component", "msg", "room", "code", "origin", "reason"}) {
     if (k == r) return true;
   }
   return false;
@@ -102,6 +102,7 @@ std::string json_line(const LogState& s, LogLevel level, std::string_view compon
   if (f.room) j["room"] = std::to_string(*f.room);
   if (!f.code.empty()) j["code"] = f.code;
   if (!f.origin.empty()) j["origin"] = f.origin;
+  if (!f.reason.empty()) j["reason"] = f.reason;
   for (const auto& [k, v] : f.extra) j[reserved_key(k) ? "extra_" + k : k] = v;
   // Invalid UTF-8 (e.g. bytes from a peer) is replaced rather than thrown.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -200,6 +201,15 @@ void log_event(LogLevel level, std::string_view component, std::string_view msg,
   } catch (...) {
     // Logging must never take the process down; a failed line is lost.
   }
+}
+
+LogFields failure_log_fields(uint64_t room, const Failure& f) {
+  LogFields out;
+  out.room = room;
+  out.code = std::string(code_name(f.code));
+  out.origin = f.origin.str();
+  out.reason = f.reason;
+  return out;
 }
 
 uint64_t lines_above_debug() { return g_above_debug.load(std::memory_order_relaxed); }

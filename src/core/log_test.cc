@@ -96,6 +96,31 @@ TEST(Log, JsonLinesHaveTheKeys) {
   std::filesystem::remove(path);
 }
 
+TEST(Log, AFailuresReasonIsAField) {
+  const std::string path = temp_path("reason.log");
+  std::filesystem::remove(path);
+  LogConfig cfg;
+  cfg.rank = "decode/tp0";
+  cfg.json_path = path;
+  cfg.stderr_level = LogLevel::kCritical;
+  init_logging(cfg);
+  const Failure f{ErrorCode::kWaitingTimeout, RankId{Role::kDecode, 0, 1, 0}, "no data: \"at\" 400 ms", 5, 6};
+  LogFields fields = failure_log_fields(9, f);
+  EXPECT_EQ(fields.code, "waiting_timeout");
+  EXPECT_EQ(fields.origin, "decode/tp1");
+  fields.extra.push_back({"reason", "an extra may not hide the record's reason"});
+  log_event(LogLevel::kDebug, "test", "room failed", fields);
+  flush_logging();
+  auto lines = read_lines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["room"], "9");
+  EXPECT_EQ(lines[0]["code"], "waiting_timeout");
+  EXPECT_EQ(lines[0]["origin"], "decode/tp1");
+  EXPECT_EQ(lines[0]["reason"], "no data: \"at\" 400 ms");
+  EXPECT_EQ(lines[0]["extra_reason"], "an extra may not hide the record's reason");
+  std::filesystem::remove(path);
+}
+
 TEST(Log, FileLevelFilters) {
   const std::string path = temp_path("filtered.log");
   std::filesystem::remove(path);

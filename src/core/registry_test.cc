@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -81,6 +82,92 @@ TEST(FailureRegistry, ReleaseRemovesAndReopenStartsClean) {
   ASSERT_TRUE(reg.open(7));
   EXPECT_FALSE(reg.get(7).has_value());
   EXPECT_TRUE(reg.secondary(7).empty());
+}
+
+const RankId kDecode0{Role::kDecode, 0, 0, 0};
+constexpr int64_t kMs = 1'000'000;
+
+TEST(FailureRegistry, ALaterWinnerReplacesThePrimaryAndTheLoserIsSuperseded) {
+  FailureRegistry reg(kSelf);  // decode/tp1
+  reg.open(5);
+  // Its own waiting timeout first, then decode/tp0's (same window: tp0 wins by the rank order).
+  ASSERT_TRUE(reg.record(5, ErrorCode::kWaitingTimeout, "mine", kSelf, 400 * kMs + 200'000));
+  EXPECT_TRUE(reg.record(5, Failure{ErrorCode::kWaitingTimeout, kDecode0, "tp0's", 400 * kMs + 100'000, 0}, false));
+  auto e = reg.get(5);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->origin, kDecode0);
+  EXPECT_TRUE(e->is_from_another_rank);
+  ASSERT_EQ(e->superseded.size(), 1u);
+  EXPECT_EQ(e->superseded[0].origin, kSelf);
+  EXPECT_EQ(e->superseded[0].reason, "mine");
+  ASSERT_TRUE(reg.own(5));
+  EXPECT_EQ(reg.own(5)->reason, "mine");
+  EXPECT_EQ(reg.records(), 1u);
+  // The same record again (the engine agreement repeats it): nothing changes.
+  EXPECT_FALSE(reg.record(5, Failure{ErrorCode::kWaitingTimeout, kDecode0, "tp0's", 400 * kMs + 100'000, 0}, false));
+  EXPECT_EQ(reg.get(5)->superseded.size(), 1u);
+}
+
+TEST(FailureRegistry, ALosingRecordIsKeptAsSuperseded) {
+  FailureRegistry reg(kSelf);
+  reg.open(5);
+  ASSERT_TRUE(reg.record(5, Failure{ErrorCode::kTransferError, kPeer, "link", 100 * kMs, 0}, false));
+  EXPECT_FALSE(reg.record(5, Failure{ErrorCode::kWaitingTimeout, kDecode0, "late", 300 * kMs, 0}, false));
+  auto e = reg.get(5);
+  EXPECT_EQ(e->origin, kPeer);
+  ASSERT_EQ(e->superseded.size(), 1u);
+  EXPECT_EQ(e->superseded[0].origin, kDecode0);
+  EXPECT_FALSE(reg.own(5));
+}
+
+TEST(FailureRegistry, ALocalObservationAfterTheRoomFailedIsAConsequence) {
+  FailureRegistry reg(kSelf);
+  reg.open(5);
+  // A record reached this rank; then a write of the room fails here (in flight when it failed).
+  // Earlier by the rule (same window, a cause before a timeout) but not a root cause: secondary.
+  ASSERT_TRUE(reg.record(5, Failure{ErrorCode::kWaitingTimeout, kDecode0, "t", 100 * kMs, 0}, false));
+  EXPECT_FALSE(reg.record(5, ErrorCode::kTransferError, "cancelled", kSelf, 100 * kMs + 1));
+  EXPECT_EQ(reg.get(5)->origin, kDecode0);
+  EXPECT_TRUE(reg.get(5)->superseded.empty());
+  ASSERT_EQ(reg.secondary(5).size(), 1u);
+  EXPECT_EQ(reg.secondary(5)[0].code, ErrorCode::kTransferError);
+  EXPECT_FALSE(reg.own(5));
+}
+
+TEST(FailureRegistry, LocalRecordsGetTheirWallClockStamped) {
+  FailureRegistry reg(kSelf);
+  reg.open(5);
+  const int64_t seen = monotonic_ns();
+  reg.record(5, ErrorCode::kInjected, "x", kSelf, seen);
+  const int64_t wall = reg.get(5)->wall_ns;
+  EXPECT_GT(wall, 0);
+  EXPECT_LE(wall, realtime_ns());
+  EXPECT_EQ(reg.get(5)->failure().wall_ns, wall);
+  reg.open(6);  // a propagated record keeps what it carried
+  reg.record(6, Failure{ErrorCode::kInjected, kPeer, "x", 1, 0}, false);
+  EXPECT_EQ(reg.get(6)->wall_ns, 0);
+}
+
+TEST(FailureRegistry, PrimaryIsTheSameForEveryArrivalOrder) {
+  std::vector<Failure> set = {
+      {ErrorCode::kWaitingTimeout, kSelf, "a", 400 * kMs + 300'000, 0},
+      {ErrorCode::kWaitingTimeout, kDecode0, "b", 400 * kMs + 100'000, 0},
+      {ErrorCode::kTransferError, kPeer, "c", 412 * kMs, 0},
+      {ErrorCode::kTransferError, RankId{Role::kPrefill, 0, 0, 0}, "d", 413 * kMs, 0},
+  };
+  auto by_time = [](const Failure& a, const Failure& b) { return a.first_seen_ns < b.first_seen_ns; };
+  std::sort(set.begin(), set.end(), by_time);
+  const Failure expected = *root_cause(set);
+  int perms = 0;
+  do {
+    FailureRegistry reg(kSelf);
+    reg.open(1);
+    for (const Failure& f : set) reg.record(1, f, false);
+    EXPECT_EQ(reg.get(1)->failure(), expected);
+    EXPECT_EQ(reg.get(1)->superseded.size(), 3u);  // every loser kept once
+    ++perms;
+  } while (std::next_permutation(set.begin(), set.end(), by_time));
+  EXPECT_EQ(perms, 24);
 }
 
 TEST(FailureRegistry, ConcurrentRecordsKeepOneFirstCause) {

@@ -71,8 +71,9 @@ void DecodeDriver::apply(const Decision& d) {
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
       const RankId leader{self.role, self.engine_id, 0, self.dp_rank};
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
-               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
+      Failure f = failure_of(d);
+      f.origin = origin ? *origin : self;
+      ep_.fail(d.room, f, d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -82,7 +83,7 @@ void DecodeDriver::apply(const Decision& d) {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       Room& r = it->second;
-      log_release(d.room, r);
+      log_release(d.room, r, d);
       if (r.admitted) {
         // Pages and aux row by the same rule: a late prefill write may still land in either.
         if (d.quarantine) {
@@ -103,7 +104,7 @@ void DecodeDriver::apply(const Decision& d) {
   }
 }
 
-void DecodeDriver::log_release(uint64_t room, const Room& r) {
+void DecodeDriver::log_release(uint64_t room, const Room& r, const Decision& release) {
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp,
               fmt::format("room released after success ({} bytes verified)", r.verified), {.room = room});
@@ -112,15 +113,12 @@ void DecodeDriver::log_release(uint64_t room, const Room& r) {
     metrics_on_release({.latency_s = latency, .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
     return;
   }
-  const Decision& f = r.failure;
-  // Local only where this rank observed the root cause itself (not where a message named it).
-  auto mine = core_.registry().get(room);
-  bool from_another = !(mine && !mine->is_from_another_rank && mine->origin.str() == f.origin);
-  LogLevel level = failure_log_level(Role::kDecode, from_another, f.code);
-  log_event(level, kComp,
-            fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
-            {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
-             .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  // The engine's root cause as the leader released the room (older leaders: the kFail decision).
+  const Failure root = failure_of(release.code != ErrorCode::kOk ? release : r.failure);
+  const FailureLine line = failure_release_line(Role::kDecode, room, root, core_.registry().own(room));
+  log_event(line.level, kComp, line.msg, line.fields);
+  const bool from_another = line.is_from_another_rank;
+  const Decision& f = release.code != ErrorCode::kOk ? release : r.failure;
   metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another,
                       .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
 }
@@ -194,6 +192,7 @@ std::vector<RoomReport> DecodeDriver::reports(int64_t now_ns) {
       rep.origin = e->origin.str();
       rep.reason = e->failure_reason;
       rep.first_seen_ns = e->first_seen_ns;
+      rep.wall_ns = e->wall_ns;
       rep.failed_ns = rr && rr->failed_ns ? rr->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
       if (rr && drained) {
         for (const RankId& src : rr->metadata_sent)

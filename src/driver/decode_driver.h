@@ -62,7 +62,7 @@ class DecodeDriver : public EngineDriver {
     bool fail_decided = false;
     Decision failure;
   };
-  void log_release(uint64_t room, const Room& r);
+  void log_release(uint64_t room, const Room& r, const Decision& release);
   void start_verify(uint64_t room, Room& r);
 
   EndpointCore& core_;

@@ -125,7 +125,7 @@ TEST_F(DriverPairTest, TransferFaultAttributedToPrefillWithOneLine) {
   make();
   const uint64_t lines0 = lines_above_debug();
   step({req(0x4011, 64, "transfer", "prefill/tp0"), req(0x4012, 64)});
-  ASSERT_TRUE(run_until_results(2, 5s));
+  ASSERT_TRUE(run_until_results(2, 5s)) << presults_.size() << " prefill / " << dresults_.size() << " decode";
   expect_failed(0x4011, ErrorCode::kTransferError, "prefill/tp0");
   EXPECT_EQ(result(dresults_, 0x4012)->state, KVPoll::Success);  // the other room is unaffected
   EXPECT_EQ(result(dresults_, 0x4012)->bytes_mismatched, 0u);

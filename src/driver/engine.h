@@ -24,7 +24,7 @@ struct RoomReduction {
   bool all_drained = true;
   bool any_quarantine = false;
   bool any_failure = false;
-  RoomReport winner;  // the failure with the earliest first_seen_ns (ties: lowest tp_rank)
+  RoomReport winner;  // the root cause by the rule (failure_precedes) over the ranks' failures
   uint32_t ranks_failed = 0;
   int64_t max_failed_ns = 0;
   int64_t min_send_ns = 0;
@@ -102,6 +102,7 @@ class EngineDriver {
     d.origin = rank;
     d.reason = why.first;
     d.first_seen_ns = why.second;
+    d.wall_ns = wall_from_monotonic(why.second);
     return d;  // origin is the dead rank, never this leader
   }
 

@@ -166,6 +166,7 @@ Result<RoomResult> decode_result(const json& j) {
   res.success_ns = r.i64("success_ns");
   res.failed_all_ns = r.i64("failed_all_ns");
   res.first_failed_ns = r.i64("first_failed_ns");
+  if (j.contains("first_failed_wall_ns")) res.first_failed_wall_ns = r.i64("first_failed_wall_ns");
   res.bytes_transferred = r.u64("bytes_transferred");
   res.bytes_verified = r.u64("bytes_verified");
   res.bytes_mismatched = r.u64("bytes_mismatched");
@@ -265,6 +266,7 @@ std::string encode_result(const RoomResult& r) {
             {"success_ns", r.success_ns},
             {"failed_all_ns", r.failed_all_ns},
             {"first_failed_ns", r.first_failed_ns},
+            {"first_failed_wall_ns", r.first_failed_wall_ns},
             {"bytes_transferred", r.bytes_transferred},
             {"bytes_verified", r.bytes_verified},
             {"bytes_mismatched", r.bytes_mismatched},

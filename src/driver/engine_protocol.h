@@ -61,6 +61,7 @@ struct RoomResult {
   int64_t success_ns = 0;         // decode: when the last rank saw Success (before verify)
   int64_t failed_all_ns = 0;      // when the last rank of this engine reached Failed
   int64_t first_failed_ns = 0;    // failure's first_seen_ns
+  int64_t first_failed_wall_ns = 0;  // failure's wall_ns (0: not known)
   uint64_t bytes_transferred = 0; // prefill: bytes written, summed over ranks
   uint64_t bytes_verified = 0;    // decode: bytes checked, summed over ranks
   uint64_t bytes_mismatched = 0;  // decode
@@ -92,6 +93,7 @@ struct RoomReport {
   std::string origin;       // RankId::str()
   std::string reason;
   int64_t first_seen_ns = 0;
+  int64_t wall_ns = 0;      // the failure's wall clock (Failure::wall_ns)
   int64_t failed_ns = 0;    // when this rank reached Failed
   int64_t send_ns = 0;      // prefill: first send()
   int64_t success_ns = 0;   // decode: every source reported Success
@@ -105,10 +107,13 @@ struct Decision {
   Op op = Op::kNew;
   uint64_t room = 0;
   RouterRequest request;     // kNew
-  ErrorCode code = ErrorCode::kOk;  // kFail
-  std::string origin;        // kFail
-  std::string reason;        // kFail
-  int64_t first_seen_ns = 0; // kFail
+  // kFail: the failure to apply; kRelease of a failed room: the engine's root cause (the rule's
+  // winner over every rank's report, docs/failure-model.md), which every rank logs by.
+  ErrorCode code = ErrorCode::kOk;
+  std::string origin;
+  std::string reason;
+  int64_t first_seen_ns = 0;
+  int64_t wall_ns = 0;
   bool quarantine = false;   // kRelease
   // kFail made by the leader from its own observation (abort, rejection, prealloc timeout, a dead
   // engine rank): on the leader that failure is local. Never sent: followers get origin != self.
@@ -126,7 +131,16 @@ struct SiblingFailure {
   std::string origin;        // RankId::str() of the failure's origin (unchanged by the fan-out)
   std::string reason;
   int64_t first_seen_ns = 0; // monotonic ns, when the origin first saw the failure
+  int64_t wall_ns = 0;       // Failure::wall_ns
 };
+
+// The failure record a report, decision or fan-out carries (an origin that is not a RankId gives
+// the default RankId; the codecs reject such frames before they get here).
+Failure failure_of(const RoomReport& r);
+Failure failure_of(const Decision& d);
+Failure failure_of(const SiblingFailure& f);
+// Copies a failure record into a decision's failure fields.
+void set_failure(Decision& d, const Failure& f);
 
 // One rank of an engine as the leader announces it in a step: where its engine socket listens.
 struct EngineMember {

@@ -68,8 +68,9 @@ void PrefillDriver::apply(const Decision& d) {
       if (it == rooms_.end()) return;
       auto origin = RankId::parse(d.origin);
       const RankId self = core_.self(), leader{self.role, self.engine_id, 0, self.dp_rank};
-      ep_.fail(d.room, d.code, d.reason, origin ? *origin : self, d.first_seen_ns,
-               d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
+      Failure f = failure_of(d);
+      f.origin = origin ? *origin : self;
+      ep_.fail(d.room, f, d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
       if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
       it->second.failure = d;
       it->second.fail_decided = true;
@@ -78,7 +79,7 @@ void PrefillDriver::apply(const Decision& d) {
     case Decision::Op::kRelease: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
-      log_release(d.room, it->second);
+      log_release(d.room, it->second, d);
       ep_.release(d.room);
       if (core_.faults()) core_.faults()->clear_room(d.room);
       rooms_.erase(it);
@@ -90,7 +91,7 @@ void PrefillDriver::apply(const Decision& d) {
   }
 }
 
-void PrefillDriver::log_release(uint64_t room, const Room& r) {
+void PrefillDriver::log_release(uint64_t room, const Room& r, const Decision& release) {
   const SenderRoom* s = ep_.room(room);
   const uint64_t sent = s ? s->bytes : 0;
   if (!r.fail_decided) {
@@ -98,15 +99,12 @@ void PrefillDriver::log_release(uint64_t room, const Room& r) {
     metrics_on_release({.sent_bytes = sent});
     return;
   }
-  const Decision& f = r.failure;
-  // Local only where this rank observed the root cause itself (not where a message named it).
-  auto mine = core_.registry().get(room);
-  bool from_another = !(mine && !mine->is_from_another_rank && mine->origin.str() == f.origin);
-  LogLevel level = failure_log_level(Role::kPrefill, from_another, f.code);
-  log_event(level, kComp,
-            fmt::format("room {} failed: {} at {}: {}", room, code_name(f.code), f.origin, f.reason),
-            {.room = room, .code = std::string(code_name(f.code)), .origin = f.origin,
-             .extra = {{"is_from_another_rank", from_another ? "true" : "false"}}});
+  // The engine's root cause as the leader released the room (older leaders: the kFail decision).
+  const Failure root = failure_of(release.code != ErrorCode::kOk ? release : r.failure);
+  const FailureLine line = failure_release_line(Role::kPrefill, room, root, core_.registry().own(room));
+  log_event(line.level, kComp, line.msg, line.fields);
+  const bool from_another = line.is_from_another_rank;
+  const Decision& f = release.code != ErrorCode::kOk ? release : r.failure;
   metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another, .sent_bytes = sent});
 }
 
@@ -187,6 +185,7 @@ std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
       rep.origin = e->origin.str();
       rep.reason = e->failure_reason;
       rep.first_seen_ns = e->first_seen_ns;
+      rep.wall_ns = e->wall_ns;
       rep.failed_ns = s && s->failed_ns ? s->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
     }
     if (s) {

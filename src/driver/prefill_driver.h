@@ -70,7 +70,7 @@ class PrefillDriver : public EngineDriver {
     std::vector<uint64_t> pages;
   };
   void schedule_chunks();
-  void log_release(uint64_t room, const Room& r);
+  void log_release(uint64_t room, const Room& r, const Decision& release);
 
   Manager& manager_;
   EndpointCore& core_;

@@ -259,10 +259,17 @@ TEST_F(PrefillDriverTest, FanOutSendsFirstHandFailuresOnceAndNeverForwards) {
     }
   }
   EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
-  // A second sibling's frame for a room that has a record changes nothing.
+  // A second sibling's frame for a room that has a record: the registry keeps the root cause by
+  // the rule (this one precedes: same window, prefill before decode), the first is superseded.
   SiblingFailure g{2, 2, ErrorCode::kInjected, self.str(), "other", 1};
   EXPECT_TRUE(drv_->on_sibling_failure(g));
-  EXPECT_EQ(core_->registry().get(2)->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(core_->registry().get(2)->code, ErrorCode::kInjected);
+  ASSERT_EQ(core_->registry().get(2)->superseded.size(), 1u);
+  EXPECT_EQ(core_->registry().get(2)->superseded[0].origin, decode1);
+  EXPECT_TRUE(core_->registry().get(2)->is_from_another_rank);  // it came in a message
+  SiblingFailure later{2, 2, ErrorCode::kInjected, decode1.str(), "later", 3000 + 20'000'000};
+  EXPECT_TRUE(drv_->on_sibling_failure(later));  // a later window: it loses
+  EXPECT_EQ(core_->registry().get(2)->failure_reason, "other");
 
   // Room 3: the agreement's kFail: every rank got it in the step, nothing to fan out.
   Decision d;

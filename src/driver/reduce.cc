@@ -6,6 +6,25 @@
 
 namespace kvferry {
 
+namespace {
+template <typename T>
+Failure record_of(const T& x) {
+  return Failure{x.code, RankId::parse(x.origin).value_or(RankId{}), x.reason, x.first_seen_ns, x.wall_ns};
+}
+}  // namespace
+
+Failure failure_of(const RoomReport& r) { return record_of(r); }
+Failure failure_of(const Decision& d) { return record_of(d); }
+Failure failure_of(const SiblingFailure& f) { return record_of(f); }
+
+void set_failure(Decision& d, const Failure& f) {
+  d.code = f.code;
+  d.origin = f.origin.str();
+  d.reason = f.reason;
+  d.first_seen_ns = f.first_seen_ns;
+  d.wall_ns = f.wall_ns;
+}
+
 Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const RankId& self) {
   Decision d;
   d.op = Decision::Op::kFail;
@@ -14,6 +33,7 @@ Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const 
   d.origin = self.str();
   d.reason = std::move(reason);
   d.first_seen_ns = monotonic_ns();
+  d.wall_ns = wall_from_monotonic(d.first_seen_ns);
   d.observed_by_leader = true;
   return d;
 }
@@ -65,10 +85,7 @@ EngineDriver::Verdict EngineDriver::room_verdict(uint64_t room, const std::vecto
       d = Decision{};
       d->op = Decision::Op::kFail;
       d->room = room;
-      d->code = red.winner.code;
-      d->origin = red.winner.origin;
-      d->reason = red.winner.reason;
-      d->first_seen_ns = red.winner.first_seen_ns;
+      set_failure(*d, failure_of(red.winner));
     }
     if (d) {
       out->push_back(*d);
@@ -87,6 +104,7 @@ RoomResult& EngineDriver::release_room(uint64_t room, Role role, bool ok, const 
   rel.op = Decision::Op::kRelease;
   rel.room = room;
   rel.quarantine = red.any_quarantine;
+  if (!ok && red.any_failure) set_failure(rel, failure_of(red.winner));
   out->push_back(rel);
   RoomResult res;
   res.role = role;
@@ -99,6 +117,7 @@ RoomResult& EngineDriver::release_room(uint64_t room, Role role, bool ok, const 
     res.origin = red.winner.origin;
     res.reason = red.winner.reason;
     res.first_failed_ns = red.winner.first_seen_ns;
+    res.first_failed_wall_ns = red.winner.wall_ns;
     res.failed_all_ns = red.max_failed_ns;
   }
   results->push_back(std::move(res));
@@ -116,8 +135,9 @@ RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
       out.max_failed_ns = std::max(out.max_failed_ns, r.failed_ns);
     }
     if (r.has_failure) {
-      bool better = !out.any_failure || r.first_seen_ns < out.winner.first_seen_ns ||
-                    (r.first_seen_ns == out.winner.first_seen_ns && r.tp_rank < out.winner.tp_rank);
+      // The root-cause rule: the same winner whatever order the ranks' reports come in.
+      bool better = !out.any_failure || failure_precedes(failure_of(r), failure_of(out.winner)) ||
+                    (failure_of(r) == failure_of(out.winner) && r.tp_rank < out.winner.tp_rank);
       if (better) out.winner = r;
       out.any_failure = true;
     }

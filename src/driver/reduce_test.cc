@@ -29,18 +29,30 @@ TEST(Reduce, MinOverRanksMakesOneFailureEveryones) {
   EXPECT_EQ(r.max_failed_ns, 150);
 }
 
-TEST(Reduce, EarliestFailureWinsThenLowestRank) {
+TEST(Reduce, TheRootCauseRulePicksTheWinnerInAnyReportOrder) {
+  constexpr int64_t kMs = 1'000'000;
   auto a = rep(0, KVPoll::Failed);
   a.has_failure = true;
+  a.code = ErrorCode::kWaitingTimeout;
   a.origin = "decode/tp0";
-  a.first_seen_ns = 200;
+  a.first_seen_ns = 200 * kMs;
   auto b = rep(1, KVPoll::Failed);
   b.has_failure = true;
-  b.origin = "prefill/tp1";
-  b.first_seen_ns = 100;
-  EXPECT_EQ(reduce_room({a, b}).winner.origin, "prefill/tp1");
-  b.first_seen_ns = 200;
+  b.code = ErrorCode::kWaitingTimeout;
+  b.origin = "decode/tp1";
+  b.first_seen_ns = 100 * kMs;
+  EXPECT_EQ(reduce_room({a, b}).winner.origin, "decode/tp1");  // a window earlier
+  EXPECT_EQ(reduce_room({b, a}).winner.origin, "decode/tp1");
+  b.first_seen_ns = 203 * kMs;  // the same window (200..205 ms): the fixed rank order decides
   EXPECT_EQ(reduce_room({a, b}).winner.origin, "decode/tp0");
+  EXPECT_EQ(reduce_room({b, a}).winner.origin, "decode/tp0");
+  b.code = ErrorCode::kTransferError;  // a cause beats a timeout in the same window
+  EXPECT_EQ(reduce_room({a, b}).winner.origin, "decode/tp1");
+  // The wall clock is the rule's clock when both carry it.
+  a.wall_ns = 1'000 * kMs;
+  b.wall_ns = 1'100 * kMs;
+  EXPECT_EQ(reduce_room({b, a}).winner.origin, "decode/tp0");
+  EXPECT_EQ(reduce_room({b, a}).winner.wall_ns, 1'000 * kMs);
 }
 
 TEST(Reduce, SuccessOnlyWhenEveryRankSucceeded) {

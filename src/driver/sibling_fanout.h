@@ -33,7 +33,7 @@ std::vector<SiblingFailure> collect_fan_out(Rooms& rooms, Endpoint& ep, Endpoint
     auto e = core.registry().get(id);
     if (!e) continue;
     it->second.siblings_know = true;
-    out.push_back({id, core.self().tp_rank, e->code, e->origin.str(), e->failure_reason, e->first_seen_ns});
+    out.push_back({id, core.self().tp_rank, e->code, e->origin.str(), e->failure_reason, e->first_seen_ns, e->wall_ns});
   }
   return out;
 }
@@ -46,12 +46,14 @@ bool apply_sibling_failure(Rooms& rooms, Endpoint& ep, EndpointCore& core, const
   auto it = rooms.find(f.room);
   if (it == rooms.end()) return false;
   auto& r = it->second;
-  if (core.registry().get(f.room)) return true;  // its own record (if fresh) still goes out
-  r.siblings_know = true;
-  auto origin = RankId::parse(f.origin);
-  if (!origin) return true;  // the codec rejects such frames
+  if (!RankId::parse(f.origin)) return true;  // the codec rejects such frames
   const RankId self = core.self(), via{self.role, self.engine_id, f.tp_rank, self.dp_rank};
-  ep.fail(f.room, f.code, f.reason, *origin, f.first_seen_ns, false, &via);
+  if (core.registry().get(f.room)) {  // the registry keeps the root cause by the rule
+    ep.fail(f.room, failure_of(f), false, &via);
+    return true;  // its own record (if fresh) still goes out
+  }
+  r.siblings_know = true;
+  ep.fail(f.room, failure_of(f), false, &via);
   if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
   if (ep.poll(f.room) != KVPoll::Failed)  // the endpoint's transfer had concluded: it logged nothing
     log_event(LogLevel::kDebug, component,

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/failure_json.h"
+
 #include <string>
 
 namespace kvferry {
@@ -10,6 +12,13 @@ using nlohmann::json;
 
 std::string room_str(uint64_t room) { return std::to_string(room); }
 uint64_t room_of(const json& j) { return std::stoull(j.at("room").get<std::string>()); }
+
+// The failure record's shared codec (core/failure_json.h); a bad record fails the frame.
+Failure failure_from(const json& j, std::string_view what) {
+  auto f = get_failure(j, what);
+  if (!f.ok()) throw std::runtime_error(f.status().message());
+  return *f;
+}
 
 json to_json(const Decision& d) {
   json j{{"op", static_cast<int>(d.op)}, {"room", room_str(d.room)}};
@@ -22,13 +31,11 @@ json to_json(const Decision& d) {
       break;
     }
     case Decision::Op::kFail:
-      j["code"] = static_cast<int>(d.code);
-      j["origin"] = d.origin;
-      j["reason"] = d.reason;
-      j["first_seen_ns"] = d.first_seen_ns;
+      put_failure(j, failure_of(d));
       break;
     case Decision::Op::kRelease:
       j["quarantine"] = d.quarantine;
+      if (d.code != ErrorCode::kOk) put_failure(j, failure_of(d));  // the engine's root cause
       break;
     default:
       break;
@@ -49,14 +56,10 @@ Decision decision_from(const json& j) {
     d.request.arrival_ms = j.at("arrival_ms").get<uint64_t>();
     if (j.contains("fault")) d.request.fault = FaultSpec{j["fault"].at("kind"), j["fault"].at("at")};
   } else if (d.op == Decision::Op::kFail) {
-    auto c = code_from_int(j.at("code").get<int>());
-    if (!c) throw std::runtime_error("bad code");
-    d.code = *c;
-    d.origin = j.at("origin").get<std::string>();
-    d.reason = j.at("reason").get<std::string>();
-    d.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
+    set_failure(d, failure_from(j, "decision"));
   } else if (d.op == Decision::Op::kRelease) {
     d.quarantine = j.at("quarantine").get<bool>();
+    if (j.contains("code")) set_failure(d, failure_from(j, "release"));
   }
   return d;
 }
@@ -65,12 +68,7 @@ json to_json(const RoomReport& r) {
   json j{{"room", room_str(r.room)}, {"tp", r.tp_rank}, {"poll", static_cast<int>(r.poll)},
          {"drained", r.drained}, {"q", r.quarantine}, {"failed_ns", r.failed_ns}, {"send_ns", r.send_ns},
          {"success_ns", r.success_ns}, {"bytes", r.bytes}, {"verified", r.verified}, {"mismatched", r.mismatched}};
-  if (r.has_failure) {
-    j["code"] = static_cast<int>(r.code);
-    j["origin"] = r.origin;
-    j["reason"] = r.reason;
-    j["first_seen_ns"] = r.first_seen_ns;
-  }
+  if (r.has_failure) put_failure(j, failure_of(r));
   return j;
 }
 
@@ -90,13 +88,13 @@ RoomReport report_from(const json& j) {
   r.verified = j.at("verified").get<uint64_t>();
   r.mismatched = j.at("mismatched").get<uint64_t>();
   if (j.contains("code")) {
-    auto c = code_from_int(j.at("code").get<int>());
-    if (!c) throw std::runtime_error("bad code");
+    const Failure f = failure_from(j, "report");
     r.has_failure = true;
-    r.code = *c;
-    r.origin = j.at("origin").get<std::string>();
-    r.reason = j.at("reason").get<std::string>();
-    r.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
+    r.code = f.code;
+    r.origin = f.origin.str();
+    r.reason = f.reason;
+    r.first_seen_ns = f.first_seen_ns;
+    r.wall_ns = f.wall_ns;
   }
   return r;
 }
@@ -124,10 +122,9 @@ std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>
 }
 
 std::string encode_fail(const SiblingFailure& f) {
-  return json{{"type", "fail"},         {"tp_rank", f.tp_rank}, {"room", room_str(f.room)},
-              {"code", static_cast<int>(f.code)}, {"origin", f.origin},   {"reason", f.reason},
-              {"first_seen_ns", f.first_seen_ns}}
-      .dump();
+  json j{{"type", "fail"}, {"tp_rank", f.tp_rank}, {"room", room_str(f.room)}};
+  put_failure(j, failure_of(f));
+  return j.dump();
 }
 
 std::string encode_hi(uint32_t tp_rank) { return json{{"type", "hi"}, {"tp_rank", tp_rank}}.dump(); }
@@ -167,14 +164,12 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.fail.tp_rank = f.tp_rank;
       f.fail.room = room_of(j);
       f.room = f.fail.room;
-      auto c = code_from_int(j.at("code").get<int>());
-      if (!c || *c == ErrorCode::kOk) throw std::runtime_error("bad code");
-      f.fail.code = *c;
-      f.fail.origin = j.at("origin").get<std::string>();
-      if (!RankId::parse(f.fail.origin)) throw std::runtime_error("origin is not a rank id: " + f.fail.origin);
-      f.fail.reason = j.at("reason").get<std::string>();
-      f.fail.first_seen_ns = j.at("first_seen_ns").get<int64_t>();
-      if (f.fail.first_seen_ns < 0) throw std::runtime_error("negative first_seen_ns");
+      const Failure rec = failure_from(j, "fail");
+      f.fail.code = rec.code;
+      f.fail.origin = rec.origin.str();
+      f.fail.reason = rec.reason;
+      f.fail.first_seen_ns = rec.first_seen_ns;
+      f.fail.wall_ns = rec.wall_ns;
     } else if (f.type == "hi") {
       f.tp_rank = j.at("tp_rank").get<uint32_t>();
     } else if (f.type == "abort") {

@@ -3,8 +3,9 @@
 //   {"type":"step","seq":K,"shutdown":false,"decisions":[Decision...],
 //    "members":[{"tp":R,"endpoint":"tcp://..."}...]}                          leader -> followers
 //       ("members": the engine's followers, only in a step after the list changed)
-//   {"type":"fail","tp_rank":R,"room":"<u64>","code":C,"origin":"<RankId>","reason":"...",
-//    "first_seen_ns":N}                                                       any rank -> its siblings
+//   {"type":"fail","tp_rank":R,"room":"<u64>", Failure fields}               any rank -> its siblings
+// Failure fields (a kFail decision, a failed room's kRelease, a report with a failure, the fan-out):
+// the failure record's one JSON codec, core/failure_json.h ("code" is the code's name).
 //   {"type":"hi","tp_rank":R}   follower -> follower: opens the connection the fan-out will use
 //   {"type":"reply","seq":K,"tp_rank":R,"rooms":[RoomReport...],"stats":{}}  follower -> leader
 //   {"type":"abort","room":"<u64>"}                                         router -> leader

@@ -12,7 +12,7 @@ namespace {
 
 SiblingFailure sample() {
   return {0xfedcba9876543210ull, 2, ErrorCode::kTransferError, "prefill/tp3", "write to decode/tp3 failed: \"x\"",
-          123456789012345};
+          123456789012345, 1764000000123456789};
 }
 
 TEST(SyncCodec, FailFrameRoundTrips) {
@@ -27,6 +27,24 @@ TEST(SyncCodec, FailFrameRoundTrips) {
   EXPECT_EQ(d->fail.origin, "prefill/tp3");
   EXPECT_EQ(d->fail.reason, f.reason);
   EXPECT_EQ(d->fail.first_seen_ns, f.first_seen_ns);
+  EXPECT_EQ(d->fail.wall_ns, f.wall_ns);
+  EXPECT_NE(encode_fail(f).find("\"code\":\"transfer_error\""), std::string::npos);  // the shared codec
+}
+
+TEST(SyncCodec, ReleaseCarriesTheEnginesRootCause) {
+  Decision rel;
+  rel.op = Decision::Op::kRelease;
+  rel.room = 9;
+  set_failure(rel, Failure{ErrorCode::kWaitingTimeout, RankId{Role::kDecode, 0, 1, 0}, "late", 5, 6});
+  auto d = decode_sync_frame(encode_step(1, false, {rel}));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  ASSERT_EQ(d->decisions.size(), 1u);
+  EXPECT_EQ(failure_of(d->decisions[0]), failure_of(rel));
+  Decision ok_rel;
+  ok_rel.op = Decision::Op::kRelease;
+  auto d2 = decode_sync_frame(encode_step(2, false, {ok_rel}));
+  ASSERT_TRUE(d2.ok());
+  EXPECT_EQ(d2->decisions[0].code, ErrorCode::kOk);
 }
 
 TEST(SyncCodec, StepCarriesMembersOnlyWhenGiven) {
@@ -85,11 +103,12 @@ TEST(SyncCodec, MalformedFailFramesAreRejected) {
   };
   const std::vector<Case> cases{
       {"not json", "{\"type\":\"fail\",", "bad engine frame"},
-      {"unknown code", mutate("\"code\":1", "\"code\":9999"), "bad code"},
-      {"code ok is not a failure", mutate("\"code\":1", "\"code\":0"), "bad code"},
-      {"origin not a rank", mutate("\"origin\":\"prefill/tp3\"", "\"origin\":\"somewhere\""), "not a rank id"},
+      {"unknown code", mutate("\"code\":\"transfer_error\"", "\"code\":\"nope\""), "fail.code: 'nope' is not a failure code"},
+      {"code ok is not a failure", mutate("\"code\":\"transfer_error\"", "\"code\":\"ok\""), "is not a failure code"},
+      {"code as a number", mutate("\"code\":\"transfer_error\"", "\"code\":1"), "fail.code: not a string"},
+      {"origin not a rank", mutate("\"origin\":\"prefill/tp3\"", "\"origin\":\"somewhere\""), "is not a rank"},
       {"negative first_seen_ns", mutate("\"first_seen_ns\":123456789012345", "\"first_seen_ns\":-1"),
-       "negative first_seen_ns"},
+       "fail.first_seen_ns: negative"},
       {"room missing", mutate("\"room\":", "\"rooom\":"), "room"},
       {"room not a number", mutate("\"room\":\"18364758544493064720\"", "\"room\":\"abc\""), "bad engine frame"},
       {"reason of the wrong type", mutate("\"reason\":\"", "\"reason\":5,\"x\":\""), "bad engine frame"},

@@ -247,12 +247,12 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
     // pages. It is not terminal: drained() waits for its terminal status (or the drain deadline,
     // then the pages are quarantined).
     r.failure_heard.insert(st.sender);
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
+    fail(st.room, st.failure, false, &st.sender);
     return;
   }
   r.terminal.insert(st.sender);
   if (st.state == KVPoll::Failed) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
+    fail(st.room, st.failure, false, &st.sender);
     return;
   }
   if (st.state != KVPoll::Success || r.state.terminal()) return;
@@ -347,9 +347,11 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
 void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
   if (r.failure_told) return;
   r.failure_told = true;
-  RoomStatus st{r.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
+  RoomStatus st{r.room, core_.self(), KVPoll::Failed, e.failure()};
   for (const RankId& src : r.sources) {
-    if (r.terminal.count(src) || r.failure_heard.count(src)) continue;  // it told us, or already finished
+    // A source that succeeded is done with the room; every other one waits for our failure (even
+    // one that told us first: it is the answer that lets it release, docs/failure-model.md).
+    if (r.succeeded.count(src)) continue;
     auto peer = peers_.find(src);
     if (peer == peers_.end()) continue;
     if (dead_peers_.count(src)) {  // it may be back with this room before we find it again
@@ -363,16 +365,23 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
 
 void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
                           int64_t first_seen_ns, bool observed_here, const RankId* via) {
+  fail(room, Failure{code, origin, reason, first_seen_ns, 0}, observed_here, via);
+}
+
+void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, const RankId* via) {
+  const ErrorCode code = f.code;
+  const std::string& reason = f.reason;
+  const RankId& origin = f.origin;
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   ReceiverRoom& r = it->second;
-  if (core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here)) fresh_failures_.push_back(room);
+  if (core_.registry().record(room, f, observed_here)) fresh_failures_.push_back(room);
   // A room that already succeeded here can still fail on another rank of the engine: its sources
   // are done with it, the registry holds the cause and the driver reports it; Success stays.
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
-  LogFields fields{.room = room, .code = std::string(code_name(code)), .origin = origin.str()};
+  LogFields fields = failure_log_fields(room, f);
   if (via) fields.extra.push_back({"via", via->str()});
   log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
             fields);

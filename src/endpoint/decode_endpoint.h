@@ -103,6 +103,8 @@ class DecodeEndpoint {
   // `via`: the rank whose message told this rank (logged as "via"; `kvferry logs` orders by it).
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
             int64_t first_seen_ns, bool observed_here, const RankId* via = nullptr);
+  // The same with the failure record as it arrived (keeps its wall_ns).
+  void fail(uint64_t room, const Failure& f, bool observed_here, const RankId* via = nullptr);
   bool drained(uint64_t room, int64_t now_ns) const;
   // Overrides the room's waiting deadline (replay's timeout faults).
   void set_waiting_deadline(uint64_t room, int64_t deadline_ns);

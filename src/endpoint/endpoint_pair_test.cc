@@ -125,7 +125,7 @@ TEST(EndpointPair, Defect2_LateRecordDoesNotAttachToReusedRoom) {
 
   p->prefill().release(room);
   // And a late decode status for the released room reaches prefill.
-  RoomStatus late{room, decode_rank0(), KVPoll::Failed, ErrorCode::kAborted, decode_rank0(), monotonic_ns(), "late"};
+  RoomStatus late{room, decode_rank0(), KVPoll::Failed, {ErrorCode::kAborted, decode_rank0(), "late", monotonic_ns(), 0}};
   ASSERT_TRUE(p->dcore().send(p->pcore().control().endpoint(), late).ok());
   p->pump_for(50ms);
   EXPECT_FALSE(p->prefill().has_room(room));
@@ -149,8 +149,8 @@ TEST(EndpointPair, Defect2_LateFailureAfterSuccessDoesNotAttachToReusedRoom) {
   ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Success; }, 1s));
   p->prefill().release(room);
   p->decode().release(room);
-  RoomStatus late{room,           decode_rank0(), KVPoll::Failed, ErrorCode::kWaitingTimeout,
-                  decode_rank0(), monotonic_ns(), "no data within 1 ms"};
+  RoomStatus late{room, decode_rank0(), KVPoll::Failed,
+                  {ErrorCode::kWaitingTimeout, decode_rank0(), "no data within 1 ms", monotonic_ns(), 0}};
   ASSERT_TRUE(p->dcore().send(p->pcore().control().endpoint(), late).ok());
   p->pump_for(50ms);
   EXPECT_FALSE(p->prefill().has_room(room));

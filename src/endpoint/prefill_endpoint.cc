@@ -89,7 +89,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
     auto peer = peers_.find(md.sender);
     if (tomb->second.cause && peer != peers_.end()) {
       const KVTransferError& e = *tomb->second.cause;
-      RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.code, e.origin, e.first_seen_ns, e.failure_reason};
+      RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.failure()};
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
@@ -106,7 +106,7 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
     auto peer = peers_.find(md.sender);
     auto e = core_.registry().get(r.room);
     if (peer != peers_.end() && e) {
-      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->code, e->origin, e->first_seen_ns, e->failure_reason};
+      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
@@ -156,7 +156,8 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
   if (it != rooms_.end()) {
-    fail(st.room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
+    it->second.failure_heard.insert(st.sender);
+    fail(st.room, st.failure, false, &st.sender);
     return;
   }
   if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
@@ -192,7 +193,7 @@ Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::opti
     RoomStatus st = pf->second.second;
     pending_fail_.erase(pf);
     pending_meta_.erase(room);
-    fail(room, st.code, st.reason, st.origin, st.first_seen_ns, false, &st.sender);
+    fail(room, st.failure, false, &st.sender);
     return Status::Ok();
   }
   auto pm = pending_meta_.find(room);
@@ -436,15 +437,10 @@ Status PrefillEndpoint::conclude_without_writing(uint64_t room) {
 }
 
 void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
-  RoomStatus st{r.room, core_.self(), state, ErrorCode::kOk, core_.self(), 0, "", terminal};
+  RoomStatus st{r.room, core_.self(), state, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}, terminal};
   if (state == KVPoll::Failed) {
     auto e = core_.registry().get(r.room);
-    if (e) {
-      st.code = e->code;
-      st.origin = e->origin;
-      st.first_seen_ns = e->first_seen_ns;
-      st.reason = e->failure_reason;
-    }
+    if (e) st.failure = e->failure();
   }
   for (const RankId& d : r.dests) {
     auto peer = peers_.find(d);
@@ -463,14 +459,21 @@ void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
 
 void PrefillEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
                            int64_t first_seen_ns, bool observed_here, const RankId* via) {
+  fail(room, Failure{code, origin, reason, first_seen_ns, 0}, observed_here, via);
+}
+
+void PrefillEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, const RankId* via) {
+  const ErrorCode code = f.code;
+  const std::string& reason = f.reason;
+  const RankId& origin = f.origin;
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   SenderRoom& r = it->second;
-  if (core_.registry().record(room, code, reason, origin, first_seen_ns, observed_here)) fresh_failures_.push_back(room);
+  if (core_.registry().record(room, f, observed_here)) fresh_failures_.push_back(room);
   if (r.state.terminal()) return;
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
-  LogFields fields{.room = room, .code = std::string(code_name(code)), .origin = origin.str()};
+  LogFields fields = failure_log_fields(room, f);
   if (via) fields.extra.push_back({"via", via->str()});
   log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
             fields);
@@ -484,7 +487,15 @@ bool PrefillEndpoint::drained(uint64_t room) const {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return true;
   const SenderRoom& r = it->second;
-  return r.inflight == 0 && (r.state.get() == KVPoll::Success || r.terminal_sent);
+  if (r.inflight != 0) return false;
+  if (r.state.get() == KVPoll::Success) return true;
+  if (!r.terminal_sent) return false;
+  for (const auto& [dst, md] : r.meta) {  // every destination's failure (its candidate) heard
+    if (r.failure_heard.count(dst) || dead_peers_.count(dst)) continue;
+    return r.failed_ns != 0 &&
+           monotonic_ns() - r.failed_ns > core_.config().deadlines.drain_timeout_ms * 1'000'000;
+  }
+  return true;
 }
 
 void PrefillEndpoint::release(uint64_t room) {

@@ -63,6 +63,11 @@ struct SenderRoom {
   std::vector<uint64_t> state_indices;  // this rank's state rows, given with the last chunk
   bool terminal_sent = false;
   bool early_failure_sent = false;  // the non-terminal Failed went out (writes were in flight)
+  // Destinations whose failure status reached us. A failed room is drained only once every
+  // destination that sent metadata told us its failure (or died, or the drain deadline passed),
+  // so the engine knows every rank's root-cause candidate before it releases the room
+  // (docs/failure-model.md, "Across engines").
+  std::set<RankId> failure_heard;
   int64_t created_ns = 0;
   int64_t bootstrap_deadline_ns = 0;  // Bootstrapping past this fails with bootstrap_timeout
   int64_t first_send_ns = 0;
@@ -125,6 +130,8 @@ class PrefillEndpoint {
   // message told this rank (logged as "via"; `kvferry logs` orders by it).
   void fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
             int64_t first_seen_ns, bool observed_here, const RankId* via = nullptr);
+  // The same with the failure record as it arrived (keeps its wall_ns).
+  void fail(uint64_t room, const Failure& f, bool observed_here, const RankId* via = nullptr);
   // Overrides the room's bootstrap deadline (replay's timeout faults).
   void set_bootstrap_deadline(uint64_t room, int64_t deadline_ns);
   // No write of the room is in flight and the terminal status went out.

@@ -254,9 +254,12 @@ TEST(EndpointPair, PrefillFailureWithNothingInFlightIsTerminalAtOnce) {
   const uint64_t room = 0x1904;
   open_room(*p, room, 32, {0, 1}, 1);
   p->prefill().fail(room, ErrorCode::kTransferError, "copy engine fault", prefill_rank0(), monotonic_ns(), true);
-  EXPECT_TRUE(p->prefill().drained(room));
+  EXPECT_TRUE(p->prefill().room(room)->terminal_sent);
   EXPECT_FALSE(p->prefill().room(room)->early_failure_sent);
-  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
+  // Drained once the destination answered with its failure (docs/failure-model.md).
+  EXPECT_FALSE(p->prefill().drained(room));
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()) && p->prefill().drained(room); }, 2s));
+  EXPECT_EQ(p->prefill().room(room)->failure_heard.count(decode_rank0()), 1u);
   EXPECT_EQ(p->decode().poll(room), KVPoll::Failed);
   EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);
   EXPECT_EQ(p->decode().room(room)->failure_heard.count(prefill_rank0()), 0u);
@@ -288,8 +291,8 @@ TEST(EndpointPair, TombstonesCappedAndKeepGuarantees) {
     p->prefill().release(0x100000 + i);
   }
   EXPECT_EQ(p->prefill().tombstones(), cap + 1);  // `cap` succeeded + the failed one
-  RoomStatus late{again, decode_rank0(), KVPoll::Failed, ErrorCode::kWaitingTimeout, decode_rank0(),
-                  monotonic_ns(), "late"};
+  RoomStatus late{again, decode_rank0(), KVPoll::Failed,
+                  {ErrorCode::kWaitingTimeout, decode_rank0(), "late", monotonic_ns(), 0}};
   ASSERT_TRUE(p->dcore().send(p->pcore().control().endpoint(), late).ok());
   p->pump_for(50ms);
   p->prefill().add_room(again, 32);

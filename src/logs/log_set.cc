@@ -84,6 +84,8 @@ void parse_log_text(std::string_view text, const std::string& file, LogSet& out)
     }
     l.code = str_field(j, "code");
     l.origin = str_field(j, "origin");
+    l.reason = str_field(j, "reason");
+    l.superseded_by = str_field(j, "superseded_by");
     l.via = str_field(j, "via");
     l.event = str_field(j, "event");
     l.peer = str_field(j, "peer");

@@ -28,6 +28,8 @@ struct LogLine {
   std::optional<uint64_t> room;
   std::string code;      // code_name(), "" when none
   std::string origin;    // RankId::str() of the failure's origin, "" when none
+  std::string reason;    // the failure's reason (the "reason" field), "" when none
+  std::string superseded_by;  // this rank's own failure lost to that origin ("" when not)
   std::string via;       // the rank whose message told this rank of the failure, "" when none
   std::string event;     // e.g. "peer_dead"
   std::string peer;      // with event peer_dead: the dead rank

@@ -26,12 +26,6 @@ struct Cause {
   const LogLine* root = nullptr;  // the root-cause event
 };
 
-std::string reason_from(const LogLine& l, const std::string& origin) {
-  const std::string key = " at " + origin + ": ";
-  size_t p = l.msg.find(key);
-  return p == std::string::npos ? std::string() : l.msg.substr(p + key.size());
-}
-
 std::optional<Cause> find_cause(const std::vector<const LogLine*>& lines,
                                 const std::vector<const LogLine*>& peer_dead) {
   std::map<std::pair<std::string, std::string>, int> release_votes, votes;
@@ -61,11 +55,11 @@ std::optional<Cause> find_cause(const std::vector<const LogLine*>& lines,
     for (const LogLine* l : lines)
       if (l->origin == c.origin && l->code == c.code && (!c.root || l->ts_us < c.root->ts_us)) c.root = l;
   }
-  // Reason: from the origin's lines first, then any line naming the cause.
+  // Reason: the "reason" field of the origin's lines first, then of any line naming the cause.
   for (int pass = 0; pass < 2 && c.reason.empty(); ++pass) {
     for (const LogLine* l : lines) {
       if (l->code != c.code || l->origin != c.origin || (pass == 0 && l->rank != c.origin)) continue;
-      c.reason = reason_from(*l, c.origin);
+      c.reason = l->reason;
       if (!c.reason.empty()) break;
     }
   }
@@ -177,6 +171,10 @@ FailedRoom analyze(uint64_t room, const std::vector<const LogLine*>& lines, cons
     }
   }
   for (const std::string& r : order) f.ranks.push_back(paths[r]);
+  std::set<std::string> lost;
+  for (const LogLine* l : lines)
+    if (l->superseded_by == c.origin && l->rank != c.origin) lost.insert(l->rank);
+  f.superseded.assign(lost.begin(), lost.end());
   return f;
 }
 
@@ -220,7 +218,8 @@ std::string failed_rooms_json(const std::vector<FailedRoom>& rooms) {
                    {"time", f.time},
                    {"logged_by", f.logged_by},
                    {"ranks", ranks},
-                   {"path", path}});
+                   {"path", path},
+                   {"superseded", f.superseded}});
   }
   return arr.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
@@ -235,6 +234,8 @@ std::string failed_room_text(const FailedRoom& f, bool timeline) {
     s += fmt::format("  {}. {:<12} {}  {}{}\n", ++i, p.rank, p.ts, p.how,
                      p.level.empty() ? "" : " (highest level " + p.level + ")");
   }
+  for (const std::string& r : f.superseded)
+    s += fmt::format("  {}'s own failure was superseded by {}\n", r, f.origin);
   if (timeline) {
     s += "  timeline (causal order; ts is each process's own clock):\n";
     for (const LogLine* l : f.timeline)

@@ -3,7 +3,9 @@
 //
 // A room failed when a line about it carries a `code` and an `origin`. Its agreed cause is the
 // (origin, code) most ranks' release lines name (the lines with is_from_another_rank), else the
-// one most lines name; the reason is what those lines give after "at <origin>: ".
+// one most lines name; the reason is those lines' "reason" field (the origin's own first).
+// Ranks whose own failure lost the root-cause rule are listed in `superseded` (from the
+// "superseded_by" field of their lines), never as a second origin.
 // The root-cause event: the origin rank's first line of the room naming that code; when the origin
 // wrote none (a dead rank), the first peer_dead line about it, else the first line naming it.
 //
@@ -42,6 +44,7 @@ struct FailedRoom {
   std::string logged_by;    // the rank whose line is the root-cause event
   std::string root_line;    // that line's msg
   std::vector<RankPath> ranks;            // engine ranks that saw it, causal order
+  std::vector<std::string> superseded;    // ranks whose own failure lost to the origin (name order)
   std::vector<const LogLine*> timeline;   // every line of the room, causal order
 };
 
@@ -53,7 +56,7 @@ std::vector<const LogLine*> room_timeline(const LogSet& set, uint64_t room);
 std::vector<FailedRoom> failed_rooms(const LogSet& set, std::optional<uint64_t> only = std::nullopt);
 
 // JSON array, one object per failed room: room (decimal string), origin, code, reason, time,
-// logged_by, ranks (names, causal order), path ([{rank, ts, via, how, level}]).
+// logged_by, ranks (names, causal order), path ([{rank, ts, via, how, level}]), superseded.
 std::string failed_rooms_json(const std::vector<FailedRoom>& rooms);
 
 // Human text: the root cause line, then one line per rank; with `timeline`, every line too.

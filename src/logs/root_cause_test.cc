@@ -16,7 +16,7 @@ std::string line(const std::string& ts, const std::string& rank, const std::stri
 }
 
 std::string fail_fields(const std::string& room, const std::string& via = "") {
-  return "\"room\":\"" + room + "\",\"code\":\"injected\",\"origin\":\"decode/tp1\"" +
+  return "\"room\":\"" + room + "\",\"code\":\"injected\",\"origin\":\"decode/tp1\",\"reason\":\"boom\"" +
          (via.empty() ? "" : ",\"via\":\"" + via + "\"");
 }
 
@@ -120,7 +120,7 @@ TEST(RootCause, DeadOriginUsesItsDetector) {
                       "\"code\":\"peer_unreachable\",\"origin\":\"prefill/tp1\",\"event\":\"peer_dead\","
                       "\"peer\":\"prefill/tp1\"") +
                      line("01.001000", "decode/tp0", "debug", "room failed: peer_unreachable at prefill/tp1: gone",
-                          "\"room\":\"9\",\"code\":\"peer_unreachable\",\"origin\":\"prefill/tp1\""),
+                          "\"room\":\"9\",\"code\":\"peer_unreachable\",\"origin\":\"prefill/tp1\",\"reason\":\"gone\""),
                  "decode-tp0.jsonl", set);
   auto rooms = failed_rooms(set, 9);
   ASSERT_EQ(rooms.size(), 1u);
@@ -129,6 +129,42 @@ TEST(RootCause, DeadOriginUsesItsDetector) {
   EXPECT_EQ(rooms[0].time, "2026-11-30T10:00:01.000000Z");
   EXPECT_EQ(rooms[0].reason, "gone");
   EXPECT_TRUE(failed_rooms(set, 10).empty());
+}
+
+TEST(RootCause, ReasonIsReadFromTheField) {
+  // The msg's prose is not parsed: a line whose msg says something else still gives the field.
+  LogSet set;
+  parse_log_text(line("01.000000", "decode/tp0", "error", "room 5 failed (see fields)",
+                      "\"room\":\"5\",\"code\":\"injected\",\"origin\":\"decode/tp0\",\"reason\":\"x: y at z: w\""),
+                 "decode-tp0.jsonl", set);
+  auto rooms = failed_rooms(set);
+  ASSERT_EQ(rooms.size(), 1u);
+  EXPECT_EQ(rooms[0].reason, "x: y at z: w");
+}
+
+TEST(RootCause, SupersededRanksAreDetailNotASecondOrigin) {
+  // Both decode ranks timed out; decode/tp0 won the rule, decode/tp1's own failure lost.
+  LogSet set;
+  const std::string win = "\"room\":\"3\",\"code\":\"waiting_timeout\",\"origin\":\"decode/tp0\",\"reason\":\"r0\"";
+  parse_log_text(line("01.000000", "decode/tp0", "debug", "room failed", win) +
+                     line("01.010000", "decode/tp0", "error", "room 3 failed", win + ",\"is_from_another_rank\":\"false\""),
+                 "decode-tp0.jsonl", set);
+  parse_log_text(line("01.000100", "decode/tp1", "debug", "room failed",
+                      "\"room\":\"3\",\"code\":\"waiting_timeout\",\"origin\":\"decode/tp1\",\"reason\":\"r1\"") +
+                     line("01.010000", "decode/tp1", "debug", "room 3 failed",
+                          win + ",\"is_from_another_rank\":\"true\",\"superseded_by\":\"decode/tp0\""),
+                 "decode-tp1.jsonl", set);
+  parse_log_text(line("01.002000", "prefill/tp1", "debug", "room failed",
+                      "\"room\":\"3\",\"code\":\"waiting_timeout\",\"origin\":\"decode/tp1\",\"reason\":\"r1\"") +
+                     line("01.020000", "prefill/tp1", "debug", "room 3 failed", win + ",\"is_from_another_rank\":\"true\""),
+                 "prefill-tp1.jsonl", set);
+  auto rooms = failed_rooms(set);
+  ASSERT_EQ(rooms.size(), 1u);
+  EXPECT_EQ(rooms[0].origin, "decode/tp0");
+  EXPECT_EQ(rooms[0].reason, "r0");
+  EXPECT_EQ(rooms[0].superseded, std::vector<std::string>{"decode/tp1"});
+  auto j = nlohmann::json::parse(failed_rooms_json(rooms));
+  EXPECT_EQ(j[0]["superseded"], nlohmann::json({"decode/tp1"}));
 }
 
 TEST(RootCause, JsonShape) {
