@@ -7,6 +7,7 @@
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
+#include "driver/room_faults.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
@@ -51,18 +52,16 @@ void DecodeDriver::apply(const Decision& d) {
       r.admitted = true;
       r.kv_indices = std::move(*kv);
       r.aux_slot = (*slot)[0];
-      if (fault_at(r.req, "decode_fail", self)) {
+      const RoomFaults faults(r.req.fault, self);
+      if (faults.fail_here()) {
         ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns(), true);
         return;
       }
-      if (const ReceiverRoom* rr = ep_.room(d.room)) {  // a source must time out waiting for us
-        std::vector<uint32_t> srcs;
-        for (const RankId& x : rr->sources) srcs.push_back(x.tp_rank);
-        if (!rr->sources.empty() && fault_at_peer(r.req, "timeout", self, srcs, rr->sources.front().dp_rank)) return;
-      }
+      if (const ReceiverRoom* rr = ep_.room(d.room); rr && faults.silent_toward(rr->sources))
+        return;  // a source must time out waiting for us
       Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
       if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns(), true);
-      if (fault_at(r.req, "timeout", self))
+      if (faults.peers_silent())
         ep_.set_waiting_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
       return;
     }
@@ -161,7 +160,7 @@ void DecodeDriver::pump(int64_t now_ns) {
   const RankId self = core_.self();
   for (auto& [id, r] : rooms_) {
     if (r.verify_started || ep_.poll(id) != KVPoll::Success || core_.registry().get(id)) continue;
-    if (fault_at(r.req, "transfer", self)) {
+    if (RoomFaults(r.req.fault, self).fail_transfer()) {
       ep_.fail(id, ErrorCode::kTransferError, "injected transfer error at the receiver (replay fault plan)", self,
                now_ns, true);
       continue;

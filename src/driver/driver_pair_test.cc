@@ -61,7 +61,7 @@ class DriverPairTest : public ::testing::Test {
     RouterRequest r;
     r.room = room;
     r.input_tokens = tokens;
-    if (!fault_kind.empty()) r.fault = FaultSpec{fault_kind, fault_at};
+    if (!fault_kind.empty()) r.fault = fault_from_names(fault_kind, fault_at);
     return r;
   }
   const RoomResult* result(const std::vector<RoomResult>& rs, uint64_t room) {

@@ -1,4 +1,4 @@
-// What the ranks of one engine exchange every step to agree on each room's state (DESIGN §3
+// What the ranks of one engine exchange every step to agree on each room's state (docs/design.md §3
 // "Propagation, within an engine"): each rank reports its rooms; the leader (tp0) reduces them
 // (MIN over ranks, carrying the winning failure's origin) and decides; every rank applies the
 // decisions in the same order. Decisions that allocate decode pages are applied in lockstep,
@@ -112,11 +112,5 @@ class EngineDriver {
 
 // A kFail decision for a failure the leader observed itself (origin = the leader).
 Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const RankId& self);
-// True if the fault targets this rank ("at" equals self.str()).
-bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& self);
-// True if the fault targets one of this rank's peers in the other engine: `peers` are the other
-// engine's tp ranks this rank exchanges data with for the room (topology.h), in the room's DP group.
-bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
-                   const std::vector<uint32_t>& peers, uint32_t peer_dp_rank);
 
 }  // namespace kvferry

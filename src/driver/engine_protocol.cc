@@ -136,16 +136,17 @@ Result<RouterRequest> decode_request(const json& j) {
   if (!f->is_null()) {
     if (!f->is_object()) return bad("field 'fault' must be null or an object");
     Reader fr(*f);
-    FaultSpec spec;
-    spec.kind = fr.str("kind");
-    spec.at = fr.str("at");
+    const std::string kind = fr.str("kind");
+    const std::string at = fr.str("at");
     if (fr.failed()) return bad("fault: " + fr.error());
-    if (spec.kind != "transfer" && spec.kind != "decode_fail" && spec.kind != "prefill_fail" &&
-        spec.kind != "timeout") {
+    auto k = fault_kind_from_name(kind);
+    if (!k || *k == FaultKind::kAbort) {
       return bad("fault kind must be \"transfer\", \"decode_fail\", \"prefill_fail\" or "
-                 "\"timeout\", got '" + spec.kind + "'");
+                 "\"timeout\", got '" + kind + "'");
     }
-    if (!valid_rank_string(spec.at)) return bad("fault 'at' is not a rank: '" + spec.at + "'");
+    auto rank = RankId::parse(at);
+    if (!rank) return bad("fault 'at' is not a rank: '" + at + "'");
+    FaultSpec spec{*k, *rank};
     q.fault = std::move(spec);
   }
   if (q.input_tokens == 0) return bad("input_tokens must be > 0");
@@ -230,6 +231,34 @@ Result<uint32_t> optional_u32(const json& j, const char* name) {
 
 }  // namespace
 
+std::string_view fault_kind_name(FaultKind kind) {
+  switch (kind) {
+    case FaultKind::kTransfer: return "transfer";
+    case FaultKind::kDecodeFail: return "decode_fail";
+    case FaultKind::kPrefillFail: return "prefill_fail";
+    case FaultKind::kTimeout: return "timeout";
+    case FaultKind::kAbort: return "abort";
+  }
+  return "unknown";
+}
+
+std::optional<FaultKind> fault_kind_from_name(std::string_view name) {
+  for (FaultKind k : {FaultKind::kTransfer, FaultKind::kDecodeFail, FaultKind::kPrefillFail,
+                      FaultKind::kTimeout, FaultKind::kAbort}) {
+    if (fault_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
+std::string FaultSpec::str() const { return std::string(fault_kind_name(kind)) + "@" + at.str(); }
+
+std::optional<FaultSpec> fault_from_names(std::string_view kind, std::string_view at) {
+  auto k = fault_kind_from_name(kind);
+  auto r = RankId::parse(at);
+  if (!k || !r) return std::nullopt;
+  return FaultSpec{*k, *r};
+}
+
 std::string encode_request(const RouterRequest& r) {
   json j = {{"type", "request"},
             {"room", std::to_string(r.room)},
@@ -237,7 +266,7 @@ std::string encode_request(const RouterRequest& r) {
             {"output_tokens", r.output_tokens},
             {"arrival_ms", r.arrival_ms}};
   if (r.fault) {
-    j["fault"] = {{"kind", r.fault->kind}, {"at", r.fault->at}};
+    j["fault"] = {{"kind", std::string(fault_kind_name(r.fault->kind))}, {"at", r.fault->at.str()}};
   } else {
     j["fault"] = nullptr;
   }

@@ -6,8 +6,8 @@
 //
 // Router -> leader (to the leader's engine endpoint):
 //   RouterRequest   {"type":"request","room":"<u64 decimal>","input_tokens":N,"output_tokens":N,
-//                    "arrival_ms":N,"fault":null | {"kind":"transfer"|"decode_fail"|"timeout",
-//                    "at":"prefill/tp1"}}
+//                    "arrival_ms":N,"fault":null | {"kind":"transfer"|"decode_fail"|
+//                    "prefill_fail"|"timeout","at":"prefill/tp1"}}  (FaultSpec, never "abort")
 //   {"type":"shutdown"}                      leader tells followers, every rank exits cleanly
 //   {"type":"abort","room":"<u64>"}         (decode leader only) fail the room, code aborted
 //                                            (encoded here, decoded by the engine's sync codec)
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvferry/error.h"
@@ -31,14 +32,29 @@
 
 namespace kvferry {
 
-struct FaultSpec {
-  std::string kind;  // sent to the engines: "transfer" (the rank fails the room's transfer),
-                     // "decode_fail" (the decode rank fails the room, code injected),
-                     // "prefill_fail" (the prefill rank fails the room, code injected), "timeout"
-                     // (the rank's peer stays silent, so the rank's deadline expires);
-                     // router only, never sent: "abort" (replay/fault_plan.h)
-  std::string at;    // rank string, e.g. "prefill/tp1", "decode/tp0"
+// A fault a request carries to the engines, injected by the replay's fault plan
+// (replay/fault_plan.h decides which request gets which). Decoded once, from the request frame; a
+// driver asks RoomFaults (driver/room_faults.h) what it means for its rank.
+enum class FaultKind : uint8_t {
+  kTransfer,     // "transfer": prefill: the transport fails the room's writes; decode: the rank
+                 // declares the arrived data failed                          -> transfer_error
+  kDecodeFail,   // "decode_fail": the decode rank fails the room on admission -> injected
+  kPrefillFail,  // "prefill_fail": the prefill rank fails the room when it arrives -> injected
+  kTimeout,      // "timeout": the rank's peers stay silent for the room, so its deadline expires
+  kAbort,        // "abort": router only, never sent: the router aborts the room at the decode
+                 // leader                                                     -> aborted
 };
+std::string_view fault_kind_name(FaultKind kind);
+std::optional<FaultKind> fault_kind_from_name(std::string_view name);
+
+struct FaultSpec {
+  FaultKind kind = FaultKind::kTransfer;
+  RankId at;  // the rank the fault acts at, e.g. prefill/tp1
+  std::string str() const;  // "transfer@prefill/tp1"
+  friend bool operator==(const FaultSpec&, const FaultSpec&) = default;
+};
+// From a kind name and a rank string; nullopt if either is not valid.
+std::optional<FaultSpec> fault_from_names(std::string_view kind, std::string_view at);
 
 struct RouterRequest {
   uint64_t room = 0;
@@ -121,7 +137,7 @@ struct Decision {
 };
 
 // A failure one rank of an engine tells every other rank of its engine directly (the fan-out,
-// DESIGN §3 "Propagation, within an engine"), ahead of the per-step agreement, which stays the
+// docs/design.md §3 "Propagation, within an engine"), ahead of the per-step agreement, which stays the
 // authority for release and the router's result. Sent once per room by the rank that first
 // recorded the failure first-hand or from the other engine; a receiver never sends it on.
 struct SiblingFailure {

@@ -11,7 +11,7 @@ TEST(RouterProtocol, RequestRoundTripWithFault) {
   q.input_tokens = 12345;
   q.output_tokens = 17;
   q.arrival_ms = 9000;
-  q.fault = FaultSpec{"transfer", "prefill/tp1"};
+  q.fault = *fault_from_names("transfer", "prefill/tp1");
   const std::string text = encode_request(q);
   EXPECT_NE(text.find("\"room\":\"9223372036854775807\""), std::string::npos) << text;
   auto f = decode_router_frame(text);
@@ -24,27 +24,28 @@ TEST(RouterProtocol, RequestRoundTripWithFault) {
   EXPECT_EQ(f->request->output_tokens, 17u);
   EXPECT_EQ(f->request->arrival_ms, 9000u);
   ASSERT_TRUE(f->request->fault.has_value());
-  EXPECT_EQ(f->request->fault->kind, "transfer");
-  EXPECT_EQ(f->request->fault->at, "prefill/tp1");
+  EXPECT_EQ(f->request->fault->kind, FaultKind::kTransfer);
+  EXPECT_EQ(f->request->fault->at.str(), "prefill/tp1");
 }
 
 TEST(RouterProtocol, TimeoutFaultsReachTheEnginesAbortsAndPeerDeathsDoNot) {
   RouterRequest q;
   q.room = 5;
   q.input_tokens = 10;
-  q.fault = FaultSpec{"timeout", "decode/tp1"};
+  q.fault = *fault_from_names("timeout", "decode/tp1");
   auto f = decode_router_frame(encode_request(q));
   ASSERT_TRUE(f.ok()) << f.status().str();
-  EXPECT_EQ(f->request->fault->kind, "timeout");
-  q.fault = FaultSpec{"prefill_fail", "prefill/tp3/dp1"};
+  EXPECT_EQ(f->request->fault->kind, FaultKind::kTimeout);
+  q.fault = *fault_from_names("prefill_fail", "prefill/tp3/dp1");
   f = decode_router_frame(encode_request(q));
   ASSERT_TRUE(f.ok()) << f.status().str();
-  EXPECT_EQ(f->request->fault->kind, "prefill_fail");
-  EXPECT_EQ(f->request->fault->at, "prefill/tp3/dp1");
-  for (const char* kind : {"abort", "peer_death"}) {
-    q.fault = FaultSpec{kind, "decode/tp0"};
-    EXPECT_FALSE(decode_router_frame(encode_request(q)).ok()) << kind;
-  }
+  EXPECT_EQ(f->request->fault->kind, FaultKind::kPrefillFail);
+  EXPECT_EQ(f->request->fault->at.str(), "prefill/tp3/dp1");
+  q.fault = *fault_from_names("abort", "decode/tp0");  // the router acts on it, never sends it
+  EXPECT_FALSE(decode_router_frame(encode_request(q)).ok());
+  EXPECT_FALSE(decode_router_frame(R"({"type":"request","room":"5","input_tokens":10,"output_tokens":1,)"
+                                   R"("arrival_ms":0,"fault":{"kind":"peer_death","at":"decode/tp0"}})")
+                   .ok());
 }
 
 TEST(RouterProtocol, AbortFrames) {
@@ -55,6 +56,23 @@ TEST(RouterProtocol, AbortFrames) {
   EXPECT_EQ(a->abort_room, 9223372036854775807ULL);
   EXPECT_FALSE(decode_router_frame(R"({"type":"kill","rank":"prefill/tp1"})").ok());  // replay's, not the engines'
   EXPECT_FALSE(decode_router_frame(R"({"type":"abort","room":"x"})").ok());
+}
+
+TEST(RouterProtocol, FaultKindsByName) {
+  for (FaultKind k : {FaultKind::kTransfer, FaultKind::kDecodeFail, FaultKind::kPrefillFail, FaultKind::kTimeout,
+                      FaultKind::kAbort}) {
+    EXPECT_EQ(fault_kind_from_name(fault_kind_name(k)), k);
+  }
+  EXPECT_EQ(fault_kind_name(FaultKind::kDecodeFail), "decode_fail");
+  EXPECT_FALSE(fault_kind_from_name("peer_death").has_value());
+  EXPECT_FALSE(fault_kind_from_name("").has_value());
+  auto f = fault_from_names("timeout", "decode/tp1/dp2");
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->kind, FaultKind::kTimeout);
+  EXPECT_EQ(f->at, (RankId{Role::kDecode, 0, 1, 2}));
+  EXPECT_EQ(f->str(), "timeout@decode/tp1/dp2");
+  EXPECT_FALSE(fault_from_names("boom", "decode/tp1").has_value());
+  EXPECT_FALSE(fault_from_names("timeout", "decode").has_value());
 }
 
 TEST(RouterProtocol, RequestWithoutFault) {

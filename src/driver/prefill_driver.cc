@@ -8,6 +8,7 @@
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
+#include "driver/room_faults.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
@@ -34,21 +35,18 @@ void PrefillDriver::apply(const Decision& d) {
       r.req = d.request;
       ep_.add_room(d.room, d.request.input_tokens);
       const RankId self = core_.self();
-      if (fault_at(d.request, "prefill_fail", self)) {  // fails here, before any byte is sent
+      const RoomFaults faults(d.request.fault, self);
+      if (faults.fail_here()) {  // fails here, before any byte is sent
         ep_.fail(d.room, ErrorCode::kInjected, "injected prefill failure (replay fault plan)", self,
                  monotonic_ns(), true);
         return;
       }
-      if (fault_at(d.request, "transfer", self) && core_.faults())  // the rank is built with the decorator
+      if (faults.fail_transfer() && core_.faults())  // the rank is built with the decorator
         core_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
-      if (fault_at(d.request, "timeout", self))  // our decode peer stays silent: bootstrap timeout here
+      if (faults.peers_silent())  // our decode peer stays silent: bootstrap timeout here
         ep_.set_bootstrap_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
       // A destination must time out waiting for us: stay silent.
-      if (const SenderRoom* s = ep_.room(d.room)) {
-        std::vector<uint32_t> dests;
-        for (const RankId& x : s->dests) dests.push_back(x.tp_rank);
-        r.silent = !s->dests.empty() && fault_at_peer(d.request, "timeout", self, dests, s->dests.front().dp_rank);
-      }
+      if (const SenderRoom* s = ep_.room(d.room)) r.silent = faults.silent_toward(s->dests);
       return;
     }
     case Decision::Op::kStart: {

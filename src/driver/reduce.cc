@@ -38,20 +38,6 @@ Decision local_failure(uint64_t room, ErrorCode code, std::string reason, const 
   return d;
 }
 
-bool fault_at(const RouterRequest& req, std::string_view kind, const RankId& self) {
-  return req.fault && req.fault->kind == kind && req.fault->at == self.str();
-}
-
-bool fault_at_peer(const RouterRequest& req, std::string_view kind, const RankId& self,
-                   const std::vector<uint32_t>& peers, uint32_t peer_dp_rank) {
-  if (!req.fault || req.fault->kind != kind) return false;
-  for (uint32_t tp : peers) {
-    RankId peer{self.role == Role::kPrefill ? Role::kDecode : Role::kPrefill, 0, tp, peer_dp_rank};
-    if (req.fault->at == peer.str()) return true;
-  }
-  return false;
-}
-
 void EngineDriver::new_and_aborts(std::vector<RouterRequest>& new_requests, const RankId& self,
                                   const std::function<bool*(uint64_t)>& fail_decided, std::vector<Decision>* out) {
   for (RouterRequest& req : new_requests) {

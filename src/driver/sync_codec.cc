@@ -27,7 +27,8 @@ json to_json(const Decision& d) {
       j["input_tokens"] = d.request.input_tokens;
       j["output_tokens"] = d.request.output_tokens;
       j["arrival_ms"] = d.request.arrival_ms;
-      if (d.request.fault) j["fault"] = {{"kind", d.request.fault->kind}, {"at", d.request.fault->at}};
+      if (d.request.fault)
+        j["fault"] = {{"kind", std::string(fault_kind_name(d.request.fault->kind))}, {"at", d.request.fault->at.str()}};
       break;
     }
     case Decision::Op::kFail:
@@ -54,7 +55,10 @@ Decision decision_from(const json& j) {
     d.request.input_tokens = j.at("input_tokens").get<uint64_t>();
     d.request.output_tokens = j.at("output_tokens").get<uint64_t>();
     d.request.arrival_ms = j.at("arrival_ms").get<uint64_t>();
-    if (j.contains("fault")) d.request.fault = FaultSpec{j["fault"].at("kind"), j["fault"].at("at")};
+    if (j.contains("fault")) {
+      d.request.fault = fault_from_names(j["fault"].at("kind").get<std::string>(), j["fault"].at("at").get<std::string>());
+      if (!d.request.fault) throw std::runtime_error("bad fault");
+    }
   } else if (d.op == Decision::Op::kFail) {
     set_failure(d, failure_from(j, "decision"));
   } else if (d.op == Decision::Op::kRelease) {

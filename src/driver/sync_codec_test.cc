@@ -47,6 +47,28 @@ TEST(SyncCodec, ReleaseCarriesTheEnginesRootCause) {
   EXPECT_EQ(d2->decisions[0].code, ErrorCode::kOk);
 }
 
+TEST(SyncCodec, NewRoomCarriesItsTypedFault) {
+  Decision n;
+  n.op = Decision::Op::kNew;
+  n.room = 11;
+  n.request.room = 11;
+  n.request.input_tokens = 300;
+  n.request.fault = fault_from_names("timeout", "decode/tp1/dp1");
+  auto d = decode_sync_frame(encode_step(1, false, {n}));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  ASSERT_EQ(d->decisions.size(), 1u);
+  EXPECT_EQ(d->decisions[0].request.input_tokens, 300u);
+  EXPECT_EQ(d->decisions[0].request.fault, n.request.fault);
+  n.request.fault.reset();
+  d = decode_sync_frame(encode_step(2, false, {n}));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  EXPECT_FALSE(d->decisions[0].request.fault.has_value());
+  // A fault the engine cannot act on is a malformed step, not an exception.
+  std::string bad = encode_step(3, false, {n});
+  bad.replace(bad.find("\"room\":\"11\""), 11, R"("fault":{"kind":"boom","at":"decode/tp1"},"room":"11")");
+  EXPECT_EQ(decode_sync_frame(bad).status().code(), ErrorCode::kProtocolError) << bad;
+}
+
 TEST(SyncCodec, StepCarriesMembersOnlyWhenGiven) {
   Decision fail;
   fail.op = Decision::Op::kFail;

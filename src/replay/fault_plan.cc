@@ -165,11 +165,13 @@ FaultPlan fault_rate_plan(double p) {
 }
 
 std::string expected_code(const FaultSpec& f) {
-  const bool decode = f.at.rfind("decode", 0) == 0;
-  if (f.kind == "transfer") return "transfer_error";
-  if (f.kind == "decode_fail" || f.kind == "prefill_fail") return "injected";
-  if (f.kind == "timeout") return decode ? "waiting_timeout" : "bootstrap_timeout";
-  if (f.kind == "abort") return "aborted";
+  switch (f.kind) {
+    case FaultKind::kTransfer: return "transfer_error";
+    case FaultKind::kDecodeFail:
+    case FaultKind::kPrefillFail: return "injected";
+    case FaultKind::kTimeout: return f.at.role == Role::kDecode ? "waiting_timeout" : "bootstrap_timeout";
+    case FaultKind::kAbort: return "aborted";
+  }
   return "";
 }
 
@@ -187,7 +189,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
     size_t i = rng() % count;
     while (taken.count(i)) i = (i + 1) % count;
     taken.insert(i);
-    out[i] = FaultSpec{item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp)};
+    out[i] = fault_from_names(item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp));
   }
   if (plan.total_rate() <= 0) return out;
   for (size_t i = 0; i < count; ++i) {
@@ -198,7 +200,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
       if (item.once) continue;
       cum += item.rate;
       if (u < cum) {
-        out[i] = FaultSpec{item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp)};
+        out[i] = fault_from_names(item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp));
         break;
       }
     }

@@ -66,21 +66,21 @@ TEST(FaultPlan, FaultRateShorthand) {
 }
 
 TEST(FaultPlan, ExpectedCodePerKindAndSide) {
-  EXPECT_EQ(expected_code({"transfer", "prefill/tp1"}), "transfer_error");
-  EXPECT_EQ(expected_code({"transfer", "decode/tp0"}), "transfer_error");
-  EXPECT_EQ(expected_code({"decode_fail", "decode/tp1"}), "injected");
-  EXPECT_EQ(expected_code({"timeout", "prefill/tp0"}), "bootstrap_timeout");
-  EXPECT_EQ(expected_code({"timeout", "decode/tp1"}), "waiting_timeout");
-  EXPECT_EQ(expected_code({"abort", "decode/tp0"}), "aborted");
-  EXPECT_EQ(expected_code({"prefill_fail", "prefill/tp3"}), "injected");
+  EXPECT_EQ(expected_code(*fault_from_names("transfer", "prefill/tp1")), "transfer_error");
+  EXPECT_EQ(expected_code(*fault_from_names("transfer", "decode/tp0")), "transfer_error");
+  EXPECT_EQ(expected_code(*fault_from_names("decode_fail", "decode/tp1")), "injected");
+  EXPECT_EQ(expected_code(*fault_from_names("timeout", "prefill/tp0")), "bootstrap_timeout");
+  EXPECT_EQ(expected_code(*fault_from_names("timeout", "decode/tp1")), "waiting_timeout");
+  EXPECT_EQ(expected_code(*fault_from_names("abort", "decode/tp0")), "aborted");
+  EXPECT_EQ(expected_code(*fault_from_names("prefill_fail", "prefill/tp3")), "injected");
 }
 
 TEST(AssignRoomFaults, PrefillFailWithoutPlaceActsOnPrefillRanksOnly) {
   std::set<std::string> at;
   for (const auto& f : assign_room_faults(*parse_fault_plan("prefill_fail:1", 4, 2), 300, 5, 4, 2)) {
     ASSERT_TRUE(f.has_value());
-    EXPECT_EQ(f->kind, "prefill_fail");
-    at.insert(f->at);
+    EXPECT_EQ(f->kind, FaultKind::kPrefillFail);
+    at.insert(f->at.str());
   }
   EXPECT_EQ(at, (std::set<std::string>{"prefill/tp0", "prefill/tp1", "prefill/tp2", "prefill/tp3"}));
 }
@@ -104,17 +104,17 @@ TEST(AssignRoomFaults, RateOneOfOneKindAtARoleCoversItsRanks) {
   std::set<std::string> at;
   for (const auto& f : a) {
     ASSERT_TRUE(f.has_value());
-    EXPECT_EQ(f->kind, "timeout");
-    at.insert(f->at);
+    EXPECT_EQ(f->kind, FaultKind::kTimeout);
+    at.insert(f->at.str());
   }
   EXPECT_EQ(at, (std::set<std::string>{"decode/tp0", "decode/tp1", "decode/tp2"}));
   for (const auto& f : assign_room_faults(*parse_fault_plan("abort:1", 2, 2), 50, 5, 2, 2)) {
     ASSERT_TRUE(f.has_value());
-    EXPECT_EQ(f->at, "decode/tp0");
+    EXPECT_EQ(f->at.str(), "decode/tp0");
   }
   std::set<std::string> any;
   for (const auto& f : assign_room_faults(*parse_fault_plan("transfer:1", 2, 2), 300, 5, 2, 2)) {
-    any.insert(f->at);
+    any.insert(f->at.str());
   }
   EXPECT_EQ(any.size(), 4u);  // no place: any rank of either engine
 }
@@ -130,7 +130,7 @@ TEST(AssignRoomFaults, DeterministicMixAtMostOnePerRequest) {
     ASSERT_EQ(a[i].has_value(), b[i].has_value());
     if (a[i]) {
       EXPECT_EQ(a[i]->at, b[i]->at);
-      ++kinds[a[i]->kind];
+      ++kinds[std::string(fault_kind_name(a[i]->kind))];
     }
     differ += a[i].has_value() != c[i].has_value();
   }
@@ -146,7 +146,7 @@ TEST(AssignRoomFaults, OnceIsExactlyOneRequest) {
   auto a = assign_room_faults(plan, 7, 3, 2, 2);
   std::map<std::string, size_t> seen;
   for (const auto& f : a) {
-    if (f) ++seen[f->kind + "@" + f->at];
+    if (f) ++seen[f->str()];
   }
   EXPECT_EQ(seen, (std::map<std::string, size_t>{{"transfer@prefill/tp1", 1}, {"decode_fail@decode/tp0", 1}}));
   EXPECT_EQ(assign_room_faults(plan, 1, 3, 2, 2).size(), 1u);  // more once items than requests

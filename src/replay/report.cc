@@ -431,8 +431,8 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
     if (q.fault) {
       FaultEntry f;
       f.room = room;
-      f.kind = q.fault->kind;
-      f.injected_at = q.fault->at;
+      f.kind = std::string(fault_kind_name(q.fault->kind));
+      f.injected_at = q.fault->at.str();
       f.expected_code = expected_code(*q.fault);
       f.error = error;
       f.outcome = outcome;

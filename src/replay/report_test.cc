@@ -151,7 +151,7 @@ TEST(BuildReport, FaultAttributionAndLineCounts) {
   // Fault 1: transfer at prefill/tp1, both engines agree, one line above debug.
   RequestOutcome f1;
   f1.room = 77;
-  f1.fault = FaultSpec{"transfer", "prefill/tp1"};
+  f1.fault = *fault_from_names("transfer", "prefill/tp1");
   f1.prefill = failed_result(Role::kPrefill, 77, ErrorCode::kTransferError, "prefill/tp1");
   f1.prefill->first_failed_ns = 1'000'000;
   f1.prefill->failed_all_ns = 3'000'000;
@@ -164,18 +164,18 @@ TEST(BuildReport, FaultAttributionAndLineCounts) {
   // Fault 2: decode_fail at decode/tp0 but the engines disagree: misattributed.
   RequestOutcome f2;
   f2.room = 78;
-  f2.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  f2.fault = *fault_from_names("decode_fail", "decode/tp0");
   f2.prefill = failed_result(Role::kPrefill, 78, ErrorCode::kWaitingTimeout, "prefill/tp0");
   f2.decode = failed_result(Role::kDecode, 78, ErrorCode::kInjected, "decode/tp0");
   res.requests.push_back(f2);
   // Fault 3: the room succeeded anyway: not applied.
   RequestOutcome f3 = success(79, 1, 2, 10);
-  f3.fault = FaultSpec{"transfer", "prefill/tp0"};
+  f3.fault = *fault_from_names("transfer", "prefill/tp0");
   res.requests.push_back(f3);
   // Fault 4: the router gave up: failed, origin "router", misattributed.
   RequestOutcome f4;
   f4.room = 80;
-  f4.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  f4.fault = *fault_from_names("decode_fail", "decode/tp1");
   f4.router_failure = "router: no result within 300 s";
   res.requests.push_back(f4);
 
@@ -226,7 +226,7 @@ TEST(BuildReport, RejectedFaultIsNotApplied) {
   ReplayResults res;
   RequestOutcome q;
   q.room = 5;
-  q.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  q.fault = *fault_from_names("decode_fail", "decode/tp0");
   q.decode = failed_result(Role::kDecode, 5, ErrorCode::kResourceExhausted, "decode/tp0");
   q.decode->rejected = true;
   res.requests.push_back(q);
@@ -260,7 +260,7 @@ TEST(BuildReport, WrongCodeIsMisattributed) {
   ReplayResults res;
   RequestOutcome q;
   q.room = 4;
-  q.fault = FaultSpec{"timeout", "decode/tp1"};
+  q.fault = *fault_from_names("timeout", "decode/tp1");
   q.prefill = failed_result(Role::kPrefill, 4, ErrorCode::kTransferError, "decode/tp1");
   q.decode = failed_result(Role::kDecode, 4, ErrorCode::kTransferError, "decode/tp1");
   res.requests.push_back(q);
@@ -294,7 +294,7 @@ TEST(BuildReport, PeerDeathRoomsDetectionsAndLines) {
   // A fault whose room the death failed first: not applied.
   RequestOutcome b = a;
   b.room = 2;
-  b.fault = FaultSpec{"transfer", "decode/tp0"};
+  b.fault = *fault_from_names("transfer", "decode/tp0");
   res.requests.push_back(b);
   // Failed around the kill with another origin and no fault: misattributed, unexpected.
   RequestOutcome c;
@@ -397,7 +397,7 @@ TEST(ReportJson, HasEveryDocumentedField) {
   res.requests.push_back(success(9, 10, 20, 5));
   RequestOutcome f;
   f.room = 10;
-  f.fault = FaultSpec{"transfer", "prefill/tp0"};
+  f.fault = *fault_from_names("transfer", "prefill/tp0");
   f.prefill = failed_result(Role::kPrefill, 10, ErrorCode::kTransferError, "prefill/tp0");
   f.decode = failed_result(Role::kDecode, 10, ErrorCode::kTransferError, "prefill/tp0");
   res.requests.push_back(f);
@@ -481,7 +481,7 @@ TEST(ReportJson, HasEveryDocumentedField) {
 TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
   ReplayResults res;
   RequestOutcome late = success(90, 1, 2, 10);
-  late.fault = FaultSpec{"transfer", "decode/tp1"};
+  late.fault = *fault_from_names("transfer", "decode/tp1");
   late.decode = failed_result(Role::kDecode, 90, ErrorCode::kTransferError, "decode/tp1");
   late.decode->ranks_failed = 2;
   res.requests.push_back(late);
@@ -498,7 +498,7 @@ TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
 
   RequestOutcome half;  // the prefill engine's verdict never came
   half.room = 91;
-  half.fault = FaultSpec{"decode_fail", "decode/tp0"};
+  half.fault = *fault_from_names("decode_fail", "decode/tp0");
   half.decode = failed_result(Role::kDecode, 91, ErrorCode::kInjected, "decode/tp0");
   half.decode->ranks_failed = 2;
   res.requests.push_back(half);
@@ -508,7 +508,7 @@ TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
   // A rank killed while the room was live is lost, not unaccounted.
   RequestOutcome lost;
   lost.room = 92;
-  lost.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  lost.fault = *fault_from_names("decode_fail", "decode/tp1");
   lost.prefill = failed_result(Role::kPrefill, 92, ErrorCode::kInjected, "decode/tp1");
   lost.prefill->ranks_lost = 1;
   lost.decode = failed_result(Role::kDecode, 92, ErrorCode::kInjected, "decode/tp1");

@@ -83,7 +83,8 @@ std::string encode_results(const ReplayResults& r) {
               {"router_failure", q.router_failure},
               {"abort_sent_ns", q.abort_sent_ns},
               {"error", q.error}};
-    o["fault"] = q.fault ? json{{"kind", q.fault->kind}, {"at", q.fault->at}} : json(nullptr);
+    o["fault"] = q.fault ? json{{"kind", std::string(fault_kind_name(q.fault->kind))}, {"at", q.fault->at.str()}}
+                         : json(nullptr);
     for (auto [key, res] : {std::pair{"prefill", &q.prefill}, std::pair{"decode", &q.decode}}) {
       if (*res) {
         json j = json::parse(encode_result(**res));
@@ -151,7 +152,8 @@ Result<ReplayResults> decode_results(const std::string& text) {
           !(*f)["kind"].is_string() || !(*f)["at"].is_string()) {
         return bad("request " + rs + ": bad fault");
       }
-      q.fault = FaultSpec{(*f)["kind"].get<std::string>(), (*f)["at"].get<std::string>()};
+      q.fault = fault_from_names((*f)["kind"].get<std::string>(), (*f)["at"].get<std::string>());
+      if (!q.fault) return bad("request " + rs + ": bad fault");
     }
     auto p = result_from(o, "prefill");
     if (!p.ok()) return p.status();

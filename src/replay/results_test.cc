@@ -16,7 +16,7 @@ TEST(Results, RoundTrip) {
   a.output_tokens = 12;
   a.arrival_ms = 77;
   a.dispatched_ns = 15;
-  a.fault = FaultSpec{"decode_fail", "decode/tp1"};
+  a.fault = *fault_from_names("decode_fail", "decode/tp1");
   RoomResult d;
   d.role = Role::kDecode;
   d.room = a.room;
@@ -49,7 +49,7 @@ TEST(Results, RoundTrip) {
   EXPECT_EQ(x.arrival_ms, 77u);
   EXPECT_EQ(x.dispatched_ns, 15);
   ASSERT_TRUE(x.fault.has_value());
-  EXPECT_EQ(x.fault->at, "decode/tp1");
+  EXPECT_EQ(x.fault->at.str(), "decode/tp1");
   EXPECT_FALSE(x.prefill.has_value());
   ASSERT_TRUE(x.decode.has_value());
   EXPECT_EQ(x.decode->code, ErrorCode::kInjected);

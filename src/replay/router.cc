@@ -346,7 +346,7 @@ class Router {
 
   void schedule_abort(size_t i, int64_t now) {
     const auto& f = plan_[i].fault;
-    if (!f || f->kind != "abort") return;
+    if (!f || f->kind != FaultKind::kAbort) return;
     const int64_t due = now + static_cast<int64_t>(abort_delay_ms(c_.seed, plan_[i].room) * 1e6);
     aborts_.insert(std::upper_bound(aborts_.begin(), aborts_.end(), std::pair{due, i}),
                    std::pair{due, i});
@@ -372,7 +372,7 @@ class Router {
 
   Status send_request(size_t i) {
     RouterRequest q = plan_[i];
-    if (q.fault && q.fault->kind == "abort") q.fault.reset();  // the router acts on it, not the engines
+    if (q.fault && q.fault->kind == FaultKind::kAbort) q.fault.reset();  // the router acts on it, not the engines
     const std::string frame = encode_request(q);
     for (const auto& leader : {leader_for(Role::kPrefill, q.room), leader_for(Role::kDecode, q.room)}) {
       Status st = send_patiently(sock_, leader, frame, std::chrono::milliseconds(10000));
@@ -381,9 +381,7 @@ class Router {
     log_event(LogLevel::kDebug, kComponent, "dispatched",
               LogFields{.room = plan_[i].room,
                         .extra = {{"input_tokens", std::to_string(plan_[i].input_tokens)},
-                                  {"fault", plan_[i].fault ? plan_[i].fault->kind + "@" +
-                                                                 plan_[i].fault->at
-                                                           : ""}}});
+                                  {"fault", plan_[i].fault ? plan_[i].fault->str() : ""}}});
     return Status::Ok();
   }
 
@@ -550,11 +548,9 @@ std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace,
     q.output_tokens = sorted[i].output_tokens;
     q.arrival_ms = sorted[i].arrival_ms;
     q.fault = std::move(assigned[i]);
-    if (q.fault) {
-      if (auto at = RankId::parse(q.fault->at)) {  // the rank of the group serving the room
-        at->dp_rank = dp_rank_for_room(q.room, at->role == Role::kPrefill ? prefill_dp : decode_dp);
-        q.fault->at = at->str();
-      }
+    if (q.fault) {  // the rank of the group serving the room
+      RankId& at = q.fault->at;
+      at.dp_rank = dp_rank_for_room(q.room, at.role == Role::kPrefill ? prefill_dp : decode_dp);
     }
     plan.push_back(std::move(q));
   }

@@ -85,7 +85,7 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
         if (q.fault) {
           r.state = KVPoll::Failed;
           r.code = ErrorCode::kInjected;
-          r.origin = q.fault->at;
+          r.origin = q.fault->at.str();
           r.reason = "fake fault";
           r.ranks_failed = 2;
         } else {
@@ -176,7 +176,7 @@ TEST_F(RouterLoop, BackPressureResultsAndShutdown) {
     if (q.fault) {
       ++faults;
       EXPECT_EQ(q.decode->state, KVPoll::Failed);
-      EXPECT_EQ(q.decode->origin, q.fault->at);
+      EXPECT_EQ(q.decode->origin, q.fault->at.str());
     } else {
       EXPECT_EQ(q.decode->bytes_verified, q.input_tokens);
     }
@@ -288,8 +288,8 @@ TEST_F(RouterLoop, AbortsGoToTheDecodeLeaderAfterTheDispatch) {
   EXPECT_EQ(aborts_at_decode, 6u);
   for (const auto& q : read_results().requests) {
     ASSERT_TRUE(q.fault.has_value());
-    EXPECT_EQ(q.fault->kind, "abort");
-    EXPECT_EQ(q.fault->at, "decode/tp0");
+    EXPECT_EQ(q.fault->kind, FaultKind::kAbort);
+    EXPECT_EQ(q.fault->at.str(), "decode/tp0");
     EXPECT_GE(q.abort_sent_ns - q.dispatched_ns, int64_t(abort_delay_ms(c.seed, q.room) * 1e6));
     EXPECT_EQ(q.error, "room " + std::to_string(q.room) + " failed: aborted at decode/tp0: fake aborted");
   }

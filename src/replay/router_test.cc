@@ -58,11 +58,11 @@ TEST(PlanRequests, FaultRateShorthandKindsAndRanks) {
   std::set<std::string> prefill_at, decode_at;
   for (const auto& q : all) {
     ASSERT_TRUE(q.fault.has_value());
-    if (q.fault->kind == "transfer") {
-      prefill_at.insert(q.fault->at);
+    if (q.fault->kind == FaultKind::kTransfer) {
+      prefill_at.insert(q.fault->at.str());
     } else {
-      EXPECT_EQ(q.fault->kind, "decode_fail");
-      decode_at.insert(q.fault->at);
+      EXPECT_EQ(q.fault->kind, FaultKind::kDecodeFail);
+      decode_at.insert(q.fault->at.str());
     }
   }
   EXPECT_EQ(prefill_at, (std::set<std::string>{"prefill/tp0", "prefill/tp1"}));
@@ -81,10 +81,9 @@ TEST(PlanRequests, FaultsLandInTheRoomsDpGroup) {
   std::set<std::string> groups;
   for (const auto& q : plan_requests(trace_of(300), 9, plan, 2, 2, 2, 3)) {
     ASSERT_TRUE(q.fault.has_value());
-    auto at = RankId::parse(q.fault->at);
-    ASSERT_TRUE(at.has_value()) << q.fault->at;
+    const RankId* at = &q.fault->at;
     const uint32_t dp = at->role == Role::kPrefill ? 2 : 3;
-    EXPECT_EQ(at->dp_rank, dp_rank_for_room(q.room, dp)) << q.fault->at << " room " << q.room;
+    EXPECT_EQ(at->dp_rank, dp_rank_for_room(q.room, dp)) << q.fault->str() << " room " << q.room;
     EXPECT_EQ(at->dp_rank, q.room % dp);
     groups.insert(std::string(role_name(at->role)) + std::to_string(at->dp_rank));
   }
@@ -92,7 +91,7 @@ TEST(PlanRequests, FaultsLandInTheRoomsDpGroup) {
   // DP 1: unchanged names.
   for (const auto& q : plan_requests(trace_of(50), 9, plan, 2, 2)) {
     ASSERT_TRUE(q.fault.has_value());
-    EXPECT_EQ(q.fault->at.find("/dp"), std::string::npos) << q.fault->at;
+    EXPECT_EQ(q.fault->at.str().find("/dp"), std::string::npos) << q.fault->str();
   }
 }
 
