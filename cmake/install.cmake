@@ -127,9 +127,13 @@ file(RELATIVE_PATH KVFERRY_PC_PREFIX_REL /p/${CMAKE_INSTALL_LIBDIR}/pkgconfig /p
 configure_file(${PROJECT_SOURCE_DIR}/cmake/kvferry.pc.in ${PROJECT_BINARY_DIR}/kvferry.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/kvferry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
+# The Manager consumer (tests/consumer/main.cc) needs the manager component and the engine-shaped
+# buffers (issue 11); ON once both are on main.
+option(KVFERRY_CONSUMER_MANAGER "install_consumer also builds and runs tests/consumer/main.cc" OFF)
 if(NOT KVFERRY_SANITIZE)
 add_test(NAME install_consumer
   COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
-          -DWORK_DIR=${PROJECT_BINARY_DIR}/install_consumer -P ${PROJECT_SOURCE_DIR}/tests/consumer/run.cmake)
+          -DWORK_DIR=${PROJECT_BINARY_DIR}/install_consumer -DMANAGER_CONSUMER=${KVFERRY_CONSUMER_MANAGER}
+          -P ${PROJECT_SOURCE_DIR}/tests/consumer/run.cmake)
 set_tests_properties(install_consumer PROPERTIES TIMEOUT 300)
 endif()

@@ -5,6 +5,8 @@ base/conn.py): a ``KVManager`` per rank, a ``KVSender`` (prefill) or ``KVReceive
 request (``bootstrap_room``), each with ``init``, ``send`` (sender), ``poll``,
 ``failure_exception`` and ``abort``.
 
+* Engine-shaped buffers (KV buffers per layer tensor, aux rows, state rows, as SGLang's KVArgs
+  carries them) are described by ``describe_buffers`` / ``from_kv_args`` (kvferry/buffers.py).
 * KV pools are buffer-protocol objects the engine owns (numpy arrays, bytearrays, memoryviews):
   writable and C-contiguous. The manager registers their memory with the transport (nothing is
   copied) and keeps them alive until ``close()``. Layout of one rank's pool (``KVManager.layout``):
@@ -30,12 +32,14 @@ import os
 from typing import Iterable, Optional
 
 from . import _kvferry
+from .buffers import BufferDesc, EngineBuffers, from_kv_args
+from .buffers import describe as describe_buffers
 from ._logging import flush_logs
 from ._logging import start as _logging_start
 
 __all__ = [
     "KVPoll", "KVTransferError", "KVManager", "KVSender", "KVReceiver", "BootstrapServer",
-    "pool_nbytes", "flush_logs",
+    "pool_nbytes", "flush_logs", "BufferDesc", "EngineBuffers", "describe_buffers", "from_kv_args",
 ]
 
 

@@ -1,6 +1,7 @@
-# CTest `install_consumer`: installs the build into a fresh prefix, then builds tests/consumer
-# against it twice, with find_package(kvferry) and with pkg-config, and runs both programs and the
-# installed CLI and the installed Python module. Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR=
+# CTest `install_consumer`: installs the build into a fresh prefix, checks what it holds, builds the
+# programs of tests/consumer against it twice, with find_package(kvferry) and with pkg-config, runs
+# them, runs the installed CLI's replay from outside both trees and imports the installed Python
+# module. Arguments: -DBUILD_DIR= -DSOURCE_DIR= -DWORK_DIR= [-DMANAGER_CONSUMER=ON]
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -34,28 +35,39 @@ if(source_paths)
   message(FATAL_ERROR "the installed CLI names the source tree: ${source_paths}")
 endif()
 
-# 1. find_package(kvferry) from the installed prefix only.
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/cmake-build
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release)
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-build)
-run(${WORK_DIR}/cmake-build/consumer)
-message(STATUS "find_package consumer: ${last_output}")
-if(NOT last_output MATCHES "^consumer ok")
-  message(FATAL_ERROR "find_package consumer printed: ${last_output}")
+# The programs: basics.cc always; main.cc (the Manager consumer) with -DMANAGER_CONSUMER=ON.
+set(programs basics)
+set(manager_flag OFF)
+if(MANAGER_CONSUMER)
+  list(APPEND programs main)
+  set(manager_flag ON)
 endif()
 
-# 2. pkg-config: the same program, compiled by hand with `pkg-config --cflags --libs kvferry`.
+# 1. find_package(kvferry) from the installed prefix only.
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/cmake-build
+    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=Release -DKVFERRY_CONSUMER_MANAGER=${manager_flag})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/cmake-build)
+# 2. pkg-config: the same programs, compiled by hand with `pkg-config --cflags --libs kvferry`.
 file(GLOB pc_dirs ${prefix}/lib*/pkgconfig ${prefix}/lib/*/pkgconfig)
 set(ENV{PKG_CONFIG_PATH} "${pc_dirs}")
 run(pkg-config --cflags --libs kvferry)
 string(STRIP "${last_output}" flags)
 separate_arguments(flags UNIX_COMMAND "${flags}")
-run(c++ -O1 ${SOURCE_DIR}/tests/consumer/main.cc -o ${WORK_DIR}/consumer-pc ${flags})
-run(${WORK_DIR}/consumer-pc)
-message(STATUS "pkg-config consumer: ${last_output}")
-if(NOT last_output MATCHES "^consumer ok")
-  message(FATAL_ERROR "pkg-config consumer printed: ${last_output}")
-endif()
+foreach(p ${programs})
+  if(p STREQUAL "main")
+    set(cmake_exe ${WORK_DIR}/cmake-build/consumer)
+  else()
+    set(cmake_exe ${WORK_DIR}/cmake-build/consumer_${p})
+  endif()
+  run(c++ -O1 ${SOURCE_DIR}/tests/consumer/${p}.cc -o ${WORK_DIR}/consumer-pc-${p} ${flags})
+  foreach(exe ${cmake_exe} ${WORK_DIR}/consumer-pc-${p})
+    run(${exe})
+    message(STATUS "${exe}: ${last_output}")
+    if(NOT last_output MATCHES "^consumer ok")
+      message(FATAL_ERROR "${exe} printed: ${last_output}")
+    endif()
+  endforeach()
+endforeach()
 
 # 3. The installed CLI runs.
 run(${prefix}/bin/kvferry --help)
