@@ -1,4 +1,4 @@
-// Every deadline of kvferry in one place (DESIGN §2: "Every state has a deadline").
+// Every deadline of kvferry in one place (docs/design.md §2: "Every state has a deadline").
 //
 // Each has a default, a KVFERRY_* environment variable, and a CLI option of `kvferry replay` and
 // `kvferry rank` (the option wins over the variable, the variable over the default). All in ms.

@@ -1,6 +1,6 @@
 // The one error vocabulary of kvferry: ErrorCode, RankId, Status, Result<T>, KVTransferError.
 //
-// Codes are chosen by what the caller does next (DESIGN.md §3, "Sources"). Not-ready is a state
+// Codes are chosen by what the caller does next (docs/design.md §3, "Sources"). Not-ready is a state
 // (KVPoll), never an error. Exceptions are used only at the edges (CLI, Python).
 // Thread contract: value types; no shared state.
 #pragma once

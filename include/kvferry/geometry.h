@@ -45,7 +45,7 @@ Result<ModelGeometry> load_model_file(const std::string& path, const std::string
 // Bytes of one aux slot (an AuxRecord padded to a cache line).
 constexpr uint64_t kAuxSlotBytes = 64;
 
-// What decode writes into its aux slot guard and what prefill writes last (DESIGN §2 step 5).
+// What decode writes into its aux slot guard and what prefill writes last (docs/design.md §2 step 5).
 struct AuxRecord {
   uint64_t room = 0;            // guard: must equal the room the slot was given to
   uint64_t first_token_id = 0;  // simulated first output token

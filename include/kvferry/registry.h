@@ -3,7 +3,7 @@
 //
 // - A room must be open()ed before failures attach to it; a record for a room that is not open
 //   (never opened, or already released) is dropped and counted, so a late record can never attach
-//   to a later room that reuses the id (DESIGN defect 2, docs/failure-model.md).
+//   to a later room that reuses the id (docs/design.md §4 defect 2, docs/failure-model.md).
 // - The primary is the root cause by the root-cause rule (failure_precedes, kvferry/error.h) over
 //   the room's candidates known here: this rank's first local observation, if it came before the
 //   rank knew of any failure of the room, and every record that reached it from another rank. A
@@ -11,7 +11,7 @@
 //   `superseded` list ("superseded by ORIGIN"). A local observation made after the room already had
 //   a record is a consequence, never a candidate: it is kept as secondary detail only.
 //   Hence the primary is a function of the SET of candidates, not of their arrival order.
-// - get() is non-destructive: asking twice gives the same answer (DESIGN defect 1).
+// - get() is non-destructive: asking twice gives the same answer (docs/design.md §4 defect 1).
 // - release() removes the room and its record.
 // Thread contract: all methods are thread-safe (one internal mutex).
 #pragma once

@@ -1,4 +1,4 @@
-// The room state machine as one table of allowed transitions (DESIGN §2).
+// The room state machine as one table of allowed transitions (docs/design.md §2).
 //
 // Sender (prefill):   Bootstrapping -> WaitingForInput -> Transferring -> Success
 // Receiver (decode):  Bootstrapping -> WaitingForInput -> Transferring -> Success

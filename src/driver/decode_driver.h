@@ -1,4 +1,4 @@
-// DecodeDriver: the scheduler side of a decode rank (DESIGN §1 "driver").
+// DecodeDriver: the scheduler side of a decode rank (docs/design.md §1 "driver").
 //   preallocation queue: rooms wait (FIFO) for free pages and an aux slot; the leader admits a
 //                        room when its pages fit (kAdmit) and every rank allocates the same pages in
 //                        lockstep; a room that can never fit the pool is rejected (a failure with

@@ -143,7 +143,7 @@ TEST_F(DriverPairTest, DecodeFailureAttributedToDecodeWithOneLine) {
   EXPECT_EQ(lines_above_debug() - lines0, 1u);  // decode's error; prefill logs it at debug
 }
 
-// DESIGN §4 defect 3: an abort is logged at info once, on the rank that received it, not as a
+// docs/design.md §4 defect 3: an abort is logged at info once, on the rank that received it, not as a
 // transfer failure on every rank.
 TEST_F(DriverPairTest, Defect3_AbortIsLoggedOnceAtInfo) {
   make();

@@ -20,7 +20,7 @@ class JobWorker {
  public:
   using Completion = std::function<void()>;
   using Job = std::function<Completion()>;
-  // Runs on the main thread when a job threw; the worker itself keeps going (DESIGN §4 defect 6).
+  // Runs on the main thread when a job threw; the worker itself keeps going (docs/design.md §4 defect 6).
   using OnError = std::function<void(const std::string& what)>;
 
   explicit JobWorker(Waker& waker);

@@ -16,7 +16,7 @@ void drain_until(JobWorker& w, size_t want, size_t* done) {
   }
 }
 
-// DESIGN §4 defect 6: a worker that dies on an exception silently hangs its queue. Here the
+// docs/design.md §4 defect 6: a worker that dies on an exception silently hangs its queue. Here the
 // throwing job's error reaches the main thread and the next job still runs.
 TEST(JobWorker, Defect6_ExceptionFailsTheJobNotTheWorker) {
   Waker waker;

@@ -1,4 +1,4 @@
-// PrefillDriver: the scheduler side of a prefill rank (DESIGN §1 "driver").
+// PrefillDriver: the scheduler side of a prefill rank (docs/design.md §1 "driver").
 //   bootstrap queue: rooms whose senders wait for decode metadata; when every rank has it (the
 //                    engine's MIN is WaitingForInput) the leader decides kStart;
 //   forward:         started rooms get staging pages chunk by chunk (back-pressure on the staging

@@ -1,4 +1,4 @@
-// PeerMonitor: control-plane heartbeats between peer ranks of the two engines (DESIGN §4 defect 8:
+// PeerMonitor: control-plane heartbeats between peer ranks of the two engines (docs/design.md §4 defect 8:
 // detect a dead peer in well under a second, and never declare a busy one dead).
 //
 // A dedicated thread sends a Heartbeat to every watched peer's control endpoint each

@@ -1,5 +1,5 @@
 // Which prefill rank writes which heads to which decode rank, for any pair of TP sizes
-// (DESIGN §2 generalised to prefill TP != decode TP).
+// (docs/design.md §2 generalised to prefill TP != decode TP).
 //
 // GQA/MHA: every head a decode rank holds comes from exactly one prefill rank: the lowest-indexed
 // prefill rank holding it (with replicated heads the other replicas write nothing, so no byte is
