@@ -16,7 +16,7 @@
 #include "endpoint/endpoint_pair_test_util.h"
 #include "kvferry/control.h"
 #include "kvferry/net.h"
-#include "replay/router_protocol.h"
+#include "driver/engine_protocol.h"
 
 namespace kvferry {
 namespace {
@@ -68,8 +68,8 @@ std::string agree(const std::string& router_host, const std::string& engine_endp
   EXPECT_TRUE(router.ok()) << router.status().str();
   if (!router.ok()) return "";
   RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
-  auto leader_core = testing::make_test_core(leader_id);
-  auto follower_core = testing::make_test_core(follower_id);
+  auto leader_core = testing::make_test_manager(leader_id);
+  auto follower_core = testing::make_test_manager(follower_id);
   EXPECT_TRUE(leader_core.ok() && follower_core.ok());
   if (!leader_core.ok() || !follower_core.ok()) return "";
   EngineLoopConfig cfg{leader_id, 2, engine_endpoint, (*router)->endpoint()};
@@ -80,8 +80,8 @@ std::string agree(const std::string& router_host, const std::string& engine_endp
   fcfg.bind_host = follower_bind;
   fcfg.advertise_host = follower_advertise;
   IdleDriver leader_driver, follower_driver;
-  EngineLoop leader(cfg, **leader_core, leader_driver, [](const Message&) {}, [](const TransportEvent&) {});
-  EngineLoop follower(fcfg, **follower_core, follower_driver, [](const Message&) {}, [](const TransportEvent&) {});
+  EngineLoop leader(cfg, **leader_core, leader_driver);
+  EngineLoop follower(fcfg, **follower_core, follower_driver);
   auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
   auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
   std::string ready_endpoint;
@@ -123,12 +123,12 @@ TEST(EngineAddresses, HostName) {
 }
 
 TEST(EngineAddresses, BadBindHostFailsToStart) {
-  auto core = testing::make_test_core(RankId{Role::kDecode, 0, 1, 0});
+  auto core = testing::make_test_manager(RankId{Role::kDecode, 0, 1, 0});
   ASSERT_TRUE(core.ok()) << core.status().str();
   EngineLoopConfig cfg{RankId{Role::kDecode, 0, 1, 0}, 2, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2"};
   cfg.bind_host = "no-such-host.invalid";
   IdleDriver driver;
-  EngineLoop follower(cfg, **core, driver, [](const Message&) {}, [](const TransportEvent&) {});
+  EngineLoop follower(cfg, **core, driver);
   EXPECT_EQ(follower.run(), 2);  // could not start
 }
 
