@@ -174,7 +174,7 @@ TEST_F(Replay, RankThatCannotStartStopsTheReplay) {
   EXPECT_EQ(run.exit_code, 1) << run.output;
   EXPECT_NE(run.output.find("decode/tp1"), std::string::npos) << run.output;
   EXPECT_NE(run.output.find("before the replay finished"), std::string::npos) << run.output;
-  EXPECT_NE(run.output.find("page size"), std::string::npos) << run.output;  // its stderr tail
+  EXPECT_NE(run.output.find("page_size must be at least 1 token"), std::string::npos) << run.output;  // its stderr tail
   EXPECT_TRUE(processes_mentioning(dir_.string()).empty());
   const json r = report();
   EXPECT_EQ(r["status"], "failed");
