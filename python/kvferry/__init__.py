@@ -210,6 +210,11 @@ class KVManager:
         self.close()
 
 
+def _rows(indices) -> list:
+    """Row indices (a list or numpy integer array; None: none) as Python ints."""
+    return [] if indices is None else [int(i) for i in indices]
+
+
 class _Room:
     def __init__(self, mgr: KVManager, bootstrap_room: int, role: str, bootstrap_addr: Optional[str] = None,
                  prefill_dp_rank: Optional[int] = None):
@@ -218,7 +223,8 @@ class _Room:
         self._mgr = mgr
         self.bootstrap_room = int(bootstrap_room)
         self._closed = True
-        mgr._impl.open(self.bootstrap_room, bootstrap_addr or "", -1 if prefill_dp_rank is None else int(prefill_dp_rank))
+        dp_rank = -1 if prefill_dp_rank is None else int(prefill_dp_rank)
+        mgr._impl.open(self.bootstrap_room, bootstrap_addr or "", dp_rank)
         self._closed = False
 
     def poll(self) -> KVPoll:
@@ -277,8 +283,7 @@ class KVSender(_Room):
         last: None infers it (this chunk reaches init's page count); False keeps the room open for
         a further (possibly empty) last chunk. state_indices (local state rows) go with the last
         chunk only. The aux row follows the last page; poll() is Success once all of it is at decode."""
-        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices],
-                                    [int(i) for i in (state_indices if state_indices is not None else ())], last)
+        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last)
 
 
 class KVReceiver(_Room):
@@ -296,7 +301,7 @@ class KVReceiver(_Room):
         """Destination pages (one per room page, in order), aux row and state rows; sends them to
         every prefill source of the room."""
         self._mgr._impl.receiver_init(self.bootstrap_room, [int(i) for i in kv_indices], int(aux_index),
-                                      [int(i) for i in (state_indices if state_indices is not None else ())], int(num_tokens or 0))
+                                      _rows(state_indices), int(num_tokens or 0))
 
     send_metadata = init
 

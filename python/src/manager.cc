@@ -42,7 +42,8 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
     if (c.pool == nullptr || c.pool_bytes == 0) return bad("no memory: give a KV pool or engine buffers");
     auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);
     if (!layout.ok())
-      return Status(layout.status().code(), fmt::format("KV pool of {} bytes: {}", c.pool_bytes, layout.status().message()));
+      return Status(layout.status().code(),
+                    fmt::format("KV pool of {} bytes: {}", c.pool_bytes, layout.status().message()));
   } else if (c.pool != nullptr) {
     return bad("give a KV pool or engine buffers, not both");
   }

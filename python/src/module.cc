@@ -208,7 +208,8 @@ PYBIND11_MODULE(_kvferry, mod) {
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
                     const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
                     const std::string&, uint32_t>(),
-           py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"), py::arg("aux_slots"),
+           py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
+           py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"))
       .def("close", &PyManager::close)

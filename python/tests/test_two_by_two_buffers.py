@@ -89,7 +89,8 @@ def run_engines(transport):
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_two_by_two_engine_buffers(transport):
     origin, held, seen = run_engines(transport)
-    assert (origin["code"], origin["origin"], origin["is_from_another_rank"]) == ("transfer_error", "prefill/tp1", False)
+    assert (origin["code"], origin["origin"], origin["is_from_another_rank"]) == (
+        "transfer_error", "prefill/tp1", False)
 
     # decode/tp0's room failed (prefill/tp0 told it) while prefill/tp0's write was still held:
     # Failed, but not release-safe, and not quarantined.
@@ -101,7 +102,8 @@ def test_two_by_two_engine_buffers(transport):
         assert s["states"] == {str(ROOM_OK): "Success", str(ROOM_FAULT): "Failed"}, name
         assert s["errors"][str(ROOM_OK)] is None, name
         err = s["errors"][str(ROOM_FAULT)]
-        assert (err["code"], err["origin"], err["bootstrap_room"]) == ("transfer_error", "prefill/tp1", ROOM_FAULT), name
+        assert (err["code"], err["origin"], err["bootstrap_room"]) == (
+            "transfer_error", "prefill/tp1", ROOM_FAULT), name
         assert err["is_from_another_rank"] is (name != "prefill/tp1"), name
         assert "injected write failure" in err["failure_reason"], name
         assert s["release_safe"] and s["released"], name
