@@ -128,8 +128,8 @@ configure_file(${PROJECT_SOURCE_DIR}/cmake/kvferry.pc.in ${PROJECT_BINARY_DIR}/k
 install(FILES ${PROJECT_BINARY_DIR}/kvferry.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 # The Manager consumer (tests/consumer/main.cc) needs the manager component and the engine-shaped
-# buffers (issue 11); ON once both are on main.
-option(KVFERRY_CONSUMER_MANAGER "install_consumer also builds and runs tests/consumer/main.cc" OFF)
+# buffers (issue 11).
+option(KVFERRY_CONSUMER_MANAGER "install_consumer also builds and runs tests/consumer/main.cc" ON)
 if(NOT KVFERRY_SANITIZE)
 add_test(NAME install_consumer
   COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}

@@ -5,16 +5,29 @@ base/conn.py): a ``KVManager`` per rank, a ``KVSender`` (prefill) or ``KVReceive
 request (``bootstrap_room``), each with ``init``, ``send`` (sender), ``poll``,
 ``failure_exception`` and ``abort``.
 
-* Engine-shaped buffers (KV buffers per layer tensor, aux rows, state rows, as SGLang's KVArgs
-  carries them) are described by ``describe_buffers`` / ``from_kv_args`` (kvferry/buffers.py).
-* KV pools are buffer-protocol objects the engine owns (numpy arrays, bytearrays, memoryviews):
-  writable and C-contiguous. The manager registers their memory with the transport (nothing is
-  copied) and keeps them alive until ``close()``. Layout of one rank's pool (``KVManager.layout``):
-  ``num_buffers`` buffers (layer-major, K then V; MLA: one latent) of ``num_pages`` pages of
-  ``page_bytes`` bytes (``page_size`` tokens x this rank's heads x head_dim x dtype_bytes), then
-  ``aux_slots`` aux slots of 64 bytes. ``pool_nbytes()`` sizes a pool for a number of pages.
-* Page indices are integer sequences (lists, numpy integer arrays) of pages of this rank's pool.
-  Out-of-range or duplicate indices raise ``ValueError`` and nothing is sent.
+* Memory, one of two shapes. Engine-owned buffers (``buffers=``): KV buffers per layer tensor,
+  aux rows and state rows, as SGLang's KVArgs carries them, described by ``describe_buffers`` /
+  ``from_kv_args`` (kvferry/buffers.py); a page index addresses item i of every KV buffer, a
+  room's aux_index its row of every aux buffer (prefill's row lands in decode's row after the last
+  KV write), state indices rows of every state buffer (sent with the last chunk). Or one KV pool
+  (``kv_pool``) laid out by kvferry: ``num_buffers`` buffers (layer-major, K then V; MLA: one
+  latent) of ``num_pages`` pages of ``page_bytes`` bytes, then ``aux_slots`` aux slots of 64 bytes
+  (``KVManager.layout``; ``pool_nbytes()`` sizes it). Either way the memory is the engine's:
+  writable, C-contiguous, registered with the transport (nothing is copied) and kept alive until
+  ``close()``.
+* Page indices are integer sequences (lists, numpy integer arrays) of pages of this rank's
+  memory. Out-of-range or duplicate indices raise ``ValueError`` and nothing is sent.
+* Prefill: ``KVSender.init(num_kv_indices, aux_index)``, then ``send(kv_indices,
+  state_indices=None, last=None)`` per chunk; ``last`` is inferred (the chunk that reaches the
+  room's page count) unless given; a last chunk may carry no pages (only its state rows).
+  Decode: ``KVReceiver(mgr, room, bootstrap_addr=None, prefill_dp_rank=None)``, then
+  ``init(kv_indices, aux_index, state_indices=None)`` (also named ``send_metadata``).
+* Freeing a room's pages and rows: ``release_safe()`` (sender and receiver) is True once no write
+  of any prefill source can still reach them. An engine must free (or reuse) a room's pages, aux
+  row and state rows only once it is True. ``KVPoll.Failed`` does NOT imply it: a prefill rank
+  may still be writing into a failed room's pages. A receiver whose prefill never confirmed its
+  writes drained becomes release-safe at the drain deadline with ``quarantined()`` True: those
+  pages must not be reused.
 * A failed room raises ``KVTransferError`` from ``failure_exception()``, with the room, reason,
   code, origin rank and ``is_from_another_rank`` (False only on the origin).
 * kvferry's log lines go to Python ``logging``: logger ``kvferry.<component>`` (e.g.
@@ -100,31 +113,39 @@ def pool_nbytes(num_pages: int, *, num_layers: int, num_kv_heads: int, head_dim:
 
 
 class KVManager:
-    """One rank's manager: pool, transport, control plane, failure registry and progress thread.
+    """One rank's manager: memory, transport, control plane, failure registry and progress thread.
 
-    role: "prefill" or "decode". kv_pool: the rank's pool (see the module doc); as many pages as
-    fit are used. Geometry: num_layers, num_kv_heads (the model's, over all ranks), head_dim,
-    dtype_bytes, tensors_per_layer (2: K and V; 1 with attention="MLA"), page_size (tokens).
-    model_name must be the same on both engines. bootstrap_addr: "host:port" of the bootstrap
-    service; prefill registers there, decode looks its prefill ranks up (blocking up to
-    lookup_timeout_ms). transport: "shm" or "tcp". deadlines: milliseconds by name
-    (bootstrap_timeout_ms, waiting_timeout_ms, heartbeat_interval_ms, heartbeat_timeout_ms,
-    drain_timeout_ms, lookup_timeout_ms, ...; KVFERRY_* environment variables are the defaults).
-    log_file: optional JSON-lines log of this rank (as `kvferry replay` writes).
-    transfer_shards: transfer worker shards, 1..8 (each a UCX worker with its own progress thread;
-    a room's writes stay on one shard; `--transfer-shards` in the CLI). Peers may use other counts.
+    role: "prefill" or "decode". Memory (see the module doc): ``buffers``, the engine's buffers as
+    ``describe_buffers``/``from_kv_args`` return them (kept referenced until close()), or
+    ``kv_pool``, one pool laid out by kvferry (as many pages as fit are used). Geometry:
+    num_layers, num_kv_heads (the model's, over all ranks), head_dim, dtype_bytes,
+    tensors_per_layer (2: K and V; 1 with attention="MLA"), page_size (tokens); with buffers, the
+    KV buffers' item length must be a page of this rank's heads. model_name must be the same on
+    both engines. bootstrap_addr: "host:port" of the bootstrap service; prefill registers there,
+    decode looks its prefill ranks up (blocking up to lookup_timeout_ms). transport: "shm" or
+    "tcp". deadlines: milliseconds by name (bootstrap_timeout_ms, waiting_timeout_ms,
+    heartbeat_interval_ms, heartbeat_timeout_ms, drain_timeout_ms, lookup_timeout_ms, ...;
+    KVFERRY_* environment variables are the defaults). log_file: optional JSON-lines log of this
+    rank (as `kvferry replay` writes). transfer_shards: transfer worker shards, 1..8 (each a UCX
+    worker with its own progress thread; a room's writes stay on one shard; `--transfer-shards`
+    in the CLI). Peers may use other counts.
     """
 
-    def __init__(self, role: str, kv_pool, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 page_size: int, bootstrap_addr: str, dtype_bytes: int = 2, tensors_per_layer: int = 2,
+    def __init__(self, role: str, kv_pool=None, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 page_size: int, bootstrap_addr: str, buffers: Optional[EngineBuffers] = None,
+                 dtype_bytes: int = 2, tensors_per_layer: int = 2,
                  attention: str = "GQA", model_name: str = "custom", aux_slots: int = 64,
                  transport: str = "shm", tp_rank: int = 0, tp_size: int = 1,
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
                  log_file: Optional[str] = None, transfer_shards: int = 1):
+        if (kv_pool is None) == (buffers is None):
+            raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
         g = _geometry(num_layers, num_kv_heads, head_dim, dtype_bytes, tensors_per_layer, model_name, attention)
         self.role = role
-        self._impl = _kvferry.Manager(role, kv_pool, g, page_size, aux_slots, bootstrap_addr, transport,
+        self._buffers = buffers  # keeps the engine's buffer objects alive while registered
+        descs = [d.as_tuple() for d in buffers.descs] if buffers is not None else []
+        self._impl = _kvferry.Manager(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
                                       tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
                                       os.fspath(log_file) if log_file else "", transfer_shards)
 
@@ -148,6 +169,19 @@ class KVManager:
         """Fault injection: every later write of the room fails in the transport with `code`."""
         self._impl.inject_write_failure(bootstrap_room, code, reason)
 
+    def hold_writes(self, bootstrap_room: int) -> None:
+        """Test hook (fault decorator): later writes of the room stay in flight until
+        release_held_writes(); they are queued, not lost."""
+        self._impl.hold_writes(bootstrap_room)
+
+    def release_held_writes(self, bootstrap_room: int) -> None:
+        """Ends hold_writes(): the room's queued writes go out, in order."""
+        self._impl.release_held_writes(bootstrap_room)
+
+    def held_writes(self, bootstrap_room: int) -> int:
+        """Writes of the room held in flight (queued) right now."""
+        return self._impl.held_writes(bootstrap_room)
+
     def live_rooms(self) -> int:
         return self._impl.live_rooms()
 
@@ -156,8 +190,18 @@ class KVManager:
         return self._impl.peers()
 
     def close(self) -> None:
-        """Tears the rank down (transport first), then lets go of the pool. Idempotent."""
+        """Tears the rank down (transport first), then lets go of its memory. Idempotent."""
         self._impl.close()
+        if self._buffers is not None:
+            self._buffers.release()
+            self._buffers = None
+
+    def __del__(self):
+        # Before the attributes go (in no set order): the rank first, then the buffers it registered.
+        try:
+            self.close()
+        except Exception:  # a constructor that failed, or interpreter exit
+            pass
 
     def __enter__(self):
         return self
@@ -166,13 +210,21 @@ class KVManager:
         self.close()
 
 
+def _rows(indices) -> list:
+    """Row indices (a list or numpy integer array; None: none) as Python ints."""
+    return [] if indices is None else [int(i) for i in indices]
+
+
 class _Room:
-    def __init__(self, mgr: KVManager, bootstrap_room: int, role: str):
+    def __init__(self, mgr: KVManager, bootstrap_room: int, role: str, bootstrap_addr: Optional[str] = None,
+                 prefill_dp_rank: Optional[int] = None):
         if mgr.role != role:
             raise ValueError(f"a {type(self).__name__} needs a {role} manager, not {mgr.role}")
         self._mgr = mgr
         self.bootstrap_room = int(bootstrap_room)
-        mgr._impl.open(self.bootstrap_room)
+        self._closed = True
+        dp_rank = -1 if prefill_dp_rank is None else int(prefill_dp_rank)
+        mgr._impl.open(self.bootstrap_room, bootstrap_addr or "", dp_rank)
         self._closed = False
 
     def poll(self) -> KVPoll:
@@ -188,6 +240,17 @@ class _Room:
         """Fails the room on this rank (code "aborted", origin this rank) and tells its peers."""
         self._mgr._impl.abort(self.bootstrap_room, reason)
 
+    def fail_from_engine(self, error: KVTransferError) -> None:
+        """A failure the engine learned from another of its ranks (e.g. its per-step agreement):
+        the room fails here with that error's code, reason and origin (is_from_another_rank unless
+        the origin is this rank) and its peers are told. No-op if the room already ended."""
+        self._mgr._impl.fail_from_engine(self.bootstrap_room, error.code, error.failure_reason, error.origin)
+
+    def release_safe(self) -> bool:
+        """True once no write can still reach the room's pages, aux row and state rows: only then
+        may the engine free or reuse them. Failed does not imply it (a prefill may still write)."""
+        return self._mgr._impl.release_safe(self.bootstrap_room)
+
     def close(self) -> None:
         """The engine is done: the room is released once no write can still reach its pages."""
         if not self._closed:
@@ -202,35 +265,50 @@ class _Room:
 
 
 class KVSender(_Room):
-    """Prefill side of one room: init(num_kv_indices), then send() chunks of local page indices."""
+    """Prefill side of one room: init(num_kv_indices, aux_index), then send() chunks of local pages."""
 
     def __init__(self, mgr: KVManager, bootstrap_room: int):
         super().__init__(mgr, bootstrap_room, "prefill")
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None, num_tokens: Optional[int] = None) -> None:
-        """The room has `num_kv_indices` pages (`num_tokens` tokens; default: full pages).
-        aux_index is accepted for SGLang's call shape only: prefill's aux record is built by kvferry
-        (room guard, token and page counts) in its own staging slot, not taken from the engine."""
-        self._mgr._impl.sender_init(self.bootstrap_room, int(num_kv_indices), int(num_tokens or 0))
+        """The room has `num_kv_indices` pages (`num_tokens` tokens; default: full pages). With
+        engine buffers, `aux_index` is this rank's aux row, copied into decode's row of every aux
+        buffer after the last KV write; with a kv_pool kvferry stages its own aux record."""
+        self._mgr._impl.sender_init(self.bootstrap_room, int(num_kv_indices), int(aux_index or 0),
+                                    int(num_tokens or 0))
 
-    def send(self, kv_indices: Iterable[int]) -> None:
+    def send(self, kv_indices: Iterable[int], state_indices: Optional[Iterable[int]] = None,
+             last: Optional[bool] = None) -> None:
         """Writes the room's next len(kv_indices) pages from these local pages to every decode rank.
-        The aux record follows the last page; poll() is Success once all of it is at decode."""
-        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices])
+        last: None infers it (this chunk reaches init's page count); False keeps the room open for
+        a further (possibly empty) last chunk. state_indices (local state rows) go with the last
+        chunk only. The aux row follows the last page; poll() is Success once all of it is at decode."""
+        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last)
 
 
 class KVReceiver(_Room):
-    """Decode side of one room: init(kv_indices, aux_index), then poll() until Success or Failed."""
+    """Decode side of one room: init(kv_indices, aux_index, state_indices), then poll() until
+    Success or Failed; free its pages and rows once release_safe()."""
 
-    def __init__(self, mgr: KVManager, bootstrap_room: int):
-        super().__init__(mgr, bootstrap_room, "decode")
+    def __init__(self, mgr: KVManager, bootstrap_room: int, bootstrap_addr: Optional[str] = None,
+                 prefill_dp_rank: Optional[int] = None):
+        """bootstrap_addr: the prefill instance's bootstrap service (default: the manager's);
+        prefill_dp_rank: its DP group serving the room (default: chosen by room)."""
+        super().__init__(mgr, bootstrap_room, "decode", bootstrap_addr, prefill_dp_rank)
 
-    def init(self, kv_indices: Iterable[int], aux_index: int, num_tokens: Optional[int] = None) -> None:
-        """Destination pages (one per room page, in order) and aux slot; sends them to prefill."""
+    def init(self, kv_indices: Iterable[int], aux_index: int, state_indices: Optional[Iterable[int]] = None,
+             num_tokens: Optional[int] = None) -> None:
+        """Destination pages (one per room page, in order), aux row and state rows; sends them to
+        every prefill source of the room."""
         self._mgr._impl.receiver_init(self.bootstrap_room, [int(i) for i in kv_indices], int(aux_index),
-                                      int(num_tokens or 0))
+                                      _rows(state_indices), int(num_tokens or 0))
+
+    send_metadata = init
+
+    def quarantined(self) -> bool:
+        """True if release_safe() only because the drain deadline passed: do not reuse the pages."""
+        return self._mgr._impl.quarantined(self.bootstrap_room)
 
     def aux(self, aux_index: int) -> dict:
-        """The aux record prefill wrote last: room, cached_tokens, num_pages."""
+        """With a kv_pool: the aux record prefill wrote last (room, cached_tokens, num_pages)."""
         return self._mgr._impl.aux(int(aux_index))
-

@@ -13,12 +13,12 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
-// Python ints to page indices; a negative one is refused naming it.
-Result<std::vector<uint64_t>> indices(const std::vector<int64_t>& v) {
+// Python ints to page or row indices; a negative one is refused naming it.
+Result<std::vector<uint64_t>> indices(const std::vector<int64_t>& v, const char* what) {
   std::vector<uint64_t> out;
   out.reserve(v.size());
   for (size_t i = 0; i < v.size(); ++i) {
-    if (v[i] < 0) return bad(fmt::format("kv_indices[{}] = {} is negative", i, v[i]));
+    if (v[i] < 0) return bad(fmt::format("{}[{}] = {} is negative", what, i, v[i]));
     out.push_back(static_cast<uint64_t>(v[i]));
   }
   return out;
@@ -38,10 +38,15 @@ Result<PoolLayout> layout_for_pages(const ConnectorConfig& c, uint64_t num_pages
 Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   std::unique_ptr<Connector> m(new Connector());
   m->self_ = RankId{c.role, 0, c.tp_rank, 0};
-  if (c.pool == nullptr || c.pool_bytes == 0) return bad("the KV pool is empty");
-  auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);
-  if (!layout.ok())
-    return Status(layout.status().code(), fmt::format("KV pool of {} bytes: {}", c.pool_bytes, layout.status().message()));
+  if (c.buffers.empty()) {
+    if (c.pool == nullptr || c.pool_bytes == 0) return bad("no memory: give a KV pool or engine buffers");
+    auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);
+    if (!layout.ok())
+      return Status(layout.status().code(),
+                    fmt::format("KV pool of {} bytes: {}", c.pool_bytes, layout.status().message()));
+  } else if (c.pool != nullptr) {
+    return bad("give a KV pool or engine buffers, not both");
+  }
   if (!c.log_file.empty()) init_logging({m->self_.str(), c.log_file, LogLevel::kDebug, LogLevel::kWarning});
   kvferry::ManagerConfig mc;
   mc.self = m->self_;
@@ -49,15 +54,18 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   mc.peer_tp_size = c.peer_tp_size;
   mc.model = c.model;
   mc.page_size = c.page_size;
-  mc.pool_base = c.pool;
-  mc.pool_bytes = c.pool_bytes;
+  mc.buffers = c.buffers;
+  if (c.buffers.empty()) {
+    mc.pool_base = c.pool;
+    mc.pool_bytes = c.pool_bytes;
+  }
   mc.aux_rows = c.aux_slots;
   mc.bootstrap_address = c.bootstrap;
   mc.transport = c.transport;
   mc.transfer_shards = c.transfer_shards;
   mc.deadlines = c.deadlines;
   mc.progress_thread = true;
-  mc.fault_injection = true;  // inject_write_failure
+  mc.fault_injection = true;  // inject_write_failure, hold_writes
   mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
   auto r = kvferry::Manager::create(mc);
   if (!r.ok()) return r.status();
@@ -79,7 +87,7 @@ Connector::Room* Connector::find(uint64_t room) {
   return it == rooms_.end() ? nullptr : &it->second;
 }
 
-Status Connector::open(uint64_t room) {
+Status Connector::open(uint64_t room, const std::string& prefill_bootstrap, int64_t prefill_dp_rank) {
   std::lock_guard lock(mu_);
   if (!m_) return bad("the manager is closed");
   if (rooms_.count(room)) return bad(fmt::format("room {} is already open on {}", room, self_.str()));
@@ -89,47 +97,84 @@ Status Connector::open(uint64_t room) {
     if (!s.ok()) return s.status();
     r.sender = std::move(s).value();
   } else {
-    auto s = m_->receiver(room);
+    auto s = m_->receiver(room, prefill_bootstrap);
     if (!s.ok()) return s.status();
+    if (Status st = (*s)->init(prefill_dp_rank); !st.ok()) return st;
     r.receiver = std::move(s).value();
   }
   rooms_.emplace(room, std::move(r));
   return Status::Ok();
 }
 
-Status Connector::sender_init(uint64_t room, uint64_t num_pages, uint64_t num_tokens) {
+Status Connector::sender_init(uint64_t room, uint64_t num_pages, int64_t aux_index, uint64_t num_tokens) {
   std::lock_guard lock(mu_);
   if (self_.role != Role::kPrefill) return bad("init(num_kv_indices) is a prefill (sender) call");
   Room* r = find(room);
   if (!r) return bad(fmt::format("room {} is not open", room));
-  Status s = r->sender->init(num_pages, 0, num_tokens);
+  if (aux_index < 0) return bad(fmt::format("aux_index {} is negative", aux_index));
+  Status s = r->sender->init(num_pages, static_cast<uint64_t>(aux_index), num_tokens);
   if (s.ok()) r->total_pages = num_pages;
   return s;
 }
 
-Status Connector::sender_send(uint64_t room, const std::vector<int64_t>& pages) {
+Status Connector::sender_send(uint64_t room, const std::vector<int64_t>& pages, const std::vector<int64_t>& state,
+                              std::optional<bool> last) {
   std::lock_guard lock(mu_);
   if (self_.role != Role::kPrefill) return bad("send(kv_indices) is a prefill (sender) call");
   Room* r = find(room);
-  if (!r) return bad(fmt::format("room {}: send() before init()", room));
-  if (pages.empty()) return bad("send() of no pages");
-  auto src = indices(pages);
+  if (!r || r->total_pages == 0) return bad(fmt::format("room {}: send() before init()", room));
+  auto src = indices(pages, "kv_indices");
   if (!src.ok()) return src.status();
-  const bool last = r->total_pages != 0 && r->next_page + src->size() == r->total_pages;
-  Status s = r->sender->send(*src, {}, last);
+  auto rows = indices(state, "state_indices");
+  if (!rows.ok()) return rows.status();
+  const bool is_last = last.value_or(r->next_page + src->size() == r->total_pages);
+  Status s = r->sender->send(*src, *rows, is_last);
   if (s.ok()) r->next_page += src->size();
   return s;
 }
 
-Status Connector::receiver_init(uint64_t room, const std::vector<int64_t>& kv, int64_t aux_slot, uint64_t num_tokens) {
+Status Connector::receiver_init(uint64_t room, const std::vector<int64_t>& kv, int64_t aux_slot,
+                                const std::vector<int64_t>& state, uint64_t num_tokens) {
   std::lock_guard lock(mu_);
   if (self_.role != Role::kDecode) return bad("init(kv_indices, aux_index) is a decode (receiver) call");
   Room* r = find(room);
   if (!r) return bad(fmt::format("room {} is not open", room));
   if (aux_slot < 0) return bad(fmt::format("aux_index {} is negative", aux_slot));
-  auto dst = indices(kv);
+  auto dst = indices(kv, "kv_indices");
   if (!dst.ok()) return dst.status();
-  return r->receiver->send_metadata(*dst, static_cast<uint64_t>(aux_slot), {}, num_tokens);
+  auto rows = indices(state, "state_indices");
+  if (!rows.ok()) return rows.status();
+  return r->receiver->send_metadata(*dst, static_cast<uint64_t>(aux_slot), *rows, num_tokens);
+}
+
+Result<bool> Connector::release_safe(uint64_t room) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  return r->sender ? r->sender->release_safe() : r->receiver->release_safe();
+}
+
+Result<bool> Connector::quarantined(uint64_t room) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  return r->receiver ? r->receiver->quarantined() : false;
+}
+
+Status Connector::fail_from_engine(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  KVTransferError e;
+  e.bootstrap_room = room;
+  e.code = code;
+  e.failure_reason = reason;
+  e.origin = origin;
+  e.is_from_another_rank = !(origin == self_);
+  e.first_seen_ns = monotonic_ns();
+  if (r->sender) r->sender->fail_from_engine(e);
+  else r->receiver->fail_from_engine(e);
+  return Status::Ok();
 }
 
 KVPoll Connector::poll(uint64_t room) {
@@ -165,9 +210,25 @@ void Connector::inject_write_failure(uint64_t room, ErrorCode code, const std::s
   if (m_ && m_->faults()) m_->faults()->fail_room(room, code, reason);
 }
 
+void Connector::hold_writes(uint64_t room) {
+  std::lock_guard lock(mu_);
+  if (m_ && m_->faults()) m_->faults()->hold_room(room);
+}
+
+void Connector::release_held_writes(uint64_t room) {
+  std::lock_guard lock(mu_);
+  if (m_ && m_->faults()) m_->faults()->release_held(room);
+}
+
+size_t Connector::held_writes(uint64_t room) {
+  std::lock_guard lock(mu_);
+  return m_ && m_->faults() ? m_->faults()->queued_writes(room) : 0;
+}
+
 Result<AuxRecord> Connector::aux(int64_t slot) {
   std::lock_guard lock(mu_);
   if (!m_) return bad("the manager is closed");
+  if (m_->pool_base() == nullptr) return bad("aux(): with engine buffers, read the engine's aux buffers");
   if (slot < 0 || static_cast<uint64_t>(slot) >= layout_.aux_slots)
     return bad(fmt::format("aux slot {} is out of range ({} slots)", slot, layout_.aux_slots));
   AuxRecord rec;

@@ -5,12 +5,17 @@
 // rank is built; each failed room is logged once by it under "prefill.connector" or
 // "decode.connector" (level per manager/log_policy.h).
 //
-// Rooms follow SGLang's connector: a sender is opened, init(num pages) adds it, send() writes
-// chunks of local page indices (the chunk that reaches the room's page count is the last); a
-// receiver is opened, init(kv_indices, aux slot) sends the metadata. close_room() drops the handle:
-// the manager releases the room once no write can still reach its pages.
+// Rooms follow SGLang's connector: a sender is opened, init(num pages, aux row) adds it, send()
+// writes chunks of local page indices (last: given, or inferred as the chunk that reaches the
+// room's page count; a last chunk may carry no pages, only state rows); a receiver is opened
+// (with the prefill instance's bootstrap address and DP rank), init(kv_indices, aux row, state
+// rows) sends the metadata. release_safe() tells the engine when it may free a room's pages and
+// rows (Failed does not imply it). close_room() drops the handle: the manager releases the room
+// once no write can still reach its pages.
 //
-// Units: pages are page_size tokens of every layer buffer; indices are pages of this rank's pool.
+// Memory: the engine's buffers (kvferry/buffers.h: KV buffers per layer tensor, aux and state
+// buffers), or one contiguous pool laid out by kvferry (kvferry/geometry.h PoolLayout).
+// Units: pages are page_size tokens of every KV buffer; rows are aux/state items.
 // Errors: bad arguments come back as kInvalidArgument naming the value; nothing is sent then.
 // Thread contract: every method is thread-safe (one mutex here, the manager's own inside); the
 // progress thread never calls into Python.
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/buffers.h"
 #include "kvferry/error.h"
 #include "kvferry/geometry.h"
 #include "kvferry/manager.h"
@@ -43,6 +49,8 @@ struct ConnectorConfig {
   std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
   Deadlines deadlines;
+  // The engine's buffers (valid until close()); empty: the contiguous pool below.
+  std::vector<BufferDesc> buffers;
   uint8_t* pool = nullptr;    // the engine's pool; the layout uses as many pages as fit
   uint64_t pool_bytes = 0;
   std::string log_file;       // optional JSON log file of this rank
@@ -63,19 +71,36 @@ class Connector {
   const RankId& self() const { return self_; }
   Role role() const { return self_.role; }
 
-  // A sender/receiver exists for `room` (Bootstrapping until init). Errors: already open.
-  Status open(uint64_t room);
-  Status sender_init(uint64_t room, uint64_t num_pages, uint64_t num_tokens);
-  Status sender_send(uint64_t room, const std::vector<int64_t>& pages);
+  // A sender/receiver exists for `room` (Bootstrapping until init). Decode: `prefill_bootstrap`
+  // ("host:port"; empty: the configured one) and `prefill_dp_rank` (-1: by room) name the prefill
+  // side. Errors: already open, a bad DP rank, the lookup failing.
+  Status open(uint64_t room, const std::string& prefill_bootstrap = "", int64_t prefill_dp_rank = -1);
+  Status sender_init(uint64_t room, uint64_t num_pages, int64_t aux_index, uint64_t num_tokens);
+  // `last`: nullopt infers it (the chunk reaches init's page count); an empty chunk must be last.
+  Status sender_send(uint64_t room, const std::vector<int64_t>& pages, const std::vector<int64_t>& state_indices,
+                     std::optional<bool> last);
   Status receiver_init(uint64_t room, const std::vector<int64_t>& kv_indices, int64_t aux_slot,
-                       uint64_t num_tokens);
+                       const std::vector<int64_t>& state_indices, uint64_t num_tokens);
+  // The room's Sender/Receiver::release_safe() (kvferry/manager.h). Errors: the room is not open.
+  Result<bool> release_safe(uint64_t room);
+  // Receiver::quarantined(); false for a sender. Errors: the room is not open.
+  Result<bool> quarantined(uint64_t room);
+  // A failure the engine learned from another rank (its agreement): Sender/Receiver::fail_from_engine
+  // with `origin`'s failure; no-op on a room that already ended. Errors: not open.
+  Status fail_from_engine(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin);
   KVPoll poll(uint64_t room);  // Failed for a room that is not open
   std::optional<KVTransferError> failure(uint64_t room);
   Status abort(uint64_t room, const std::string& reason);
   void close_room(uint64_t room);
   // Fault injection (tests): every later write of `room` fails in the transport with `code`.
   void inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);
-  // Decode: the aux record in `slot`. Errors: slot out of range.
+  // Test hooks over the fault decorator (kvferry/fault_transport.h): later writes of `room` stay in
+  // flight (queued) until release_held_writes(room); held_writes() counts the queued ones.
+  void hold_writes(uint64_t room);
+  void release_held_writes(uint64_t room);
+  size_t held_writes(uint64_t room);
+  // Decode over the contiguous pool: kvferry's aux record in `slot`. Errors: slot out of range,
+  // engine buffers (the engine reads its own aux buffers).
   Result<AuxRecord> aux(int64_t slot);
   size_t live_rooms();
   size_t peers();

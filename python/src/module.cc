@@ -1,17 +1,21 @@
 // _kvferry: the compiled half of the Python package `kvferry` (python/kvferry/__init__.py holds the
 // Python-facing classes: KVPoll, KVTransferError, KVManager, KVSender, KVReceiver).
 //
-// Buffers: a KV pool is any writable C-contiguous buffer-protocol object (numpy array,
-// bytearray, memoryview); the manager holds the buffer (so it cannot be resized or freed) and
-// registers its memory with the transport; it is released after the rank is torn down.
-// Page indices are sequences of Python ints (lists, numpy integer arrays).
+// Memory: either engine-owned buffers, as (address, bytes, item_bytes, kind, memory) tuples made by
+// kvferry.describe_buffers (python/kvferry/buffers.py keeps the objects alive; kvferry/buffers.h),
+// or one KV pool: any writable C-contiguous buffer-protocol object (numpy array, bytearray,
+// memoryview), held here (so it cannot be resized or freed) and released after the rank is torn
+// down. The manager registers the memory with the transport; nothing is copied.
+// Page and row indices are sequences of Python ints (lists, numpy integer arrays).
 // GIL: released in every call that may block (rank start-up, the manager's lock, log waits).
 // Errors: bad arguments raise ValueError naming the value; other failures RuntimeError.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "kvferry/bootstrap.h"
 #include "log_queue.h"
@@ -29,6 +33,30 @@ namespace {
 
 void check(const Status& s) {
   if (!s.ok()) raise_status(s);
+}
+
+BufferKind buffer_kind(const std::string& k) {
+  for (BufferKind b : {BufferKind::kKv, BufferKind::kAux, BufferKind::kState})
+    if (buffer_kind_name(b) == k) return b;
+  throw py::value_error("buffer kind must be 'kv', 'aux' or 'state', not '" + k + "'");
+}
+
+MemoryKind memory_kind(const std::string& k) {
+  for (MemoryKind m : {MemoryKind::kHost, MemoryKind::kCuda})
+    if (memory_kind_name(m) == k) return m;
+  throw py::value_error("memory kind must be 'host' or 'cuda', not '" + k + "'");
+}
+
+// (address, bytes, item_bytes, kind, memory) tuples (BufferDesc.as_tuple()) as BufferDescs.
+std::vector<BufferDesc> buffer_descs(const py::list& buffers) {
+  std::vector<BufferDesc> out;
+  for (const py::handle& h : buffers) {
+    auto t = h.cast<py::tuple>();
+    if (t.size() != 5) throw py::value_error("a buffer is (address, bytes, item_bytes, kind, memory)");
+    out.push_back(BufferDesc{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(), t[2].cast<uint64_t>(),
+                             buffer_kind(t[3].cast<std::string>()), memory_kind(t[4].cast<std::string>())});
+  }
+  return out;
 }
 
 // A held, writable, C-contiguous view of the engine's pool.
@@ -55,12 +83,14 @@ class PoolBuffer {
 // The Python object: the rank plus the pool it registered (released only after the rank is gone).
 class PyManager {
  public:
-  PyManager(const std::string& role, const py::object& pool, const py::dict& geometry, uint32_t page_size,
-            uint32_t aux_slots, const std::string& bootstrap, const std::string& transport, uint32_t tp_rank,
-            uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines, const std::string& log_file,
-            uint32_t transfer_shards)
-      : pool_(std::make_unique<PoolBuffer>(pool)) {
+  PyManager(const std::string& role, const py::object& pool, const py::list& buffers, const py::dict& geometry,
+            uint32_t page_size, uint32_t aux_slots, const std::string& bootstrap, const std::string& transport,
+            uint32_t tp_rank, uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines,
+            const std::string& log_file, uint32_t transfer_shards) {
     ConnectorConfig c;
+    c.buffers = buffer_descs(buffers);
+    if (pool.is_none() == c.buffers.empty()) throw py::value_error("give a KV pool or engine buffers (one of them)");
+    if (!pool.is_none()) pool_ = std::make_unique<PoolBuffer>(pool);
     if (role == "prefill") c.role = Role::kPrefill;
     else if (role == "decode") c.role = Role::kDecode;
     else throw py::value_error("role must be 'prefill' or 'decode', not '" + role + "'");
@@ -93,8 +123,10 @@ class PyManager {
       if (!known) throw py::value_error("unknown deadline '" + key + "'");
     }
     c.log_file = log_file;
-    c.pool = pool_->data();
-    c.pool_bytes = pool_->bytes();
+    if (pool_) {
+      c.pool = pool_->data();
+      c.pool_bytes = pool_->bytes();
+    }
     Result<std::unique_ptr<Connector>> m = Status();
     {
       py::gil_scoped_release nogil;
@@ -173,51 +205,102 @@ PYBIND11_MODULE(_kvferry, mod) {
   using nogil = py::call_guard<py::gil_scoped_release>;
 
   py::class_<PyManager>(mod, "Manager")
-      .def(py::init<const std::string&, const py::object&, const py::dict&, uint32_t, uint32_t, const std::string&,
-                    const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&, const std::string&,
-                    uint32_t>(),
-           py::arg("role"), py::arg("pool"), py::arg("geometry"), py::arg("page_size"), py::arg("aux_slots"),
+      .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
+                    const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
+                    const std::string&, uint32_t>(),
+           py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
+           py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"))
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
-      .def("open", [](PyManager& p, uint64_t room) {
+      .def("open", [](PyManager& p, uint64_t room, const std::string& bootstrap, int64_t dp_rank) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m->open(room);
+          s = m->open(room, bootstrap, dp_rank);
         }
         check(s);
       })
-      .def("sender_init", [](PyManager& p, uint64_t room, uint64_t pages, uint64_t tokens) {
+      .def("sender_init", [](PyManager& p, uint64_t room, uint64_t pages, int64_t aux, uint64_t tokens) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m->sender_init(room, pages, tokens);
+          s = m->sender_init(room, pages, aux, tokens);
         }
         check(s);
       })
-      .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages) {
+      .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages,
+                             const std::vector<int64_t>& state, std::optional<bool> last) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m->sender_send(room, pages);
+          s = m->sender_send(room, pages, state, last);
         }
         check(s);
       })
       .def("receiver_init", [](PyManager& p, uint64_t room, const std::vector<int64_t>& kv, int64_t aux,
-                               uint64_t tokens) {
+                               const std::vector<int64_t>& state, uint64_t tokens) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m->receiver_init(room, kv, aux, tokens);
+          s = m->receiver_init(room, kv, aux, state, tokens);
         }
         check(s);
+      })
+      .def("release_safe", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        Result<bool> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m->release_safe(room);
+        }
+        if (!r.ok()) raise_status(r.status());
+        return *r;
+      })
+      .def("quarantined", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        Result<bool> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m->quarantined(room);
+        }
+        if (!r.ok()) raise_status(r.status());
+        return *r;
+      })
+      .def("fail_from_engine", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
+                                  const std::string& origin) {
+        auto c = code_from_name(code);
+        if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
+        auto o = RankId::parse(origin);
+        if (!o) throw py::value_error("origin '" + origin + "' is not a rank (e.g. 'prefill/tp1')");
+        std::shared_ptr<Connector> m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->fail_from_engine(room, *c, reason, *o);
+        }
+        check(s);
+      })
+      .def("hold_writes", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        py::gil_scoped_release nogil;
+        m->hold_writes(room);
+      })
+      .def("release_held_writes", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        py::gil_scoped_release nogil;
+        m->release_held_writes(room);
+      })
+      .def("held_writes", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        py::gil_scoped_release nogil;
+        return m->held_writes(room);
       })
       .def("poll", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();

@@ -98,3 +98,36 @@ def test_bad_pointer_lists_are_named():
         kvferry.describe_buffers(kv, kv_ptrs=[1], kv_lens=[8], kv_item_lens=[8])
     with pytest.raises(ValueError, match="kv: buffer objects are host memory; give cuda buffers as pointers"):
         kvferry.describe_buffers(kv, memory="cuda")
+
+
+def test_manager_over_engine_buffers_holds_them_until_close():
+    server = kvferry.BootstrapServer()
+    geo = dict(num_layers=3, num_kv_heads=2, head_dim=32, dtype_bytes=2, page_size=2, model_name="tiny-buffers")
+    kv, aux, state = engine_arrays()  # pages of 2 tokens x 2 heads x 32 x 2 bytes = 256 bytes
+    with pytest.raises(ValueError, match="give kv_pool or buffers"):
+        kvferry.KVManager("prefill", np.zeros(1 << 16, np.uint8), buffers=kvferry.describe_buffers(kv),
+                          bootstrap_addr=f"127.0.0.1:{server.port}", **geo)
+    with pytest.raises(ValueError, match="give kv_pool or buffers"):
+        kvferry.KVManager("prefill", bootstrap_addr=f"127.0.0.1:{server.port}", **geo)
+    alive = weakref.ref(kv[0])
+    mgr = kvferry.KVManager("prefill", buffers=kvferry.describe_buffers(kv, aux, state),
+                            bootstrap_addr=f"127.0.0.1:{server.port}", transport="tcp", **geo)
+    assert mgr.layout["num_pages"] == 12 and mgr.layout["aux_slots"] == 8
+    sender = kvferry.KVSender(mgr, 7)
+    assert sender.release_safe() is True  # nothing was sent: nothing can land
+    with pytest.raises(ValueError, match="aux_index 8 is out of range"):
+        sender.init(2, aux_index=8)
+    sender.init(2, aux_index=1)
+    with pytest.raises(ValueError, match="send\\(\\) of no pages that is not the last chunk"):
+        sender.send([], last=False)
+    with pytest.raises(ValueError, match="state indices go with the last chunk only"):
+        sender.send([0], state_indices=[1])
+    with pytest.raises(ValueError, match=r"state_indices\[0\] = -1 is negative"):
+        sender.send([0, 1], state_indices=[-1])
+    sender.close()
+    del kv, aux, state
+    gc.collect()
+    assert alive() is not None  # registered: held by the manager
+    mgr.close()
+    gc.collect()
+    assert alive() is None
