@@ -136,7 +136,7 @@ class Run {
                         c_.transport, c_.pool_mib, c_.pool_mib_auto ? " (automatic)" : "");
     out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
 
-    // Every listening child binds port 0 and reports its port (Ports, orchestrator.h). The
+    // Every listening child binds port 0 and reports its port (Ports, child_args.h). The
     // bootstrap service and the router listen before any rank starts, so the ranks' first
     // registration and "ready" frame find them; each DP group's leader before its followers.
     if (int rc = spawn("bootstrap", "bootstrap", bootstrap_args(c_, p)); rc != 0) return rc;
@@ -290,7 +290,7 @@ class Run {
     return early_error(msg, true);
   }
 
-  // Waits for the port file of child `file` (Ports, orchestrator.h) and stores the port.
+  // Waits for the port file of child `file` (Ports, child_args.h) and stores the port.
   int wait_port(const std::string& file, uint16_t& port) {
     return wait_port_file(file, logs_dir(c_) + "/" + file + ".port", port);
   }
