@@ -16,7 +16,9 @@
 // peer_unreachable is that death's (rooms_failed), not an unexpected failure. Other failures
 // without an applied fault whose first failure falls between the kill and 10 s after the restart
 // count as the death's rooms_misattributed (and stay unexpected failures).
-// Thread contract: pure functions, except scan_log_files (reads files).
+// Building the report (classification, attribution, problems): report.cc; report.json and the
+// summary text: report_json.cc; the log scan: log_scan.h.
+// Thread contract: pure functions.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -24,30 +26,10 @@
 #include <string_view>
 #include <vector>
 
+#include "replay/log_scan.h"
 #include "replay/results.h"
 
 namespace kvferry::replay {
-
-// Lines above debug per room, and validity of every line (JSON object with string ts, level,
-// rank, msg; level one of trace/debug/info/warning/error/critical).
-struct LogScan {
-  uint64_t files = 0;
-  uint64_t lines = 0;
-  uint64_t invalid_lines = 0;
-  std::string first_invalid;                       // "<file>:<line>: <problem>"
-  std::map<std::string, uint64_t> above_debug_by_room;  // room (decimal) -> count
-  struct PeerDead {  // a line with "event":"peer_dead"
-    std::string rank;  // the line's rank (the detector)
-    std::string peer;
-    int64_t mono_ns = 0;
-    bool above_debug = false;
-  };
-  std::vector<PeerDead> peer_dead;
-};
-// Adds one file's text to `scan` (`file` names it in problems).
-void scan_log_text(std::string_view text, const std::string& file, LogScan& scan);
-// Scans every *.jsonl in `dir` (non-recursive).
-LogScan scan_log_files(const std::string& dir);
 
 struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0;

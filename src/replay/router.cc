@@ -21,13 +21,13 @@
 #include "kvferry/port_file.h"
 #include "kvferry/routing.h"
 #include "replay/peer_death_frames.h"
+#include "replay/peer_death_schedule.h"
 #include "replay/results.h"
 
 namespace kvferry::replay {
 namespace {
 
 constexpr std::string_view kComponent = "router";
-constexpr int64_t kRejoinSettleNs = 3'000'000'000;  // see router.h (peer deaths, shutdown)
 
 int fail(const std::string& msg) {
   log_event(LogLevel::kError, kComponent, msg);
@@ -53,22 +53,11 @@ Status send_patiently(ControlSocket& sock, const std::string& dest, const std::s
   }
 }
 
-// One planned kill as the router follows it.
-struct Death {
-  PlannedPeerDeath plan;
-  RankId rank;
-  enum class State { kPlanned, kRequested, kKilled, kRestarted, kDone } state = State::kPlanned;
-  bool leader() const { return rank.tp_rank == 0; }
-  int64_t killed_ns = 0;
-  int64_t restarted_ns = 0;
-  size_t proven_after = 0;  // a request with index >= this that succeeds proves the rank is back
-};
-
 class Router {
  public:
   Router(const RouterConfig& c, ControlSocket& sock, std::vector<RouterRequest> plan,
          std::vector<PlannedPeerDeath> deaths)
-      : c_(c), sock_(sock), plan_(std::move(plan)) {
+      : c_(c), sock_(sock), plan_(std::move(plan)), deaths_(std::move(deaths)) {
     res_.requests.resize(plan_.size());
     for (size_t i = 0; i < plan_.size(); ++i) {
       const RouterRequest& q = plan_[i];
@@ -85,12 +74,6 @@ class Router {
     leaders_[0].resize(std::max<uint32_t>(1, c_.prefill_dp));
     leaders_[1] = c_.decode_leaders;
     leaders_[1].resize(std::max<uint32_t>(1, c_.decode_dp));
-    for (auto& d : deaths) {
-      Death x;
-      x.rank = *RankId::parse(d.rank);
-      x.plan = std::move(d);
-      deaths_.push_back(std::move(x));
-    }
   }
 
   Status wait_ready() {
@@ -151,12 +134,12 @@ class Router {
     const int64_t start = monotonic_ns();
     res_.dispatch_start_ns = start;
     const size_t max_inflight = std::max<uint32_t>(1, c_.max_inflight);
-    while (finished_ < plan_.size() || !deaths_settled()) {
+    while (finished_ < plan_.size() || !deaths_.settled(finished_, plan_.size())) {
       int64_t now = monotonic_ns();
       int64_t next_due = -1;
       if (Status st = advance_deaths(now); !st.ok()) return st;
-      while (!paused() && next_ < plan_.size() && inflight_.size() < max_inflight &&
-             !kill_due()) {
+      while (!deaths_.paused() && next_ < plan_.size() && inflight_.size() < max_inflight &&
+             !deaths_.kill_due(next_)) {
         const int64_t due = start + static_cast<int64_t>(double(plan_[next_].arrival_ms) *
                                                          c_.time_scale * 1e6);
         if (now < due) {
@@ -172,7 +155,7 @@ class Router {
         schedule_abort(next_, now);
         ++next_;
       }
-      if (kill_due()) continue;  // ask for the kill before anything else goes out
+      if (deaths_.kill_due(next_)) continue;  // ask for the kill before anything else goes out
       send_due_aborts(now);
       finished_ += expire(now);
       int64_t wait_ns = 50'000'000;
@@ -234,85 +217,13 @@ class Router {
  private:
   // --- peer deaths -------------------------------------------------------------------------
 
-  Death* current_death() {
-    for (auto& d : deaths_) {
-      if (d.state != Death::State::kDone) return &d;
-    }
-    return nullptr;
-  }
-
-  // The next planned kill is due: its threshold of dispatched requests is reached.
-  bool kill_due() {
-    Death* d = current_death();
-    return d && d->state == Death::State::kPlanned && next_ >= d->plan.after_dispatched;
-  }
-
-  // A killed engine leader is not back yet: nothing new goes out.
-  bool paused() {
-    Death* d = current_death();
-    return d && d->leader() && d->state != Death::State::kPlanned;
-  }
-
-  // All planned kills happened and the last restarted rank is back (router.h).
-  bool deaths_settled() {
-    Death* d = current_death();
-    if (!d) return true;
-    if (d->state == Death::State::kPlanned && finished_ >= plan_.size()) {
-      // Every request finished before this kill was due (e.g. after an earlier kill): no room
-      // could be in flight, so it is skipped.
-      log_event(LogLevel::kInfo, kComponent, "peer death of " + d->rank.str() + " skipped: no request left");
-      d->state = Death::State::kDone;
-      return deaths_settled();
-    }
-    if (d->state == Death::State::kRestarted && monotonic_ns() - d->restarted_ns > kRejoinSettleNs) {
-      log_event(LogLevel::kDebug, kComponent, d->rank.str() + " presumed back (no request left to prove it)");
-      d->state = Death::State::kDone;
-      return deaths_settled();
-    }
-    return false;
-  }
-
+  // (peer_death_schedule.h) Asks the orchestrator for a due kill.
   Status advance_deaths(int64_t now) {
-    Death* d = current_death();
-    if (!d) return Status::Ok();
-    if (d->state == Death::State::kPlanned && next_ >= d->plan.after_dispatched) {
-      Status st = send_patiently(sock_, c_.orchestrator, encode_peer_death("kill", d->rank.str(), 0, ""),
-                                 std::chrono::milliseconds(5000));
-      if (!st.ok()) return {st.code(), "cannot ask the orchestrator for a kill: " + st.message()};
-      d->state = Death::State::kRequested;
-      death_since_ns_ = now;
-      log_event(LogLevel::kInfo, kComponent,
-                fmt::format("peer death: asked for {} to be killed after {} of {} requests were "
-                            "dispatched ({} in flight)",
-                            d->rank.str(), next_, plan_.size(), inflight_.size()));
-    }
-    if (d->state != Death::State::kPlanned && d->state != Death::State::kDone &&
-        now - death_since_ns_ > seconds_ns(c_.ready_timeout_s)) {
-      return {ErrorCode::kWaitingTimeout,
-              fmt::format("peer death of {}: not back within {} s of the kill request", d->rank.str(),
-                          c_.ready_timeout_s)};
-    }
-    return Status::Ok();
-  }
-
-  void on_death_frame(const PeerDeathFrame& f) {
-    Death* d = current_death();
-    if (!d || d->rank.str() != f.rank || d->state == Death::State::kPlanned) {
-      log_event(LogLevel::kWarning, kComponent, "unexpected '" + f.type + "' frame for " + f.rank);
-      return;
-    }
-    if (f.type == "killed") {
-      d->killed_ns = f.time_ns;
-      if (d->state == Death::State::kRequested) d->state = Death::State::kKilled;
-    } else if (f.type == "restarted") {
-      d->restarted_ns = f.time_ns;
-      d->proven_after = next_;
-      if (!d->leader()) d->state = Death::State::kRestarted;
-    } else if (f.type == "kill_failed") {
-      log_event(LogLevel::kWarning, kComponent, "peer death of " + f.rank + " failed: " + f.reason);
-      d->state = Death::State::kDone;
-    }
-    log_event(LogLevel::kDebug, kComponent, "peer death: " + f.rank + " " + f.type);
+    return deaths_.advance(now, next_, plan_.size(), inflight_.size(), c_.ready_timeout_s,
+                           [this](const std::string& frame) {
+                             return send_patiently(sock_, c_.orchestrator, frame,
+                                                   std::chrono::milliseconds(5000));
+                           });
   }
 
   // A restarted engine leader: finish every in-flight request still waiting for that engine.
@@ -410,7 +321,7 @@ class Router {
   size_t on_frame(const std::string& text) {
     // The orchestrator's frames and the engines' come to the same socket.
     if (auto pd = decode_peer_death_frame(text); pd.ok() && pd->has_value()) {
-      on_death_frame(**pd);
+      deaths_.on_frame(**pd, next_);
       return 0;
     }
     auto f = decode_router_frame(text);
@@ -428,7 +339,7 @@ class Router {
     }
     if (f->type == "ready" && f->ready_role) {
       // A leader sends "ready" again only after it restarted.
-      Death* d = current_death();
+      Death* d = deaths_.current();
       if (!f->ready_endpoint.empty() && f->dp_rank < leaders(*f->ready_role).size()) {
         leaders(*f->ready_role)[f->dp_rank] = f->ready_endpoint;
       }
@@ -476,8 +387,8 @@ class Router {
     o.error = final_error(o);
     if (!o.error.empty()) {
       log_event(LogLevel::kDebug, kComponent, o.error, LogFields{.room = r.room});
-    } else if (Death* d = current_death(); d && d->state == Death::State::kRestarted && i >= d->proven_after) {
-      d->state = Death::State::kDone;  // a room after the restart succeeded: the rank is back
+    } else {
+      deaths_.on_success(i);
     }
     res_.last_result_ns = monotonic_ns();
     inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), i), inflight_.end());
@@ -501,8 +412,7 @@ class Router {
   std::vector<bool> done_;
   std::vector<size_t> inflight_;
   std::vector<std::pair<int64_t, size_t>> aborts_;  // (due ns, request index), by due time
-  std::vector<Death> deaths_;
-  int64_t death_since_ns_ = 0;
+  PeerDeathSchedule deaths_;
   size_t next_ = 0;
   size_t finished_ = 0;
   size_t given_up_ = 0;

@@ -1,0 +1,122 @@
+// The command lines of the child processes (child_args.h).
+#include "replay/child_args.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "kvferry/deadlines.h"
+#include "kvferry/error.h"
+#include "kvferry/net.h"
+
+namespace kvferry::replay {
+namespace {
+
+std::string num(double v) { return fmt::format("{}", v); }
+
+}  // namespace
+
+std::string logs_dir(const ReplayConfig& c) { return c.out + "/logs"; }
+
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
+  return RankId{prefill ? Role::kPrefill : Role::kDecode, 0, tp_rank, dp_rank}.str();
+}
+
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
+  std::string f = rank_name(prefill, tp_rank, dp_rank);
+  std::replace(f.begin(), f.end(), '/', '-');
+  return f;
+}
+
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
+  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", std::string(kDefaultHost), "--port",
+                                   std::to_string(p.bootstrap), "--log-file",
+                                   logs_dir(c) + "/bootstrap.jsonl"};
+  if (p.bootstrap == 0) {
+    args.push_back("--port-file");
+    args.push_back(logs_dir(c) + "/bootstrap.port");
+  }
+  return args;
+}
+
+std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
+                                   uint32_t tp_rank, uint32_t dp_rank) {
+  const std::string role = prefill ? "prefill" : "decode";
+  const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
+  const auto& engines = prefill ? p.prefill_engines : p.decode_engines;
+  const uint16_t engine_port = dp_rank < engines.size() ? engines[dp_rank] : 0;
+  const std::string file = rank_file(prefill, tp_rank, dp_rank);
+  const bool broken = c.break_rank == rank_name(prefill, tp_rank, dp_rank);
+  std::vector<std::string> args = {c.exe,
+          "rank",
+          "--role", role,
+          "--tp-rank", std::to_string(tp_rank),
+          "--tp-size", std::to_string(tp),
+          "--peer-tp-size", std::to_string(prefill ? c.decode_tp : c.prefill_tp),
+          "--model", c.model,
+          "--models-file", c.models_file,
+          "--page-size", broken ? "0" : std::to_string(c.page_size),
+          "--pool-mib", std::to_string(prefill ? c.prefill_pool_mib : c.pool_mib),
+          "--bootstrap", host_port(kDefaultHost, p.bootstrap),
+          "--engine-endpoint", zmq_endpoint(kDefaultHost, engine_port),
+          "--router-endpoint", zmq_endpoint(kDefaultHost, p.router),
+          "--transport", c.transport,
+          "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
+          "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  if (c.transfer_shards != 1) {  // the rank's default is 1
+    args.push_back("--transfer-shards");
+    args.push_back(std::to_string(c.transfer_shards));
+  }
+  const uint32_t peer_dp = prefill ? c.decode_dp : c.prefill_dp;
+  if (dp_rank != 0 || peer_dp != 1) {
+    for (std::string a : {std::string("--dp-rank"), std::to_string(dp_rank),
+                          std::string("--peer-dp-size"), std::to_string(peer_dp)}) {
+      args.push_back(std::move(a));
+    }
+  }
+  if (tp_rank == 0 && engine_port == 0) {
+    args.push_back("--port-file");
+    args.push_back(fmt::format("{}/{}.port", logs_dir(c), file));
+  }
+  for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
+  if (c.metrics) {
+    args.insert(args.end(), {"--metrics-port-file", fmt::format("{}/metrics/{}.port", c.out, file),
+                             "--metrics-file", fmt::format("{}/metrics/{}.prom", c.out, file)});
+  }
+  return args;
+}
+
+std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
+  std::vector<std::string> args = {c.exe,
+          "router",
+          "--trace", c.trace,
+          "--max-requests", std::to_string(c.max_requests),
+          "--time-scale", num(c.time_scale),
+          "--seed", std::to_string(c.seed),
+          "--prefill-tp", std::to_string(c.prefill_tp),
+          "--decode-tp", std::to_string(c.decode_tp),
+          "--prefill-dp", std::to_string(c.prefill_dp),
+          "--decode-dp", std::to_string(c.decode_dp),
+          "--endpoint", zmq_endpoint(kDefaultHost, p.router),
+          "--max-inflight", std::to_string(c.max_inflight),
+          "--results", c.out + "/results.json",
+          "--log-file", logs_dir(c) + "/router.jsonl",
+          "--ready-timeout-s", num(c.ready_timeout_s),
+          "--request-timeout-s", num(c.request_timeout_s)};
+  if (const std::string faults = effective_faults(c); !faults.empty()) {
+    args.push_back("--faults");
+    args.push_back(faults);
+  }
+  if (p.router == 0) {
+    args.push_back("--port-file");
+    args.push_back(logs_dir(c) + "/router.port");
+  }
+  // The leaders' engine endpoints reach the router in their "ready" frames.
+  if (p.orchestrator != 0) {
+    args.push_back("--orchestrator");
+    args.push_back(zmq_endpoint(kDefaultHost, p.orchestrator));
+  }
+  return args;
+}
+
+}  // namespace kvferry::replay

@@ -1,0 +1,38 @@
+// The command lines of `kvferry replay`'s child processes (orchestrator.h): the bootstrap
+// service, every prefill and decode rank, the router; the ports each learns from the others and
+// the rank and file names used in DIR/logs.
+// Thread contract: pure functions.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "replay/replay_config.h"
+
+namespace kvferry::replay {
+
+// argv of each child process (exposed for tests). A listening child whose port is 0 here binds
+// any free port and writes the port it got to a port file (kvferry/port_file.h) in DIR/logs:
+// bootstrap.port, router.port, <rank file>.port for an engine leader. The orchestrator starts
+// the children in the order that lets each learn the ports it needs: bootstrap, router, the
+// leaders, then their followers (with the leader's bound port). No port is picked ahead of its
+// bind, so no other process can take it in between.
+struct Ports {
+  uint16_t bootstrap = 0, router = 0;
+  uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
+  // Engine endpoint of each DP group's leader, index = DP rank (missing or 0: bind any port).
+  std::vector<uint16_t> prefill_engines, decode_engines;
+};
+// A rank's name ("prefill/tp1", "decode/tp0/dp1": RankId::str(), the DP group only when not 0,
+// as in every error's origin) and its file name in DIR/logs ("prefill-tp1", "decode-tp0-dp1").
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
+std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
+                                   uint32_t tp_rank, uint32_t dp_rank = 0);
+std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
+
+// DIR/logs: every child's log, stderr and port files.
+std::string logs_dir(const ReplayConfig& c);
+
+}  // namespace kvferry::replay

@@ -1,0 +1,193 @@
+// The options of `kvferry replay` (replay_config.h): JSON form, automatic pool size, validation.
+#include "replay/replay_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <tuple>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/data_dir.h"
+#include "kvferry/geometry.h"
+#include "kvferry/trace.h"
+#include "kvferry/transport.h"
+#include "process/host_memory.h"
+#include "process/process.h"
+
+namespace kvferry::replay {
+using process::mem_available_bytes;
+using process::meminfo_bytes;
+using process::self_exe;
+namespace {
+
+namespace fs = std::filesystem;
+
+Status invalid(std::string msg) { return {ErrorCode::kInvalidArgument, std::move(msg)}; }
+
+std::string read_file(const std::string& path, bool& ok) {
+  std::ifstream in(path, std::ios::binary);
+  ok = static_cast<bool>(in);
+  std::stringstream ss;
+  if (ok) ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string ReplayConfig::to_json() const {
+  nlohmann::ordered_json j = {{"trace", trace},
+                      {"model", model},
+                      {"models_file", models_file},
+                      {"prefill_tp", prefill_tp},
+                      {"decode_tp", decode_tp},
+                      {"prefill_dp", prefill_dp},
+                      {"decode_dp", decode_dp},
+                      {"page_size", page_size},
+                      {"pool_mib", pool_mib},
+                      {"pool_mib_auto", pool_mib_auto},
+                      {"prefill_pool_mib", prefill_pool_mib},
+                      {"chunk_tokens", chunk_tokens},
+                      {"max_requests", max_requests},
+                      {"time_scale", time_scale},
+                      {"fault_rate", fault_rate},
+                      {"faults", effective_faults(*this)},
+                      {"restart_delay_ms", restart_delay_ms},
+                      {"seed", seed},
+                      {"transport", transport},
+                      {"transfer_shards", transfer_shards},
+                      {"max_inflight", max_inflight},
+                      {"out", out},
+                      {"ready_timeout_s", ready_timeout_s},
+                      {"request_timeout_s", request_timeout_s},
+                      {"timeout_s", timeout_s},
+                      {"test_break_rank", break_rank},
+                      {"metrics", metrics}};
+  nlohmann::ordered_json d = nlohmann::ordered_json::object();
+  for (const DeadlineField& f : deadline_fields()) {
+    std::string key = f.option + 2;  // "--bootstrap-timeout-ms" -> "bootstrap_timeout_ms"
+    std::replace(key.begin(), key.end(), '-', '_');
+    d[key] = deadlines.*f.member;
+  }
+  j["deadlines"] = d;
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_tp,
+                          uint64_t prefill_pool_mib, uint32_t decode_tp) {  // ranks, not TP
+  const uint64_t budget_mib = mem_available_bytes / (1024 * 1024) * 6 / 10;
+  const uint64_t staging = uint64_t(prefill_tp) * prefill_pool_mib;
+  const uint64_t left = budget_mib > staging ? budget_mib - staging : 0;
+  const uint64_t per_rank = left / std::max<uint32_t>(1, decode_tp);
+  return std::clamp<uint64_t>(per_rank, 64, 7168);
+}
+
+Status validate(ReplayConfig& c) {
+  if (c.trace.empty()) return invalid("--trace is required");
+  if (c.prefill_tp < 1 || c.prefill_tp > 64) return invalid("--prefill-tp must be in 1..64");
+  if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
+  if (c.prefill_dp < 1 || c.prefill_dp > 16) return invalid("--prefill-dp must be in 1..16");
+  if (c.decode_dp < 1 || c.decode_dp > 16) return invalid("--decode-dp must be in 1..16");
+  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp;
+  const uint32_t decode_ranks = c.decode_tp * c.decode_dp;
+  if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
+  if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
+  if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
+  if (!(c.time_scale >= 0)) return invalid("--time-scale must be >= 0");
+  if (!(c.fault_rate >= 0 && c.fault_rate <= 1)) return invalid("--fault-rate must be in [0, 1]");
+  if (c.fault_rate > 0 && !c.faults.empty()) {
+    return invalid("--fault-rate is a shorthand for a --faults plan: give one of them, not both");
+  }
+  {
+    auto plan = parse_fault_plan(effective_faults(c), c.prefill_tp, c.decode_tp, c.prefill_dp,
+                                 c.decode_dp);
+    if (!plan.ok()) return invalid(plan.status().message());
+    c.fault_plan = *plan;
+  }
+  if (c.restart_delay_ms < 0) return invalid("--restart-delay-ms must be >= 0");
+  for (const DeadlineField& f : deadline_fields()) {
+    if (c.deadlines.*f.member <= 0) {
+      return invalid(fmt::format("{} must be > 0 ms, got {}", f.option, c.deadlines.*f.member));
+    }
+  }
+  if (Status st = check_transport_name(c.transport); !st.ok()) {
+    return invalid("--transport: " + st.message());
+  }
+  if (c.transfer_shards < 1 || c.transfer_shards > kMaxTransportShards) {
+    return invalid(fmt::format("--transfer-shards must be in 1..{}, got {}", kMaxTransportShards,
+                               c.transfer_shards));
+  }
+  if (c.max_inflight < 1) return invalid("--max-inflight must be >= 1");
+  if (c.out.empty()) return invalid("--out must not be empty");
+  if (!(c.ready_timeout_s > 0) || !(c.request_timeout_s > 0) || !(c.timeout_s > 0)) {
+    return invalid("timeouts must be > 0");
+  }
+
+  auto trace = load_trace(c.trace, c.max_requests);
+  if (!trace.ok()) return invalid("trace " + c.trace + ": " + trace.status().message());
+  if (trace->empty()) return invalid("trace " + c.trace + " has no requests");
+  size_t once = 0;
+  for (const auto& item : c.fault_plan.items) once += item.once && item.kind != "peer_death";
+  if (once > trace->size()) {
+    return invalid(fmt::format("--faults has {} 'once' room faults but the replay has only {} requests",
+                               once, trace->size()));
+  }
+  if (c.fault_plan.has_peer_death() && trace->size() < 2) {
+    return invalid("peer_death needs at least 2 requests (the kill happens while rooms are in flight)");
+  }
+
+  if (c.models_file.empty()) c.models_file = default_models_file();
+  bool ok = false;
+  const std::string models_text = read_file(c.models_file, ok);
+  if (!ok) return invalid("cannot read the models file " + c.models_file);
+  auto models = parse_models_json(models_text);
+  if (!models.ok()) return invalid("models file " + c.models_file + ": " + models.status().message());
+  auto model = find_model(*models, c.model);
+  if (!model.ok()) return invalid(model.status().message());
+
+  if (c.pool_mib == 0) {
+    c.pool_mib = default_pool_mib(mem_available_bytes(), prefill_ranks, c.prefill_pool_mib,
+                                  decode_ranks);
+    c.pool_mib_auto = true;
+  }
+  // The same layout check the ranks make: each pool must hold at least one page per buffer.
+  for (auto [tp, mib, what] : {std::tuple{c.prefill_tp, c.prefill_pool_mib, "--prefill-pool-mib"},
+                               std::tuple{c.decode_tp, c.pool_mib, "--pool-mib"}}) {
+    auto layout = make_layout(*model, tp, 0, c.page_size, mib * 1024 * 1024, 1);
+    if (!layout.ok()) {
+      return invalid(fmt::format("{} {} with --page-size {} for {} at TP {}: {}", what, mib,
+                                 c.page_size, c.model, tp, layout.status().message()));
+    }
+  }
+  // Pools larger than the machine can never be backed; refuse them here rather than let a rank
+  // thrash and be OOM-killed (other processes with it).
+  const uint64_t want_mib = uint64_t(prefill_ranks) * c.prefill_pool_mib + uint64_t(decode_ranks) * c.pool_mib;
+  const uint64_t total = meminfo_bytes("MemTotal");
+  if (total > 0 && want_mib * 1024 * 1024 > total) {
+    return invalid(fmt::format("the pools need {} MiB ({} x --prefill-pool-mib {} + {} x --pool-mib {}) "
+                               "but this machine has {} MiB of memory",
+                               want_mib, prefill_ranks, c.prefill_pool_mib, decode_ranks, c.pool_mib,
+                               total / (1024 * 1024)));
+  }
+  if (!c.break_rank.empty()) {
+    auto r = RankId::parse(c.break_rank);
+    if (!r || r->engine_id != 0 ||
+        r->dp_rank >= (r->role == Role::kPrefill ? c.prefill_dp : c.decode_dp) ||
+        r->tp_rank >= (r->role == Role::kPrefill ? c.prefill_tp : c.decode_tp)) {
+      return invalid("--test-break-rank must name a rank of this replay, got '" + c.break_rank + "'");
+    }
+  }
+  if (c.exe.empty()) c.exe = self_exe();
+  std::error_code ec;
+  c.out = fs::absolute(c.out, ec).lexically_normal().string();
+  if (!c.out.empty() && c.out.back() == '/') c.out.pop_back();
+  return Status::Ok();
+}
+
+std::string effective_faults(const ReplayConfig& c) {
+  return c.faults.empty() ? fault_rate_plan(c.fault_rate).str() : c.faults;
+}
+
+}  // namespace kvferry::replay
