@@ -20,9 +20,12 @@ class PeerDeath : public ReplayDir, public ::testing::WithParamInterface<std::st
 
 TEST_P(PeerDeath, DetectedAttributedAndRestarted) {
   const std::string rank = GetParam();
-  // 80 requests over 8 s (real time); the kill comes after 30-60% were dispatched.
-  // Small pools keep the restart (a new process maps and registers its pool) light.
-  const fs::path trace = write_trace(80, 100, {800, 1300, 1800, 2400});
+  // 120 requests over 12 s (real time); the kill comes after 30-60% were dispatched. Rooms are
+  // small (under 20 MB per decode rank) so that dispatch follows the trace's times and not the
+  // transfer bandwidth of the machine: with large rooms a slow machine dispatched the whole trace
+  // before the restart and no room could prove the rank back. Small pools keep the restart (a new
+  // process maps and registers its pool) light.
+  const fs::path trace = write_trace(120, 100, {100, 150, 200, 300});
   const CliRun run = replay({"--trace", trace.string(), "--model", "Qwen2.5-7B", "--prefill-tp",
                              "2", "--decode-tp", "2", "--pool-mib", "256", "--prefill-pool-mib",
                              "64", "--page-size", "16", "--time-scale", "1", "--seed", "2",
