@@ -83,10 +83,6 @@ int run_rank(const RankOptions& o) {
   auto manager = Manager::create(mc);
   if (!manager.ok()) return fail_start(manager.status().str());
   Manager& m = **manager;
-  const PoolLayout& pool = m.layout();
-  log_event(LogLevel::kDebug, kComp,
-            fmt::format("pool: {} pages of {} tokens, {} buffers, {} bytes, transport {}, control {}", pool.num_pages,
-                        pool.page_size, pool.num_buffers(), pool.total_bytes(), o.transport, m.control_endpoint()));
 
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;

@@ -62,6 +62,11 @@ Status ManagerImpl::start() {
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return core.status();
   core_ = std::move(core).value();
+  // Before the bootstrap service is reached (which may take up to lookup_timeout_ms).
+  log_event(LogLevel::kDebug, "manager",
+            fmt::format("pool: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
+                        core_->layout().num_pages, core_->layout().page_size, core_->layout().num_buffers(),
+                        c.buffers.size(), c.transport, core_->control_endpoint()));
 
   if (prefill) {
     prefill_ = std::make_unique<PrefillEndpoint>(*core_, plan_, c.peer_dp_size);
@@ -95,10 +100,8 @@ Status ManagerImpl::start() {
       if (!s.ok()) return s;
     }
   }
-  log_event(LogLevel::kDebug, "manager",
-            fmt::format("rank up: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
-                        core_->layout().num_pages, core_->layout().page_size, core_->layout().num_buffers(),
-                        c.buffers.size(), c.transport, core_->control_endpoint()));
+  log_event(LogLevel::kDebug, "manager", "rank up: " + std::string(prefill ? "registered at " : "found ") +
+                                             (c.bootstrap_address.empty() ? "no bootstrap service" : c.bootstrap_address));
   return Status::Ok();
 }
 
