@@ -88,10 +88,11 @@ TEST(EndpointPair, Defect4_FailureCarriesReason) {
   EXPECT_FALSE(f->is_from_another_rank);
   // Decode may have failed on prefill's early notice, with the second batch still in flight: the
   // terminal status (well within the 10 s drain deadline) drains both sides.
-  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
+  // Prefill is drained once decode's answer with its failure arrived (docs/failure-model.md).
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()) && p->prefill().drained(room); },
+                            2s));
   EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);
   EXPECT_EQ(p->pcore().faults()->stats().failed_batches, 2u);
-  EXPECT_TRUE(p->prefill().drained(room));
   ASSERT_EQ(p->chunks_done.size(), 2u);
   EXPECT_FALSE(p->chunks_done[0].ok || p->chunks_done[1].ok);
 }
@@ -237,8 +238,9 @@ TEST(EndpointPair, PrefillFailureReachesDecodeBeforeWritesDrainPagesKeptUntilTer
   EXPECT_FALSE(p->prefill().drained(room));
   EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 0u);
 
-  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 2s));
-  EXPECT_TRUE(p->prefill().drained(room));
+  // Prefill is drained once decode's answer with its failure arrived (docs/failure-model.md).
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()) && p->prefill().drained(room); },
+                            2s));
   EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);  // by confirmation
   auto f = p->pcore().registry().get(room);
   ASSERT_TRUE(f);
