@@ -187,4 +187,4 @@ def test_interpreter_exit_with_a_live_manager_and_room():
                        cwd=HERE)
     assert p.returncode == 0, p.stderr
     assert p.stdout == "leaving with a live manager\n"
-    assert "INFO:kvferry.prefill.connector:room 5: aborted at prefill/tp0: engine shutting down" in p.stderr
+    assert "INFO:kvferry.prefill.connector:room 5 failed: aborted at prefill/tp0: engine shutting down" in p.stderr

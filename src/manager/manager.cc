@@ -122,6 +122,7 @@ ManagerImpl::~ManagerImpl() {
   if (core_) core_->waker().signal();
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(mu_);
+  if (prefill_ || decode_) log_unsettled_failures();  // rooms the engine still held: logged as known now
   prefill_.reset();
   decode_.reset();
   core_.reset();  // the transport goes before the engine may free its memory
@@ -199,15 +200,35 @@ ManagerImpl::Room* ManagerImpl::room(uint64_t id) {
   return it == rooms_.end() ? nullptr : &it->second;
 }
 
+// A failed room is logged once, when its failure is settled (docs/manager.md "Failure logging"):
+// a room failed before init involves no peer and is logged at once; an initialized room only when
+// it is release-safe (prefill: every destination answered with its failure; decode: every source
+// terminal), so the failures of other ranks that race this one have arrived and the root-cause
+// rule (docs/failure-model.md) has picked its winner. Only the winner's rank logs above debug; a
+// rank whose own failure lost logs it at debug with "superseded by ORIGIN".
 void ManagerImpl::log_failure_once(uint64_t id, Room& r) {
   if (r.logged || config_.failure_log_component.empty()) return;
-  std::optional<KVTransferError> e = r.early_failure;
-  if (!e && r.initialized) e = core_->registry().get(id);
-  if (!e) return;
+  std::optional<Failure> root;
+  std::optional<Failure> own;
+  if (r.early_failure) {
+    root = r.early_failure->failure();
+    if (!r.early_failure->is_from_another_rank) own = root;
+  } else if (r.initialized) {
+    if (auto e = core_->registry().get(id)) root = e->failure();
+    own = core_->registry().own(id);
+  }
+  if (!root) return;
   r.logged = true;
-  log_event(failure_log_level(self().role, e->is_from_another_rank, e->code), config_.failure_log_component, e->str(),
-            {.room = id, .code = std::string(code_name(e->code)), .origin = e->origin.str(),
-             .extra = {{"is_from_another_rank", e->is_from_another_rank ? "true" : "false"}}});
+  const FailureLine line = failure_release_line(self().role, id, *root, own);
+  log_event(line.level, config_.failure_log_component, line.msg, line.fields);
+}
+
+void ManagerImpl::log_unsettled_failures() {
+  for (auto& [id, r] : rooms_) {
+    if (r.logged) continue;
+    if (r.early_failure || (r.initialized && (prefill_ ? prefill_->poll(id) : decode_->poll(id)) == KVPoll::Failed))
+      log_failure_once(id, r);
+  }
 }
 
 bool ManagerImpl::release_safe_locked(uint64_t id, const Room& r, int64_t now) const {
@@ -224,7 +245,7 @@ void ManagerImpl::housekeeping(int64_t now) {
       KVPoll p = prefill_ ? prefill_->poll(id) : decode_->poll(id);
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
-      if (p == KVPoll::Failed) log_failure_once(id, r);
+      if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
     } else if (r.early_failure) {
       log_failure_once(id, r);
     }

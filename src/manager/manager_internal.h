@@ -73,6 +73,11 @@ class ManagerImpl final : public Manager {
   Room* room(uint64_t id);
   uint64_t next_tag() { return next_tag_++; }
   void log_failure_once(uint64_t id, Room& r);
+  void log_unsettled_failures();
+  // log_failure_once() if the room failed before init or is release-safe (its failure settled).
+  void log_if_settled(uint64_t id, Room& r, int64_t now) {
+    if (!r.initialized || release_safe_locked(id, r, now)) log_failure_once(id, r);
+  }
   void wake() { core_->waker().signal(); }
 
  private:

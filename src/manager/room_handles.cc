@@ -107,7 +107,7 @@ class SenderImpl final : public Sender {
     } else {
       m_.prefill()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
     }
-    m_.log_failure_once(room_, r);  // before abort() returns; the first cause is the one logged
+    m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
     m_.wake();
   }
 
@@ -230,7 +230,7 @@ class ReceiverImpl final : public Receiver {
     } else {
       m_.decode()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
     }
-    m_.log_failure_once(room_, r);
+    m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
     m_.wake();
   }
 
