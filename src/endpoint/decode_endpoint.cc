@@ -165,7 +165,10 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
     for (const RankId& s : r.sources) fed |= (s == peer);
     if (!fed) continue;
     r.terminal.insert(peer);  // a dead process writes nothing more
-    if (r.state.terminal()) continue;
+    if (r.state.terminal()) {
+      answer_sources(r, now);
+      continue;
+    }
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     ++failed;
   }
@@ -252,9 +255,10 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   }
   r.terminal.insert(st.sender);
   if (st.state == KVPoll::Failed) {
-    fail(st.room, st.failure, false, &st.sender);
+    fail(st.room, st.failure, false, &st.sender);  // answers the sources once all are terminal
     return;
   }
+  answer_sources(r, monotonic_ns());
   if (st.state != KVPoll::Success || r.state.terminal()) return;
   r.succeeded.insert(st.sender);
   if (r.succeeded.size() < r.sources.size()) return;
@@ -344,10 +348,16 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   return Status::Ok();
 }
 
-void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
-  if (r.failure_told) return;
+void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e, bool update) {
+  if (r.failure_told && !update) return;
   r.failure_told = true;
-  RoomStatus st{r.room, core_.self(), KVPoll::Failed, e.failure()};
+  // Until every source is terminal this is an early notice (terminal=false): the sources stop
+  // writing, but it does not let them release. The final answer (answer_sources) carries the root
+  // cause once every source's own failure, if any, is known here (docs/failure-model.md "Root cause").
+  send_to_sources(r, RoomStatus{r.room, core_.self(), KVPoll::Failed, e.failure(), r.final_told});
+}
+
+void DecodeEndpoint::send_to_sources(ReceiverRoom& r, const RoomStatus& st) {
   for (const RankId& src : r.sources) {
     // A source that succeeded is done with the room; every other one waits for our failure (even
     // one that told us first: it is the answer that lets it release, docs/failure-model.md).
@@ -355,12 +365,25 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e) {
     auto peer = peers_.find(src);
     if (peer == peers_.end()) continue;
     if (dead_peers_.count(src)) {  // it may be back with this room before we find it again
-      owed_[src].push_back(st);
+      if (st.terminal) owed_[src].push_back(st);
       continue;
     }
     Status s = core_.send(peer->second.control_endpoint, st);
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = r.room});
   }
+}
+
+void DecodeEndpoint::answer_sources(ReceiverRoom& r, int64_t now_ns, bool force) {
+  if (r.final_told || r.state.get() != KVPoll::Failed) return;
+  bool all_terminal = true;
+  for (const RankId& src : r.sources) all_terminal &= r.terminal.count(src) > 0 || dead_peers_.count(src) > 0;
+  const bool drain_over = r.failed_ns != 0 && now_ns - r.failed_ns > core_.config().deadlines.drain_timeout_ms * 1'000'000;
+  if (!all_terminal && !drain_over && !force) return;
+  auto e = core_.registry().get(r.room);
+  if (!e) return;
+  r.final_told = true;
+  r.failure_told = true;
+  send_to_sources(r, RoomStatus{r.room, core_.self(), KVPoll::Failed, e->failure(), true});
 }
 
 void DecodeEndpoint::fail(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin,
@@ -375,10 +398,20 @@ void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, c
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   ReceiverRoom& r = it->second;
-  if (core_.registry().record(room, f, observed_here)) fresh_failures_.push_back(room);
+  const bool primary = core_.registry().record(room, f, observed_here);
+  if (primary) fresh_failures_.push_back(room);
   // A room that already succeeded here can still fail on another rank of the engine: its sources
   // are done with it, the registry holds the cause and the driver reports it; Success stays.
-  if (r.state.terminal()) return;
+  if (r.state.terminal()) {
+    // The root cause moved after the sources were told (a record that precedes the told one, e.g.
+    // a second source's local failure that came in later): they are told the new one, so every
+    // rank ends with the same root cause (docs/failure-model.md "Root cause").
+    if (primary && r.state.get() == KVPoll::Failed && r.failure_told) {
+      if (auto e = core_.registry().get(room)) tell_sources(r, *e, /*update=*/true);
+    }
+    answer_sources(r, monotonic_ns());
+    return;
+  }
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
   LogFields fields = failure_log_fields(room, f);
@@ -387,6 +420,7 @@ void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, c
             fields);
   auto e = core_.registry().get(room);
   if (e) tell_sources(r, *e);
+  answer_sources(r, r.failed_ns);
 }
 
 bool DecodeEndpoint::drained(uint64_t room, int64_t now_ns) const {
@@ -436,6 +470,8 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     it = rediscovery_.erase(it);
   }
   if (!dead_peers_.empty()) expire_dead_sources(now_ns);
+  for (auto& [id, r] : rooms_)
+    if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);
@@ -454,6 +490,9 @@ void DecodeEndpoint::tick(int64_t now_ns) {
 void DecodeEndpoint::release(uint64_t room) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
+  if (it->second.state.get() == KVPoll::Failed && !it->second.final_told) {
+    answer_sources(it->second, monotonic_ns(), /*force=*/true);  // released: the answer is owed now
+  }
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);

@@ -60,7 +60,8 @@ struct ReceiverRoom {
   std::vector<uint64_t> kv_indices;
   uint64_t aux_index = 0;              // row in every aux buffer and guard row
   std::vector<uint64_t> state_indices; // rows in every state buffer
-  bool failure_told = false;
+  bool failure_told = false;  // an early notice of the failure went to the sources
+  bool final_told = false;    // the final answer (terminal, the root cause) went to the sources
   bool init_called = false;  // kv_indices, aux_index, state_indices set; sources still down get them later
   int64_t init_ns = 0;
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
@@ -127,7 +128,14 @@ class DecodeEndpoint {
 
  private:
   void on_status(const RoomStatus& st);
-  void tell_sources(ReceiverRoom& r, const KVTransferError& e);
+  // Tells every source that has not succeeded the room's failure (once; `update`: again, the root
+  // cause moved).
+  void tell_sources(ReceiverRoom& r, const KVTransferError& e, bool update = false);
+  void send_to_sources(ReceiverRoom& r, const RoomStatus& st);
+  // The final answer: the root cause, terminal, to every source that has not succeeded, once every
+  // source is terminal or dead (its own failure, if any, is a candidate here) or the drain
+  // deadline passed (or `force`: the room is released); once per room.
+  void answer_sources(ReceiverRoom& r, int64_t now_ns, bool force = false);
   Status send_registration(const RankId& peer, const std::string& endpoint);
   void rediscover(const RankId& peer, const std::string& old_endpoint);
   // A source that was down registered again: sends it the metadata of rooms that waited for it

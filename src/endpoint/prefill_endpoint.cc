@@ -156,7 +156,8 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
   if (it != rooms_.end()) {
-    it->second.failure_heard.insert(st.sender);
+    // Only decode's final answer (terminal) lets the room drain; an early notice stops the writes.
+    if (st.terminal) it->second.failure_heard.insert(st.sender);
     fail(st.room, st.failure, false, &st.sender);
     return;
   }
@@ -469,8 +470,15 @@ void PrefillEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, 
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   SenderRoom& r = it->second;
-  if (core_.registry().record(room, f, observed_here)) fresh_failures_.push_back(room);
-  if (r.state.terminal()) return;
+  const bool primary = core_.registry().record(room, f, observed_here);
+  if (primary) fresh_failures_.push_back(room);
+  if (r.state.terminal()) {
+    // The root cause moved (a record that precedes the one told) after the destinations were told
+    // the room's failure: they are told the new one, so every rank ends with the same root cause
+    // (docs/failure-model.md "Root cause"). It only moves earlier in the rule's order: it settles.
+    if (primary && r.state.get() == KVPoll::Failed && r.terminal_sent) send_status(r, KVPoll::Failed);
+    return;
+  }
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
   LogFields fields = failure_log_fields(room, f);
