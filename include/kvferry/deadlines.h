@@ -11,7 +11,13 @@
 //   heartbeat_timeout     KVFERRY_HEARTBEAT_TIMEOUT_MS     800      silence after which a peer rank is dead (peer_unreachable)
 //                                                                  if its control endpoint refuses connections; one that
 //                                                                  still accepts (alive, not scheduled) after 4x this
-//   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined)
+//   drain_timeout         KVFERRY_DRAIN_TIMEOUT_MS         10000    decode: prefill never confirmed its writes drained (pages quarantined);
+//                                                                  prefill: a failed room's writes still in flight this long after
+//                                                                  the failure are abandoned (the room is released, decode keeps
+//                                                                  its pages quarantined until the writes complete)
+//   transfer_timeout      KVFERRY_TRANSFER_TIMEOUT_MS      30000    prefill: a room with writes in flight none of which completed for
+//                                                                  this long (a wedged receiver or path) fails (transfer_error,
+//                                                                  origin the prefill rank; docs/failure-model.md "Deadlines")
 //   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service, or
 //                                                                  a dead one did not appear again there (decode: rooms that
 //                                                                  wait for it fail, peer_unreachable)
@@ -35,6 +41,7 @@ struct Deadlines {
   int64_t heartbeat_interval_ms = 100;
   int64_t heartbeat_timeout_ms = 800;
   int64_t drain_timeout_ms = 10000;
+  int64_t transfer_timeout_ms = 30000;
   int64_t lookup_timeout_ms = 60000;
   int64_t engine_timeout_ms = 600;
   int64_t fault_timeout_ms = 1000;

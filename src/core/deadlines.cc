@@ -19,6 +19,8 @@ const std::vector<DeadlineField>& deadline_fields() {
        "a peer rank silent this long is dead"},
       {"--drain-timeout-ms", "KVFERRY_DRAIN_TIMEOUT_MS", &Deadlines::drain_timeout_ms,
        "decode: quarantine a failed room's pages if prefill has not confirmed its writes drained"},
+      {"--transfer-timeout-ms", "KVFERRY_TRANSFER_TIMEOUT_MS", &Deadlines::transfer_timeout_ms,
+       "prefill: fail a room whose writes in flight made no progress (none completed) for this long"},
       {"--lookup-timeout-ms", "KVFERRY_LOOKUP_TIMEOUT_MS", &Deadlines::lookup_timeout_ms,
        "give up on a prefill rank that never registers with the bootstrap service (or, after its death, never registers again)"},
       {"--engine-timeout-ms", "KVFERRY_ENGINE_TIMEOUT_MS", &Deadlines::engine_timeout_ms,

@@ -242,6 +242,7 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
   if (!ours.aux_offsets.empty() && !r.aux_index)
     return {ErrorCode::kInvalidArgument, "this rank has aux buffers but the sender has no aux_index"};
   if (r.first_send_ns == 0) r.first_send_ns = monotonic_ns();
+  r.progress_ns = monotonic_ns();
   r.state.advance(KVPoll::Transferring);
   if (last) {
     r.last_received = true;
@@ -311,6 +312,9 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   auto room_it = rooms_.find(e.room);
   SenderRoom* r = room_it == rooms_.end() ? nullptr : &room_it->second;
   if (r && r->inflight > 0) --r->inflight;
+  if (r) r->progress_ns = monotonic_ns();
+  if (r && r->abandoned) ++abandoned_completed_;
+  if (!r) on_abandoned_completion(e.room);
   if (e.status.code() == ErrorCode::kPeerUnreachable) {  // the peer died: attribute it to the peer
     for (auto& [rank, p] : peers_) {
       if (p.peer == e.peer) {
@@ -393,6 +397,7 @@ void PrefillEndpoint::maybe_finish(SenderRoom& r) {
     guard = *r.aux_staging;
   }
   r.aux_submitted = true;
+  r.progress_ns = monotonic_ns();
   AuxRecord rec = make_aux(r.room, r.input_tokens, r.total_pages);
   std::memcpy(core_.guard_row(guard), &rec, sizeof rec);
   // Every batch is built before any is written: a mismatch fails the room with nothing sent.
@@ -495,6 +500,7 @@ bool PrefillEndpoint::drained(uint64_t room) const {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return true;
   const SenderRoom& r = it->second;
+  if (r.abandoned) return true;  // past the drain deadline; decode keeps its pages quarantined
   if (r.inflight != 0) return false;
   if (r.state.get() == KVPoll::Success) return true;
   if (!r.terminal_sent) return false;
@@ -510,6 +516,7 @@ void PrefillEndpoint::release(uint64_t room) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return;
   if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
+  if (it->second.abandoned && it->second.inflight > 0) remember_abandoned(it->second);
   bury(room, core_.registry().get(room), monotonic_ns());
   core_.registry().release(room);
   rooms_.erase(it);
@@ -560,6 +567,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);
   }
+  check_write_deadlines(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
     if (r.state.get() == KVPoll::Bootstrapping && now_ns > r.bootstrap_deadline_ns) expired.push_back(id);

@@ -72,6 +72,13 @@ struct SenderRoom {
   int64_t bootstrap_deadline_ns = 0;  // Bootstrapping past this fails with bootstrap_timeout
   int64_t first_send_ns = 0;
   int64_t failed_ns = 0;
+  // Last submission or completion of a write of the room: Transferring with writes in flight and
+  // no completion for transfer_timeout_ms fails the room (prefill_deadlines.cc).
+  int64_t progress_ns = 0;
+  // Failed, and its writes still in flight drain_timeout_ms after the failure: they are given up
+  // (their chunks are done for the driver, the room may be released), but no terminal status goes
+  // out until they complete, so decode keeps its pages quarantined until then.
+  bool abandoned = false;
   uint64_t bytes = 0;
   std::optional<uint64_t> aux_staging;  // guard row allocated to stage the record (no aux_index)
 };
@@ -140,6 +147,17 @@ class PrefillEndpoint {
 
   // Periodic work: deadlines, terminal statuses of drained failed rooms, expiry of pending frames.
   void tick(int64_t now_ns);
+  // Chunks of abandoned rooms (SenderRoom::abandoned), done with ok false since the last call:
+  // their staging pages may be reused (a late write of them lands only in pages decode keeps
+  // quarantined). Their late completions produce no second ChunkDone.
+  std::vector<ChunkDone> take_abandoned_chunks() { return std::exchange(abandoned_chunks_, {}); }
+  // Writes given up so far (abandoned while in flight), and those of them that completed later
+  // (decode was then told the room's pages are no longer written: the terminal status).
+  uint64_t abandoned_writes() const { return abandoned_writes_; }
+  uint64_t abandoned_writes_completed() const { return abandoned_completed_; }
+  // Released abandoned rooms whose writes are still in flight (capped at kMaxAbandonedRooms).
+  size_t abandoned_rooms() const { return abandoned_.size(); }
+  static constexpr size_t kMaxAbandonedRooms = 4096;
 
   // A decode peer is dead (heartbeats stopped, or the transport failed its endpoint): every room
   // bound for it fails with origin = the peer and code peer_unreachable; one line above debug.
@@ -195,6 +213,13 @@ class PrefillEndpoint {
   // `guard`); "" or why it cannot be written (the room fails).
   std::string final_ops(const SenderRoom& r, const RankId& d, uint64_t guard, std::vector<WriteOp>& ops) const;
   void maybe_send_terminal(SenderRoom& r);
+  // prefill_deadlines.cc: the transfer deadline and the abandonment of a failed room's writes.
+  void check_write_deadlines(int64_t now_ns);
+  void abandon(SenderRoom& r);
+  // A released abandoned room keeps what confirming its drain needs (release()).
+  void remember_abandoned(const SenderRoom& r);
+  // A completion of a write of a room that is no longer live.
+  void on_abandoned_completion(uint64_t room);
   // `terminal` false: the early failure notice (Failed only); writes may still be in flight.
   void send_status(SenderRoom& r, KVPoll state, bool terminal = true);
 
@@ -232,6 +257,19 @@ class PrefillEndpoint {
   };
   void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns);
   void expire_tombstones(std::deque<TombstoneRef>& fifo, size_t cap, int64_t now_ns);
+
+  // Released rooms with abandoned writes still in flight: on the last one's completion the
+  // destinations get the terminal Failed status (their quarantined pages are free again).
+  struct AbandonedRoom {
+    uint32_t inflight = 0;
+    std::vector<RankId> dests;
+    Failure failure;
+  };
+  std::unordered_map<uint64_t, AbandonedRoom> abandoned_;
+  std::deque<uint64_t> abandoned_order_;  // release order, for the cap
+  std::vector<ChunkDone> abandoned_chunks_;
+  uint64_t abandoned_writes_ = 0;
+  uint64_t abandoned_completed_ = 0;
 
   std::unordered_map<uint64_t, Tombstone> tombstones_;
   std::deque<TombstoneRef> ok_fifo_;      // rooms released without a failure

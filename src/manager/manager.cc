@@ -177,21 +177,28 @@ void ManagerImpl::progress_events() {
   for (const TransportEvent& e : core_->take_events()) {
     if (!prefill_) continue;  // decode issues no writes
     auto done = prefill_->on_transport_event(e);
-    if (!done) continue;
-    if (done->tag >= kSenderTagBase && done->tag < (1ull << 62)) {
-      auto it = rooms_.find(done->room);
-      if (it != rooms_.end() && it->second.chunks_out > 0) --it->second.chunks_out;
-    } else if (chunk_hook_) {
-      chunk_hook_(*done);
-    }
+    if (done) chunk_done(*done);
+  }
+}
+
+void ManagerImpl::chunk_done(const ChunkDone& done) {
+  if (done.tag >= kSenderTagBase && done.tag < (1ull << 62)) {
+    auto it = rooms_.find(done.room);
+    if (it != rooms_.end() && it->second.chunks_out > 0) --it->second.chunks_out;
+  } else if (chunk_hook_) {
+    chunk_hook_(done);
   }
 }
 
 void ManagerImpl::progress_tick() {
   std::lock_guard lock(mu_);
   const int64_t now = monotonic_ns();
-  if (prefill_) prefill_->tick(now);
-  else decode_->tick(now);
+  if (prefill_) {
+    prefill_->tick(now);
+    for (const ChunkDone& done : prefill_->take_abandoned_chunks()) chunk_done(done);  // staging moves on
+  } else {
+    decode_->tick(now);
+  }
   housekeeping(now);
 }
 

@@ -87,6 +87,8 @@ class ManagerImpl final : public Manager {
   Status connect_prefill_instance(const std::string& address);
   void run();
   void housekeeping(int64_t now);
+  // A chunk's writes are done (completed, or abandoned): a Sender's count, else the hook.
+  void chunk_done(const ChunkDone& done);
   bool release_safe_locked(uint64_t id, const Room& r, int64_t now) const;
 
   ManagerConfig config_;
