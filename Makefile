@@ -2,6 +2,8 @@
 #   make run    build (Release) and replay the bundled trace; prints a summary and the report path
 #   make build  build only; the CLI is at build/kvferry
 #   make test   build and run every test through CTest
+#   make test-hog  the same with a CPU hog beside it: as many spinners as cores (HOG_CPUS), from
+#               before ctest until after it, however it ends (tests/hog/hog.sh; docs/testing.md)
 #   make faults build and replay with every fault kind mixed in, a rank killed and restarted
 #               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
 #   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
@@ -29,9 +31,9 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox jq
+  python3-numpy gnuplot-nox jq stress-ng
 
-.PHONY: deps build run faults bench test test-sanitize clean
+.PHONY: deps build run faults bench test test-hog test-sanitize clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -69,6 +71,11 @@ bench: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
+
+# `make test` beside a CPU hog: busy is not dead (docs/testing.md, "Under load"). A subset:
+# make test-hog CTEST_ARGS="-R Replay".
+test-hog: build
+	tests/hog/hog.sh sh -c 'cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600 $(CTEST_ARGS)'
 
 # Sanitizer options and suppressions are compiled into every executable (tests/sanitizers/).
 test-sanitize: deps
