@@ -78,7 +78,10 @@ TEST_P(SimultaneousFailures, DeadlinesOnEveryDecodeRankGiveOneOrigin) {
   for (const auto& [room, o] : origin) {
     const std::string want = o;
     if (want.rfind("prefill", 0) != 0 && want.rfind("decode", 0) != 0) continue;  // e.g. the router
-    ASSERT_EQ(above[room].size(), 1u) << "room " << room;
+    std::string lines_of_room;  // for the message: every line naming the room
+    for (const json& l : logs.lines)
+      if (l.contains("room") && l["room"] == room) lines_of_room += l.dump() + "\n";
+    ASSERT_EQ(above[room].size(), 1u) << "room " << room << " (kept in " << dir_ << "):\n" << lines_of_room;
     EXPECT_EQ(above[room][0], want) << "room " << room;
   }
   // The deadlines fired on both decode ranks for some room: a rank's own failure lost the rule.
