@@ -27,7 +27,7 @@ RUN_HOSTS_OUT ?= out/run-hosts
 # subnet (tests/hosts/hosts.sh).
 RUN_HOSTS_PREFIX ?= kvrun
 RUN_HOSTS_SUBNET ?= 10.70.0
-RUN_HOSTS_REQUESTS ?= 60
+RUN_HOSTS_REQUESTS ?= 20
 # `make faults`: every kind (docs/report.md "Faults"); injected timeouts fire after 500 ms, every
 # other deadline has its default (include/kvferry/deadlines.h).
 # The Azure trace's sizes, its arrivals re-paced to one request per FAULTS_GAP_MS (the recorded ones

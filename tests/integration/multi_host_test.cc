@@ -31,7 +31,7 @@ std::string no_netns_reason() {
   return "";
 }
 
-class Hosts : public ReplayDir {
+class MultiHost : public ReplayDir {
  protected:
   void SetUp() override {
     ReplayDir::SetUp();
@@ -142,7 +142,7 @@ class Hosts : public ReplayDir {
   bool up_ = false;
 };
 
-TEST_F(Hosts, TcpTwoByTwoAcrossTwoHostsWithFaults) {
+TEST_F(MultiHost, TcpTwoByTwoAcrossTwoHostsWithFaults) {
   up(2, "h1,h1", "h2,h2");
   const CliRun run = replay_on(0, {"--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "2", "--decode-tp",
                                    "2", "--max-requests", "40", "--pool-mib", "256", "--prefill-pool-mib", "64",
@@ -157,12 +157,18 @@ TEST_F(Hosts, TcpTwoByTwoAcrossTwoHostsWithFaults) {
   EXPECT_LT(run.seconds, 60);
 }
 
-TEST_F(Hosts, PrefillRanksOnDifferentHosts) {
+TEST_F(MultiHost, PrefillRanksOnDifferentHosts) {
   up(3, "h1,h2", "h3,h3");
   const CliRun run = replay_on(1, {"--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "2", "--decode-tp",
                                    "2", "--max-requests", "30", "--pool-mib", "256", "--prefill-pool-mib", "64",
-                                   "--page-size", "16", "--fault-rate", "0.1", "--seed", "4"});
+                                   "--page-size", "16", "--fault-rate", "0.1", "--seed", "4", "--metrics"});
   expect_clean(run, 30);
+  // Every rank's metrics URL is on its host's address.
+  const json metrics = json::parse(slurp(out() / "metrics.json"));
+  for (auto [rank, host] : {std::pair{"prefill/tp0", 1}, std::pair{"prefill/tp1", 2}, std::pair{"decode/tp1", 3}}) {
+    EXPECT_EQ(metrics[rank]["url"].get<std::string>().rfind("http://" + address(host) + ":", 0), 0u)
+        << metrics.dump();
+  }
   expect_placed(run, 1, "the replay (orchestrator), bootstrap, router, prefill/tp0");
   expect_placed(run, 2, "prefill/tp1");
   expect_placed(run, 3, "decode/tp0, decode/tp1");
@@ -171,7 +177,7 @@ TEST_F(Hosts, PrefillRanksOnDifferentHosts) {
 
 // decode/tp1 on h2 is SIGKILLed while rooms are in flight and restarted 1.5 s later, on h2 again
 // (through its exec prefix); the replay runs on h1, where the router reaches its socket.
-TEST_F(Hosts, PeerDeathOfARankOnAnotherHost) {
+TEST_F(MultiHost, PeerDeathOfARankOnAnotherHost) {
   up(2, "h1,h1", "h2,h2");
   const std::string rank = "decode/tp1";
   const fs::path trace = write_trace(120, 100, {100, 150, 200, 300});
@@ -231,6 +237,37 @@ TEST_F(Hosts, PeerDeathOfARankOnAnotherHost) {
   EXPECT_GE(ok_after_restart, 3u);
   EXPECT_EQ(r["bytes"]["mismatched"], 0);
   expect_no_leaks(r);
+}
+
+// Refused before anything starts, each with its reason: shared memory across hosts, and a replay
+// with peer deaths that does not run on the host the router reaches it at.
+TEST_F(MultiHost, WrongTransportOrReplayHostIsExplained) {
+  up(2, "h1,h1", "h2,h2");
+  const std::vector<std::string> args = {"replay", "--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
+                                         "--decode-tp", "2", "--max-requests", "4", "--pool-mib", "256",
+                                         "--prefill-pool-mib", "64", "--page-size", "16", "--hosts",
+                                         hosts_file().string(), "--out", out().string()};
+  std::vector<std::string> shm = args;
+  shm.insert(shm.end(), {"--transport", "shm"});
+  CliRun run = run_cli(shm, dir_ / "output.txt");
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_NE(run.output.find("--transport shm needs the prefill and decode ranks on one host, but --hosts " +
+                            hosts_file().string() + " places prefill/tp0 on h1 and decode/tp0 on h2"),
+            std::string::npos)
+      << run.output;
+  // Here, in the root namespace, h1's address does not exist: the orchestrator cannot bind it.
+  std::vector<std::string> death = args;
+  death.insert(death.end(), {"--transport", "tcp", "--faults", "peer_death@decode/tp1:once"});
+  run = run_cli(death, dir_ / "output.txt");
+  EXPECT_EQ(run.exit_code, 1) << run.output;
+  EXPECT_NE(run.output.find("cannot bind the orchestrator's socket on " + address(1)), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("peer_death needs the replay on host h1 (" + address(1) +
+                            ", --hosts place.replay, default the router's host): run it there, e.g. `ip netns "
+                            "exec " + ns(1) + " kvferry replay ...`"),
+            std::string::npos)
+      << run.output;
+  EXPECT_TRUE(processes_mentioning(out().string()).empty());  // nothing was started
 }
 
 }  // namespace
