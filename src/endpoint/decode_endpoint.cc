@@ -54,6 +54,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
   peers_[peer] = {peer, endpoint};
+  refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
   core_.monitor().watch(peer, endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
@@ -228,6 +229,7 @@ void DecodeEndpoint::on_message(const Message& m) {
     core_.monitor().heard(st->sender, now);
     return on_status(*st);
   }
+  if (auto* rf = std::get_if<RegistrationRefusal>(&m)) return on_refusal(*rf);
   log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
 }
 
@@ -287,6 +289,7 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t pref
   const uint32_t dp = prefill_dp_rank >= 0 ? static_cast<uint32_t>(prefill_dp_rank) : dp_rank_for_room(room, prefill_dp_);
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank)) r.sources.push_back({Role::kPrefill, 0, p, dp});
   core_.registry().open(room);
+  if (fail_if_refused(room)) return;
   // A source that is down may already be back (its engine may hold this room): the room waits
   // for it to register again, up to its rejoin deadline (expire_dead_sources).
   const int64_t now = monotonic_ns();
@@ -314,8 +317,10 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "init() for an unknown room"};
   ReceiverRoom& r = it->second;
-  if (r.state.get() != KVPoll::Bootstrapping || r.init_called)
-    return {ErrorCode::kInvalidArgument, "init() twice or after failure"};
+  if (r.init_called) return {ErrorCode::kInvalidArgument, "init() twice"};
+  const bool failed_before = r.state.get() == KVPoll::Failed;
+  if (r.state.get() != KVPoll::Bootstrapping && !failed_before)
+    return {ErrorCode::kInvalidArgument, "init() after the room left Bootstrapping"};
   if (kv_indices.size() != r.total_pages) return {ErrorCode::kInvalidArgument, "kv_indices size != room pages"};
   const MemoryShape& sh = core_.shape();
   for (uint64_t p : kv_indices)
@@ -334,6 +339,7 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   r.aux_index = aux_index;
   r.state_indices.assign(state_indices.begin(), state_indices.end());
   r.init_called = true;
+  if (failed_before) return Status::Ok();  // it failed first (e.g. a refusing source): nothing goes out
   std::memset(core_.guard_row(aux_index), 0, kAuxSlotBytes);
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);

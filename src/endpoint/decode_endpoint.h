@@ -94,8 +94,10 @@ class DecodeEndpoint {
   // Clears the room's guard row and sends the metadata (destination pages, aux row, state rows)
   // to every source. kv_indices.size() must equal the room's page count; `aux_index` names the
   // room's row in every aux buffer and its guard row; `state_indices` its rows in every state
-  // buffer (the prefill rank gives as many with its last chunk). Errors (kInvalidArgument, nothing
-  // sent): unknown room, called twice or after a failure, a page, aux or state row out of range.
+  // buffer (the prefill rank gives as many with its last chunk). A room that failed before init
+  // (a source refused our registration, a source down past its rejoin deadline) takes the call and
+  // sends nothing: it stays Failed with its cause. Errors (kInvalidArgument, nothing sent): unknown
+  // room, called twice, a page, aux or state row out of range.
   Status init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint64_t aux_index,
               std::span<const uint64_t> state_indices);
   // The form without state rows.
@@ -125,6 +127,8 @@ class DecodeEndpoint {
 
   size_t live_rooms() const { return rooms_.size(); }
   size_t peers() const { return peers_.size(); }
+  // Sources whose refusal of our registration stands (RegistrationRefusal).
+  size_t refused_peers() const { return refused_.size(); }
 
  private:
   void on_status(const RoomStatus& st);
@@ -136,6 +140,10 @@ class DecodeEndpoint {
   // source is terminal or dead (its own failure, if any, is a candidate here) or the drain
   // deadline passed (or `force`: the room is released); once per room.
   void answer_sources(ReceiverRoom& r, int64_t now_ns, bool force = false);
+  // decode_refusal.cc: a source refused our pool registration; a room fed by a refusing source
+  // fails at once (true then).
+  void on_refusal(const RegistrationRefusal& rf);
+  bool fail_if_refused(uint64_t room);
   Status send_registration(const RankId& peer, const std::string& endpoint);
   void rediscover(const RankId& peer, const std::string& old_endpoint);
   // A source that was down registered again: sends it the metadata of rooms that waited for it
@@ -165,6 +173,9 @@ class DecodeEndpoint {
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
+  // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
+  // we register with the source again).
+  std::map<RankId, Failure> refused_;
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.
   std::map<RankId, std::vector<RoomStatus>> owed_;

@@ -117,6 +117,12 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
   bool expected = false;
   for (const RankId& d : r.dests) expected |= (d == md.sender);
   std::string bad;
+  if (auto refused = refused_.find(md.sender); expected && peer == peers_.end() && refused != refused_.end()) {
+    // Its registration was refused (logged once, and told to it): the room fails with that
+    // record, as the decode rank's rooms do, so both engines name the one root cause.
+    fail(r.room, refused->second, /*observed_here=*/false, &md.sender);
+    return;
+  }
   if (!expected) bad = fmt::format("metadata from {} which is not a destination of this rank", md.sender.str());
   else if (peer == peers_.end()) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
   else if (md.kv_indices.size() != r.total_pages)

@@ -203,6 +203,9 @@ class PrefillEndpoint {
     uint64_t pages;
   };
   void on_registration(const PoolRegistration& r);
+  // Tells a refused decode rank why (RegistrationRefusal), once per refused registration, and
+  // keeps the record: its metadata fails the room with it (prefill_registration.cc).
+  void refuse(const PoolRegistration& r, const std::string& why);
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
@@ -230,6 +233,10 @@ class PrefillEndpoint {
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
+  // Decode ranks whose last registration was refused, with the refusal's record (until one of
+  // theirs is accepted; at most kMaxRefused, oldest rank order dropped first).
+  std::map<RankId, Failure> refused_;
+  static constexpr size_t kMaxRefused = 1024;
   std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again
   std::unordered_map<uint64_t, SenderRoom> rooms_;
   std::unordered_map<uint64_t, ChunkState> chunks_;

@@ -76,8 +76,10 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     log_event(LogLevel::kWarning, kComp,
               fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
               {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
+    refuse(r, bad);
     return;
   }
+  refused_.erase(r.sender);
   auto old = peers_.find(r.sender);
   if (old != peers_.end()) {  // a restarted decode rank: replace its endpoint
     core_.transport().disconnect(old->second.peer);
@@ -96,6 +98,18 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
   dead_regs_.erase(r.sender);
   core_.monitor().watch(r.sender, r.control_endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
+}
+
+void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) {
+  if (r.sender.role != Role::kDecode) return;  // not a decode rank: no rooms of it to fail
+  const int64_t now = monotonic_ns();
+  Failure f{ErrorCode::kProtocolError, core_.self(),
+            fmt::format("pool registration of {} refused by {}: {}", r.sender.str(), core_.self().str(), why), now,
+            wall_from_monotonic(now)};
+  if (!refused_.count(r.sender) && refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
+  refused_[r.sender] = f;
+  Status s = core_.send(r.control_endpoint, RegistrationRefusal{core_.self(), f});
+  if (!s.ok()) log_event(LogLevel::kDebug, kComp, "refusal not delivered to " + r.sender.str() + ": " + s.str());
 }
 
 }  // namespace kvferry
