@@ -21,6 +21,8 @@ const std::vector<DeadlineField>& deadline_fields() {
        "decode: quarantine a failed room's pages if prefill has not confirmed its writes drained"},
       {"--transfer-timeout-ms", "KVFERRY_TRANSFER_TIMEOUT_MS", &Deadlines::transfer_timeout_ms,
        "prefill: fail a room whose writes in flight made no progress (none completed) for this long"},
+      {"--status-retry-ms", "KVFERRY_STATUS_RETRY_MS", &Deadlines::status_retry_ms,
+       "decode: ask a source again for a room's status after this long without one (doubling, at most 8 times)"},
       {"--lookup-timeout-ms", "KVFERRY_LOOKUP_TIMEOUT_MS", &Deadlines::lookup_timeout_ms,
        "give up on a prefill rank that never registers with the bootstrap service (or, after its death, never registers again)"},
       {"--engine-timeout-ms", "KVFERRY_ENGINE_TIMEOUT_MS", &Deadlines::engine_timeout_ms,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -109,6 +110,11 @@ class EndpointCore {
 
   // Encodes and sends a control message; a failure is returned (the caller decides).
   Status send(const std::string& endpoint, const Message& m);
+  // Test-only: a message for which `filter` returns false is dropped as if lost on the way (send()
+  // still reports ok). Null: none. Main thread only.
+  void set_send_filter(std::function<bool(const std::string& endpoint, const Message& m)> filter) {
+    send_filter_ = std::move(filter);
+  }
 
   // Thread-safe: queue a completion for the main thread and wake it.
   void post(TransportEvent e);
@@ -133,6 +139,7 @@ class EndpointCore {
   std::vector<TransportEvent> events_;
   std::vector<PeerError> peer_errors_;
   std::unique_ptr<PeerMonitor> monitor_;
+  std::function<bool(const std::string&, const Message&)> send_filter_;
 };
 
 }  // namespace kvferry

@@ -104,6 +104,7 @@ void DecodeEndpoint::maybe_waiting(ReceiverRoom& r) {
   r.state.advance(KVPoll::WaitingForInput);
   r.init_ns = monotonic_ns();
   r.waiting_deadline_ns = r.init_ns + core_.config().deadlines.waiting_timeout_ms * 1'000'000;
+  arm_reask(r, r.init_ns);
 }
 
 int64_t DecodeEndpoint::rejoin_deadline_ns(const RankId& peer) const {
@@ -420,6 +421,7 @@ void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, c
   }
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
+  arm_reask(r, r.failed_ns);  // until every source's terminal status came
   LogFields fields = failure_log_fields(room, f);
   if (via) fields.extra.push_back({"via", via->str()});
   log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
@@ -478,6 +480,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   if (!dead_peers_.empty()) expire_dead_sources(now_ns);
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
+  reask(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);

@@ -67,6 +67,10 @@ struct ReceiverRoom {
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
   int64_t failed_ns = 0;
+  // The next time the sources that owe a status are asked again (0: not armed), and how often
+  // they were (decode_reask.cc).
+  int64_t next_ask_ns = 0;
+  uint32_t asks = 0;
 };
 
 class DecodeEndpoint {
@@ -129,6 +133,9 @@ class DecodeEndpoint {
   size_t peers() const { return peers_.size(); }
   // Sources whose refusal of our registration stands (RegistrationRefusal).
   size_t refused_peers() const { return refused_.size(); }
+  // Sources asked again for a room's status, so far (one per source per ask).
+  uint64_t status_asks() const { return status_asks_; }
+  static constexpr uint32_t kMaxAsks = 8;
 
  private:
   void on_status(const RoomStatus& st);
@@ -144,6 +151,9 @@ class DecodeEndpoint {
   // fails at once (true then).
   void on_refusal(const RegistrationRefusal& rf);
   bool fail_if_refused(uint64_t room);
+  // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
+  void arm_reask(ReceiverRoom& r, int64_t now_ns);
+  void reask(int64_t now_ns);
   Status send_registration(const RankId& peer, const std::string& endpoint);
   void rediscover(const RankId& peer, const std::string& old_endpoint);
   // A source that was down registered again: sends it the metadata of rooms that waited for it
@@ -176,6 +186,7 @@ class DecodeEndpoint {
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;
+  uint64_t status_asks_ = 0;
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.
   std::map<RankId, std::vector<RoomStatus>> owed_;

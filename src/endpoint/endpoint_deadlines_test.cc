@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "endpoint/endpoint_pair_steps.h"
@@ -138,6 +139,93 @@ TEST(EndpointDeadlines, SlowButProgressingWritesAreNotFailed) {
       << to_string(p->decode().poll(room));
   EXPECT_EQ(p->prefill().poll(room), KVPoll::Success);
   EXPECT_GT(testing::ms_since(t0), 900);  // longer than the deadline in all
+  EXPECT_EQ(p->verify_decode(room, kv), 0u);
+}
+
+// A lost Success status does not become a waiting_timeout blamed on decode: decode asks again
+// (its metadata again) and the prefill rank answers with the status it sent, even once it has
+// released the room (its tombstone).
+TEST(EndpointDeadlines, LostSuccessStatusIsRecoveredByAskingAgain) {
+  PairConfig cfg;
+  cfg.decode_deadlines.status_retry_ms = 100;
+  cfg.decode_deadlines.waiting_timeout_ms = 60000;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x12d1;
+  const std::vector<uint64_t> kv = {2, 3, 4};
+  int dropped = 0;
+  p->pcore().set_send_filter([&](const std::string&, const Message& m) {
+    auto* st = std::get_if<RoomStatus>(&m);
+    if (!st || st->state != KVPoll::Success || dropped > 0) return true;
+    ++dropped;
+    return false;
+  });
+  open_room(*p, room, 48, kv, 1);
+  const int64_t t0 = monotonic_ns();
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Success; }, 5s));
+  ASSERT_EQ(dropped, 1);
+  p->prefill().release(room);  // prefill is done with it: the answer comes from its tombstone
+  EXPECT_EQ(p->decode().poll(room), KVPoll::WaitingForInput);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 10s))
+      << to_string(p->decode().poll(room));
+  EXPECT_GE(p->decode().status_asks(), 1u);
+  EXPECT_LT(testing::ms_since(t0), 10000);  // far from the 60 s waiting deadline
+  EXPECT_EQ(p->verify_decode(room, kv), 0u);
+  EXPECT_FALSE(p->dcore().registry().get(room));
+}
+
+// A lost terminal Failed status: decode learns the prefill rank's failure by asking, with its
+// true origin, and is drained by the confirmation, not by a deadline.
+TEST(EndpointDeadlines, LostFailureStatusKeepsItsOriginWhenAskedAgain) {
+  PairConfig cfg;
+  cfg.decode_deadlines.status_retry_ms = 100;
+  cfg.decode_deadlines.waiting_timeout_ms = 60000;
+  cfg.decode_deadlines.drain_timeout_ms = 60000;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x12d2;
+  int dropped = 0;
+  p->pcore().set_send_filter([&](const std::string&, const Message& m) {
+    auto* st = std::get_if<RoomStatus>(&m);
+    if (!st || st->state != KVPoll::Failed || dropped > 0) return true;
+    ++dropped;
+    return false;
+  });
+  open_room(*p, room, 32, {0, 1}, 1);
+  p->prefill().fail(room, ErrorCode::kTransferError, "copy engine fault", prefill_rank0(), monotonic_ns(), true);
+  ASSERT_EQ(dropped, 1);  // the only status this failure sends: terminal, nothing in flight
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 10s));
+  auto d = p->dcore().registry().get(room);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->code, ErrorCode::kTransferError);
+  EXPECT_EQ(d->origin, prefill_rank0());
+  EXPECT_EQ(d->failure_reason, "copy engine fault");
+  EXPECT_TRUE(d->is_from_another_rank);
+  EXPECT_GE(p->decode().status_asks(), 1u);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 5s));
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 1u);  // by confirmation
+}
+
+// Asking again is bounded and idempotent: a room still in progress at the source is asked at most
+// kMaxAsks times, its first metadata stays, and the room then completes normally.
+TEST(EndpointDeadlines, AskingAgainIsBoundedAndChangesNothingAtTheSource) {
+  PairConfig cfg;
+  cfg.decode_deadlines.status_retry_ms = 1;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x12d3;
+  const std::vector<uint64_t> kv = {6, 7};
+  open_room(*p, room, 32, kv, 2);
+  // 1 + 2 + ... + 32 ms: every ask is made within a second.
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().status_asks() == DecodeEndpoint::kMaxAsks; }, 10s))
+      << p->decode().status_asks();
+  p->pump_for(100ms);
+  EXPECT_EQ(p->decode().status_asks(), DecodeEndpoint::kMaxAsks);
+  EXPECT_EQ(p->prefill().room(room)->meta.at(decode_rank0()).kv_indices, kv);
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::WaitingForInput);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
   EXPECT_EQ(p->verify_decode(room, kv), 0u);
 }
 

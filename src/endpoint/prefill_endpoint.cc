@@ -87,18 +87,49 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   auto tomb = tombstones_.find(md.room);
   if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
     auto peer = peers_.find(md.sender);
-    if (tomb->second.cause && peer != peers_.end()) {
-      const KVTransferError& e = *tomb->second.cause;
-      RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.failure()};
+    if (peer != peers_.end()) {  // a room released here: what its destination was (or is) owed
+      RoomStatus st{md.room, core_.self(), KVPoll::Success, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
+      if (tomb->second.cause) {
+        st.state = KVPoll::Failed;
+        st.failure = tomb->second.cause->failure();
+        st.terminal = !abandoned_.count(md.room);  // abandoned writes may still land
+      }
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
     return;
   }
-  pending_meta_[md.room].push_back({monotonic_ns(), md});
+  auto pending = pending_meta_.find(md.room);
+  if (pending == pending_meta_.end() && pending_meta_.size() >= kMaxPendingRooms) {
+    log_event(LogLevel::kDebug, kComp, "metadata for a room not added yet dropped: too many pending", room_fields(md.room));
+    return;
+  }
+  auto& kept = pending_meta_[md.room];
+  for (const auto& [ns, m] : kept)
+    if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
+  if (kept.size() < kMaxPendingSenders) kept.push_back({monotonic_ns(), md});
+}
+
+void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
+  auto peer = peers_.find(d);
+  if (peer == peers_.end()) return;
+  RoomStatus st{r.room, core_.self(), r.state.get(), Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
+  if (r.state.get() == KVPoll::Failed) {
+    auto e = core_.registry().get(r.room);
+    if (e) st.failure = e->failure();
+    st.terminal = r.inflight == 0;  // terminal only once none of its writes can land
+  } else if (r.state.get() != KVPoll::Success) {
+    return;  // in progress: its status comes when there is one
+  }
+  (void)core_.send(peer->second.reg.control_endpoint, st);
+  log_event(LogLevel::kDebug, kComp, fmt::format("{} asked again: {} status sent again", d.str(), to_string(st.state)),
+            room_fields(r.room));
 }
 
 void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  // The same destination again: it asks for the status it is owed (decode_reask.cc). The first
+  // metadata stays; nothing of the repeat is stored.
+  if (r.meta.count(md.sender)) return answer_again(r, md.sender);
   if (r.state.get() == KVPoll::Failed) {
     // The room failed before this destination's metadata arrived (e.g. a failure on this rank
     // when the room was created): our failure status may have reached the decode rank before it
@@ -168,6 +199,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
     return;
   }
   if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
+  if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
   pending_fail_[st.room] = {monotonic_ns(), st};
 }
 

@@ -176,6 +176,10 @@ class PrefillEndpoint {
   // room can only get frames that were already in flight when it succeeded (decode's timeout
   // racing prefill's Success), so a short history suffices: 1024 rooms = 0.5 s at 2000 rooms/s.
   static constexpr size_t kMaxOkTombstones = 1024;
+  // Frames kept for rooms not added yet: at most this many rooms, and one metadata per sender
+  // (at most kMaxPendingSenders) for each; more are dropped (the sender asks again).
+  static constexpr size_t kMaxPendingRooms = 1u << 16;
+  static constexpr size_t kMaxPendingSenders = 64;
   static constexpr size_t kMaxFailedTombstones = 2048;
 
   // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
@@ -209,6 +213,8 @@ class PrefillEndpoint {
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
+  // A destination sent its metadata again (a lost status): the status it is owed, if any, again.
+  void answer_again(SenderRoom& r, const RankId& d);
   void maybe_finish(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);
