@@ -23,6 +23,8 @@ const std::vector<DeadlineField>& deadline_fields() {
        "prefill: fail a room whose writes in flight made no progress (none completed) for this long"},
       {"--status-retry-ms", "KVFERRY_STATUS_RETRY_MS", &Deadlines::status_retry_ms,
        "decode: ask a source again for a room's status after this long without one (doubling, at most 8 times)"},
+      {"--connect-timeout-ms", "KVFERRY_CONNECT_TIMEOUT_MS", &Deadlines::connect_timeout_ms,
+       "prefill: fail the rooms waiting for a decode rank whose transport connect has not completed within this"},
       {"--lookup-timeout-ms", "KVFERRY_LOOKUP_TIMEOUT_MS", &Deadlines::lookup_timeout_ms,
        "give up on a prefill rank that never registers with the bootstrap service (or, after its death, never registers again)"},
       {"--engine-timeout-ms", "KVFERRY_ENGINE_TIMEOUT_MS", &Deadlines::engine_timeout_ms,

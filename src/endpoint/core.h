@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "endpoint/connector.h"
 #include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
 #include "endpoint/waker.h"
@@ -107,6 +108,8 @@ class EndpointCore {
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
   PeerMonitor& monitor() { return *monitor_; }
+  // Transport connects off the main thread (endpoint/connector.h).
+  Connector& connector() { return *connector_; }
 
   // Encodes and sends a control message; a failure is returned (the caller decides).
   Status send(const std::string& endpoint, const Message& m);
@@ -139,6 +142,7 @@ class EndpointCore {
   std::vector<TransportEvent> events_;
   std::vector<PeerError> peer_errors_;
   std::unique_ptr<PeerMonitor> monitor_;
+  std::unique_ptr<Connector> connector_;  // before transport_ goes (~EndpointCore)
   std::function<bool(const std::string&, const Message&)> send_filter_;
 };
 

@@ -229,5 +229,72 @@ TEST(EndpointDeadlines, AskingAgainIsBoundedAndChangesNothingAtTheSource) {
   EXPECT_EQ(p->verify_decode(room, kv), 0u);
 }
 
+// A connect to a peer never blocks the rank's main thread: with the transport connect held (a
+// slow wire-up), every progress round returns at once and a room for that peer waits in
+// Bootstrapping (not ready, not failed); once the connect completes the room goes through.
+TEST(EndpointDeadlines, ConnectRunsOffTheMainThreadAndRoomsWaitForIt) {
+  PairConfig cfg;
+  cfg.prefill_deadlines.connect_timeout_ms = 60000;
+  cfg.hold_prefill_connects = true;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->pump_until([&] { return p->pcore().faults()->held_connects() == 1; }, 5s));
+  const uint64_t room = 0x12e1;
+  const std::vector<uint64_t> kv = {1, 2};
+  p->prefill().add_room(room, 32);
+  p->decode().add_room(room, 32);
+  ASSERT_TRUE(p->decode().init(room, kv, 3).ok());
+  int64_t longest_ns = 0;
+  auto timed = [&] {
+    const int64_t t = monotonic_ns();
+    p->pump();
+    longest_ns = std::max(longest_ns, monotonic_ns() - t);
+  };
+  // The metadata arrives and is kept while the connect is under way.
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().room(room)->meta.size() == 1; }, 5s, timed));
+  p->pump_for(300ms, timed);
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Bootstrapping);
+  EXPECT_EQ(p->prefill().connecting_peers(), 1u);
+  EXPECT_LT(longest_ns, 200'000'000) << "a progress round waited for the connect";
+  p->pcore().faults()->release_connects();
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::WaitingForInput; }, 10s));
+  EXPECT_EQ(p->prefill().connecting_peers(), 0u);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
+  EXPECT_EQ(p->verify_decode(room, kv), 0u);
+}
+
+// A connect that does not complete within connect_timeout fails the rooms waiting for it with
+// peer_unreachable naming the peer, in one line above debug; once the peer answers again it is
+// connected again and new rooms succeed.
+TEST(EndpointDeadlines, ConnectPastItsDeadlineFailsTheRoomsNamingThePeer) {
+  PairConfig cfg;
+  cfg.prefill_deadlines.connect_timeout_ms = 300;
+  cfg.hold_prefill_connects = true;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->pump_until([&] { return p->pcore().faults()->held_connects() == 1; }, 5s));
+  const uint64_t room = 0x12e2;
+  p->prefill().add_room(room, 32);
+  p->decode().add_room(room, 32);
+  ASSERT_TRUE(p->decode().init(room, {4, 5}, 1).ok());
+  const uint64_t lines0 = lines_above_debug();
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 10s));
+  auto f = p->pcore().registry().get(room);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(f->origin, decode_rank0());
+  EXPECT_NE(f->failure_reason.find("decode/tp0"), std::string::npos) << f->failure_reason;
+  EXPECT_NE(f->failure_reason.find("300 ms"), std::string::npos) << f->failure_reason;
+  EXPECT_EQ(lines_above_debug() - lines0, 1u);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 5s));
+  EXPECT_EQ(p->dcore().registry().get(room)->origin, decode_rank0());
+  // The held connect ends (its late result is dropped); the peer still answers, so it is
+  // connected again and a new room succeeds.
+  p->pcore().faults()->release_connects();
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().connected_peers() == 1; }, 10s));
+  testing::transfer_room(*p, 0x12e3, 32, {6, 7}, 2);
+}
+
 }  // namespace
 }  // namespace kvferry

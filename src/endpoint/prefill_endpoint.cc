@@ -81,114 +81,6 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   peers_.erase(it);  // last: `peer` may be this entry's key (callers iterate peers_)
 }
 
-void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
-  auto it = rooms_.find(md.room);
-  if (it != rooms_.end()) return apply_metadata(it->second, md);
-  auto tomb = tombstones_.find(md.room);
-  if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
-    auto peer = peers_.find(md.sender);
-    if (peer != peers_.end()) {  // a room released here: what its destination was (or is) owed
-      RoomStatus st{md.room, core_.self(), KVPoll::Success, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
-      if (tomb->second.cause) {
-        st.state = KVPoll::Failed;
-        st.failure = tomb->second.cause->failure();
-        st.terminal = !abandoned_.count(md.room);  // abandoned writes may still land
-      }
-      (void)core_.send(peer->second.reg.control_endpoint, st);
-    }
-    log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
-    return;
-  }
-  auto pending = pending_meta_.find(md.room);
-  if (pending == pending_meta_.end() && pending_meta_.size() >= kMaxPendingRooms) {
-    log_event(LogLevel::kDebug, kComp, "metadata for a room not added yet dropped: too many pending", room_fields(md.room));
-    return;
-  }
-  auto& kept = pending_meta_[md.room];
-  for (const auto& [ns, m] : kept)
-    if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
-  if (kept.size() < kMaxPendingSenders) kept.push_back({monotonic_ns(), md});
-}
-
-void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
-  auto peer = peers_.find(d);
-  if (peer == peers_.end()) return;
-  RoomStatus st{r.room, core_.self(), r.state.get(), Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
-  if (r.state.get() == KVPoll::Failed) {
-    auto e = core_.registry().get(r.room);
-    if (e) st.failure = e->failure();
-    st.terminal = r.inflight == 0;  // terminal only once none of its writes can land
-  } else if (r.state.get() != KVPoll::Success) {
-    return;  // in progress: its status comes when there is one
-  }
-  (void)core_.send(peer->second.reg.control_endpoint, st);
-  log_event(LogLevel::kDebug, kComp, fmt::format("{} asked again: {} status sent again", d.str(), to_string(st.state)),
-            room_fields(r.room));
-}
-
-void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
-  // The same destination again: it asks for the status it is owed (decode_reask.cc). The first
-  // metadata stays; nothing of the repeat is stored.
-  if (r.meta.count(md.sender)) return answer_again(r, md.sender);
-  if (r.state.get() == KVPoll::Failed) {
-    // The room failed before this destination's metadata arrived (e.g. a failure on this rank
-    // when the room was created): our failure status may have reached the decode rank before it
-    // knew the room, so answer the metadata with the cause, as for a released room.
-    auto peer = peers_.find(md.sender);
-    auto e = core_.registry().get(r.room);
-    if (peer != peers_.end() && e) {
-      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
-      (void)core_.send(peer->second.reg.control_endpoint, st);
-    }
-    log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
-    return;
-  }
-  if (r.state.terminal()) return;
-  auto peer = peers_.find(md.sender);
-  bool expected = false;
-  for (const RankId& d : r.dests) expected |= (d == md.sender);
-  std::string bad;
-  if (auto refused = refused_.find(md.sender); expected && peer == peers_.end() && refused != refused_.end()) {
-    // Its registration was refused (logged once, and told to it): the room fails with that
-    // record, as the decode rank's rooms do, so both engines name the one root cause.
-    fail(r.room, refused->second, /*observed_here=*/false, &md.sender);
-    return;
-  }
-  if (!expected) bad = fmt::format("metadata from {} which is not a destination of this rank", md.sender.str());
-  else if (peer == peers_.end()) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
-  else if (md.kv_indices.size() != r.total_pages)
-    bad = fmt::format("{} kv_indices for a room of {} pages", md.kv_indices.size(), r.total_pages);
-  else if (md.aux_index >= peer->second.reg.aux_rows)
-    bad = fmt::format("aux index {} out of range ({} rows)", md.aux_index, peer->second.reg.aux_rows);
-  else if (!md.state_indices.empty() && peer->second.reg.state_offsets.empty())
-    bad = fmt::format("{} state indices for a rank without state buffers", md.state_indices.size());
-  else {
-    for (uint64_t s : md.state_indices) {
-      if (s >= peer->second.reg.state_rows) {
-        bad = fmt::format("state index {} out of range ({} rows)", s, peer->second.reg.state_rows);
-        break;
-      }
-    }
-  }
-  if (bad.empty()) {
-    for (uint64_t p : md.kv_indices) {
-      if (p >= peer->second.reg.num_pages) {
-        bad = fmt::format("page index {} out of range ({} pages)", p, peer->second.reg.num_pages);
-        break;
-      }
-    }
-  }
-  if (!bad.empty()) {
-    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
-    return;
-  }
-  r.meta[md.sender] = md;
-  if (r.meta.size() == r.dests.size() && r.state.get() == KVPoll::Bootstrapping) {
-    r.state.advance(KVPoll::WaitingForInput);
-    log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
-  }
-}
-
 void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
@@ -487,9 +379,9 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     if (e) st.failure = e->failure();
   }
   for (const RankId& d : r.dests) {
-    auto peer = peers_.find(d);
-    if (peer == peers_.end()) continue;  // never registered: it cannot be waiting for our writes
-    Status s = core_.send(peer->second.reg.control_endpoint, st);
+    const std::string* peer = control_endpoint_of(d);
+    if (!peer) continue;  // never registered: it cannot be waiting for our writes
+    Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
   }
@@ -605,6 +497,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);
   }
+  check_connects(now_ns);
   check_write_deadlines(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
