@@ -181,6 +181,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.control().forget(it->second.control_endpoint);
   dead_peers_.insert(peer);
+  source_gone(peer);  // a dead process writes nothing more into quarantined rooms either
   rediscover(peer, it->second.control_endpoint);
 }
 
@@ -237,6 +238,7 @@ void DecodeEndpoint::on_message(const Message& m) {
 void DecodeEndpoint::on_status(const RoomStatus& st) {
   auto it = rooms_.find(st.room);
   if (it == rooms_.end()) {
+    if (st.terminal && quarantined_.count(st.room)) return drain_confirmed(st.room, st.sender);
     log_event(LogLevel::kDebug, kComp, "status for an unknown room dropped", {.room = st.room});
     return;
   }
@@ -502,6 +504,7 @@ void DecodeEndpoint::release(uint64_t room) {
   if (it->second.state.get() == KVPoll::Failed && !it->second.final_told) {
     answer_sources(it->second, monotonic_ns(), /*force=*/true);  // released: the answer is owed now
   }
+  if (it->second.state.get() == KVPoll::Failed) quarantine(it->second);  // if a source is unconfirmed
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);

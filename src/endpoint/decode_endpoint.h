@@ -22,6 +22,7 @@
 // Thread contract: main thread only.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -123,7 +124,19 @@ class DecodeEndpoint {
   // peer_unreachable (a dead process writes nothing more, so those rooms are drained); one line
   // above debug. The peer is looked up again until it re-registers.
   void on_peer_dead(const RankId& peer, const std::string& reason);
+  // Releases the room; one released before every source it sent metadata to confirmed the drain
+  // is quarantined until they do (decode_quarantine.cc).
   void release(uint64_t room);
+
+  // Quarantined rooms: released, some source still unconfirmed. Their pages and rows (the room's
+  // kv_indices, its aux row and state rows) are leaked until reclaimed; take_reclaimed() returns
+  // the rooms whose sources have since confirmed the drain (or died): their pages may be reused.
+  size_t quarantined_rooms() const { return quarantined_.size(); }
+  uint64_t quarantined_pages() const { return quarantined_pages_; }
+  uint64_t quarantined_total() const { return quarantined_total_; }
+  uint64_t reclaimed_total() const { return reclaimed_total_; }
+  std::vector<uint64_t> take_reclaimed() { return std::exchange(reclaimed_, {}); }
+  static constexpr size_t kMaxQuarantined = 4096;
 
   // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
   // released before the call is left out (so the list stays bounded by the live rooms).
@@ -150,6 +163,10 @@ class DecodeEndpoint {
   // decode_refusal.cc: a source refused our pool registration; a room fed by a refusing source
   // fails at once (true then).
   void on_refusal(const RegistrationRefusal& rf);
+  // decode_quarantine.cc.
+  void quarantine(const ReceiverRoom& r);
+  void drain_confirmed(uint64_t room, const RankId& src);
+  void source_gone(const RankId& src);
   bool fail_if_refused(uint64_t room);
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
@@ -186,6 +203,16 @@ class DecodeEndpoint {
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;
+  struct Quarantine {
+    std::set<RankId> pending;  // sources that have not confirmed the drain
+    uint64_t pages = 0;        // pages and rows held
+  };
+  std::unordered_map<uint64_t, Quarantine> quarantined_;
+  std::deque<uint64_t> quarantined_order_;
+  std::vector<uint64_t> reclaimed_;
+  uint64_t quarantined_pages_ = 0;
+  uint64_t quarantined_total_ = 0;
+  uint64_t reclaimed_total_ = 0;
   uint64_t status_asks_ = 0;
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.

@@ -296,5 +296,38 @@ TEST(EndpointDeadlines, ConnectPastItsDeadlineFailsTheRoomsNamingThePeer) {
   testing::transfer_room(*p, 0x12e3, 32, {6, 7}, 2);
 }
 
+// Quarantined pages are counted as leaked, not hidden, and reclaimed once the prefill rank
+// confirms the drain: a wedged write keeps a failed room's pages unsafe past decode's drain
+// deadline; decode releases the room quarantined; when the write completes after all, prefill's
+// terminal status ends the quarantine and the room is handed back for reuse.
+TEST(EndpointDeadlines, QuarantinedPagesAreCountedAndReclaimedWhenTheDrainIsConfirmed) {
+  PairConfig cfg;
+  cfg.decode_deadlines.drain_timeout_ms = 200;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x12f1;
+  open_room(*p, room, 48, {3, 4, 5}, 2);
+  p->pcore().faults()->hold_room(room);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2}, 1).ok());
+  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns(), true);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 10s));
+  EXPECT_EQ(p->decode().room(room)->terminal.count(prefill_rank0()), 0u);  // by the deadline
+  p->decode().release(room);
+  EXPECT_EQ(p->decode().quarantined_rooms(), 1u);
+  EXPECT_EQ(p->decode().quarantined_pages(), 3u + 1u);  // its pages and its aux row
+  EXPECT_TRUE(p->decode().take_reclaimed().empty());
+  p->pump_for(50ms);
+  EXPECT_EQ(p->decode().quarantined_pages(), 4u);  // nothing confirms it while the write is held
+
+  p->pcore().faults()->release_held(room);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().reclaimed_total() == 1; }, 10s));
+  EXPECT_EQ(p->decode().quarantined_rooms(), 0u);
+  EXPECT_EQ(p->decode().quarantined_pages(), 0u);
+  EXPECT_EQ(p->decode().take_reclaimed(), std::vector<uint64_t>{room});
+  EXPECT_TRUE(p->decode().take_reclaimed().empty());
+  EXPECT_EQ(p->dmanager().stats().quarantined_pages, 0u);
+  EXPECT_EQ(p->dmanager().stats().reclaimed_rooms, 1u);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -98,6 +98,7 @@ void PrefillEndpoint::start_connect(const PoolRegistration& r, RemoteRegionInfo 
   }
   // A newer registration supersedes a connect under way (its result is disconnected on arrival).
   connecting_[r.sender] = {r, id, monotonic_ns() + core_.config().deadlines.connect_timeout_ms * 1'000'000};
+  dead_peers_.erase(r.sender);  // it is back: its rooms wait for the connect (connect_failed: down again)
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registering: transport connect started", r.sender.str()));
 }
 
