@@ -492,7 +492,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);
-    if (reg == dead_regs_.end()) continue;
+    if (reg == dead_regs_.end() || connecting_.count(peer)) continue;  // a newer registration is connecting
     PoolRegistration r = reg->second;
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);

@@ -151,6 +151,9 @@ void PrefillEndpoint::check_connects(int64_t now_ns) {
 
 void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration& reg, const std::string& why) {
   const int64_t now = monotonic_ns();
+  // The same registration failing again (a retry once it answered again) is logged at debug.
+  auto before = dead_regs_.find(peer);
+  const bool again = before != dead_regs_.end() && before->second.worker_address == reg.worker_address;
   dead_regs_[peer] = reg;  // first: the rooms' failures below are told to it there
   size_t failed = 0;
   for (auto& [id, r] : rooms_) {
@@ -159,7 +162,7 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("cannot connect to {}: {}", peer.str(), why), peer, now, false);
     ++failed;
   }
-  log_event(LogLevel::kWarning, kComp,
+  log_event(again && failed == 0 ? LogLevel::kDebug : LogLevel::kWarning, kComp,
             fmt::format("cannot connect to decode peer {}: {}; {} rooms failed", peer.str(), why, failed),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
              .extra = {{"peer", peer.str()}, {"event", "connect_failed"}}});
