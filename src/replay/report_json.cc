@@ -63,8 +63,7 @@ json stats_json(const std::optional<std::vector<RankLeakStats>>& s) {
                    {"live_rooms", r.live_rooms},
                    {"records", r.records},
                    {"pages_in_use", r.pages_in_use},
-                   {"peers", r.peers},
-                   {"quarantined_pages", r.quarantined_pages}});  // leaked pages (decode)
+                   {"peers", r.peers}});
   }
   return arr;
 }
