@@ -83,23 +83,6 @@ class MultiHost : public ReplayDir {
     r.output = slurp(dir_ / "output.txt");
     return r;
   }
-  static pid_t start_program(const std::string& prog, const std::vector<std::string>& args, const fs::path& output) {
-    std::vector<std::string> all = {prog};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    const int rc = posix_spawnp(&pid, prog.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    EXPECT_EQ(rc, 0) << "cannot start " << prog;
-    return rc == 0 ? pid : -1;
-  }
-
   // A clean replay: every request accounted for, every byte verified, every fault attributed with
   // one line above debug (counted here from the logs), nothing unexpected, nothing leaked, and the
   // placement recorded in the config.

@@ -38,9 +38,10 @@ struct CliRun {
   double seconds = 0;
 };
 
-// Starts KVFERRY_CLI with `args`, stdout+stderr to `output`. Returns the pid (-1: not started).
-inline pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
-  std::vector<std::string> all = {KVFERRY_CLI};
+// Starts `prog` (a path, or a name looked up in PATH) with `args`, stdout+stderr to `output`.
+// Returns the pid (-1: not started).
+inline pid_t start_program(const std::string& prog, const std::vector<std::string>& args, const fs::path& output) {
+  std::vector<std::string> all = {prog};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
@@ -50,10 +51,15 @@ inline pid_t start_cli(const std::vector<std::string>& args, const fs::path& out
   posix_spawn_file_actions_addopen(&fa, 1, output.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, KVFERRY_CLI, &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawnp(&pid, prog.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  EXPECT_EQ(rc, 0) << "cannot start " << KVFERRY_CLI;
+  EXPECT_EQ(rc, 0) << "cannot start " << prog;
   return rc == 0 ? pid : -1;
+}
+
+// Starts KVFERRY_CLI with `args`, stdout+stderr to `output`. Returns the pid (-1: not started).
+inline pid_t start_cli(const std::vector<std::string>& args, const fs::path& output) {
+  return start_program(KVFERRY_CLI, args, output);
 }
 
 // Waits for `pid`; its exit code, or 128 + signal (-1: no such child).
