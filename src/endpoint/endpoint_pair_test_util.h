@@ -142,13 +142,15 @@ class EndpointPair {
     pm_.reset();
   }
 
-  // A fresh prefill rank (new transport, new control port) registered at the bootstrap service,
-  // as a restarted prefill process does.
-  Status start_prefill() {
+  // A fresh prefill rank (new transport, new incarnation; a new control port unless
+  // `control_port` names one, as a rank restarted on the same ports) registered at the bootstrap
+  // service, as a restarted prefill process does.
+  Status start_prefill(uint16_t control_port = 0) {
     kill_prefill();
     auto c = test_manager_config(prefill_rank0(), cfg_.prefill_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->bootstrap_address = bootstrap_address_;
+    c->control.port = control_port;
     auto m = Manager::create(*c);
     if (!m.ok()) return m.status();
     pm_ = std::move(m).value();
@@ -167,13 +169,15 @@ class EndpointPair {
     dm_.reset();
   }
 
-  // A fresh decode rank (new transport, new control port) that looks the prefill rank up at the
-  // bootstrap service and registers its pool, as a restarted decode process does.
-  Status start_decode() {
+  // A fresh decode rank (new transport, new incarnation; a new control port unless
+  // `control_port` names one) that looks the prefill rank up at the bootstrap service and
+  // registers its pool, as a restarted decode process does.
+  Status start_decode(uint16_t control_port = 0) {
     kill_decode();
     auto c = test_manager_config(decode_rank0(), cfg_.decode_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->bootstrap_address = bootstrap_address_;
+    c->control.port = control_port;
     auto m = Manager::create(*c);
     if (!m.ok()) return m.status();
     dm_ = std::move(m).value();

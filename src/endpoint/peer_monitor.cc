@@ -17,8 +17,8 @@
 
 namespace kvferry {
 
-PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat)
-    : self_(self), deadlines_(deadlines), heartbeat_(std::move(heartbeat)), thread_([this] { run(); }) {}
+PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat, uint64_t incarnation)
+    : self_(self), incarnation_(incarnation != 0 ? incarnation : 1), deadlines_(deadlines), heartbeat_(std::move(heartbeat)), thread_([this] { run(); }) {}
 
 PeerMonitor::~PeerMonitor() {
   {
@@ -151,7 +151,7 @@ void PeerMonitor::run() {
     std::vector<std::string> endpoints;
     for (auto& [rank, p] : peers_) endpoints.push_back(p.endpoint);
     lock.unlock();
-    Heartbeat hb{self_, ++seq, monotonic_ns()};
+    Heartbeat hb{self_, ++seq, monotonic_ns(), incarnation_};
     std::string frame = encode(hb);
     for (const std::string& ep : endpoints) (void)(*sock)->send(ep, frame);
     (void)(*sock)->recv(std::chrono::milliseconds(0));  // lets held frames go out

@@ -44,7 +44,8 @@ struct DeadPeer {
 
 class PeerMonitor {
  public:
-  PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat = {});
+  // `incarnation`: this rank's, carried by every heartbeat (kvferry/messages.h; 0: 1).
+  PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat = {}, uint64_t incarnation = 1);
   ~PeerMonitor();
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
@@ -79,6 +80,7 @@ class PeerMonitor {
   void run();
 
   RankId self_;
+  uint64_t incarnation_ = 1;
   Deadlines deadlines_;
   ListenAddress heartbeat_;
   mutable std::mutex mu_;

@@ -44,13 +44,18 @@ KVPoll PrefillEndpoint::poll(uint64_t room) const {
 
 void PrefillEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
-  if (auto* hb = std::get_if<Heartbeat>(&m)) return core_.monitor().heard(hb->sender, now);
+  if (auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    return;
+  }
   if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
   if (auto* md = std::get_if<RoomMetadata>(&m)) {
+    if (!accept_incarnation(md->sender, md->incarnation, md->peer_incarnation, "RoomMetadata")) return;
     core_.monitor().heard(md->sender, now);
     return on_metadata(*md);
   }
   if (auto* st = std::get_if<RoomStatus>(&m)) {
+    if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
     core_.monitor().heard(st->sender, now);
     return on_status(*st);
   }
@@ -62,6 +67,7 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   int64_t now = monotonic_ns();
   size_t failed = 0;
   for (auto& [id, r] : rooms_) {
+    if (r.meta.count(peer)) r.failure_heard.insert(peer);  // that process answers no more
     if (r.state.terminal()) continue;
     bool bound = false;
     for (const RankId& d : r.dests) bound |= (d == peer);
@@ -90,6 +96,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
     if (tomb->second.cause && peer != peers_.end()) {
       const KVTransferError& e = *tomb->second.cause;
       RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.failure()};
+      st.peer_incarnation = peer->second.reg.incarnation;
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
@@ -107,6 +114,7 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
     auto e = core_.registry().get(r.room);
     if (peer != peers_.end() && e) {
       RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
+      st.peer_incarnation = peer->second.reg.incarnation;
       (void)core_.send(peer->second.reg.control_endpoint, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
@@ -451,6 +459,7 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
   for (const RankId& d : r.dests) {
     auto peer = peers_.find(d);
     if (peer == peers_.end()) continue;  // never registered: it cannot be waiting for our writes
+    st.peer_incarnation = peer->second.reg.incarnation;
     Status s = core_.send(peer->second.reg.control_endpoint, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
@@ -563,6 +572,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);
     if (reg == dead_regs_.end()) continue;
+    if (reg->second.incarnation < known_incarnation(peer)) continue;  // it restarted: its new one registers
     PoolRegistration r = reg->second;
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);

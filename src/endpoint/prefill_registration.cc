@@ -62,7 +62,45 @@ std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const
   return check_shape_in_spans(shape_of(r), spans);
 }
 
+uint64_t PrefillEndpoint::known_incarnation(const RankId& peer) const {
+  auto it = incarnations_.find(peer);
+  return it == incarnations_.end() ? 0 : it->second;
+}
+
+bool PrefillEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
+                                         std::string_view kind) {
+  if (peer_inc != 0 && peer_inc != core_.incarnation()) {
+    core_.refuse_stale(kind, sender,
+                       fmt::format("meant for incarnation {} of this rank, which is {}", peer_inc, core_.incarnation()));
+    return false;
+  }
+  const uint64_t known = known_incarnation(sender);
+  if (known == 0 || inc == known) return true;
+  if (inc < known) {
+    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
+    return false;
+  }
+  on_peer_restart(sender, inc);
+  return kind == "PoolRegistration";
+}
+
+void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
+  const uint64_t old = known_incarnation(peer);
+  core_.count_peer_restart();
+  incarnations_[peer] = inc;
+  if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
+  dead_regs_.erase(peer);  // never reconnect to the previous incarnation
+}
+
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  if (!accept_incarnation(r.sender, r.incarnation, r.peer_incarnation, "PoolRegistration")) {
+    if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
+      // Meant for this rank's previous incarnation: a heartbeat tells the decode rank at once who
+      // answers here now (it then fails what it had with that one and registers again).
+      (void)core_.send(r.control_endpoint, Heartbeat{core_.self(), 0, monotonic_ns(), core_.incarnation()});
+    }
+    return;
+  }
   std::string bad = check_registration(r);
   std::optional<RemoteRegionInfo> info;
   if (bad.empty()) {
@@ -92,6 +130,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     return;
   }
   peers_[r.sender] = {r, shape_of(r), *peer};
+  incarnations_[r.sender] = r.incarnation;
   dead_peers_.erase(r.sender);
   dead_regs_.erase(r.sender);
   core_.monitor().watch(r.sender, r.control_endpoint);

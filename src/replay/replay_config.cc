@@ -129,7 +129,7 @@ Status validate(ReplayConfig& c) {
   if (!trace.ok()) return invalid("trace " + c.trace + ": " + trace.status().message());
   if (trace->empty()) return invalid("trace " + c.trace + " has no requests");
   size_t once = 0;
-  for (const auto& item : c.fault_plan.items) once += item.once && item.kind != "peer_death";
+  for (const auto& item : c.fault_plan.items) once += item.once && item.kind != "peer_death" && item.kind != "restart";
   if (once > trace->size()) {
     return invalid(fmt::format("--faults has {} 'once' room faults but the replay has only {} requests",
                                once, trace->size()));

@@ -83,6 +83,7 @@ struct PeerDeathRecord {
   double killed_at_s = 0;    // since the replay started
   bool restarted = false;
   int64_t restarted_ns = 0;
+  bool same_ports = false;  // restart@: back on the ports the killed process had bound
   // The other engine exchanges data with this rank (endpoint/topology.h), so it is expected to
   // detect the death too. False for a rank no peer writes to or reads from: an MLA prefill rank
   // that is no decode rank's source, a replica of a replicated KV head; then only its own engine
