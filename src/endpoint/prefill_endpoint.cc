@@ -42,25 +42,6 @@ KVPoll PrefillEndpoint::poll(uint64_t room) const {
   return it == rooms_.end() ? KVPoll::Failed : it->second.state.get();
 }
 
-void PrefillEndpoint::on_message(const Message& m) {
-  int64_t now = monotonic_ns();
-  if (auto* hb = std::get_if<Heartbeat>(&m)) {
-    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
-    return;
-  }
-  if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
-  if (auto* md = std::get_if<RoomMetadata>(&m)) {
-    if (!accept_incarnation(md->sender, md->incarnation, md->peer_incarnation, "RoomMetadata")) return;
-    core_.monitor().heard(md->sender, now);
-    return on_metadata(*md);
-  }
-  if (auto* st = std::get_if<RoomStatus>(&m)) {
-    if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
-    core_.monitor().heard(st->sender, now);
-    return on_status(*st);
-  }
-}
-
 void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;

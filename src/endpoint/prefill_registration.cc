@@ -1,6 +1,7 @@
 // PrefillEndpoint's side of the pool registrations (prefill_endpoint.h): what a decode rank
 // declares about its memory, checked against this rank's shape and transfer plan before use, and
-// the transport connection to it.
+// the transport connection to it; the incarnation every frame from a decode rank is checked
+// against (kvferry/messages.h) before on_message() hands it on.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -60,6 +61,25 @@ std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const
   std::vector<SpanExtent> spans;
   for (const RegionSpan& sp : r.spans) spans.push_back({sp.offset, sp.bytes});
   return check_shape_in_spans(shape_of(r), spans);
+}
+
+void PrefillEndpoint::on_message(const Message& m) {
+  int64_t now = monotonic_ns();
+  if (auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    return;
+  }
+  if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
+  if (auto* md = std::get_if<RoomMetadata>(&m)) {
+    if (!accept_incarnation(md->sender, md->incarnation, md->peer_incarnation, "RoomMetadata")) return;
+    core_.monitor().heard(md->sender, now);
+    return on_metadata(*md);
+  }
+  if (auto* st = std::get_if<RoomStatus>(&m)) {
+    if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
+    core_.monitor().heard(st->sender, now);
+    return on_status(*st);
+  }
 }
 
 uint64_t PrefillEndpoint::known_incarnation(const RankId& peer) const {
