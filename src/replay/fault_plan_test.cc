@@ -218,7 +218,9 @@ TEST(FaultPlan, RestartAndNetworkFaultsMixWithRoomFaults) {
   ASSERT_EQ(deaths.size(), 2u);
   for (const auto& d : deaths) EXPECT_TRUE(d.same_ports);
   for (const auto& f : assign_room_faults(*p, 100, 7, 2, 2))
-    if (f) EXPECT_EQ(f->kind, FaultKind::kTransfer);
+    if (f) {
+      EXPECT_EQ(f->kind, FaultKind::kTransfer);
+    }
 }
 
 TEST(FaultPlan, BadRestartAndNetworkItems) {

@@ -24,15 +24,12 @@
 
 #include "kvferry/error.h"
 #include "replay/fault_plan.h"
+#include "replay/hosts.h"
 
 namespace kvferry::replay {
 
-// What the executor needs of a --hosts entry (replay/hosts.h).
-struct NetHost {
-  std::string address;
-  std::vector<std::string> exec;   // prefix that runs a command on the host; empty: this machine
-  std::vector<std::string> links;  // optional: the links link_down takes down
-};
+// The hosts are --hosts entries (replay/hosts.h HostEntry: exec prefix, optional links).
+using NetHost = HostEntry;
 
 // One fault as carried out (CLOCK_MONOTONIC ns), for the report.
 struct NetFaultRecord {

@@ -12,7 +12,7 @@ namespace kvferry::replay {
 namespace {
 
 TEST(NetFaults, CommandsRunThroughTheHostsExecPrefix) {
-  NetHost h{"10.72.0.2", {"ip", "netns", "exec", "kvn1"}, {}};
+  NetHost h{"h", "10.72.0.2", {"ip", "netns", "exec", "kvn1"}, {}};
   EXPECT_EQ(on_host(h, {"nft", "-f", "x"}), (std::vector<std::string>{"ip", "netns", "exec", "kvn1", "nft", "-f", "x"}));
   EXPECT_EQ(on_host(NetHost{}, {"true"}), (std::vector<std::string>{"true"}));
 }
@@ -48,7 +48,7 @@ TEST(NetFaults, RunCommandReportsOutputFailuresAndTimeouts) {
   EXPECT_NE(slow.status().message().find("did not finish"), std::string::npos);
 }
 
-// A namespace of this test's own with one dummy link: both faults applied and healed.
+// A namespace of this test's own with a veth pair: both faults applied and healed.
 class NetNs : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -60,8 +60,11 @@ class NetNs : public ::testing::Test {
     }
     made_ = true;
     host_.exec = {"ip", "netns", "exec", ns_};
-    ASSERT_TRUE(run_command(on_host(host_, {"ip", "link", "add", "kvd0", "type", "dummy"})).ok());
+    // A veth pair inside the namespace: two non-loopback links of its own.
+    auto made = run_command(on_host(host_, {"ip", "link", "add", "kvd0", "type", "veth", "peer", "name", "kvd1"}));
+    ASSERT_TRUE(made.ok()) << made.status().str();
     ASSERT_TRUE(run_command(on_host(host_, {"ip", "link", "set", "dev", "kvd0", "up"})).ok());
+    ASSERT_TRUE(run_command(on_host(host_, {"ip", "link", "set", "dev", "kvd1", "up"})).ok());
   }
   void TearDown() override {
     if (made_) (void)run_command({"ip", "netns", "delete", ns_});
@@ -82,8 +85,9 @@ TEST_F(NetNs, LinkDownAndPartitionAreAppliedAndHealed) {
   ASSERT_TRUE(ex.poll(1, 1'000'000'000).ok());
   EXPECT_EQ(ex.records()[0].start_ns, 0);  // not due yet
   ASSERT_TRUE(ex.poll(2, 1'000'000'000).ok());
-  ASSERT_EQ(ex.records()[0].links, (std::vector<std::string>{"kvd0"}));
+  ASSERT_EQ(ex.records()[0].links, (std::vector<std::string>{"kvd1", "kvd0"}));
   EXPECT_EQ(link_state("kvd0"), "down");
+  EXPECT_EQ(link_state("kvd1"), "down");
   ASSERT_TRUE(ex.poll(4, 1'010'000'000).ok());
   auto tables = run_command(on_host(host_, {"nft", "list", "tables"}));
   ASSERT_TRUE(tables.ok()) << tables.status().str();
@@ -91,6 +95,7 @@ TEST_F(NetNs, LinkDownAndPartitionAreAppliedAndHealed) {
   ASSERT_TRUE(ex.poll(4, 1'060'000'000).ok());  // 50 ms passed: the link is back
   EXPECT_EQ(ex.records()[0].end_ns, 1'060'000'000);
   EXPECT_EQ(link_state("kvd0"), "up");
+  EXPECT_EQ(link_state("kvd1"), "up");
   ex.heal_all();  // the partition is healed too
   tables = run_command(on_host(host_, {"nft", "list", "tables"}));
   ASSERT_TRUE(tables.ok());
