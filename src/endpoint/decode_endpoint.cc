@@ -197,7 +197,7 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
     return false;
   }
   auto it = peers_.find(sender);
-  if (it == peers_.end() || it->second.incarnation == 0 || inc == it->second.incarnation) return true;
+  if (it == peers_.end() || it->second.incarnation == 0 || inc == 0 || inc == it->second.incarnation) return true;
   const uint64_t known = it->second.incarnation;
   if (inc < known) {
     core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
