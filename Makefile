@@ -11,6 +11,9 @@
 #   make bench  build and run bench/compare.sh: kvferry bench vs ucx_perftest and memcpy, control
 #               plane, failure path, micro-benchmarks (under 10 min); raw results in out/bench/,
 #               plots by bench/plot.sh; last line: the ratios (docs/BENCHMARKS.md)
+#   make run-hosts  build, bring up 2 test hosts (network namespaces, tests/hosts/hosts.sh; needs
+#               root), replay the bundled trace 2+2 over tcp with prefill on one host and decode on
+#               the other (out/run-hosts/report.json), and take the hosts down again
 #   make deps   install the Debian packages the build needs (idempotent)
 
 BUILD ?= build
@@ -19,6 +22,12 @@ JOBS ?= $(shell nproc)
 RUN_OUT ?= out/run
 FAULTS_OUT ?= out/faults
 BENCH_OUT ?= out/bench
+RUN_HOSTS_OUT ?= out/run-hosts
+# `make run-hosts`: the test hosts' names (namespaces RUN_HOSTS_PREFIXh1, h2, bridge ...br) and
+# subnet (tests/hosts/hosts.sh).
+RUN_HOSTS_PREFIX ?= kvrun
+RUN_HOSTS_SUBNET ?= 10.70.0
+RUN_HOSTS_REQUESTS ?= 20
 # `make faults`: every kind (docs/report.md "Faults"); injected timeouts fire after 500 ms, every
 # other deadline has its default (include/kvferry/deadlines.h).
 # The Azure trace's sizes, its arrivals re-paced to one request per FAULTS_GAP_MS (the recorded ones
@@ -31,9 +40,9 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := nftables build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox jq stress-ng
+  python3-numpy gnuplot-nox jq stress-ng iproute2
 
-.PHONY: deps build run faults bench test test-hog test-sanitize clean
+.PHONY: deps build run run-hosts faults bench test test-hog test-sanitize clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -55,6 +64,17 @@ run: build
 	$(BUILD)/kvferry replay --trace data/traces/conversation_trace.jsonl --model Llama-3.1-8B \
 	  --prefill-tp 2 --decode-tp 2 --pool-mib 6656 --prefill-pool-mib 1024 --page-size 64 \
 	  --max-requests 200 --time-scale 0 --fault-rate 0.02 --seed 1 --transport shm --out $(RUN_OUT)
+
+# The hosts go down again however the replay ends (trap on EXIT, also on Ctrl-C).
+run-hosts: build
+	mkdir -p $(RUN_HOSTS_OUT)
+	trap 'tests/hosts/hosts.sh down $(RUN_HOSTS_PREFIX)' EXIT; \
+	KVF_HOSTS_SUBNET=$(RUN_HOSTS_SUBNET) tests/hosts/hosts.sh up 2 $(RUN_HOSTS_PREFIX) \
+	  --prefill h1,h1 --decode h2,h2 --json $(RUN_HOSTS_OUT)/hosts.json && \
+	$(BUILD)/kvferry replay --trace data/traces/conversation_trace.jsonl --model Llama-3.1-8B \
+	  --prefill-tp 2 --decode-tp 2 --pool-mib 6656 --prefill-pool-mib 1024 --page-size 64 \
+	  --max-requests $(RUN_HOSTS_REQUESTS) --time-scale 0 --fault-rate 0.02 --seed 1 --transport tcp \
+	  --hosts $(RUN_HOSTS_OUT)/hosts.json --out $(RUN_HOSTS_OUT)
 
 $(FAULTS_OUT)/azure_paced.jsonl: data/traces/AzureLLMInferenceTrace_code.csv
 	mkdir -p $(FAULTS_OUT)

@@ -76,6 +76,10 @@ void add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--timeout-s", cfg->timeout_s, "the whole replay must finish within this")
       ->capture_default_str();
+  cmd->add_option("--hosts", cfg->hosts_file,
+                  "place every process on a host: JSON {\"hosts\": {KEY: {\"address\": ADDR, \"exec\": "
+                  "[PREFIX...]}}, \"place\": {\"bootstrap\": KEY, \"router\": KEY, \"prefill\": [KEY per rank], "
+                  "\"decode\": [...]}} (README \"Across hosts\"; tests/hosts/hosts.sh makes test hosts)");
   cmd->add_flag("--metrics", cfg->metrics,
                "every rank serves Prometheus metrics on a port it binds (listed in DIR/metrics.json) and "
                "writes its final metrics to DIR/metrics/ (docs/metrics.md)");

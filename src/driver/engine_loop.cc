@@ -7,11 +7,13 @@
 #include <set>
 #include <utility>
 
+#include "core/stall_clock.h"
 #include "core/stop_request.h"
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
+#include "endpoint/peer_monitor.h"
 #include "kvferry/log.h"
 #include "kvferry/net.h"
 #include "kvferry/port_file.h"
@@ -104,6 +106,20 @@ void EngineLoop::retry_early_fails(int64_t now) {
   });
 }
 
+bool EngineLoop::still_alive(const std::string& endpoint, int64_t now) {
+  auto it = probes_.find(endpoint);
+  if (it == probes_.end()) {
+    if (probes_.size() >= kMaxProbes) probes_.clear();  // endpoints of members come and go
+    it = probes_.emplace(endpoint, std::pair<int64_t, bool>{0, false}).first;
+  }
+  auto& [probed_ns, alive] = it->second;
+  if (probed_ns == 0 || now - probed_ns >= PeerMonitor::kProbeIntervalMs * 1'000'000) {
+    alive = PeerMonitor::endpoint_accepts(endpoint, 20);
+    probed_ns = now;
+  }
+  return alive;
+}
+
 void EngineLoop::set_siblings(ControlSocket& engine, const std::vector<EngineMember>& members) {
   std::map<uint32_t, std::string> next;
   for (const EngineMember& m : members)
@@ -140,8 +156,12 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   // A down follower's reply to the shutdown step is awaited at most this long (its stats join the
   // engine's; meanwhile ZeroMQ delivers the step, which closing the socket at once could drop).
   const int64_t down_shutdown_wait_ns = std::min<int64_t>(cfg_.peer_timeout_ms, 500) * 1'000'000;
+  // Busy is not dead: a follower's silence counts only while this loop ran (see engine_loop.h).
+  StallClock stall(kStallAllowanceNs);
+  int64_t outstanding_stall = 0;  // stall.stalled_ns() when the outstanding step went out
   for (;;) {
     int64_t now = monotonic_ns();
+    stall.tick(now);
     pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
     for (int i = 0; i < 4096; ++i) {
@@ -204,10 +224,20 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       }
       if (got_down < expected_down && now - outstanding_since <= down_shutdown_wait_ns) continue;
       if (replies.size() - got_down < expected) {
-        if (now - outstanding_since <= cfg_.peer_timeout_ms * 1'000'000) continue;
-        // Followers that did not answer are dead: the engine fails their rooms and goes on.
+        const int64_t silent = stall.silence(now, outstanding_since, outstanding_stall);
+        const int64_t timeout_ns = cfg_.peer_timeout_ms * 1'000'000;
+        if (silent <= timeout_ns) continue;
+        // Followers that did not answer are dead, unless their engine socket still accepts
+        // connections (alive, not scheduled) and they are not yet silent for kHungFactor x the
+        // timeout: the engine fails the dead ones' rooms and goes on; it waits for the busy ones.
+        bool waiting = false;
         for (auto it = followers.begin(); it != followers.end();) {
           if (replies.count(it->first) || !asked.count(it->first)) {
+            ++it;
+            continue;
+          }
+          if (silent <= PeerMonitor::kHungFactor * timeout_ns && still_alive(it->second, now)) {
+            waiting = true;
             ++it;
             continue;
           }
@@ -223,6 +253,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           down[it->first] = it->second;
           it = followers.erase(it);
         }
+        if (waiting) continue;
       }
       outstanding = false;
       if (shutdown_sent) {
@@ -280,6 +311,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     shutdown_sent = shutdown_requested;
     outstanding = true;
     outstanding_since = now;
+    outstanding_stall = stall.stalled_ns();
     last_step = now;
   }
 }
@@ -287,6 +319,8 @@ int EngineLoop::run_leader(ControlSocket& engine) {
 int EngineLoop::run_follower(ControlSocket& engine) {
   std::string hello = encode_hello(cfg_.self.tp_rank, engine.endpoint());
   int64_t last_hello = 0, last_step = 0;
+  StallClock stall(kStallAllowanceNs);  // the leader's silence counts only while this loop ran
+  int64_t step_stall = 0;               // stall.stalled_ns() at last_step
   std::set<uint64_t> orphans;  // rooms failed because the leader died, not yet released
   // The fan-out goes to the other followers, and to the leader while it is alive.
   auto fan_out_targets = [&] {
@@ -296,6 +330,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   };
   for (;;) {
     int64_t now = monotonic_ns();
+    stall.tick(now);
     pump_local(engine);
     if (stop_requested()) return stopped(driver_, now);
     fan_out(engine, fan_out_targets());
@@ -322,6 +357,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
         continue;
       }
       last_step = monotonic_ns();
+      step_stall = stall.stalled_ns();
       if (f->has_members) set_siblings(engine, f->members);
       for (const Decision& d : f->decisions) driver_.apply(d);
       driver_.pump(last_step);
@@ -340,7 +376,10 @@ int EngineLoop::run_follower(ControlSocket& engine) {
     now = monotonic_ns();
     // 1.5 times the leader's patience with a follower: a leader busy waiting out a dead follower is
     // not itself dead.
-    if (last_step != 0 && now - last_step > 3 * cfg_.peer_timeout_ms * 500'000) {
+    const int64_t leader_silence = last_step != 0 ? stall.silence(now, last_step, step_stall) : 0;
+    const int64_t leader_timeout_ns = 3 * cfg_.peer_timeout_ms * 500'000;
+    if (last_step != 0 && leader_silence > leader_timeout_ns &&
+        (leader_silence > PeerMonitor::kHungFactor * leader_timeout_ns || !still_alive(cfg_.engine_endpoint, now))) {
       // The leader is dead: no agreement is possible, so every room fails here with the leader as
       // origin and is released locally; then wait for a (restarted) leader to take us back.
       RankId leader{cfg_.self.role, 0, 0, cfg_.self.dp_rank};

@@ -10,8 +10,15 @@
 // its steps), which fail the room at once; the agreement still decides release and the result.
 // Fail frames for a room a rank does not have yet are kept (at most kMaxEarlyFails, for
 // kEarlyFailTtlNs) and applied when the step that creates the room arrives.
-// Deadlines: a follower that does not reply, or a leader that sends no step, for
-// `peer_timeout_ms` ends the rank with a critical log line and exit code 3.
+// Deadlines: a follower that does not reply for `peer_timeout_ms` is declared dead by the leader
+// (its rooms fail); a leader that sends no step for 1.5 x `peer_timeout_ms` is declared dead by its
+// followers. Busy is not dead (docs/testing.md, "Under load"): the silence counts only while the
+// judging loop itself ran (core/stall_clock.h: gaps between its iterations beyond
+// kStallAllowanceNs are not counted), so a host descheduled for seconds as a whole, every rank of
+// the engine with it, does not make the ranks declare each other dead when they run again. And a
+// silence past the deadline is confirmed as with heartbeats (endpoint/peer_monitor.h): a rank
+// whose engine socket still accepts TCP connections (alive, not scheduled) is declared dead only
+// after PeerMonitor::kHungFactor x the deadline; a killed one (refused) at the deadline.
 // The rank is a caller-pumped Manager (kvferry/manager.h): the loop waits on its wait_fds() and the
 // engine socket and calls its progress(). Thread contract: run() on the rank's main thread.
 #pragma once
@@ -66,10 +73,16 @@ class EngineLoop {
   void on_sibling_fail(const SiblingFailure& f, int64_t now);
   // Applies kept fail frames whose room exists now; drops expired ones.
   void retry_early_fails(int64_t now);
+  // Whether a silent member's engine socket still accepts a connection (probed at most every
+  // PeerMonitor::kProbeIntervalMs per endpoint).
+  bool still_alive(const std::string& endpoint, int64_t now);
   // Follower: the leader's new member list; opens connections to new siblings.
   void set_siblings(ControlSocket& engine, const std::vector<EngineMember>& members);
 
   static constexpr size_t kMaxEarlyFails = 256;
+  // An iteration waits at most 1 ms; one that comes later than this after the last was a stall.
+  static constexpr int64_t kStallAllowanceNs = 50'000'000;
+  static constexpr size_t kMaxProbes = 64;
   static constexpr int64_t kEarlyFailTtlNs = 2'000'000'000;
 
   EngineLoopConfig cfg_;
@@ -79,6 +92,7 @@ class EngineLoop {
   std::vector<std::string> outbox_;  // frames for the router not yet accepted
   std::map<uint32_t, std::string> siblings_;  // follower: the other followers' engine endpoints
   std::deque<std::pair<int64_t, SiblingFailure>> early_fails_;  // (arrival ns, frame), oldest first
+  std::map<std::string, std::pair<int64_t, bool>> probes_;  // endpoint -> (probed ns, accepted)
 };
 
 }  // namespace kvferry

@@ -90,7 +90,9 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
 
   EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
   cfg.idle_step_interval_us = 5000;
-  cfg.peer_timeout_ms = 100;  // the follower's stall (600 ms) is far longer
+  // The follower's stall (1500 ms) is far longer than the leader's patience with a follower whose
+  // engine socket still accepts (it is alive, only stalled): PeerMonitor::kHungFactor x 100 ms.
+  cfg.peer_timeout_ms = 100;
   EngineLoopConfig fcfg = cfg;
   fcfg.self = follower_id;
 
@@ -120,7 +122,7 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   }
   ASSERT_TRUE(ready);
   // The follower stalls; the leader marks it down after peer_timeout_ms without a reply.
-  follower_driver.stall_ms = 600;
+  follower_driver.stall_ms = 1500;
   for (auto until = std::chrono::steady_clock::now() + 5s;
        leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
     std::this_thread::sleep_for(5ms);

@@ -29,6 +29,10 @@ Deadlines short_deadlines() {
   return d;
 }
 
+// Silences in wall time: these tests pass their own clock and check exact thresholds, which a
+// stall of this process's heartbeat thread (credited on a loaded host) would shift.
+const PeerMonitor::Options kExact{.stall_credit = false};
+
 const RankId kSelf{Role::kPrefill, 0, 0, 0};
 const RankId kPeer{Role::kDecode, 0, 0, 0};
 const RankId kOther{Role::kDecode, 0, 1, 0};
@@ -67,7 +71,7 @@ TEST(PeerMonitor, SendsHeartbeatsFromItsOwnThread) {
 }
 
 TEST(PeerMonitor, DeadStrictlyAfterTheTimeoutAndReportedOnce) {
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, "tcp://127.0.0.1:1");
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
@@ -83,7 +87,7 @@ TEST(PeerMonitor, DeadStrictlyAfterTheTimeoutAndReportedOnce) {
 }
 
 TEST(PeerMonitor, HeardAgainIsRevivedOnceAndCanDieAgain) {
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, "tcp://127.0.0.1:1");
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
@@ -100,7 +104,7 @@ TEST(PeerMonitor, HeardAgainIsRevivedOnceAndCanDieAgain) {
 }
 
 TEST(PeerMonitor, HeardWithoutDeathIsNotARevival) {
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, "tcp://127.0.0.1:1");
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
@@ -111,7 +115,7 @@ TEST(PeerMonitor, HeardWithoutDeathIsNotARevival) {
 }
 
 TEST(PeerMonitor, OnlyTheSilentPeerDies) {
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, "tcp://127.0.0.1:1");
   m.watch(kOther, "tcp://127.0.0.1:2");
   const int64_t t = monotonic_ns();
@@ -126,7 +130,7 @@ TEST(PeerMonitor, OnlyTheSilentPeerDies) {
 }
 
 TEST(PeerMonitor, WatchAgainResetsAndUnwatchForgets) {
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, "tcp://127.0.0.1:1");
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
@@ -167,7 +171,7 @@ namespace {
 TEST(PeerMonitor, SilentPeerWhoseEndpointAcceptsIsNotDeadUntilHung) {
   auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(sock.ok()) << sock.status().str();
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, (*sock)->endpoint());
   m.watch(kOther, "tcp://127.0.0.1:1");  // nothing listens: a killed process
   const int64_t t = monotonic_ns();
@@ -188,7 +192,7 @@ TEST(PeerMonitor, SuspectIsConfirmedOnceItsEndpointCloses) {
   auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(sock.ok()) << sock.status().str();
   const std::string ep = (*sock)->endpoint();
-  PeerMonitor m(kSelf, short_deadlines());
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
   m.watch(kPeer, ep);
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
@@ -274,7 +278,7 @@ TEST(PeerMonitor, ProbeOverIpv6ConfirmsDeathOnly) {
   ASSERT_TRUE(sock.ok()) << sock.status().str();
   RefusingPort gone("::1");
   ASSERT_NE(gone.port, 0);
-  PeerMonitor m(kSelf, short_deadlines(), v6);
+  PeerMonitor m(kSelf, short_deadlines(), v6, kExact);
   m.watch(kPeer, (*sock)->endpoint());             // silent but listening: a busy peer
   m.watch(kOther, zmq_endpoint("::1", gone.port));  // refused: a killed one
   const int64_t t = monotonic_ns();
@@ -284,6 +288,71 @@ TEST(PeerMonitor, ProbeOverIpv6ConfirmsDeathOnly) {
   // The heartbeats of a monitor bound on IPv6 reach an IPv6 peer.
   auto beats = collect(**sock, 300ms);
   EXPECT_GE(beats.size(), 2u);
+}
+
+// Busy is not dead: a stall of this process (its heartbeat thread woke 2 s late, as when the whole
+// host was descheduled) is not counted as the peer's silence, which is reported once it has
+// lasted the timeout while this process ran (without the credit: at 100 ms + 1 ns).
+TEST(PeerMonitor, OwnStallIsNotThePeersSilence) {
+  Deadlines d = short_deadlines();
+  d.heartbeat_interval_ms = 500;  // the real thread's first wake-up comes long after this test
+  PeerMonitor m(kSelf, d, {}, PeerMonitor::Options{.stall_credit = true});
+  m.watch(kPeer, "tcp://127.0.0.1:1");  // refused: only the silence decides
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  m.tick_stall_clock(t + 10 * kMs);
+  m.tick_stall_clock(t + 3010 * kMs);  // 3000 ms between wake-ups: 2000 ms beyond 2 x 500 ms
+  EXPECT_TRUE(m.take_dead(t + 2100 * kMs).empty());  // awake for 100 ms of its silence only
+  auto dead = m.take_dead(t + 2100 * kMs + 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].silent_ms, 2100);  // the report gives the whole silence
+  const LivenessStats s = m.stats();
+  EXPECT_GE(s.stalled_ms, 2000.0);
+  EXPECT_GE(s.max_stall_ms, 2000.0);
+  EXPECT_EQ(s.reported, 1u);
+}
+
+// stats(): gaps between frames of a peer (p50, p99, max), suspicions, busy peers found alive by
+// the probe, reports and revivals, counted once each.
+TEST(PeerMonitor, StatsCountWhatTheLivenessPathSaw) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
+  m.watch(kPeer, (*sock)->endpoint());  // listening: busy, never reported before kHungFactor
+  m.watch(kOther, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  for (int i = 0; i < 100; ++i) m.heard(kPeer, t + i * 10 * kMs);  // 99 gaps of 10 ms
+  m.heard(kPeer, t + 1490 * kMs);                                    // one of 500 ms
+  EXPECT_EQ(m.take_dead(t + 1500 * kMs).size(), 1u);  // kOther: refused
+  EXPECT_TRUE(m.take_dead(t + 1700 * kMs).empty());    // kPeer: suspected, alive
+  EXPECT_TRUE(m.take_dead(t + 1710 * kMs).empty());
+  m.heard(kOther, t + 1800 * kMs);  // reported, then heard again (its first frame: no gap)
+  const LivenessStats s = m.stats();
+  EXPECT_EQ(s.gaps, 100u);
+  EXPECT_NEAR(s.gap_p50_ms, 10.0, 1.0);
+  EXPECT_NEAR(s.gap_p99_ms, 10.0, 1.0);
+  EXPECT_NEAR(s.gap_max_ms, 500.0, 0.01);
+  EXPECT_EQ(s.suspected, 2u);
+  EXPECT_EQ(s.probed_alive, 1u);
+  EXPECT_EQ(s.reported, 1u);
+  EXPECT_EQ(s.revived, 1u);
+  EXPECT_EQ(s.stalled_ms, 0.0);
+}
+
+// The heartbeat thread runs raised (as root, as here and in CI); never below its old priority.
+TEST(PeerMonitor, HeartbeatThreadRunsRaisedWherePermitted) {
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok());
+  PeerMonitor m(kSelf, short_deadlines());
+  m.watch(kPeer, (*sock)->endpoint());
+  ASSERT_FALSE(collect(**sock, 200ms).empty());  // the thread is up and beating
+  const LivenessStats s = m.stats();
+  if (geteuid() == 0) {
+    EXPECT_EQ(s.heartbeat_nice, PeerMonitor::kLivenessNice);
+    EXPECT_EQ(s.io_nice, PeerMonitor::kLivenessNice);
+  } else {
+    EXPECT_LE(s.heartbeat_nice, 0);
+  }
 }
 
 }  // namespace

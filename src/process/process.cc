@@ -7,10 +7,12 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -55,11 +57,25 @@ ProcessGroup::~ProcessGroup() {
 
 Result<pid_t> ProcessGroup::spawn(const std::string& name, const std::string& exe,
                                   const std::vector<std::string>& args,
-                                  const std::string& output_path, bool append) {
+                                  const std::string& output_path, bool append,
+                                  const std::vector<std::string>& exec_prefix) {
   if (args.empty()) return Status(ErrorCode::kInvalidArgument, "spawn " + name + ": empty argv");
+  std::string program = exe;
+  std::vector<std::string> full = args;
+  if (!exec_prefix.empty()) {
+    auto found = find_executable(exec_prefix[0]);
+    if (!found.ok()) {
+      return Status(ErrorCode::kInvalidArgument, "spawn " + name + " through its exec prefix: " +
+                                                     found.status().message());
+    }
+    program = *found;
+    full = exec_prefix;
+    full.push_back(exe);
+    full.insert(full.end(), args.begin() + 1, args.end());
+  }
   std::vector<char*> argv;
-  argv.reserve(args.size() + 1);
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.reserve(full.size() + 1);
+  for (const auto& a : full) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
   if (running(name)) {
@@ -104,7 +120,7 @@ Result<pid_t> ProcessGroup::spawn(const std::string& name, const std::string& ex
     ::dup2(out, 1);
     ::dup2(out, 2);
     ::close_range(3, ~0U, 0);
-    ::execv(exe.c_str(), argv.data());
+    ::execv(program.c_str(), argv.data());
     child_say("kvferry: exec failed: ", std::strerror(errno));
     ::_exit(127);
   }
@@ -283,6 +299,25 @@ bool port_accepts(uint16_t port) {
   const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
   ::close(fd);
   return ok;
+}
+
+Result<std::string> find_executable(const std::string& name) {
+  if (name.empty()) return Status(ErrorCode::kInvalidArgument, "empty command name");
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return name;
+    return Status(ErrorCode::kInvalidArgument, name + " is not an executable file");
+  }
+  const char* env = std::getenv("PATH");
+  const std::string path = env && *env ? env : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+  std::istringstream dirs(path);
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0) {
+      return candidate;
+    }
+  }
+  return Status(ErrorCode::kInvalidArgument, "'" + name + "' is not an executable in PATH (" + path + ")");
 }
 
 std::string self_exe() {

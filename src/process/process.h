@@ -38,9 +38,14 @@ class ProcessGroup {
   // Starts `exe` with `args` (args[0] is argv[0]); output goes to `output_path` (created and
   // truncated, or appended to with `append`). A name may be spawned again once its previous
   // child exited (a restart); pid_of() and running() then refer to the newest.
+  // `exec_prefix` (e.g. {"ip", "netns", "exec", "NS"}; empty: none): the child execs
+  // exec_prefix[0] (found in PATH, before the fork) with argv exec_prefix + args, and args[0] is
+  // replaced by `exe`. The prefix must exec the command in place (not fork it), so the pid, the
+  // signals sent to it and PR_SET_PDEATHSIG reach the command itself; `ip netns exec` does.
+  // Errors: kInvalidArgument when exec_prefix[0] is not an executable in PATH.
   Result<pid_t> spawn(const std::string& name, const std::string& exe,
                       const std::vector<std::string>& args, const std::string& output_path,
-                      bool append = false);
+                      bool append = false, const std::vector<std::string>& exec_prefix = {});
 
   // Reaps children that exited, without blocking; returns them in the order reaped.
   std::vector<ChildExit> reap();
@@ -76,6 +81,11 @@ Result<std::vector<uint16_t>> pick_free_ports(size_t count);
 
 // True when something accepts TCP connections on IPv4 loopback, port `port`.
 bool port_accepts(uint16_t port);
+
+// The path execvp() would run for `name`: `name` itself when it has a '/', else the first
+// executable PATH entry (PATH unset: /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin).
+// Errors: kInvalidArgument naming the command and the PATH searched.
+Result<std::string> find_executable(const std::string& name);
 
 // Path of the running executable (/proc/self/exe resolved).
 std::string self_exe();

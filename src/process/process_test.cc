@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -136,6 +137,52 @@ TEST_F(Processes, RestartAfterKillAppendsOutput) {
   EXPECT_EQ(exits[0].pid, *b);
   EXPECT_EQ(exits[0].exit_code, 4);
   EXPECT_EQ(tail_file(out("a"), 10), "first\nsecond");
+}
+
+// An exec prefix that execs in place (env): the pid is the command's own, the output goes to the
+// same file, and PR_SET_PDEATHSIG still kills it when the spawning thread ends.
+TEST_F(Processes, ExecPrefixRunsTheCommandInPlace) {
+  ProcessGroup g;
+  auto a = g.spawn("a", "/bin/sh", {"ignored-argv0", "-c", "echo \"$GREETING $$\""}, out("a"), false,
+                   {"env", "GREETING=hello"});
+  ASSERT_TRUE(a.ok()) << a.status().str();
+  auto exits = g.wait_for("a", milliseconds(5000));
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].exit_code, 0);
+  EXPECT_EQ(tail_file(out("a"), 1), "hello " + std::to_string(*a));  // the shell is the spawned pid
+
+  auto missing = g.spawn("b", "/bin/sh", {"sh", "-c", "true"}, out("b"), false, {"no-such-prefix-kvferry"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("'no-such-prefix-kvferry' is not an executable in PATH"),
+            std::string::npos)
+      << missing.status().message();
+
+  // The spawning thread ends with its group still holding the child: PDEATHSIG kills it.
+  pid_t orphan = 0;
+  std::thread([&] {
+    auto* leaked = new ProcessGroup;  // never destroyed: only PDEATHSIG can end the child
+    auto p = leaked->spawn("c", "/bin/sh", {"sh", "-c", "echo started; exec sleep 30"}, out("c"), false, {"env"});
+    if (!p.ok()) return;
+    orphan = *p;
+    // PR_SET_PDEATHSIG is set before the exec: once the command runs, the thread may end.
+    for (int i = 0; i < 1000 && tail_file(out("c"), 1) != "started"; ++i) std::this_thread::sleep_for(milliseconds(5));
+  }).join();
+  ASSERT_GT(orphan, 0);
+  int st = 0;
+  ASSERT_EQ(::waitpid(orphan, &st, 0), orphan);
+  ASSERT_TRUE(WIFSIGNALED(st));
+  EXPECT_EQ(WTERMSIG(st), SIGKILL);
+}
+
+TEST(FindExecutable, SearchesPath) {
+  auto sh = find_executable("sh");
+  ASSERT_TRUE(sh.ok()) << sh.status().str();
+  EXPECT_EQ(sh->back(), 'h');
+  EXPECT_TRUE(fs::exists(*sh));
+  EXPECT_EQ(*find_executable("/bin/sh"), "/bin/sh");
+  EXPECT_FALSE(find_executable("/no/such/file").ok());
+  EXPECT_FALSE(find_executable("").ok());
 }
 
 TEST(Ports, FreePortsAreDistinctAndClosed) {

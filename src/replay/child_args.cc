@@ -2,6 +2,7 @@
 #include "replay/child_args.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -17,6 +18,67 @@ namespace {
 std::string num(double v) { return fmt::format("{}", v); }
 
 }  // namespace
+
+const HostEntry* child_host(const ReplayConfig& c, const std::string& file) {
+  if (!c.hosts) return nullptr;
+  if (file == "bootstrap") return &c.hosts->bootstrap();
+  if (file == "router") return &c.hosts->router();
+  std::string name = file;
+  std::replace(name.begin(), name.end(), '-', '/');
+  const auto r = RankId::parse(name);
+  if (!r || r->engine_id != 0) return nullptr;
+  const bool prefill = r->role == Role::kPrefill;
+  if (r->tp_rank >= (prefill ? c.prefill_tp : c.decode_tp) || r->dp_rank >= (prefill ? c.prefill_dp : c.decode_dp)) {
+    return nullptr;
+  }
+  return &c.hosts->rank(prefill, r->tp_rank, r->dp_rank);
+}
+
+std::string child_address(const ReplayConfig& c, const std::string& file) {
+  const HostEntry* h = child_host(c, file);
+  return h ? h->address : std::string(kDefaultHost);
+}
+
+std::vector<std::string> child_exec(const ReplayConfig& c, const std::string& file) {
+  const HostEntry* h = child_host(c, file);
+  return h ? h->exec : std::vector<std::string>{};
+}
+
+std::string bootstrap_address(const ReplayConfig& c) {
+  return c.hosts ? c.hosts->bootstrap().address : std::string(kDefaultHost);
+}
+std::string router_address(const ReplayConfig& c) {
+  return c.hosts ? c.hosts->router().address : std::string(kDefaultHost);
+}
+std::string replay_address(const ReplayConfig& c) {
+  return c.hosts ? c.hosts->replay().address : std::string(kDefaultHost);
+}
+std::string rank_address(const ReplayConfig& c, bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
+  return c.hosts ? c.hosts->rank(prefill, tp_rank, dp_rank).address : std::string(kDefaultHost);
+}
+
+std::string placement_text(const ReplayConfig& c) {
+  if (!c.hosts) return "";
+  std::map<std::string, std::string> on;  // host key -> what runs there
+  auto add = [&](const std::string& key, const std::string& what) {
+    on[key] += (on[key].empty() ? "" : ", ") + what;
+  };
+  add(c.hosts->place.replay, "the replay (orchestrator)");
+  add(c.hosts->place.bootstrap, "bootstrap");
+  add(c.hosts->place.router, "router");
+  for (bool prefill : {true, false}) {
+    for (uint32_t g = 0; g < (prefill ? c.prefill_dp : c.decode_dp); ++g) {
+      for (uint32_t r = 0; r < (prefill ? c.prefill_tp : c.decode_tp); ++r) {
+        add(c.hosts->rank(prefill, r, g).name, rank_name(prefill, r, g));
+      }
+    }
+  }
+  std::string text;
+  for (const auto& [key, what] : on) {
+    text += fmt::format("replay: host {} ({}): {}\n", key, c.hosts->host(key).address, what);
+  }
+  return text;
+}
 
 std::string logs_dir(const ReplayConfig& c) { return c.out + "/logs"; }
 
@@ -64,7 +126,7 @@ std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
 }
 
 std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
-  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", std::string(kDefaultHost), "--port",
+  std::vector<std::string> args = {c.exe,  "bootstrap", "--host", bootstrap_address(c), "--port",
                                    std::to_string(p.bootstrap), "--log-file",
                                    logs_dir(c) + "/bootstrap.jsonl"};
   if (p.bootstrap == 0) {
@@ -92,12 +154,16 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
           "--models-file", c.models_file,
           "--page-size", broken ? "0" : std::to_string(c.page_size),
           "--pool-mib", std::to_string(prefill ? c.prefill_pool_mib : c.pool_mib),
-          "--bootstrap", host_port(kDefaultHost, p.bootstrap),
-          "--engine-endpoint", zmq_endpoint(kDefaultHost, engine_port),
-          "--router-endpoint", zmq_endpoint(kDefaultHost, p.router),
+          "--bootstrap", host_port(bootstrap_address(c), p.bootstrap),
+          "--engine-endpoint", zmq_endpoint(rank_address(c, prefill, 0, dp_rank), engine_port),
+          "--router-endpoint", zmq_endpoint(router_address(c), p.router),
           "--transport", c.transport,
           "--log-file", fmt::format("{}/{}.jsonl", logs_dir(c), file),
           "--chunk-tokens", std::to_string(c.chunk_tokens)};
+  if (c.hosts) {  // every socket of the rank on its host's address (advertised: the same)
+    args.push_back("--bind-host");
+    args.push_back(rank_address(c, prefill, tp_rank, dp_rank));
+  }
   if (c.transfer_shards != 1) {  // the rank's default is 1
     args.push_back("--transfer-shards");
     args.push_back(std::to_string(c.transfer_shards));
@@ -138,7 +204,7 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--decode-tp", std::to_string(c.decode_tp),
           "--prefill-dp", std::to_string(c.prefill_dp),
           "--decode-dp", std::to_string(c.decode_dp),
-          "--endpoint", zmq_endpoint(kDefaultHost, p.router),
+          "--endpoint", zmq_endpoint(router_address(c), p.router),
           "--max-inflight", std::to_string(c.max_inflight),
           "--results", c.out + "/results.json",
           "--log-file", logs_dir(c) + "/router.jsonl",
@@ -155,7 +221,7 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
   // The leaders' engine endpoints reach the router in their "ready" frames.
   if (p.orchestrator != 0) {
     args.push_back("--orchestrator");
-    args.push_back(zmq_endpoint(kDefaultHost, p.orchestrator));
+    args.push_back(zmq_endpoint(replay_address(c), p.orchestrator));
   }
   return args;
 }

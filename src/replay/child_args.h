@@ -33,6 +33,24 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
                                    uint32_t tp_rank, uint32_t dp_rank = 0);
 std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
 
+// --hosts (hosts.h): the host a child runs on, by its file name ("bootstrap", "router",
+// "decode-tp1-dp1"); nullptr without --hosts (or for an unknown name).
+const HostEntry* child_host(const ReplayConfig& c, const std::string& file);
+// That host's address (kDefaultHost without one) and exec prefix (empty without one): every
+// child is started through its host's prefix (process.h ProcessGroup::spawn).
+std::string child_address(const ReplayConfig& c, const std::string& file);
+std::vector<std::string> child_exec(const ReplayConfig& c, const std::string& file);
+// The address a child binds and advertises, and the one its peers connect to: its host's
+// address, kDefaultHost without --hosts.
+std::string bootstrap_address(const ReplayConfig& c);
+std::string router_address(const ReplayConfig& c);
+std::string replay_address(const ReplayConfig& c);  // the orchestrator's socket
+std::string rank_address(const ReplayConfig& c, bool prefill, uint32_t tp_rank, uint32_t dp_rank);
+
+// --hosts: one line per host, "replay: host h1 (10.71.0.1): bootstrap, router, prefill/tp0\n";
+// "" without --hosts.
+std::string placement_text(const ReplayConfig& c);
+
 // DIR/logs: every child's log, stderr and port files.
 std::string logs_dir(const ReplayConfig& c);
 

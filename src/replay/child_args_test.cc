@@ -149,5 +149,64 @@ TEST(Args, MetricsForEveryRankOfEveryGroup) {
   }
 }
 
+// --hosts: every address a child binds, advertises or is given is its host's; every child is
+// started through its host's exec prefix.
+TEST(Args, PlacementGivesEveryAddress) {
+  ReplayConfig c;
+  c.exe = "/x/kvferry";
+  c.out = "/o";
+  c.prefill_tp = 2;
+  c.decode_dp = 2;
+  c.transport = "tcp";
+  auto hf = parse_hosts(R"({"hosts": {"a": {"address": "10.9.0.1", "exec": ["ip", "netns", "exec", "nsa"]},
+                                      "b": {"address": "10.9.0.2"}, "c": {"address": "fd00::3"}},
+      "place": {"bootstrap": "b", "router": "a", "replay": "c", "prefill": ["a", "b"], "decode": ["c", "b"]}})");
+  ASSERT_TRUE(hf.ok()) << hf.status().str();
+  ASSERT_TRUE(check_placement(*hf, 2, 1, 1, 2).ok());
+  c.hosts = *hf;
+  Ports p{.bootstrap = 1001, .router = 1004, .orchestrator = 1005, .prefill_engines = {1002},
+          .decode_engines = {1003, 1006}};
+  EXPECT_EQ(join(bootstrap_args(c, p)),
+            "/x/kvferry bootstrap --host 10.9.0.2 --port 1001 --log-file /o/logs/bootstrap.jsonl");
+  const std::string router = join(router_args(c, p)) + " ";
+  EXPECT_NE(router.find("--endpoint tcp://10.9.0.1:1004 "), std::string::npos) << router;
+  c.faults = "peer_death@decode/tp0:once";
+  EXPECT_NE((join(router_args(c, p)) + " ").find("--orchestrator tcp://[fd00::3]:1005 "), std::string::npos);
+  // prefill/tp1 on b: binds b, reaches its leader on a, the bootstrap on b, the router on a.
+  const std::string follower = join(rank_args(c, p, true, 1, 0)) + " ";
+  EXPECT_NE(follower.find("--bootstrap 10.9.0.2:1001 --engine-endpoint tcp://10.9.0.1:1002 "
+                          "--router-endpoint tcp://10.9.0.1:1004 "),
+            std::string::npos)
+      << follower;
+  EXPECT_NE(follower.find("--bind-host 10.9.0.2 "), std::string::npos) << follower;
+  // decode/tp0/dp0 on c (IPv6): its own engine endpoint on its address.
+  const std::string leader = join(rank_args(c, p, false, 0, 0)) + " ";
+  EXPECT_NE(leader.find("--engine-endpoint tcp://[fd00::3]:1003 "), std::string::npos) << leader;
+  EXPECT_NE(leader.find("--bind-host fd00::3 "), std::string::npos) << leader;
+  const std::string dp1 = join(rank_args(c, p, false, 0, 1)) + " ";
+  EXPECT_NE(dp1.find("--engine-endpoint tcp://10.9.0.2:1006 "), std::string::npos) << dp1;
+
+  EXPECT_EQ(child_host(c, "router")->name, "a");
+  EXPECT_EQ(child_host(c, "bootstrap")->name, "b");
+  EXPECT_EQ(child_host(c, "prefill-tp1")->name, "b");
+  EXPECT_EQ(child_host(c, "decode-tp0-dp1")->name, "b");
+  EXPECT_EQ(child_host(c, "decode-tp1"), nullptr);  // no such rank
+  EXPECT_EQ(child_exec(c, "prefill-tp0"), (std::vector<std::string>{"ip", "netns", "exec", "nsa"}));
+  EXPECT_TRUE(child_exec(c, "prefill-tp1").empty());
+  EXPECT_EQ(child_address(c, "decode-tp0"), "fd00::3");
+  EXPECT_EQ(replay_address(c), "fd00::3");
+  EXPECT_EQ(placement_text(c),
+            "replay: host a (10.9.0.1): router, prefill/tp0\n"
+            "replay: host b (10.9.0.2): bootstrap, prefill/tp1, decode/tp0/dp1\n"
+            "replay: host c (fd00::3): the replay (orchestrator), decode/tp0\n");
+
+  c.hosts.reset();  // without --hosts: loopback, no prefix, no --bind-host
+  EXPECT_EQ(child_host(c, "router"), nullptr);
+  EXPECT_EQ(child_address(c, "prefill-tp0"), "127.0.0.1");
+  EXPECT_TRUE(child_exec(c, "prefill-tp0").empty());
+  EXPECT_EQ(join(rank_args(c, p, true, 1, 0)).find("--bind-host"), std::string::npos);
+  EXPECT_EQ(placement_text(c), "");
+}
+
 }  // namespace
 }  // namespace kvferry::replay

@@ -121,9 +121,7 @@ class Run {
     clean_previous(c_);
     SignalGuard signals;
     Ports p;
-    if (Status st = deaths_.bind(); !st.ok()) {
-      return early_error("cannot bind the orchestrator's socket: " + st.str(), false);
-    }
+    if (Status st = deaths_.bind(); !st.ok()) return early_error(st.message(), false);
     p.orchestrator = deaths_.port();
     if (c_.metrics) {
       if (int rc = setup_metrics(); rc != 0) return rc;
@@ -134,6 +132,7 @@ class Run {
                         c_.max_requests == 0 ? std::string("all") : std::to_string(c_.max_requests),
                         c_.model, c_.prefill_tp, c_.prefill_dp, c_.decode_tp, c_.decode_dp,
                         c_.transport, c_.pool_mib, c_.pool_mib_auto ? " (automatic)" : "");
+    if (c_.hosts) out_ << placement_text(c_);
     out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
 
     // Every listening child binds port 0 and reports its port (Ports, child_args.h). The
@@ -143,7 +142,7 @@ class Run {
     if (int rc = wait_port("bootstrap", p.bootstrap); rc != 0) return rc;
     if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
     if (int rc = wait_port("router", p.router); rc != 0) return rc;
-    if (deaths_.active()) deaths_.set_router_endpoint(zmq_endpoint(kDefaultHost, p.router));
+    if (deaths_.active()) deaths_.set_router_endpoint(zmq_endpoint(router_address(c_), p.router));
     for (bool prefill : {true, false}) {
       const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
       const uint32_t dp = prefill ? c_.prefill_dp : c_.decode_dp;
@@ -217,7 +216,7 @@ class Run {
       const std::string port_file = metrics_port_file(file);
       const auto port = read_port_file(port_file);
       all_ports_ = all_ports_ && port.has_value();
-      j[name] = {{"url", port ? nlohmann::ordered_json("http://" + host_port(kDefaultHost, *port) + "/metrics")
+      j[name] = {{"url", port ? nlohmann::ordered_json("http://" + host_port(child_address(c_, file), *port) + "/metrics")
                               : nlohmann::ordered_json(nullptr)},
                  {"port", port ? nlohmann::ordered_json(*port) : nlohmann::ordered_json(nullptr)},
                  {"port_file", port_file},
@@ -238,7 +237,8 @@ class Run {
 
   int spawn(const std::string& file, const std::string& display, std::vector<std::string> args) {
     kids_.push_back({file, display});
-    auto pid = group_.spawn(file, c_.exe, args, logs_dir(c_) + "/" + file + ".stderr");
+    auto pid = group_.spawn(file, c_.exe, args, logs_dir(c_) + "/" + file + ".stderr", false,
+                            child_exec(c_, file));
     if (!pid.ok()) return early_error("cannot start " + display + ": " + pid.status().str(), true);
     deaths_.set_command(file, display, std::move(args));
     return 0;

@@ -1,9 +1,11 @@
 // `kvferry replay`: the main job. Validates the options, starts the bootstrap service, every
 // prefill and decode rank and the router as separate processes of one process group (loopback
-// sockets only), supervises them, and writes DIR/report.json (docs/report.md).
+// sockets, or with --hosts each process on its host: started through the host's exec prefix,
+// binding and advertising the host's address; hosts.h), supervises them, and writes
+// DIR/report.json (docs/report.md).
 //
 // Processes (argv[1] is the subcommand of the same executable):
-//   bootstrap  kvferry bootstrap --host kDefaultHost --port P --log-file DIR/logs/bootstrap.jsonl
+//   bootstrap  kvferry bootstrap --host ADDR --port P --log-file DIR/logs/bootstrap.jsonl
 //   ranks      kvferry rank --role prefill|decode --tp-rank R [--dp-rank D] ... (child_args.h):
 //              dp x tp ranks per engine, each DP group its own engine (leader tp0 + followers)
 //   router     kvferry router ... --results DIR/results.json

@@ -14,6 +14,7 @@
 
 #include "endpoint/topology.h"
 #include "kvferry/geometry.h"
+#include "kvferry/net.h"
 #include "kvferry/port_file.h"
 #include "replay/child_args.h"
 #include "replay/peer_death_frames.h"
@@ -61,8 +62,21 @@ PeerDeathExecutor::PeerDeathExecutor(const ReplayConfig& c, process::ProcessGrou
 
 Status PeerDeathExecutor::bind() {
   if (!c_.fault_plan.has_peer_death()) return Status::Ok();
-  auto sock = ControlSocket::bind(ListenAddress{});
-  if (!sock.ok()) return sock.status();
+  const std::string host = replay_address(c_);
+  auto sock = ControlSocket::bind(make_listen_address(host, ""));
+  if (!sock.ok()) {
+    std::string msg = "cannot bind the orchestrator's socket on " + host + ": " + sock.status().str();
+    if (c_.hosts) {
+      // The router sends kill requests to the replay's host: the replay must run there.
+      const HostEntry& h = c_.hosts->replay();
+      std::string exec;
+      for (const auto& a : h.exec) exec += a + " ";
+      msg += fmt::format("; peer_death needs the replay on host {} ({}, --hosts place.replay, default the "
+                         "router's host): run it there, e.g. `{}kvferry replay ...`",
+                         h.name, h.address, exec);
+    }
+    return {sock.status().code(), msg};
+  }
   control_ = std::move(*sock);
   return Status::Ok();
 }
@@ -157,7 +171,7 @@ Status PeerDeathExecutor::restart_due(const std::function<void(const std::string
     std::vector<std::string> args = cmd.args;
     args.insert(args.end(), it->pinned.begin(), it->pinned.end());
     auto pid = group_.spawn(it->file, c_.exe, args, logs_dir(c_) + "/" + it->file + ".stderr",
-                            /*append=*/true);
+                            /*append=*/true, child_exec(c_, it->file));
     if (!pid.ok()) {
       tell_router("kill_failed", cmd.display, 0, "restart failed: " + pid.status().str());
       return {ErrorCode::kInternal, "cannot restart " + cmd.display + ": " + pid.status().str()};

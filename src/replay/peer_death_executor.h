@@ -36,8 +36,10 @@ class PeerDeathExecutor {
   PeerDeathExecutor(const ReplayConfig& c, process::ProcessGroup& group, std::ostream& out,
                     std::ostream& err, Clock::time_point t0);
 
-  // Binds the orchestrator's socket (loopback, any port) when the fault plan has a peer death;
-  // does nothing otherwise. Errors: the bind's.
+  // Binds the orchestrator's socket (any port, on the replay's host address: kDefaultHost, or
+  // with --hosts place.replay's, where the router reaches it) when the fault plan has a peer
+  // death; does nothing otherwise. Errors: the bind's, with a message for the user (the replay
+  // must run on that host).
   Status bind();
   bool active() const { return control_ != nullptr; }
   uint16_t port() const;  // 0 when not active

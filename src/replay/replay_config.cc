@@ -35,6 +35,31 @@ std::string read_file(const std::string& path, bool& ok) {
   return ss.str();
 }
 
+// --hosts: the file, and that the transport can cross the hosts it places the engines on.
+Status validate_hosts(ReplayConfig& c) {
+  c.hosts.reset();
+  if (c.hosts_file.empty()) return Status::Ok();
+  auto hf = load_hosts_file(c.hosts_file, c.prefill_tp, c.prefill_dp, c.decode_tp, c.decode_dp);
+  if (!hf.ok()) return hf.status();
+  if (c.transport == "shm" && hf->engines_apart()) {
+    // UCX would find shared memory between two network namespaces of one machine, but separate
+    // machines share none: a placement across hosts must use a network transport.
+    std::string where;
+    for (uint32_t i = 0; i < hf->place.prefill.size() && where.empty(); ++i) {
+      for (uint32_t k = 0; k < hf->place.decode.size() && where.empty(); ++k) {
+        if (hf->place.prefill[i] == hf->place.decode[k]) continue;
+        where = fmt::format("{} on {} and {} on {}", RankId{Role::kPrefill, 0, i % c.prefill_tp, i / c.prefill_tp}.str(),
+                            hf->place.prefill[i], RankId{Role::kDecode, 0, k % c.decode_tp, k / c.decode_tp}.str(),
+                            hf->place.decode[k]);
+      }
+    }
+    return invalid("--transport shm needs the prefill and decode ranks on one host, but --hosts " + c.hosts_file +
+                   " places " + where + " (separate machines share no memory): use --transport tcp");
+  }
+  c.hosts = std::move(*hf);
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string ReplayConfig::to_json() const {
@@ -65,6 +90,10 @@ std::string ReplayConfig::to_json() const {
                       {"timeout_s", timeout_s},
                       {"test_break_rank", break_rank},
                       {"metrics", metrics}};
+  if (hosts) {  // the placement, as validated ("replay" filled in)
+    j["hosts_file"] = hosts_file;
+    j["hosts"] = nlohmann::ordered_json::parse(hosts->to_json());
+  }
   nlohmann::ordered_json d = nlohmann::ordered_json::object();
   for (const DeadlineField& f : deadline_fields()) {
     std::string key = f.option + 2;  // "--bootstrap-timeout-ms" -> "bootstrap_timeout_ms"
@@ -120,6 +149,7 @@ Status validate(ReplayConfig& c) {
                                c.transfer_shards));
   }
   if (c.max_inflight < 1) return invalid("--max-inflight must be >= 1");
+  if (Status st = validate_hosts(c); !st.ok()) return st;
   if (c.out.empty()) return invalid("--out must not be empty");
   if (!(c.ready_timeout_s > 0) || !(c.request_timeout_s > 0) || !(c.timeout_s > 0)) {
     return invalid("timeouts must be > 0");

@@ -4,11 +4,13 @@
 // Thread contract: plain data and functions; validate() reads files (trace, models, /proc/meminfo).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "replay/fault_plan.h"
+#include "replay/hosts.h"
 
 namespace kvferry::replay {
 
@@ -41,6 +43,10 @@ struct ReplayConfig {
   double request_timeout_s = 300;  // router gives up on a request
   double timeout_s = 3600;         // the whole replay
   std::string exe;                 // kvferry executable for children; default: this process's
+  // --hosts FILE (hosts.h): the host of every process; set by validate() from hosts_file.
+  // Without it every process runs here and binds and advertises kDefaultHost (kvferry/net.h).
+  std::string hosts_file;
+  std::optional<HostsFile> hosts;
   // Test hook (hidden option --test-break-rank): this rank ("decode/tp1") is started with
   // --page-size 0, so it cannot start; exercises supervision with real processes.
   std::string break_rank;

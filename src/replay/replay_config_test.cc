@@ -159,6 +159,52 @@ TEST_F(Validate, FaultPlanAndDeadlinesInTheConfig) {
   EXPECT_TRUE(c.fault_plan.has_peer_death());
 }
 
+TEST_F(Validate, HostsFilePlacesTheProcesses) {
+  const std::string path = (dir_ / "hosts.json").string();
+  auto write_hosts = [&](const std::string& prefill, const std::string& decode) {
+    std::ofstream(path) << R"({"hosts": {"h1": {"address": "10.71.0.1", "exec": ["ip", "netns", "exec", "kvhh1"]},
+                                         "h2": {"address": "10.71.0.2", "exec": ["ip", "netns", "exec", "kvhh2"]}},
+                               "place": {"bootstrap": "h1", "router": "h1", "prefill": )"
+                        << prefill << R"(, "decode": )" << decode << "}}";
+  };
+  write_hosts(R"(["h1", "h1"])", R"(["h2", "h2"])");
+  ReplayConfig c = good();
+  c.hosts_file = path;
+  c.transport = "tcp";
+  ASSERT_TRUE(validate(c).ok());
+  ASSERT_TRUE(c.hosts.has_value());
+  EXPECT_EQ(c.hosts->rank(false, 1, 0).address, "10.71.0.2");
+  auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["hosts_file"], path);
+  EXPECT_EQ(j["hosts"]["place"]["decode"], nlohmann::json::array({"h2", "h2"}));
+  EXPECT_EQ(j["hosts"]["place"]["replay"], "h1");
+  EXPECT_EQ(j["hosts"]["hosts"]["h2"]["address"], "10.71.0.2");
+
+  // Shared memory cannot cross machines: refused when prefill and decode are apart.
+  c = good();
+  c.hosts_file = path;
+  EXPECT_EQ(error_of(c), "--transport shm needs the prefill and decode ranks on one host, but --hosts " + path +
+                             " places prefill/tp0 on h1 and decode/tp0 on h2 (separate machines share no "
+                             "memory): use --transport tcp");
+  write_hosts(R"(["h2", "h2"])", R"(["h2", "h2"])");  // one host for both engines: shm is fine
+  EXPECT_TRUE(validate(c).ok());
+  EXPECT_FALSE(c.hosts->engines_apart());
+
+  c = good();
+  c.transport = "tcp";
+  c.hosts_file = path;
+  c.decode_tp = 1;  // two decode hosts for one decode rank
+  EXPECT_EQ(error_of(c), "--hosts " + path + ": place.decode names 2 hosts but the decode engine has 1 ranks "
+                         "(TP 1 x DP 1): one host per rank, index dp_rank * 1 + tp_rank");
+  c.hosts_file = (dir_ / "missing.json").string();
+  EXPECT_EQ(error_of(c), "--hosts " + c.hosts_file + ": cannot read the file");
+
+  c = good();  // without --hosts: no placement in the config
+  ASSERT_TRUE(validate(c).ok());
+  EXPECT_FALSE(c.hosts.has_value());
+  EXPECT_FALSE(nlohmann::json::parse(c.to_json()).contains("hosts"));
+}
+
 TEST(DefaultPool, RuleAndBounds) {
   const uint64_t gib = 1ull << 30;
   // 24 GiB available: 60% = 14745 MiB; minus 2 x 1024 staging = 12697; / 2 = 6348.

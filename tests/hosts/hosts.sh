@@ -109,6 +109,9 @@ hosts_json() {
 up() {
   [[ $n =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 200 ] || die "N must be 1..200, got '$n'"
   down
+  # A failed `up` leaves nothing behind.
+  up_done=0
+  trap '[ "$up_done" = 1 ] || down' EXIT
   ip link add "$bridge" type bridge || die "cannot create bridge $bridge"
   ip link set "$bridge" up
   local i ns
@@ -134,10 +137,11 @@ up() {
     done
   done
   if [ -n "$json" ]; then
-    hosts_json >"$json"
+    hosts_json >"$json" || die "cannot write $json"
   else
     hosts_json
   fi
+  up_done=1
 }
 
 case $cmd in

@@ -26,12 +26,15 @@ class BenchTest : public ::testing::Test {
 
 TEST_F(BenchTest, ShortShmRunReportsConsistentFigures) {
   // Llama-3.1-8B: 32 layers x K,V x 8 heads x 128 x 2 bytes = 131072 bytes per token.
-  constexpr uint64_t kTokens = 512, kBytesPerToken = 131072, kConcurrency = 2;
+  // Rooms of 16 MiB and a 1 s warm-up: the measured window must see completed rooms on a busy host
+  // too (`make test-hog`: with 64 MiB rooms and a 0.3 s warm-up no room completed inside the 1.5 s
+  // window, the first touch of fresh pool pages running at tens of MB/s on the test VM).
+  constexpr uint64_t kTokens = 128, kBytesPerToken = 131072, kConcurrency = 2;
   constexpr uint64_t kRoomBytes = kTokens * kBytesPerToken;
   const fs::path out = dir_ / "bench.json";
   CliRun r = run_cli({"bench", "--model", "Llama-3.1-8B", "--tokens", std::to_string(kTokens), "--page-size", "64",
                       "--concurrency", std::to_string(kConcurrency), "--transport", "shm", "--duration", "1.5",
-                      "--warmup", "0.3", "--out", out.string()},
+                      "--warmup", "1", "--out", out.string()},
                      dir_ / "cli.txt");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("GB/s"), std::string::npos) << r.output;
@@ -61,16 +64,16 @@ TEST_F(BenchTest, ShortShmRunReportsConsistentFigures) {
   EXPECT_LE(lat.at("p90").get<double>(), lat.at("p99").get<double>());
   EXPECT_LE(lat.at("p99").get<double>(), lat.at("max").get<double>());
   // A room cannot take longer than the run.
-  EXPECT_LT(lat.at("max").get<double>(), 1000 * (window + 0.3 + 5));
+  EXPECT_LT(lat.at("max").get<double>(), 1000 * (window + 1 + 5));
   EXPECT_GT(j.at("cpu_s").get<double>(), 0.0);
   EXPECT_GT(j.at("cpu_s_per_gb").get<double>(), 0.0);
-  // 512 tokens at 64 per page is 8 pages; one chunk: a write is 8 pages x 64 tokens x 8 heads x 256 B.
-  EXPECT_EQ(j.at("write_bytes").get<uint64_t>(), 8u * 64 * 8 * 128 * 2);
+  // 128 tokens at 64 per page is 2 pages; one chunk: a write is 2 pages x 64 tokens x 8 heads x 256 B.
+  EXPECT_EQ(j.at("write_bytes").get<uint64_t>(), 2u * 64 * 8 * 128 * 2);
   ASSERT_EQ(j.at("ranks").size(), 2u);
   for (const json& rank : j.at("ranks")) {
     EXPECT_GT(rank.at("rss_end").at("rss_kib").get<uint64_t>(), 0u) << rank.dump();
     EXPECT_GT(rank.at("rss_end").at("anon_kib").get<uint64_t>(), 0u) << rank.dump();
-    // The touched pool (2 rooms of 64 MiB) is resident shared memory.
+    // The touched pool (2 rooms of 16 MiB) is resident shared memory.
     EXPECT_GE(rank.at("rss_end").at("shmem_kib").get<uint64_t>() * 1024, kConcurrency * kRoomBytes)
         << rank.dump();
     EXPECT_GE(rank.at("rooms_total").get<uint64_t>(), rooms) << rank.dump();

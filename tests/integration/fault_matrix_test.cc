@@ -65,7 +65,6 @@ TEST_P(FaultMatrix, EveryRankFailsWithTheInjectedOriginAndOneLine) {
                              "--pool-mib", "256", "--prefill-pool-mib", "64", "--page-size", "16",
                              "--faults", spec, "--fault-timeout-ms", "500", "--seed", "1"});
   ASSERT_EQ(run.exit_code, 0) << run.output;
-  EXPECT_LT(run.seconds, 60);
   const json r = report();
   const json res = results();
   // Decode-side failures that may come after the prefill engine finished the room (see top).

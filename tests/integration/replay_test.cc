@@ -74,7 +74,6 @@ TEST_F(Replay, ShmTwoByTwoWithFaults) {
   EXPECT_GT(r["faults"].size(), 0u);
   EXPECT_EQ(r["config"]["transport"], "shm");
   EXPECT_EQ(read_logs(out()).lines_by_file.count("decode-tp1.jsonl"), 1u);
-  EXPECT_LT(run.seconds, 60);
 }
 
 TEST_F(Replay, TcpOneByOneWithFaults) {
@@ -84,7 +83,6 @@ TEST_F(Replay, TcpOneByOneWithFaults) {
                           "--seed", "5", "--transport", "tcp"});
   expect_clean(run, 15);
   EXPECT_EQ(report()["config"]["transport"], "tcp");
-  EXPECT_LT(run.seconds, 60);
 }
 
 // Every rank with several transfer worker shards (rooms spread over them); bytes verified by the
@@ -96,7 +94,6 @@ TEST_F(Replay, ShmTwoByTwoWithTwoTransferShards) {
                           "--seed", "7", "--transport", "shm", "--transfer-shards", "2"});
   expect_clean(run, 30);
   EXPECT_EQ(report()["config"]["transfer_shards"], 2);
-  EXPECT_LT(run.seconds, 60);
 }
 
 TEST_F(Replay, TcpOneByTwoWithThreeTransferShards) {
@@ -106,7 +103,6 @@ TEST_F(Replay, TcpOneByTwoWithThreeTransferShards) {
                           "--seed", "9", "--transport", "tcp", "--transfer-shards", "3"});
   expect_clean(run, 15);
   EXPECT_EQ(report()["config"]["transfer_shards"], 3);
-  EXPECT_LT(run.seconds, 60);
 }
 
 TEST_F(Replay, RequestLargerThanTheDecodePoolIsRejected) {
@@ -179,7 +175,6 @@ TEST_F(Replay, RankThatCannotStartStopsTheReplay) {
   const json r = report();
   EXPECT_EQ(r["status"], "failed");
   EXPECT_NE(r["error"].get<std::string>().find("decode/tp1"), std::string::npos);
-  EXPECT_LT(run.seconds, 60);
 }
 
 // Waits until both engines told the router they are ready (the router logs it).
