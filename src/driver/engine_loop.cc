@@ -180,6 +180,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         RankId r{role, 0, f->tp_rank, cfg_.self.dp_rank};
         if (down.erase(f->tp_rank) != 0) {
           driver_.on_rank_up(r);
+          outbox_.push_back(encode_rank_up(r));  // the router may hold rooms until it is back
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
         }
       } else if (f->type == "reply") {

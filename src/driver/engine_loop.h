@@ -3,7 +3,8 @@
 // the driver do its local work, and runs the engine's step agreement:
 //   leader (tp0): gathers every rank's reports, reduces and decides, applies the decisions itself,
 //                 broadcasts them as the next step; forwards router requests as decisions and sends
-//                 the router one RoomResult per released room;
+//                 the router one RoomResult per released room, and "rank_up" when a follower it
+//                 had declared dead says hello again (engine_protocol.h);
 //   follower:     applies each step's decisions in order and replies with its reports.
 // Failure fan-out: a rank that records a room's failure first-hand or from the other engine sends
 // one "fail" frame straight to every other rank of its engine (the leader announces the members in

@@ -324,6 +324,10 @@ std::string encode_abort(uint64_t room) {
   return dump(json{{"type", "abort"}, {"room", std::to_string(room)}});
 }
 
+std::string encode_rank_up(const RankId& rank) {
+  return dump(json{{"type", "rank_up"}, {"rank", rank.str()}});
+}
+
 Result<RouterFrame> decode_router_frame(const std::string& text) {
   const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return bad("not valid JSON");
@@ -367,6 +371,11 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     Reader r(j);
     f.abort_room = r.room("room");
     if (r.failed()) return bad(r.error());
+  } else if (f.type == "rank_up") {
+    auto rank = j.find("rank");
+    if (rank == j.end() || !rank->is_string()) return bad("rank_up needs a string 'rank'");
+    f.up_rank = RankId::parse(rank->get_ref<const std::string&>());
+    if (!f.up_rank) return bad("rank_up 'rank' is not a rank");
   } else {
     return bad("unknown type '" + f.type + "'");
   }

@@ -123,6 +123,17 @@ TEST(RouterProtocol, ResultRoundTrip) {
   EXPECT_EQ(d.ranks_failed, 2u);
 }
 
+TEST(RouterProtocol, RankUp) {
+  auto r = decode_router_frame(encode_rank_up(RankId{Role::kDecode, 0, 1, 2}));
+  ASSERT_TRUE(r.ok()) << r.status().str();
+  EXPECT_EQ(r->type, "rank_up");
+  ASSERT_TRUE(r->up_rank.has_value());
+  EXPECT_EQ(r->up_rank->str(), "decode/tp1/dp2");
+  EXPECT_FALSE(decode_router_frame(R"({"type":"rank_up"})").ok());
+  EXPECT_FALSE(decode_router_frame(R"({"type":"rank_up","rank":7})").ok());
+  EXPECT_FALSE(decode_router_frame(R"({"type":"rank_up","rank":"router/tp1"})").ok());
+}
+
 TEST(RouterProtocol, ReadyShutdownStats) {
   auto r = decode_router_frame(encode_ready(Role::kDecode, 4));
   ASSERT_TRUE(r.ok()) << r.status().str();

@@ -29,14 +29,16 @@ Death* PeerDeathSchedule::current() {
   return nullptr;
 }
 
-bool PeerDeathSchedule::kill_due(size_t dispatched) {
+bool PeerDeathSchedule::kill_due(size_t dispatched, bool busy) {
   Death* d = current();
-  return d && d->state == Death::State::kPlanned && dispatched >= d->plan.after_dispatched;
+  return d && d->state == Death::State::kPlanned && dispatched >= d->plan.after_dispatched && busy;
 }
 
 bool PeerDeathSchedule::paused() {
   Death* d = current();
-  return d && d->leader() && d->state != Death::State::kPlanned;
+  if (!d || d->state == Death::State::kPlanned) return false;
+  if (d->leader()) return true;  // until the new leader's "ready" (the router sets kDone)
+  return d->state != Death::State::kRestarted || !d->back;
 }
 
 bool PeerDeathSchedule::settled(size_t finished, size_t total) {
@@ -57,12 +59,12 @@ bool PeerDeathSchedule::settled(size_t finished, size_t total) {
   return false;
 }
 
-Status PeerDeathSchedule::advance(int64_t now, size_t dispatched, size_t total, size_t inflight,
-                                  double timeout_s,
+Status PeerDeathSchedule::advance(int64_t now, size_t dispatched, bool busy, size_t total,
+                                  size_t inflight, double timeout_s,
                                   const std::function<Status(const std::string& frame)>& ask) {
   Death* d = current();
   if (!d) return Status::Ok();
-  if (d->state == Death::State::kPlanned && dispatched >= d->plan.after_dispatched) {
+  if (kill_due(dispatched, busy)) {
     Status st = ask(encode_peer_death("kill", d->rank.str(), 0, ""));
     if (!st.ok()) return {st.code(), "cannot ask the orchestrator for a kill: " + st.message()};
     d->state = Death::State::kRequested;
@@ -99,6 +101,17 @@ void PeerDeathSchedule::on_frame(const PeerDeathFrame& f, size_t dispatched) {
     d->state = Death::State::kDone;
   }
   log_event(LogLevel::kDebug, kComponent, "peer death: " + f.rank + " " + f.type);
+}
+
+void PeerDeathSchedule::on_rank_up(const RankId& rank) {
+  Death* d = current();
+  if (!d || d->leader() || d->rank != rank ||
+      (d->state != Death::State::kKilled && d->state != Death::State::kRestarted)) {
+    log_event(LogLevel::kDebug, kComponent, rank.str() + " rejoined its engine (no kill waits for it)");
+    return;
+  }
+  d->back = true;
+  log_event(LogLevel::kInfo, kComponent, "peer death: " + rank.str() + " is back in its engine");
 }
 
 void PeerDeathSchedule::on_success(size_t i) {

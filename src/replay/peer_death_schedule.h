@@ -1,9 +1,12 @@
 // The router's side of planned peer deaths (router.h, fault plan kind peer_death): the kills in
 // plan order, one at a time, each through kPlanned -> kRequested (the router asked the
 // orchestrator) -> kKilled -> kRestarted -> kDone (the rank proven back, or presumed so
-// kRejoinSettleNs after its restart). It says when a kill is due, whether dispatching is paused
-// (a killed engine leader is not back yet) and whether every death has settled; it follows the
-// orchestrator's frames (peer_death_frames.h). The Router owns the requests and the sockets.
+// kRejoinSettleNs after its restart). It says when a kill is due (enough requests dispatched and
+// a room in flight at the rank's engine, so that the kill has rooms to fail), whether dispatching
+// is paused (the killed rank is not back in its engine yet: a leader's "ready", a follower's
+// "rank_up" from its leader, driver/engine_protocol.h) and whether every death has settled; it
+// follows the orchestrator's frames (peer_death_frames.h). The Router owns the requests and the
+// sockets.
 // Thread contract: one thread (the router's).
 #pragma once
 #include <cstddef>
@@ -26,6 +29,7 @@ struct Death {
   bool leader() const { return rank.tp_rank == 0; }
   int64_t killed_ns = 0;
   int64_t restarted_ns = 0;
+  bool back = false;  // a follower: its engine's leader took it back after the kill (rank_up)
   size_t proven_after = 0;  // a request with index >= this that succeeds proves the rank is back
 };
 
@@ -36,17 +40,22 @@ class PeerDeathSchedule {
 
   // The death in progress or next (the first not kDone); null when every one is done.
   Death* current();
-  // The next planned kill is due: `dispatched` requests reached its threshold.
-  bool kill_due(size_t dispatched);
-  // A killed engine leader is not back yet: nothing new goes out.
+  // The next planned kill is due: `dispatched` requests reached its threshold and `busy` (a room
+  // is in flight at the engine, and DP group, of the rank: one without that engine's result yet).
+  bool kill_due(size_t dispatched, bool busy);
+  // A killed rank is not back in its engine yet: nothing new goes out (rooms dispatched now would
+  // fail for want of it).
   bool paused();
   // All planned kills happened and the last restarted rank is back (router.h); `finished` of
   // `total` requests are done (a kill still planned when all are is skipped).
   bool settled(size_t finished, size_t total);
-  // Asks for a due kill through `ask` (the frame for the orchestrator); errors: `ask`'s, or
-  // kWaitingTimeout when a death is not over within `timeout_s` of its request.
-  Status advance(int64_t now, size_t dispatched, size_t total, size_t inflight, double timeout_s,
-                 const std::function<Status(const std::string& frame)>& ask);
+  // Asks for a due kill (kill_due(dispatched, busy)) through `ask` (the frame for the
+  // orchestrator); errors: `ask`'s, or kWaitingTimeout when a death is not over within
+  // `timeout_s` of its request.
+  Status advance(int64_t now, size_t dispatched, bool busy, size_t total, size_t inflight,
+                 double timeout_s, const std::function<Status(const std::string& frame)>& ask);
+  // The leader of `rank`'s engine took it back (a "rank_up" frame): the killed follower is back.
+  void on_rank_up(const RankId& rank);
   // A frame from the orchestrator; `dispatched`: requests sent so far.
   void on_frame(const PeerDeathFrame& f, size_t dispatched);
   // A request with index `i` finished without error.

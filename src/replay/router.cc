@@ -139,7 +139,7 @@ class Router {
       int64_t next_due = -1;
       if (Status st = advance_deaths(now); !st.ok()) return st;
       while (!deaths_.paused() && next_ < plan_.size() && inflight_.size() < max_inflight &&
-             !deaths_.kill_due(next_)) {
+             !kill_due()) {
         const int64_t due = start + static_cast<int64_t>(double(plan_[next_].arrival_ms) *
                                                          c_.time_scale * 1e6);
         if (now < due) {
@@ -155,7 +155,7 @@ class Router {
         schedule_abort(next_, now);
         ++next_;
       }
-      if (deaths_.kill_due(next_)) continue;  // ask for the kill before anything else goes out
+      if (kill_due()) continue;  // ask for the kill before anything else goes out
       send_due_aborts(now);
       finished_ += expire(now);
       int64_t wait_ns = 50'000'000;
@@ -217,9 +217,27 @@ class Router {
  private:
   // --- peer deaths -------------------------------------------------------------------------
 
+  // Whether a room is in flight at the engine (and DP group) of `rank`: dispatched, and no
+  // result from that engine yet. A kill then has a room to fail: the engine fails every room it
+  // has not released while a rank is down (driver/engine.h), and a new leader knows none.
+  bool rooms_at(const RankId& rank) {
+    for (size_t i : inflight_) {
+      const RequestOutcome& o = res_.requests[i];
+      const auto& slot = rank.role == Role::kPrefill ? o.prefill : o.decode;
+      if (!slot && dp_rank_for_room(o.room, uint32_t(leaders(rank.role).size())) == rank.dp_rank) return true;
+    }
+    return false;
+  }
+  bool kill_due() {
+    Death* d = deaths_.current();
+    return d && deaths_.kill_due(next_, rooms_at(d->rank));
+  }
+
   // (peer_death_schedule.h) Asks the orchestrator for a due kill.
   Status advance_deaths(int64_t now) {
-    return deaths_.advance(now, next_, plan_.size(), inflight_.size(), c_.ready_timeout_s,
+    Death* d = deaths_.current();
+    const bool busy = d && rooms_at(d->rank);
+    return deaths_.advance(now, next_, busy, plan_.size(), inflight_.size(), c_.ready_timeout_s,
                            [this](const std::string& frame) {
                              return send_patiently(sock_, c_.orchestrator, frame,
                                                    std::chrono::milliseconds(5000));
@@ -347,6 +365,10 @@ class Router {
           (d->state == Death::State::kKilled || d->state == Death::State::kRequested)) {
         on_leader_back(*d, monotonic_ns());  // adds what it finishes to finished_ itself
       }
+      return 0;
+    }
+    if (f->up_rank) {
+      deaths_.on_rank_up(*f->up_rank);
       return 0;
     }
     if (!f->result) {

@@ -7,13 +7,19 @@
 // peer_death_frames.h with the orchestrator.
 // Faults (fault_plan.h): per-room faults go to both engines with the request, except abort: the
 // router sends {"type":"abort"} to the decode leader abort_delay_ms() after the dispatch (unless
-// the room finished first). Peer deaths: once `after_dispatched` requests went out, the router
-// asks the orchestrator for the kill and
-//   - a follower: keeps dispatching (the engines fail the rooms that need the dead rank);
-//   - an engine leader: dispatches nothing new until that engine's restarted leader sends
-//     "ready" again; the new leader knows none of the old rooms, so the router then finishes every
-//     in-flight request still waiting for that engine with a synthesized Failed result (origin
-//     the leader, code peer_unreachable, reason "engine leader restarted", ranks_failed 0).
+// the room finished first). Peer deaths: once `after_dispatched` requests went out and a room is
+// in flight at the rank's engine (no result from it yet: the kill has a room to fail, however
+// far the replay lags its trace), the router asks the orchestrator for the kill, dispatches
+// nothing new until the rank is back in its engine (rooms dispatched while it is down would only
+// fail for want of it, and under load the whole rest of the trace could go out in that window),
+// and then
+//   - a follower: is back when the orchestrator restarted it and its engine's leader sent
+//     "rank_up" for it (the follower said hello again); the engines fail the rooms in flight
+//     that needed the dead rank themselves;
+//   - an engine leader: is back when that engine's restarted leader sends "ready" again; the new
+//     leader knows none of the old rooms, so the router then finishes every in-flight request
+//     still waiting for that engine with a synthesized Failed result (origin the leader, code
+//     peer_unreachable, reason "engine leader restarted", ranks_failed 0).
 // Peer deaths run one at a time; before shutting down, the router waits until the last killed
 // rank was restarted and proven back (a later room succeeded) or 3 s passed since its restart.
 // Progress: while requests finish, the results so far go to `<results>.progress` (same format) at

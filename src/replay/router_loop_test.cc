@@ -30,9 +30,12 @@ struct FakeEngines {
   bool fault_specs_match = true;        // both engines got the same fault for every room
   bool got_shutdown = false;
   uint64_t never_answer_room = 0;       // 0: answer everything
+  size_t total = 0;                     // requests the router will send: the last ones are answered
+                                        // once all came, even fewer than `hold`
 };
 
-// Answers requests once `hold` are outstanding (or nothing new came for 30 ms), oldest first.
+// Answers requests once `hold` are outstanding (or every one of `f.total` came), oldest first. By
+// events only: a router slowed down by a busy host still finds exactly `hold` outstanding.
 void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& router,
               size_t hold, FakeEngines& f, std::atomic<bool>& stop) {
   for (Role role : {Role::kPrefill, Role::kDecode}) {
@@ -45,11 +48,9 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
   std::map<uint64_t, std::optional<FaultSpec>> prefill_faults;
   size_t shutdowns = 0;
   while (!stop && shutdowns < 2) {
-    bool got = false;
     for (ControlSocket* s : {&prefill, &decode}) {
       auto text = s->recv(std::chrono::milliseconds(s == &prefill ? 15 : 15));
       if (!text) continue;
-      got = true;
       auto fr = decode_router_frame(*text);
       ASSERT_TRUE(fr.ok()) << fr.status().str();
       const Role role = s == &prefill ? Role::kPrefill : Role::kDecode;
@@ -74,7 +75,7 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
       }
     }
     f.max_outstanding_seen = std::max(f.max_outstanding_seen, pending.size());
-    if (!pending.empty() && (pending.size() >= hold || !got)) {
+    if (!pending.empty() && (pending.size() >= hold || f.requests_seen >= f.total)) {
       RouterRequest q = pending.front();
       pending.pop_front();
       if (q.room == f.never_answer_room) continue;
@@ -153,6 +154,7 @@ TEST_F(RouterLoop, BackPressureResultsAndShutdown) {
   ASSERT_TRUE(p.ok() && d.ok());
   RouterConfig c = config(**p, **d);
   FakeEngines fake;
+  fake.total = 40;
   std::atomic<bool> stop{false};
   std::thread engines([&] { run_fake(**p, **d, c.endpoint, 4, fake, stop); });
   const int rc = run_router(c);
@@ -317,7 +319,6 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
     std::deque<uint64_t> pending;  // rooms both engines got and did not answer yet
     bool dead = false;
     size_t shutdowns = 0, prefill_requests = 0;
-    int64_t last_request = monotonic_ns();
     // One frame from an engine leader's socket, if one comes within `wait`.
     auto take = [&](ControlSocket* s, std::chrono::milliseconds wait) {
       auto text = s->recv(wait);
@@ -332,7 +333,6 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
         if (dead || (killed_ns && !ready_again_ns)) ++requests_while_dead;
         pending.push_back(f->request->room);
         ++prefill_requests;
-        last_request = monotonic_ns();
       }
     };
     while (!stop && shutdowns < 2) {
@@ -366,8 +366,9 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
         (*p)->send(c.endpoint, encode_ready(Role::kPrefill, 2));
       }
       for (ControlSocket* s : {&**p, &**d}) take(s, std::chrono::milliseconds(3));
-      // Keep two rooms in flight; answer the rest when nothing new comes.
-      if (!dead && (pending.size() > 2 || (!pending.empty() && monotonic_ns() - last_request > 30'000'000))) {
+      // Keep two rooms in flight; answer the rest once all 12 came (by events: however slowly the
+      // router runs, the kill finds rooms in flight).
+      if (!dead && (pending.size() > 2 || (!pending.empty() && prefill_requests == 12))) {
         for (ControlSocket* s : {&**p, &**d}) {
           s->send(c.endpoint, encode_result(result_of(s == &**p ? Role::kPrefill : Role::kDecode,
                                                       pending.front(), ErrorCode::kOk, "")));
@@ -409,6 +410,106 @@ TEST_F(RouterLoop, RestartedLeaderFailsItsInFlightRequests) {
   }
   EXPECT_EQ(synthesized, lost.size());
   EXPECT_EQ(after, 12 - kill_after);
+}
+
+// A killed follower: the router asks for the kill while rooms are in flight at its engine, sends
+// nothing new until the orchestrator restarted it and its leader took it back ("rank_up"), and
+// every request dispatched after that succeeds.
+TEST_F(RouterLoop, KilledFollowerHoldsDispatchUntilItsLeaderTakesItBack) {
+  auto p = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto d = ControlSocket::bind("tcp://127.0.0.1:0");
+  auto o = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(p.ok() && d.ok() && o.ok());
+  RouterConfig c = config(**p, **d);
+  c.max_requests = 12;
+  c.fault_rate = 0;
+  c.faults = "peer_death@decode/tp1:once";
+  c.orchestrator = (*o)->endpoint();
+  std::atomic<bool> stop{false};
+  std::vector<uint64_t> failed;  // rooms in flight at the kill: failed by the (fake) engines
+  size_t requests_while_down = 0, kills = 0, pending_at_kill = 0;
+  int64_t killed_ns = 0, up_ns = 0;
+  std::thread fake([&] {
+    say_ready(**p, **d, c.endpoint, stop);
+    std::deque<uint64_t> pending;  // rooms the prefill side got and did not answer yet
+    size_t shutdowns = 0, prefill_requests = 0;
+    bool restarted = false;
+    auto take = [&](ControlSocket* s, std::chrono::milliseconds wait) {
+      auto text = s->recv(wait);
+      if (!text) return;
+      auto f = decode_router_frame(*text);
+      ASSERT_TRUE(f.ok()) << f.status().str();
+      const Role role = s == &**p ? Role::kPrefill : Role::kDecode;
+      if (f->type == "shutdown") {
+        ++shutdowns;
+        s->send(c.endpoint, encode_stats(role, {}));
+      } else if (f->request && role == Role::kPrefill) {
+        if (killed_ns && !up_ns) ++requests_while_down;
+        pending.push_back(f->request->room);
+        ++prefill_requests;
+      }
+    };
+    while (!stop && shutdowns < 2) {
+      if (auto text = (*o)->recv(std::chrono::milliseconds(0))) {
+        auto k = decode_peer_death_frame(*text);
+        ASSERT_TRUE(k.ok() && k->has_value() && (*k)->type == "kill" && (*k)->rank == "decode/tp1") << *text;
+        for (int64_t until = monotonic_ns() + 50'000'000; monotonic_ns() < until;) take(&**p, std::chrono::milliseconds(5));
+        ++kills;
+        pending_at_kill = pending.size();
+        killed_ns = monotonic_ns();
+        (*o)->send(c.endpoint, encode_peer_death("killed", "decode/tp1", killed_ns, ""));
+        for (uint64_t room : pending) {  // the engines fail what was in flight, origin the dead rank
+          for (ControlSocket* s : {&**p, &**d}) {
+            s->send(c.endpoint, encode_result(result_of(s == &**p ? Role::kPrefill : Role::kDecode, room,
+                                                        ErrorCode::kPeerUnreachable, "decode/tp1")));
+          }
+          failed.push_back(room);
+        }
+        pending.clear();
+      }
+      const int64_t now = monotonic_ns();
+      if (killed_ns && !restarted && now - killed_ns > 150'000'000) {
+        restarted = true;
+        (*o)->send(c.endpoint, encode_peer_death("restarted", "decode/tp1", now, ""));
+      }
+      if (restarted && !up_ns && now - killed_ns > 400'000'000) {  // the follower said hello again
+        up_ns = monotonic_ns();
+        (*d)->send(c.endpoint, encode_rank_up(*RankId::parse("decode/tp1")));
+      }
+      for (ControlSocket* s : {&**p, &**d}) take(s, std::chrono::milliseconds(3));
+      if (pending.size() > 2 || (!pending.empty() && prefill_requests == 12)) {
+        for (ControlSocket* s : {&**p, &**d}) {
+          s->send(c.endpoint, encode_result(result_of(s == &**p ? Role::kPrefill : Role::kDecode,
+                                                      pending.front(), ErrorCode::kOk, "")));
+        }
+        pending.pop_front();
+      }
+    }
+  });
+  const int rc = run_router(c);
+  stop = true;
+  fake.join();
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(kills, 1u);
+  EXPECT_GT(pending_at_kill, 0u);
+  EXPECT_EQ(requests_while_down, 0u);
+  const ReplayResults r = read_results();
+  ASSERT_EQ(r.requests.size(), 12u);
+  size_t after = 0;
+  for (const auto& q : r.requests) {
+    ASSERT_TRUE(q.prefill && q.decode);
+    if (std::find(failed.begin(), failed.end(), q.room) != failed.end()) {
+      EXPECT_LT(q.dispatched_ns, killed_ns);
+      EXPECT_NE(q.error.find("peer_unreachable at decode/tp1"), std::string::npos) << q.error;
+      continue;
+    }
+    EXPECT_TRUE(q.error.empty()) << q.error;
+    if (q.dispatched_ns > killed_ns) {
+      ++after;
+      EXPECT_GT(q.dispatched_ns, up_ns);  // nothing went out before the rank was back
+    }
+  }
+  EXPECT_GT(after, 0u);
 }
 
 TEST_F(RouterLoop, FailsWhenEnginesNeverReady) {
