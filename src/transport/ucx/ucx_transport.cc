@@ -188,9 +188,16 @@ void UcxTransport::teardown() {
     if (p->ep != nullptr && !p->closing) close_peer(*p, /*force=*/true);
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  // Open: an endpoint not closed yet, an ack still in flight on a peer's reply endpoint, a
+  // receive of a peer's rendezvous data, or a write's request not returned; each would make ucp_worker_destroy abort on an assertion
+  // (UCX 1.13, `ucp_ep.c:437 ... proto_reqs` for the ack; docs/transport.md "Teardown").
   auto any_open = [this] {
+    if (!acks_in_flight_.empty() || !recvs_.empty()) return true;
     for (auto& [id, p] : peers_) {
       if (p->ep != nullptr) return true;
+    }
+    for (auto& [id, b] : batches_) {
+      if (b->requests != 0) return true;
     }
     return false;
   };
@@ -204,7 +211,7 @@ void UcxTransport::teardown() {
   bool abandon = worker_ != nullptr && any_open();
   if (abandon) {
     log_event(LogLevel::kDebug, "transport",
-              "teardown: endpoint closes still pending after 2 s; the UCX worker is left to exit");
+              "teardown: endpoint closes or sends still pending after 2 s; the UCX worker is left to exit");
   } else if (worker_ != nullptr) {
     ucp_worker_destroy(worker_);  // may still run request callbacks
   }
