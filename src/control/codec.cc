@@ -17,6 +17,7 @@
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
 //                    (bit 0), with state Failed; absent means terminal (the original format).
 //   Heartbeat        sender RankId | seq u64 | sent_ns i64
+//   RegistrationRefusal sender RankId | failure Failure (code not kOk)
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
 // Success with kOk, or Failed with a non-ok code; a non-terminal one must be Failed. encode() truncates an over-long RoomStatus
 // reason to kMaxStringBytes (free text; the status itself must reach the peer).
@@ -58,6 +59,7 @@ MessageType type_of(const PoolRegistration&) { return MessageType::kPoolRegistra
 MessageType type_of(const RoomMetadata&) { return MessageType::kRoomMetadata; }
 MessageType type_of(const RoomStatus&) { return MessageType::kRoomStatus; }
 MessageType type_of(const Heartbeat&) { return MessageType::kHeartbeat; }
+MessageType type_of(const RegistrationRefusal&) { return MessageType::kRegistrationRefusal; }
 
 void put_body(WireWriter& w, const PoolRegistration& m) {
   put_rank(w, m.sender);
@@ -131,6 +133,11 @@ void put_body(WireWriter& w, const Heartbeat& m) {
   put_rank(w, m.sender);
   w.u64(m.seq);
   w.i64(m.sent_ns);
+}
+
+void put_body(WireWriter& w, const RegistrationRefusal& m) {
+  put_rank(w, m.sender);
+  put_failure(w, m.failure);
 }
 
 // A u64 that must not be zero.
@@ -244,6 +251,12 @@ void get_body(WireReader& r, Heartbeat* m) {
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
 }
 
+void get_body(WireReader& r, RegistrationRefusal* m) {
+  get_rank(r, "RegistrationRefusal.sender", &m->sender);
+  get_failure(r, "RegistrationRefusal", &m->failure);
+  if (r.ok() && m->failure.code == ErrorCode::kOk) r.fail("RegistrationRefusal.code", "is ok (a refusal has a cause)");
+}
+
 template <typename T>
 Result<Message> decode_body(std::string_view body, const char* name) {
   WireReader r(body);
@@ -312,6 +325,8 @@ Result<Message> decode(std::string_view frame) {
       return decode_body<RoomStatus>(body, "RoomStatus");
     case MessageType::kHeartbeat:
       return decode_body<Heartbeat>(body, "Heartbeat");
+    case MessageType::kRegistrationRefusal:
+      return decode_body<RegistrationRefusal>(body, "RegistrationRefusal");
   }
   return bad("type: " + std::to_string(type) + " is not a known message type");
 }
@@ -322,6 +337,7 @@ std::string_view message_name(const Message& m) {
     std::string_view operator()(const RoomMetadata&) const { return "RoomMetadata"; }
     std::string_view operator()(const RoomStatus&) const { return "RoomStatus"; }
     std::string_view operator()(const Heartbeat&) const { return "Heartbeat"; }
+    std::string_view operator()(const RegistrationRefusal&) const { return "RegistrationRefusal"; }
   };
   return std::visit(Name{}, m);
 }

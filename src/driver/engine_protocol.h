@@ -95,6 +95,7 @@ struct RankLeakStats {
   uint64_t records = 0;
   uint64_t pages_in_use = 0;
   uint64_t peers = 0;
+  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,

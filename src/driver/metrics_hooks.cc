@@ -19,6 +19,7 @@ void metrics_on_step(const EngineDriver& driver, const std::vector<RoomReport>& 
   m->set_rooms_in_flight(by_state);
   const RankLeakStats s = driver.leak_stats();
   m->set_leaks(s.live_rooms, s.records, s.pages_in_use, s.peers);
+  m->set_quarantined_pages(s.quarantined_pages);
 }
 
 void metrics_on_release(const ReleasedRoom& r) {

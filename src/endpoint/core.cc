@@ -12,6 +12,8 @@ namespace kvferry {
 EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.self) {}
 
 EndpointCore::~EndpointCore() {
+  if (faults_) faults_->release_connects();  // a connect a test holds must end for the join
+  connector_.reset();
   monitor_.reset();
   faults_ = nullptr;
   transport_.reset();
@@ -48,6 +50,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
     raw->waker_.signal();
   });
   core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control);
+  core->connector_ = std::make_unique<Connector>(*core->transport_, core->waker_);
   return core;
 }
 
@@ -86,6 +89,7 @@ Status EndpointCore::build_map() {
 }
 
 Status EndpointCore::send(const std::string& endpoint, const Message& m) {
+  if (send_filter_ && !send_filter_(endpoint, m)) return Status::Ok();  // lost on the way (tests)
   return control_->send(endpoint, encode(m));
 }
 

@@ -9,11 +9,13 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "endpoint/connector.h"
 #include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
 #include "endpoint/waker.h"
@@ -106,9 +108,16 @@ class EndpointCore {
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
   PeerMonitor& monitor() { return *monitor_; }
+  // Transport connects off the main thread (endpoint/connector.h).
+  Connector& connector() { return *connector_; }
 
   // Encodes and sends a control message; a failure is returned (the caller decides).
   Status send(const std::string& endpoint, const Message& m);
+  // Test-only: a message for which `filter` returns false is dropped as if lost on the way (send()
+  // still reports ok). Null: none. Main thread only.
+  void set_send_filter(std::function<bool(const std::string& endpoint, const Message& m)> filter) {
+    send_filter_ = std::move(filter);
+  }
 
   // Thread-safe: queue a completion for the main thread and wake it.
   void post(TransportEvent e);
@@ -133,6 +142,8 @@ class EndpointCore {
   std::vector<TransportEvent> events_;
   std::vector<PeerError> peer_errors_;
   std::unique_ptr<PeerMonitor> monitor_;
+  std::unique_ptr<Connector> connector_;  // before transport_ goes (~EndpointCore)
+  std::function<bool(const std::string&, const Message&)> send_filter_;
 };
 
 }  // namespace kvferry

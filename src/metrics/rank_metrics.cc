@@ -38,7 +38,7 @@ struct RankMetrics::Impl {
   std::string constant;  // rank="...",role="..."
   std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
   std::array<std::atomic<uint64_t>, 5> in_flight{};
-  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0};
+  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
   std::array<uint64_t, kLatencyBuckets.size()> buckets{};  // per bucket (not cumulative)
   uint64_t latency_count = 0;
@@ -89,6 +89,8 @@ void RankMetrics::set_leaks(uint64_t live_rooms, uint64_t records, uint64_t page
   impl_->peers.store(peers, std::memory_order_relaxed);
 }
 
+void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
+
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
   const std::string& c = m.constant;
@@ -135,6 +137,8 @@ std::string RankMetrics::exposition() const {
   simple("kvferry_live_rooms", "gauge", "Rooms held by the driver and the endpoint (leak counter)", m.live_rooms);
   simple("kvferry_registry_records", "gauge", "Failure registry records (leak counter)", m.records);
   simple("kvferry_pages_in_use", "gauge", "Pool pages and aux slots in use (leak counter)", m.pages);
+  simple("kvferry_quarantined_pages", "gauge",
+         "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
   return out;
 }
 
