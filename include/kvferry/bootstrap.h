@@ -35,6 +35,10 @@ struct PrefillRankInfo {
   uint32_t num_layers = 0;
   uint32_t heads_per_rank = 0;
   uint32_t first_head = 0;
+  // The rank's incarnation (kvferry/messages.h): a rank restarted on the same control endpoint
+  // registers a new one, which is how decode ranks tell it from its previous incarnation.
+  // Optional in JSON ("incarnation", absent: 0, not known).
+  uint64_t incarnation = 0;
 };
 
 class BootstrapServer {

@@ -23,11 +23,26 @@ namespace kvferry {
 
 // 2: engine-shaped memory (PoolRegistration spans and buffer offsets, RoomMetadata aux_index and
 // state_indices). 3: RoomStatus carries the failure record with its wall_ns (kvferry/error.h).
-constexpr uint16_t kProtocolVersion = 3;
+// 4: every message carries the sender's incarnation, and the ones about rooms the incarnation of
+// the receiver they are meant for (below).
+constexpr uint16_t kProtocolVersion = 4;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
 constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
 constexpr uint32_t kMaxRegionSpans = kMaxKvBuffers + kMaxAuxBuffers + kMaxStateBuffers + 1;  // + guard rows
+
+// Incarnations (docs/design.md §10: a rank restarted on the same address is a new peer). Each
+// rank draws its incarnation once, when its manager is created: the CLOCK_REALTIME ns of its
+// start, made unique within the process (EndpointCore::incarnation()), never 0, so a later
+// incarnation of a rank has a larger one. Every message carries `incarnation`, the sender's;
+// a message about a room or a pool (PoolRegistration, RoomMetadata, RoomStatus) also carries
+// `peer_incarnation`, the incarnation of the receiver it is meant for as the sender knows it
+// (0: not known, e.g. from an older bootstrap service). A receiver refuses and counts a message
+// whose sender incarnation is older than the one it knows for that rank (stale), or whose
+// peer_incarnation is not its own (meant for an earlier incarnation of itself); a newer sender
+// incarnation is a restart of that peer (docs/failure-model.md, "Incarnations"). The fields are
+// each struct's last, so code that builds messages positionally stays valid; on the wire they
+// follow `sender`.
 
 enum class MessageType : uint16_t {
   kPoolRegistration = 1,
@@ -73,6 +88,8 @@ struct PoolRegistration {
   uint64_t guard_offset = 0;
   uint32_t heads_per_rank = 0;   // KV heads of the decode rank's slice, > 0
   uint32_t first_head = 0;       // global index of its first head
+  uint64_t incarnation = 0;      // the decode rank's
+  uint64_t peer_incarnation = 0; // the prefill rank's, from its bootstrap entry (0: not known)
 };
 
 // decode -> prefill, per room: the destination pages, aux row and state rows.
@@ -83,6 +100,8 @@ struct RoomMetadata {
   uint64_t aux_index = 0;              // decode's row in every aux buffer and its guard row
   std::vector<uint64_t> state_indices; // decode's rows in every state buffer (<= kMaxStateIndices)
   uint32_t expected_senders = 0;       // prefill ranks that will write to this decode rank
+  uint64_t incarnation = 0;            // the decode rank's
+  uint64_t peer_incarnation = 0;       // the prefill rank's it registered with (0: not known)
 };
 
 // Either direction, per room: a final state with its cause. Success carries kOk.
@@ -99,12 +118,15 @@ struct RoomStatus {
   KVPoll state = KVPoll::Failed;
   Failure failure{ErrorCode::kOk, {}, "", 0, 0};
   bool terminal = true;             // false: early failure notice, writes may still land
+  uint64_t incarnation = 0;         // the sender's
+  uint64_t peer_incarnation = 0;    // the receiver's as the sender knows it (0: not known)
 };
 
 struct Heartbeat {
   RankId sender;
   uint64_t seq = 0;
   int64_t sent_ns = 0;
+  uint64_t incarnation = 0;  // the sender's
 };
 
 // prefill -> decode, once per pool registration the prefill rank refuses (prefill_registration.cc:
@@ -115,6 +137,8 @@ struct Heartbeat {
 struct RegistrationRefusal {
   RankId sender;  // the prefill rank
   Failure failure{ErrorCode::kProtocolError, {}, "", 0, 0};
+  uint64_t incarnation = 0;       // the prefill rank's
+  uint64_t peer_incarnation = 0;  // the refused registration's (the decode rank's incarnation)
 };
 
 using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbeat, RegistrationRefusal>;

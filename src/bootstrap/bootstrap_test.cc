@@ -25,6 +25,7 @@ PrefillRankInfo rank(uint32_t tp, const std::string& endpoint) {
   r.num_layers = 32;
   r.heads_per_rank = 4;
   r.first_head = 4 * tp;
+  r.incarnation = 1'764'000'000'000'000'000ull + tp;  // above 2^53: kept exactly in JSON
   return r;
 }
 
@@ -41,6 +42,7 @@ void expect_same(const PrefillRankInfo& a, const PrefillRankInfo& b) {
   EXPECT_EQ(a.num_layers, b.num_layers);
   EXPECT_EQ(a.heads_per_rank, b.heads_per_rank);
   EXPECT_EQ(a.first_head, b.first_head);
+  EXPECT_EQ(a.incarnation, b.incarnation);
 }
 
 class Bootstrap : public ::testing::Test {

@@ -52,6 +52,7 @@ nlohmann::json rank_info_to_json(const PrefillRankInfo& info) {
       {"num_layers", info.num_layers},
       {"heads_per_rank", info.heads_per_rank},
       {"first_head", info.first_head},
+      {"incarnation", info.incarnation},
   };
 }
 
@@ -75,6 +76,10 @@ Result<PrefillRankInfo> rank_info_from_json(const nlohmann::json& j) {
            get_u32(j, "first_head", &info.first_head),
        }) {
     if (!s.ok()) return s;
+  }
+  if (auto it = j.find("incarnation"); it != j.end()) {
+    if (!it->is_number_unsigned()) return field_error("incarnation", "expected an unsigned 64-bit integer");
+    info.incarnation = it->get<uint64_t>();
   }
   if (info.tp_size == 0) return field_error("tp_size", "must be at least 1");
   if (info.tp_rank >= info.tp_size) {

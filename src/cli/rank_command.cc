@@ -92,7 +92,13 @@ void add_rank_command(CLI::App& app) {
                   "port)");
   cmd->add_option("--metrics-file", opts->metrics_file, "write the final metrics (text format) here at exit");
   cmd->add_option("--port-file", opts->port_file,
-                  "leader: write the bound port of --engine-endpoint here (port 0: any free port)");
+                  "write the bound port of the engine socket here: the leader's --engine-endpoint (port 0: any "
+                  "free port), a follower's own");
+  cmd->add_option("--engine-port", opts->engine_port,
+                  "follower: bind the engine socket on this port (default: any free port)");
+  cmd->add_option("--control-port", opts->control_port,
+                  "bind the control socket (peers' frames) on this port (default: any free port)");
+  cmd->add_option("--control-port-file", opts->control_port_file, "write the control socket's bound port here");
   opts->deadlines = deadlines_from_env();
   for (const DeadlineField& f : deadline_fields())
     cmd->add_option(f.option, opts->deadlines.*f.member, std::string(f.help) + " (env " + f.env + ")");

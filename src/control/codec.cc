@@ -2,22 +2,23 @@
 //
 // Header (12 bytes): "KVFY" | version u16 | type u16 | body_length u32. Bodies, fields in order:
 //   RankId           role u8 (0 prefill, 1 decode) | engine_id u32 | tp_rank u32 | dp_rank u32
-//   PoolRegistration sender RankId | control_endpoint str | worker_address str |
+//   PoolRegistration sender RankId | incarnation u64 | peer_incarnation u64 | control_endpoint str | worker_address str |
 //                    spans (u32 count + count * (offset u64 | bytes u64 | base u64 | packed_rkey str)) |
 //                    page_size u32 | page_bytes u64 | num_pages u64 | kv_offsets u64[] |
 //                    aux_offsets u64[] | aux_item_bytes u64[] | aux_rows u64 |
 //                    state_offsets u64[] | state_item_bytes u64[] | state_rows u64 |
 //                    guard_offset u64 | heads_per_rank u32 | first_head u32
-//   RoomMetadata     room u64 | sender RankId | kv_indices u64[] | aux_index u64 |
+//   RoomMetadata     room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | kv_indices u64[] | aux_index u64 |
 //                    state_indices u64[] | expected_senders u32
 // u64[] = u32 count + count * u64.
 //   Failure          code u16 (ErrorCode) | origin RankId | first_seen_ns i64 | wall_ns i64 |
 //                    reason str   (the failure record's one binary piece, kvferry/error.h)
-//   RoomStatus       room u64 | sender RankId | state u8 (KVPoll) | failure Failure [| flags u8]
+//   RoomStatus       room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | state u8 (KVPoll) | failure Failure [| flags u8]
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
 //                    (bit 0), with state Failed; absent means terminal (the original format).
-//   Heartbeat        sender RankId | seq u64 | sent_ns i64
-//   RegistrationRefusal sender RankId | failure Failure (code not kOk)
+//   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64
+//   RegistrationRefusal sender RankId | incarnation u64 | peer_incarnation u64 | failure Failure (code not kOk)
+// A sender incarnation of 0 is refused (every rank has one, messages.h).
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
 // Success with kOk, or Failed with a non-ok code; a non-terminal one must be Failed. encode() truncates an over-long RoomStatus
 // reason to kMaxStringBytes (free text; the status itself must reach the peer).
@@ -61,8 +62,15 @@ MessageType type_of(const RoomStatus&) { return MessageType::kRoomStatus; }
 MessageType type_of(const Heartbeat&) { return MessageType::kHeartbeat; }
 MessageType type_of(const RegistrationRefusal&) { return MessageType::kRegistrationRefusal; }
 
+// The sender's incarnation, which must not be 0 (messages.h).
+void get_incarnation(WireReader& r, const char* field, uint64_t* v) {
+  if (r.u64(field, v) && *v == 0) r.fail(field, "is 0 (every rank has an incarnation)");
+}
+
 void put_body(WireWriter& w, const PoolRegistration& m) {
   put_rank(w, m.sender);
+  w.u64(m.incarnation);
+  w.u64(m.peer_incarnation);
   w.bytes(m.control_endpoint);
   w.bytes(m.worker_address);
   w.u32(static_cast<uint32_t>(m.spans.size()));
@@ -90,6 +98,8 @@ void put_body(WireWriter& w, const PoolRegistration& m) {
 void put_body(WireWriter& w, const RoomMetadata& m) {
   w.u64(m.room);
   put_rank(w, m.sender);
+  w.u64(m.incarnation);
+  w.u64(m.peer_incarnation);
   w.u64_array(m.kv_indices);
   w.u64(m.aux_index);
   w.u64_array(m.state_indices);
@@ -124,6 +134,8 @@ void get_failure(WireReader& r, const std::string& what, Failure* f) {
 void put_body(WireWriter& w, const RoomStatus& m) {
   w.u64(m.room);
   put_rank(w, m.sender);
+  w.u64(m.incarnation);
+  w.u64(m.peer_incarnation);
   w.u8(static_cast<uint8_t>(m.state));
   put_failure(w, m.failure);
   if (!m.terminal) w.u8(kFlagNotTerminal);
@@ -131,12 +143,15 @@ void put_body(WireWriter& w, const RoomStatus& m) {
 
 void put_body(WireWriter& w, const Heartbeat& m) {
   put_rank(w, m.sender);
+  w.u64(m.incarnation);
   w.u64(m.seq);
   w.i64(m.sent_ns);
 }
 
 void put_body(WireWriter& w, const RegistrationRefusal& m) {
   put_rank(w, m.sender);
+  w.u64(m.incarnation);
+  w.u64(m.peer_incarnation);
   put_failure(w, m.failure);
 }
 
@@ -154,6 +169,8 @@ void get_positive_array(WireReader& r, const char* field, uint32_t max_count, st
 
 void get_body(WireReader& r, PoolRegistration* m) {
   get_rank(r, "PoolRegistration.sender", &m->sender);
+  get_incarnation(r, "PoolRegistration.incarnation", &m->incarnation);
+  r.u64("PoolRegistration.peer_incarnation", &m->peer_incarnation);
   r.bytes("PoolRegistration.control_endpoint", kMaxStringBytes, &m->control_endpoint);
   r.bytes("PoolRegistration.worker_address", kMaxStringBytes, &m->worker_address);
   uint32_t spans = 0;
@@ -204,6 +221,8 @@ void get_body(WireReader& r, PoolRegistration* m) {
 void get_body(WireReader& r, RoomMetadata* m) {
   r.u64("RoomMetadata.room", &m->room);
   get_rank(r, "RoomMetadata.sender", &m->sender);
+  get_incarnation(r, "RoomMetadata.incarnation", &m->incarnation);
+  r.u64("RoomMetadata.peer_incarnation", &m->peer_incarnation);
   r.u64_array("RoomMetadata.kv_indices", kMaxKvIndices, &m->kv_indices);
   r.u64("RoomMetadata.aux_index", &m->aux_index);
   r.u64_array("RoomMetadata.state_indices", kMaxStateIndices, &m->state_indices);
@@ -213,6 +232,8 @@ void get_body(WireReader& r, RoomMetadata* m) {
 void get_body(WireReader& r, RoomStatus* m) {
   r.u64("RoomStatus.room", &m->room);
   get_rank(r, "RoomStatus.sender", &m->sender);
+  get_incarnation(r, "RoomStatus.incarnation", &m->incarnation);
+  r.u64("RoomStatus.peer_incarnation", &m->peer_incarnation);
   uint8_t state = 0;
   if (r.u8("RoomStatus.state", &state)) {
     auto p = poll_from_int(state);
@@ -247,12 +268,15 @@ void get_body(WireReader& r, RoomStatus* m) {
 
 void get_body(WireReader& r, Heartbeat* m) {
   get_rank(r, "Heartbeat.sender", &m->sender);
+  get_incarnation(r, "Heartbeat.incarnation", &m->incarnation);
   r.u64("Heartbeat.seq", &m->seq);
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
 }
 
 void get_body(WireReader& r, RegistrationRefusal* m) {
   get_rank(r, "RegistrationRefusal.sender", &m->sender);
+  get_incarnation(r, "RegistrationRefusal.incarnation", &m->incarnation);
+  r.u64("RegistrationRefusal.peer_incarnation", &m->peer_incarnation);
   get_failure(r, "RegistrationRefusal", &m->failure);
   if (r.ok() && m->failure.code == ErrorCode::kOk) r.fail("RegistrationRefusal.code", "is ok (a refusal has a cause)");
 }

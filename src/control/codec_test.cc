@@ -14,6 +14,8 @@ RankId decode_rank(uint32_t tp) { return RankId{Role::kDecode, 3, tp, 2}; }
 PoolRegistration sample_registration() {
   PoolRegistration m;
   m.sender = decode_rank(1);
+  m.incarnation = 0x1234'5678'9abc'def0ull;
+  m.peer_incarnation = 0x0fed'cba9'8765'4321ull;
   m.control_endpoint = "tcp://127.0.0.1:5601";
   m.worker_address = std::string("\x00\x01\xffworker", 9);
   m.spans = {{0, 1ull << 40, 0x7f00'1234'5678'9abcull, std::string(300, '\x7f')},
@@ -37,6 +39,7 @@ PoolRegistration sample_registration() {
 // The smallest registration decode() accepts: one span, one KV buffer, no aux or state buffer.
 PoolRegistration minimal_registration() {
   PoolRegistration m;
+  m.incarnation = 1;
   m.spans = {{0, 1, 0, ""}};
   m.page_size = 1;
   m.page_bytes = 1;
@@ -51,6 +54,8 @@ RoomMetadata sample_metadata(size_t n) {
   RoomMetadata m;
   m.room = 0x7fff'ffff'ffff'fffeull;
   m.sender = decode_rank(0);
+  m.incarnation = 7;
+  m.peer_incarnation = 1ull << 63;
   for (size_t i = 0; i < n; ++i) m.kv_indices.push_back(i * 7 + (i % 3 == 0 ? 1ull << 40 : 0));
   m.aux_index = 17;
   m.state_indices = {3, 1ull << 33};
@@ -62,6 +67,8 @@ RoomStatus sample_status() {
   RoomStatus m;
   m.room = 42;
   m.sender = prefill(1);
+  m.incarnation = 1'764'000'000'000'000'001;
+  m.peer_incarnation = 5;
   m.state = KVPoll::Failed;
   m.failure.code = ErrorCode::kTransferError;
   m.failure.origin = decode_rank(0);
@@ -71,7 +78,7 @@ RoomStatus sample_status() {
   return m;
 }
 
-Heartbeat sample_heartbeat() { return Heartbeat{prefill(3), 99, 1234567890123ll}; }
+Heartbeat sample_heartbeat() { return Heartbeat{prefill(3), 99, 1234567890123ll, 0xabcdull}; }
 
 template <typename T>
 T round_trip(const T& m) {
@@ -101,6 +108,8 @@ TEST(Codec, PoolRegistrationRoundTrip) {
   const auto m = sample_registration();
   const auto d = round_trip(m);
   EXPECT_EQ(d.sender, m.sender);
+  EXPECT_EQ(d.incarnation, m.incarnation);
+  EXPECT_EQ(d.peer_incarnation, m.peer_incarnation);
   EXPECT_EQ(d.control_endpoint, m.control_endpoint);
   EXPECT_EQ(d.worker_address, m.worker_address);
   ASSERT_EQ(d.spans.size(), 2u);
@@ -132,10 +141,10 @@ TEST(Codec, PoolRegistrationMinimal) {
   EXPECT_EQ(d.spans[0].packed_rkey, "");
   EXPECT_TRUE(d.aux_offsets.empty());
   EXPECT_TRUE(d.state_offsets.empty());
-  // rank 13 | 2 strings | span count + one span (3 u64 + empty str) | page_size | page_bytes,
+  // rank 13 | 2 incarnations | 2 strings | span count + one span (3 u64 + empty str) | page_size | page_bytes,
   // num_pages | kv_offsets (count + 1) | aux, aux item (2 counts) | aux_rows | state, state item
   // (2 counts) | state_rows | guard_offset | heads, first_head
-  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 2 * 4 + 4 + 3 * 8 + 4 + 4 + 2 * 8 + (4 + 8) + 2 * 4 + 8 + 2 * 4 +
+  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 16 + 2 * 4 + 4 + 3 * 8 + 4 + 4 + 2 * 8 + (4 + 8) + 2 * 4 + 8 + 2 * 4 +
                                            8 + 8 + 2 * 4);
 }
 
@@ -174,7 +183,7 @@ TEST(CodecReject, RegistrationFields) {
 
 TEST(CodecReject, SpanCountTheBodyCannotHold) {
   std::string f = encode(Message(minimal_registration()));
-  const size_t count_off = 12 + 13 + 4 + 4;  // after the rank and the two empty strings
+  const size_t count_off = 12 + 13 + 16 + 4 + 4;  // after rank, incarnations, two empty strings
   put_le(f, count_off, kMaxRegionSpans, 4);
   expect_rejected(f, "do not fit the body");
   put_le(f, count_off, kMaxRegionSpans + 1, 4);
@@ -194,6 +203,8 @@ TEST(Codec, RoomMetadataRoundTrip) {
   const auto d = round_trip(m);
   EXPECT_EQ(d.room, m.room);
   EXPECT_EQ(d.sender, m.sender);
+  EXPECT_EQ(d.incarnation, 7u);
+  EXPECT_EQ(d.peer_incarnation, 1ull << 63);
   EXPECT_EQ(d.kv_indices, m.kv_indices);
   EXPECT_EQ(d.aux_index, 17u);
   EXPECT_EQ(d.state_indices, (std::vector<uint64_t>{3, 1ull << 33}));
@@ -212,7 +223,7 @@ TEST(Codec, RoomMetadataEmptyAndLargeIndices) {
   const auto d = round_trip(big);
   ASSERT_EQ(d.kv_indices.size(), size_t{1} << 20);
   EXPECT_EQ(d.kv_indices, big.kv_indices);
-  EXPECT_EQ(encode(Message(big)).size(), 12u + 8 + 13 + 4 + 8 * (size_t{1} << 20) + 8 + 4 + 2 * 8 + 4);
+  EXPECT_EQ(encode(Message(big)).size(), 12u + 8 + 13 + 16 + 4 + 8 * (size_t{1} << 20) + 8 + 4 + 2 * 8 + 4);
 }
 
 TEST(Codec, RoomStatusRoundTrip) {
@@ -220,6 +231,8 @@ TEST(Codec, RoomStatusRoundTrip) {
   const auto d = round_trip(m);
   EXPECT_EQ(d.room, 42u);
   EXPECT_EQ(d.sender, m.sender);
+  EXPECT_EQ(d.incarnation, m.incarnation);
+  EXPECT_EQ(d.peer_incarnation, 5u);
   EXPECT_EQ(d.state, KVPoll::Failed);
   EXPECT_EQ(d.failure.code, ErrorCode::kTransferError);
   EXPECT_EQ(d.failure.origin, m.failure.origin);
@@ -229,6 +242,7 @@ TEST(Codec, RoomStatusRoundTrip) {
   EXPECT_EQ(d.failure, m.failure);
 
   RoomStatus ok;
+  ok.incarnation = 1;
   ok.state = KVPoll::Success;
   ok.failure.code = ErrorCode::kOk;
   const auto d2 = round_trip(ok);
@@ -269,30 +283,55 @@ TEST(Codec, OverlongReasonIsTruncatedNotRejected) {
 TEST(Codec, HeartbeatRoundTrip) {
   const auto d = round_trip(sample_heartbeat());
   EXPECT_EQ(d.sender, prefill(3));
+  EXPECT_EQ(d.incarnation, 0xabcdu);
   EXPECT_EQ(d.seq, 99u);
   EXPECT_EQ(d.sent_ns, 1234567890123ll);
 }
 
 TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
-  ASSERT_EQ(f.size(), 12u + 13 + 8 + 8);
+  ASSERT_EQ(f.size(), 12u + 13 + 8 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 3);  // version 3, low byte first
+  EXPECT_EQ(f[4], 4);  // version 4, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
-  EXPECT_EQ(f[8], 29);  // body length
+  EXPECT_EQ(f[8], 37);  // body length
   EXPECT_EQ(f[12], 0);  // sender role prefill
   EXPECT_EQ(f[12 + 5], 3);  // sender tp_rank
-  EXPECT_EQ(f[12 + 13], 99);  // seq
+  EXPECT_EQ(static_cast<uint8_t>(f[12 + 13]), 0xcd);  // incarnation, low byte first
+  EXPECT_EQ(f[12 + 13 + 8], 99);  // seq
+}
+
+TEST(CodecReject, SenderIncarnationZero) {
+  // Every rank has an incarnation (messages.h); the receiver's may be 0 (not known yet).
+  PoolRegistration reg = sample_registration();
+  reg.peer_incarnation = 0;
+  EXPECT_EQ(round_trip(reg).peer_incarnation, 0u);
+  reg.incarnation = 0;
+  expect_rejected(encode(Message(reg)), "PoolRegistration.incarnation");
+  RoomMetadata md = sample_metadata(1);
+  md.incarnation = 0;
+  expect_rejected(encode(Message(md)), "RoomMetadata.incarnation");
+  RoomStatus st = sample_status();
+  st.incarnation = 0;
+  expect_rejected(encode(Message(st)), "RoomStatus.incarnation");
+  Heartbeat hb = sample_heartbeat();
+  hb.incarnation = 0;
+  expect_rejected(encode(Message(hb)), "Heartbeat.incarnation");
 }
 
 TEST(Codec, RegistrationRefusalRoundTripAndNeedsACause) {
-  RegistrationRefusal m{prefill(2), sample_status().failure};
+  RegistrationRefusal m{prefill(2), sample_status().failure, 0x1234, 0x99};
   m.failure.code = ErrorCode::kProtocolError;
   m.failure.origin = prefill(2);
   const auto d = round_trip(m);
   EXPECT_EQ(d.sender, m.sender);
   EXPECT_EQ(d.failure, m.failure);
+  EXPECT_EQ(d.incarnation, 0x1234u);
+  EXPECT_EQ(d.peer_incarnation, 0x99u);
+  RegistrationRefusal no_inc = m;
+  no_inc.incarnation = 0;
+  expect_rejected(encode(Message(no_inc)), "RegistrationRefusal.incarnation");
   EXPECT_EQ(message_name(Message(m)), "RegistrationRefusal");
   RegistrationRefusal ok = m;
   ok.failure.code = ErrorCode::kOk;
@@ -328,7 +367,10 @@ TEST(CodecReject, BadMagicVersionType) {
   put_le(g, 4, 1, 2);  // version 1: before engine-shaped memory
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 4, 2);
+  put_le(g, 4, 3, 2);  // version 3: messages without incarnations
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 5, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
@@ -361,14 +403,14 @@ TEST(CodecReject, TruncatedFieldsNameTheField) {
 
   // PoolRegistration cut inside control_endpoint's length prefix.
   f = encode(Message(sample_registration()));
-  f.resize(12 + 13 + 2);
+  f.resize(12 + 13 + 16 + 2);
   fix_body_length(f);
   expect_rejected(f, "PoolRegistration.control_endpoint");
 }
 
 TEST(CodecReject, StringLengthPastEndAndOverLimit) {
   std::string f = encode(Message(sample_registration()));
-  const size_t len_off = 12 + 13;  // control_endpoint length
+  const size_t len_off = 12 + 13 + 16;  // control_endpoint length
   std::string g = f;
   put_le(g, len_off, f.size(), 4);  // longer than the body, within the limit
   expect_rejected(g, "PoolRegistration.control_endpoint");
@@ -386,7 +428,7 @@ TEST(CodecReject, StringLengthPastEndAndOverLimit) {
 
 TEST(CodecReject, KvIndicesCount) {
   std::string f = encode(Message(sample_metadata(2)));
-  const size_t count_off = 12 + 8 + 13;
+  const size_t count_off = 12 + 8 + 13 + 16;
   std::string g = f;
   put_le(g, count_off, kMaxKvIndices + 1, 4);
   expect_rejected(g, "RoomMetadata.kv_indices");
@@ -401,7 +443,7 @@ TEST(CodecReject, KvIndicesCount) {
 
 TEST(CodecReject, BadEnums) {
   const std::string f = encode(Message(sample_status()));
-  const size_t state_off = 12 + 8 + 13;
+  const size_t state_off = 12 + 8 + 13 + 16;
   std::string g = f;
   g[state_off] = 5;
   expect_rejected(g, "RoomStatus.state");
@@ -442,6 +484,7 @@ TEST(CodecReject, RoomStatusFlags) {
   expect_rejected(g, "RoomStatus.flags");
 
   RoomStatus ok;
+  ok.incarnation = 1;
   ok.state = KVPoll::Success;
   ok.failure.code = ErrorCode::kOk;
   g = encode(Message(ok));
@@ -466,6 +509,7 @@ TEST(CodecReject, TrailingBytes) {
 // accepts re-encodes to exactly the same bytes (the encoding is canonical).
 TEST(CodecFuzz, MutatedFramesNeverCrashAndAcceptedOnesAreCanonical) {
   RoomStatus ok_status;
+  ok_status.incarnation = 2;
   ok_status.state = KVPoll::Success;
   RoomStatus early_status = sample_status();
   early_status.terminal = false;

@@ -295,6 +295,9 @@ RankLeakStats DecodeDriver::leak_stats() const {
   s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use() - quarantined_aux_;
   s.quarantined_pages = quarantined_ + quarantined_aux_;  // leaked: counted apart, not hidden
   s.peers = ep_.peers();
+  const IncarnationCounts& inc = core_.incarnation_counts();
+  s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
+  s.peer_restarts = inc.peer_restarts;
   return s;
 }
 

@@ -31,7 +31,11 @@ int stopped(EngineDriver& driver, int64_t now) {
 
 // The engine socket (kvferry/net.h): the leader's on engine_endpoint, a follower's on any port.
 Result<std::unique_ptr<ControlSocket>> bind_engine_socket(const EngineLoopConfig& c, bool leader) {
-  if (!leader) return ControlSocket::bind(make_listen_address(c.bind_host, c.advertise_host));
+  if (!leader) {
+    ListenAddress own = make_listen_address(c.bind_host, c.advertise_host);
+    own.port = c.follower_port;
+    return ControlSocket::bind(own);
+  }
   auto listen = listen_address_for(c.engine_endpoint, c.bind_host, c.advertise_host);
   if (!listen.ok()) return listen.status();
   return ControlSocket::bind(*listen);
@@ -48,7 +52,7 @@ int EngineLoop::run() {
     log_event(LogLevel::kCritical, kComp, "cannot bind engine socket: " + sock.status().str());
     return 2;
   }
-  if (leader && !cfg_.port_file.empty()) {
+  if (!cfg_.port_file.empty()) {
     Status st = write_port_file(cfg_.port_file, endpoint_port((*sock)->endpoint()).value_or(0));
     if (!st.ok()) {
       log_event(LogLevel::kCritical, kComp, "cannot write the port file: " + st.str());

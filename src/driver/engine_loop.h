@@ -45,7 +45,10 @@ struct EngineLoopConfig {
   int64_t step_interval_us = 1000;
   int64_t idle_step_interval_us = 20000;
   int64_t peer_timeout_ms = 30000;
-  std::string port_file;  // leader: the bound engine port is written here (kvferry/port_file.h)
+  // The bound engine port is written here (kvferry/port_file.h): the leader's engine_endpoint
+  // port, a follower's own engine socket.
+  std::string port_file;
+  uint16_t follower_port = 0;  // follower: the port its engine socket binds (0: any free port)
   // The engine socket's bind and advertised host (kvferry/net.h; empty: not given). The leader
   // binds engine_endpoint's port on bind_host (default: the endpoint's host) and advertises
   // advertise_host (default: the endpoint's host); a follower binds any port on bind_host

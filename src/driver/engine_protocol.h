@@ -24,6 +24,7 @@
 // (The replay's own router <-> orchestrator frames are replay/peer_death_frames.h.)
 // Thread contract: pure functions and value types.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -96,6 +97,10 @@ struct RankLeakStats {
   uint64_t pages_in_use = 0;
   uint64_t peers = 0;
   uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
+  // Incarnations (kvferry/messages.h), for the rank's metrics only (not in the engine frames):
+  // messages refused as stale by kind (registration, metadata, status, heartbeat), peer restarts.
+  std::array<uint64_t, 4> stale_messages{};
+  uint64_t peer_restarts = 0;
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,

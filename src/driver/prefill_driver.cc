@@ -239,6 +239,9 @@ RankLeakStats PrefillDriver::leak_stats() const {
   s.records = core_.registry().records();
   s.pages_in_use = staging_.in_use() + ep_.aux_in_use();
   s.peers = ep_.peers();
+  const IncarnationCounts& inc = core_.incarnation_counts();
+  s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
+  s.peer_restarts = inc.peer_restarts;
   return s;
 }
 

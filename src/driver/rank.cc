@@ -79,14 +79,20 @@ int run_rank(const RankOptions& o) {
   mc.deadlines = o.deadlines;
   mc.progress_thread = false;
   mc.control = listen;
+  mc.control.port = o.control_port;
   mc.fault_injection = true;  // the replay harness's fault plans (transfer faults)
   auto manager = Manager::create(mc);
   if (!manager.ok()) return fail_start(manager.status().str());
   Manager& m = **manager;
+  if (!o.control_port_file.empty()) {
+    Status s = write_port_file(o.control_port_file, endpoint_port(m.control_endpoint()).value_or(0));
+    if (!s.ok()) return fail_start("control port file: " + s.str());
+  }
 
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
+  lc.follower_port = o.engine_port;
   lc.bind_host = o.bind_host;
   lc.advertise_host = o.advertise_host;
   int rc = 0;

@@ -36,7 +36,11 @@ struct RankOptions {
                                  // port when metrics_port_file is set)
   std::string metrics_port_file; // serve metrics and write their bound port here (kvferry/port_file.h)
   std::string metrics_file;      // write the final metrics here at exit (empty: none)
-  std::string port_file;         // leader: the engine endpoint's bound port goes here (port_file.h)
+  std::string port_file;         // the engine socket's bound port goes here (port_file.h): the
+                                 // leader's engine endpoint, a follower's own engine socket
+  uint16_t engine_port = 0;      // follower: bind its engine socket on this port (0: any free port)
+  uint16_t control_port = 0;     // the control socket's port (0: any free port)
+  std::string control_port_file; // the control socket's bound port goes here (port_file.h)
   Deadlines deadlines;
   // Where the rank's sockets listen (control, heartbeat, engine agreement, metrics) and the host
   // peers are told (kvferry/net.h). Empty: not given; bind_host is then kDefaultHost (the engine

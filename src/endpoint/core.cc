@@ -2,14 +2,39 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <atomic>
 #include <utility>
+
+#include "kvferry/log.h"
 
 #include "endpoint/span_compat.h"
 #include "kvferry/port_file.h"
 
 namespace kvferry {
 
-EndpointCore::EndpointCore(const EndpointConfig& c) : config_(c), registry_(c.self) {}
+uint64_t next_incarnation() {
+  static std::atomic<uint64_t> last{0};
+  const uint64_t now = static_cast<uint64_t>(std::max<int64_t>(1, realtime_ns()));
+  uint64_t prev = last.load();
+  uint64_t next = 0;
+  do {
+    next = std::max(now, prev + 1);
+  } while (!last.compare_exchange_weak(prev, next));
+  return next;
+}
+
+EndpointCore::EndpointCore(const EndpointConfig& c)
+    : config_(c), incarnation_(c.incarnation != 0 ? c.incarnation : next_incarnation()), registry_(c.self) {}
+
+void EndpointCore::refuse_stale(std::string_view kind, const RankId& sender, const std::string& why) {
+  if (kind == "PoolRegistration" || kind == "RegistrationRefusal") ++incarnations_.stale_registrations;
+  else if (kind == "RoomMetadata") ++incarnations_.stale_metadata;
+  else if (kind == "RoomStatus") ++incarnations_.stale_statuses;
+  else ++incarnations_.stale_heartbeats;
+  log_event(LogLevel::kDebug, "endpoint", fmt::format("refused a {} from {}: {}", kind, sender.str(), why),
+            {.extra = {{"event", "stale_refused"}, {"kind", std::string(kind)}, {"peer", sender.str()}}});
+}
 
 EndpointCore::~EndpointCore() {
   if (faults_) faults_->release_connects();  // a connect a test holds must end for the join
@@ -49,7 +74,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
     }
     raw->waker_.signal();
   });
-  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control);
+  core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control, core->incarnation_);
   core->connector_ = std::make_unique<Connector>(*core->transport_, core->waker_);
   return core;
 }
@@ -90,7 +115,11 @@ Status EndpointCore::build_map() {
 
 Status EndpointCore::send(const std::string& endpoint, const Message& m) {
   if (send_filter_ && !send_filter_(endpoint, m)) return Status::Ok();  // lost on the way (tests)
-  return control_->send(endpoint, encode(m));
+  const bool unstamped = std::visit([](const auto& msg) { return msg.incarnation == 0; }, m);
+  if (!unstamped) return control_->send(endpoint, encode(m));
+  Message stamped = m;
+  std::visit([this](auto& msg) { msg.incarnation = incarnation_; }, stamped);
+  return control_->send(endpoint, encode(stamped));
 }
 
 void EndpointCore::post(TransportEvent e) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "endpoint/connector.h"
@@ -50,6 +51,9 @@ struct EndpointConfig {
   // rows (without aux buffers, layout.aux_slots stays the number of aux indices). Empty: the
   // contiguous pool of `layout`.
   std::vector<BufferDesc> buffers;
+  // This rank's incarnation (kvferry/messages.h); 0: drawn at creation (next_incarnation()).
+  // Tests give one to play an earlier or a later incarnation of a rank.
+  uint64_t incarnation = 0;
   // With `buffers`: caller-owned memory for kvferry's guard rows (aux rows x kAuxSlotBytes, valid
   // until the core is destroyed); null: the core allocates them.
   uint8_t* guard_memory = nullptr;
@@ -70,6 +74,23 @@ struct PeerError {
   Status status;
 };
 
+// A fresh incarnation (kvferry/messages.h): CLOCK_REALTIME ns now, and above every one this
+// process drew before (two managers of one process never share one). Thread-safe.
+uint64_t next_incarnation();
+
+// What a rank refused because it came from, or was meant for, another incarnation
+// (kvferry/messages.h), and the peer restarts it saw (a newer incarnation of a known peer).
+struct IncarnationCounts {
+  uint64_t stale_registrations = 0;
+  uint64_t stale_metadata = 0;
+  uint64_t stale_statuses = 0;
+  uint64_t stale_heartbeats = 0;
+  uint64_t peer_restarts = 0;
+  uint64_t stale_total() const {
+    return stale_registrations + stale_metadata + stale_statuses + stale_heartbeats;
+  }
+};
+
 class EndpointCore {
  public:
   static Result<std::unique_ptr<EndpointCore>> create(const EndpointConfig& config);
@@ -78,6 +99,13 @@ class EndpointCore {
 
   const EndpointConfig& config() const { return config_; }
   const RankId& self() const { return config_.self; }
+  uint64_t incarnation() const { return incarnation_; }
+  // Counts a refused message (`kind`: a message_name()) and logs it at debug with
+  // event "stale_refused" (the replay's report counts those lines), naming `why`.
+  void refuse_stale(std::string_view kind, const RankId& sender, const std::string& why);
+  // Counts a restart of a peer (a newer incarnation seen).
+  void count_peer_restart() { ++incarnations_.peer_restarts; }
+  const IncarnationCounts& incarnation_counts() const { return incarnations_; }
   const PoolLayout& layout() const { return config_.layout; }
   // The contiguous pool's base (null with engine buffers: use map() / kv_page()).
   uint8_t* base() const { return contiguous_ ? map_.spans().front().base : nullptr; }
@@ -111,7 +139,8 @@ class EndpointCore {
   // Transport connects off the main thread (endpoint/connector.h).
   Connector& connector() { return *connector_; }
 
-  // Encodes and sends a control message; a failure is returned (the caller decides).
+  // Encodes and sends a control message; a failure is returned (the caller decides). A message
+  // whose `incarnation` is 0 is sent with this rank's.
   Status send(const std::string& endpoint, const Message& m);
   // Test-only: a message for which `filter` returns false is dropped as if lost on the way (send()
   // still reports ok). Null: none. Main thread only.
@@ -129,6 +158,8 @@ class EndpointCore {
   // The memory map of config_ (checks engine buffers against the layout; fixes layout pages/rows).
   Status build_map();
   EndpointConfig config_;
+  uint64_t incarnation_ = 0;
+  IncarnationCounts incarnations_;
   std::unique_ptr<Transport> transport_;
   FaultInjectingTransport* faults_ = nullptr;  // transport_ itself when it is the decorator
   std::unique_ptr<ControlSocket> control_;

@@ -30,11 +30,13 @@ DecodeEndpoint::~DecodeEndpoint() {
   }
 }
 
-Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& endpoint) {
+Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation) {
   const PoolLayout& l = core_.layout();
   const MemoryShape& sh = core_.shape();
   PoolRegistration reg;
   reg.sender = core_.self();
+  reg.incarnation = core_.incarnation();
+  reg.peer_incarnation = incarnation;
   reg.control_endpoint = core_.control_endpoint();
   reg.worker_address = core_.transport().address();
   reg.spans = core_.spans();
@@ -53,7 +55,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   reg.first_head = l.first_head;
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
-  peers_[peer] = {peer, endpoint};
+  peers_[peer] = {peer, endpoint, 0, incarnation};
   refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
   core_.monitor().watch(peer, endpoint);
@@ -74,7 +76,8 @@ void DecodeEndpoint::on_peer_back(const RankId& peer, const std::string& endpoin
   auto owed = owed_.find(peer);
   size_t told = 0;
   if (owed != owed_.end()) {
-    for (const RoomStatus& st : owed->second) {
+    for (RoomStatus st : owed->second) {
+      st.peer_incarnation = peers_[peer].incarnation;  // whoever serves its rooms now
       Status s = core_.send(endpoint, st);
       if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = st.room});
       else ++told;
@@ -87,8 +90,10 @@ void DecodeEndpoint::on_peer_back(const RankId& peer, const std::string& endpoin
 }
 
 bool DecodeEndpoint::send_metadata(ReceiverRoom& r, const RankId& src, const std::string& endpoint) {
+  auto peer = peers_.find(src);
   RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_index, r.state_indices,
                   static_cast<uint32_t>(r.sources.size())};
+  md.peer_incarnation = peer == peers_.end() ? 0 : peer->second.incarnation;
   Status s = core_.send(endpoint, md);
   if (!s.ok()) {
     fail(r.room, ErrorCode::kPeerUnreachable, fmt::format("metadata to {} not delivered: {}", src.str(), s.str()), src,
@@ -131,13 +136,13 @@ void DecodeEndpoint::expire_dead_sources(int64_t now_ns) {
   }
 }
 
-void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpoint) {
+void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpoint, uint64_t old_incarnation) {
   if (rediscovery_.count(peer)) return;
   auto r = std::make_unique<Rediscovery>();
   Rediscovery* raw = r.get();
   std::string address = bootstrap_address_;
   Waker* waker = &core_.waker();
-  r->thread = std::thread([raw, address, peer, old_endpoint, waker] {
+  r->thread = std::thread([raw, address, peer, old_endpoint, old_incarnation, waker] {
     BootstrapClient client(address, 500);
     for (;;) {
       {
@@ -145,9 +150,11 @@ void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpo
         if (raw->stop) return;
       }
       auto info = client.lookup(peer.engine_id, peer.dp_rank, peer.tp_rank);
-      if (info.ok() && info->control_endpoint != old_endpoint) {
+      // A restart on the same endpoint shows as a new incarnation.
+      if (info.ok() && (info->control_endpoint != old_endpoint || info->incarnation != old_incarnation)) {
         std::lock_guard<std::mutex> lock(raw->mu);
         raw->found = info->control_endpoint;
+        raw->found_incarnation = info->incarnation;
         waker->signal();
         return;
       }
@@ -182,7 +189,28 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
   core_.control().forget(it->second.control_endpoint);
   dead_peers_.insert(peer);
   source_gone(peer);  // a dead process writes nothing more into quarantined rooms either
-  rediscover(peer, it->second.control_endpoint);
+  rediscover(peer, it->second.control_endpoint, it->second.incarnation);
+}
+
+bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
+                                        std::string_view kind) {
+  if (peer_inc != 0 && peer_inc != core_.incarnation()) {
+    core_.refuse_stale(kind, sender,
+                       fmt::format("meant for incarnation {} of this rank, which is {}", peer_inc, core_.incarnation()));
+    return false;
+  }
+  auto it = peers_.find(sender);
+  if (it == peers_.end() || it->second.incarnation == 0 || inc == 0 || inc == it->second.incarnation) return true;
+  const uint64_t known = it->second.incarnation;
+  if (inc < known) {
+    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
+    return false;
+  }
+  // A newer incarnation: the source restarted. What it had with the previous one is lost; it is
+  // looked up again at the bootstrap service (its new entry names the new incarnation).
+  core_.count_peer_restart();
+  if (!dead_peers_.count(sender)) on_peer_dead(sender, fmt::format("restarted (incarnation {} -> {})", known, inc));
+  return false;
 }
 
 const ReceiverRoom* DecodeEndpoint::room(uint64_t room) const {
@@ -218,7 +246,7 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
                           info->model, info->page_size, info->num_layers, l.model.name, l.page_size,
                           l.model.num_layers)};
     RankId pr{Role::kPrefill, 0, tp, dp};
-    Status s = send_registration(pr, info->control_endpoint);
+    Status s = send_registration(pr, info->control_endpoint, info->incarnation);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -226,12 +254,19 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
 
 void DecodeEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
-  if (auto* hb = std::get_if<Heartbeat>(&m)) return core_.monitor().heard(hb->sender, now);
+  if (auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    return;
+  }
   if (auto* st = std::get_if<RoomStatus>(&m)) {
+    if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
     core_.monitor().heard(st->sender, now);
     return on_status(*st);
   }
-  if (auto* rf = std::get_if<RegistrationRefusal>(&m)) return on_refusal(*rf);
+  if (auto* rf = std::get_if<RegistrationRefusal>(&m)) {
+    if (!accept_incarnation(rf->sender, rf->incarnation, rf->peer_incarnation, "RegistrationRefusal")) return;
+    return on_refusal(*rf);
+  }
   log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
 }
 
@@ -377,7 +412,9 @@ void DecodeEndpoint::send_to_sources(ReceiverRoom& r, const RoomStatus& st) {
       if (st.terminal) owed_[src].push_back(st);
       continue;
     }
-    Status s = core_.send(peer->second.control_endpoint, st);
+    RoomStatus to = st;
+    to.peer_incarnation = peer->second.incarnation;  // the incarnation it registered us with
+    Status s = core_.send(peer->second.control_endpoint, to);
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = r.room});
   }
 }
@@ -455,14 +492,16 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     auto it = peers_.find(peer);
     if (it != peers_.end() && dead_peers_.count(peer)) {
       log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again", peer.str()));
-      (void)send_registration(peer, it->second.control_endpoint);
+      (void)send_registration(peer, it->second.control_endpoint, it->second.incarnation);
     }
   }
   for (auto it = rediscovery_.begin(); it != rediscovery_.end();) {
     std::string found;
+    uint64_t found_incarnation = 0;
     {
       std::lock_guard<std::mutex> lock(it->second->mu);
       found = it->second->found;
+      found_incarnation = it->second->found_incarnation;
     }
     if (found.empty() && dead_peers_.count(it->first)) {
       ++it;
@@ -475,7 +514,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     it->second->thread.join();
     if (!found.empty() && dead_peers_.count(it->first)) {
       log_event(LogLevel::kDebug, kComp, fmt::format("{} restarted at {}", it->first.str(), found));
-      (void)send_registration(it->first, found);
+      (void)send_registration(it->first, found, found_incarnation);
     }
     it = rediscovery_.erase(it);
   }

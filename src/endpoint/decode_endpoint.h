@@ -46,6 +46,7 @@ struct PrefillPeer {
   RankId rank;
   std::string control_endpoint;
   int64_t dead_since_ns = 0;  // when it was declared dead (0: alive)
+  uint64_t incarnation = 0;   // from its bootstrap entry, or its newer messages (0: not known)
 };
 
 struct ReceiverRoom {
@@ -171,8 +172,15 @@ class DecodeEndpoint {
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
   void reask(int64_t now_ns);
-  Status send_registration(const RankId& peer, const std::string& endpoint);
-  void rediscover(const RankId& peer, const std::string& old_endpoint);
+  // `incarnation`: the peer's, from its bootstrap entry (kvferry/messages.h; 0: not known).
+  Status send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation);
+  // Looks the dead `peer` up until its entry names another endpoint or another incarnation.
+  void rediscover(const RankId& peer, const std::string& old_endpoint, uint64_t old_incarnation);
+  // Incarnations (kvferry/messages.h): whether a `kind` message from `sender` may be used.
+  // Refused and counted: meant for another incarnation of this rank, or from an incarnation of
+  // `sender` older than the one known. A newer one is the source's restart: the rooms it fed
+  // fail as for its death, it is looked up again; that message is dropped.
+  bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
   // A source that was down registered again: sends it the metadata of rooms that waited for it
   // and the failures it missed.
   void on_peer_back(const RankId& peer, const std::string& endpoint);
@@ -191,6 +199,7 @@ class DecodeEndpoint {
     std::mutex mu;
     bool stop = false;
     std::string found;  // new control endpoint, once seen
+    uint64_t found_incarnation = 0;
   };
 
   EndpointCore& core_;

@@ -117,8 +117,12 @@ class EndpointPair {
     if (cfg.hold_prefill_connects) p->pcore().faults()->hold_connects();
     s = p->start_decode();
     if (!s.ok()) return s;
-    // The pool registration must have reached the prefill rank before any metadata is sent.
-    if (!p->pump_until([&] { return p->prefill_->peers() == 1; }, std::chrono::seconds(5)))
+    // The pool registration must have reached the prefill rank before any metadata is sent, and
+    // (unless the test holds it) its transport connect must have completed: a test then drives
+    // messages into a pair that is fully wired.
+    if (!p->pump_until([&] {
+          return p->prefill_->peers() == 1 && (cfg.hold_prefill_connects || p->prefill_->connected_peers() == 1);
+        }, std::chrono::seconds(10)))
       return Status(ErrorCode::kInternal, "the decode pool registration never reached the prefill rank");
     return p;
   }
@@ -146,13 +150,15 @@ class EndpointPair {
     pm_.reset();
   }
 
-  // A fresh prefill rank (new transport, new control port) registered at the bootstrap service,
-  // as a restarted prefill process does.
-  Status start_prefill() {
+  // A fresh prefill rank (new transport, new incarnation; a new control port unless
+  // `control_port` names one, as a rank restarted on the same ports) registered at the bootstrap
+  // service, as a restarted prefill process does.
+  Status start_prefill(uint16_t control_port = 0) {
     kill_prefill();
     auto c = test_manager_config(prefill_rank0(), cfg_.prefill_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->bootstrap_address = bootstrap_address_;
+    c->control.port = control_port;
     auto m = Manager::create(*c);
     if (!m.ok()) return m.status();
     pm_ = std::move(m).value();
@@ -171,13 +177,15 @@ class EndpointPair {
     dm_.reset();
   }
 
-  // A fresh decode rank (new transport, new control port) that looks the prefill rank up at the
-  // bootstrap service and registers its pool, as a restarted decode process does.
-  Status start_decode() {
+  // A fresh decode rank (new transport, new incarnation; a new control port unless
+  // `control_port` names one) that looks the prefill rank up at the bootstrap service and
+  // registers its pool, as a restarted decode process does.
+  Status start_decode(uint16_t control_port = 0) {
     kill_decode();
     auto c = test_manager_config(decode_rank0(), cfg_.decode_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->bootstrap_address = bootstrap_address_;
+    c->control.port = control_port;
     auto m = Manager::create(*c);
     if (!m.ok()) return m.status();
     dm_ = std::move(m).value();

@@ -60,11 +60,12 @@ double PeerMonitor::GapHistogram::percentile_ms(double q) const {
   return double(max_ns) / 1e6;
 }
 
-PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat)
-    : PeerMonitor(self, deadlines, std::move(heartbeat), Options{}) {}
+PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat, uint64_t incarnation)
+    : PeerMonitor(self, deadlines, std::move(heartbeat), Options{.stall_credit = true, .incarnation = incarnation}) {}
 
 PeerMonitor::PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat, Options options)
     : self_(self),
+      incarnation_(options.incarnation != 0 ? options.incarnation : 1),
       deadlines_(deadlines),
       heartbeat_(std::move(heartbeat)),
       stall_(2 * deadlines.heartbeat_interval_ms * 1'000'000),
@@ -274,7 +275,7 @@ void PeerMonitor::run() {
     std::vector<std::string> endpoints;
     for (auto& [rank, p] : peers_) endpoints.push_back(p.endpoint);
     lock.unlock();
-    Heartbeat hb{self_, ++seq, monotonic_ns()};
+    Heartbeat hb{self_, ++seq, monotonic_ns(), incarnation_};
     std::string frame = encode(hb);
     for (const std::string& ep : endpoints) (void)(*sock)->send(ep, frame);
     (void)(*sock)->recv(std::chrono::milliseconds(0));  // lets held frames go out

@@ -77,8 +77,10 @@ class PeerMonitor {
  public:
   struct Options {
     bool stall_credit = true;  // false: silences are wall time (tests of exact thresholds)
+    uint64_t incarnation = 1;  // this rank's, carried by every heartbeat (kvferry/messages.h; 0: 1)
   };
-  PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat = {});
+  // `incarnation`: as Options::incarnation.
+  PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat = {}, uint64_t incarnation = 1);
   PeerMonitor(RankId self, const Deadlines& deadlines, ListenAddress heartbeat, Options options);
   ~PeerMonitor();
   PeerMonitor(const PeerMonitor&) = delete;
@@ -131,6 +133,7 @@ class PeerMonitor {
   void run();
 
   RankId self_;
+  uint64_t incarnation_ = 1;
   Deadlines deadlines_;
   ListenAddress heartbeat_;
   mutable std::mutex mu_;

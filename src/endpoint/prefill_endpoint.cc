@@ -42,26 +42,13 @@ KVPoll PrefillEndpoint::poll(uint64_t room) const {
   return it == rooms_.end() ? KVPoll::Failed : it->second.state.get();
 }
 
-void PrefillEndpoint::on_message(const Message& m) {
-  int64_t now = monotonic_ns();
-  if (auto* hb = std::get_if<Heartbeat>(&m)) return core_.monitor().heard(hb->sender, now);
-  if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
-  if (auto* md = std::get_if<RoomMetadata>(&m)) {
-    core_.monitor().heard(md->sender, now);
-    return on_metadata(*md);
-  }
-  if (auto* st = std::get_if<RoomStatus>(&m)) {
-    core_.monitor().heard(st->sender, now);
-    return on_status(*st);
-  }
-}
-
 void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;
   int64_t now = monotonic_ns();
   size_t failed = 0;
   for (auto& [id, r] : rooms_) {
+    if (r.meta.count(peer)) r.failure_heard.insert(peer);  // that process answers no more
     if (r.state.terminal()) continue;
     bool bound = false;
     for (const RankId& d : r.dests) bound |= (d == peer);
@@ -381,6 +368,7 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
   for (const RankId& d : r.dests) {
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
+    st.peer_incarnation = known_incarnation(d);
     Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
@@ -493,6 +481,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);
     if (reg == dead_regs_.end() || connecting_.count(peer)) continue;  // a newer registration is connecting
+    if (reg->second.incarnation < known_incarnation(peer)) continue;  // it restarted: its new one registers
     PoolRegistration r = reg->second;
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);

@@ -236,6 +236,17 @@ class PrefillEndpoint {
   // Bootstrapping -> WaitingForInput once every destination's metadata came and every
   // destination is connected.
   void maybe_ready(SenderRoom& r);
+  // Incarnations (kvferry/messages.h; prefill_registration.cc): whether a `kind` message from
+  // `sender` with these incarnations may be used. Refused and counted: meant for another
+  // incarnation of this rank (peer_inc not 0 and not ours), or from an incarnation of `sender`
+  // older than the one it registered with. A newer one is the peer's restart (on_peer_restart);
+  // that message is dropped unless it is the new incarnation's registration.
+  bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
+  // The newest incarnation of a decode rank that registered here (0: none).
+  uint64_t known_incarnation(const RankId& peer) const;
+  // `peer` came back as incarnation `inc`: the rooms that involved its previous incarnation fail
+  // as for its death (on_peer_dead, origin the peer).
+  void on_peer_restart(const RankId& peer, uint64_t inc);
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
@@ -278,6 +289,8 @@ class PrefillEndpoint {
   std::map<RankId, PendingConnect> connecting_;
   uint64_t next_connect_id_ = 1;
   std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again
+  // The newest incarnation of each decode rank that registered (a key of peers_ or dead_regs_).
+  std::map<RankId, uint64_t> incarnations_;
   std::unordered_map<uint64_t, SenderRoom> rooms_;
   std::unordered_map<uint64_t, ChunkState> chunks_;
   PageAllocator aux_alloc_;

@@ -1,6 +1,7 @@
 // PrefillEndpoint's side of the pool registrations (prefill_endpoint.h): what a decode rank
 // declares about its memory, checked against this rank's shape and transfer plan before use, and
-// the transport connection to it.
+// the transport connection to it; the incarnation every frame from a decode rank is checked
+// against (kvferry/messages.h) before on_message() hands it on.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -64,7 +65,65 @@ std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const
   return check_shape_in_spans(shape_of(r), spans);
 }
 
+void PrefillEndpoint::on_message(const Message& m) {
+  int64_t now = monotonic_ns();
+  if (auto* hb = std::get_if<Heartbeat>(&m)) {
+    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    return;
+  }
+  if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
+  if (auto* md = std::get_if<RoomMetadata>(&m)) {
+    if (!accept_incarnation(md->sender, md->incarnation, md->peer_incarnation, "RoomMetadata")) return;
+    core_.monitor().heard(md->sender, now);
+    return on_metadata(*md);
+  }
+  if (auto* st = std::get_if<RoomStatus>(&m)) {
+    if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
+    core_.monitor().heard(st->sender, now);
+    return on_status(*st);
+  }
+}
+
+uint64_t PrefillEndpoint::known_incarnation(const RankId& peer) const {
+  auto it = incarnations_.find(peer);
+  return it == incarnations_.end() ? 0 : it->second;
+}
+
+bool PrefillEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
+                                         std::string_view kind) {
+  if (peer_inc != 0 && peer_inc != core_.incarnation()) {
+    core_.refuse_stale(kind, sender,
+                       fmt::format("meant for incarnation {} of this rank, which is {}", peer_inc, core_.incarnation()));
+    return false;
+  }
+  const uint64_t known = known_incarnation(sender);
+  // inc 0: built in this process (the codec refuses 0 on the wire), e.g. by a test.
+  if (known == 0 || inc == 0 || inc == known) return true;
+  if (inc < known) {
+    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
+    return false;
+  }
+  on_peer_restart(sender, inc);
+  return kind == "PoolRegistration";
+}
+
+void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
+  const uint64_t old = known_incarnation(peer);
+  core_.count_peer_restart();
+  incarnations_[peer] = inc;
+  if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
+  dead_regs_.erase(peer);  // never reconnect to the previous incarnation
+}
+
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  if (!accept_incarnation(r.sender, r.incarnation, r.peer_incarnation, "PoolRegistration")) {
+    if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
+      // Meant for this rank's previous incarnation: a heartbeat tells the decode rank at once who
+      // answers here now (it then fails what it had with that one and registers again).
+      (void)core_.send(r.control_endpoint, Heartbeat{core_.self(), 0, monotonic_ns(), core_.incarnation()});
+    }
+    return;
+  }
   std::string bad = check_registration(r);
   std::optional<RemoteRegionInfo> info;
   if (bad.empty()) {
@@ -82,6 +141,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     return;
   }
   refused_.erase(r.sender);
+  incarnations_[r.sender] = r.incarnation;  // accepted: its frames are checked against this one
   auto old = peers_.find(r.sender);
   if (old != peers_.end()) core_.control().forget(old->second.reg.control_endpoint);  // a restarted decode rank
   start_connect(r, std::move(*info));
@@ -184,7 +244,7 @@ void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) 
             wall_from_monotonic(now)};
   if (!refused_.count(r.sender) && refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
   refused_[r.sender] = f;
-  Status s = core_.send(r.control_endpoint, RegistrationRefusal{core_.self(), f});
+  Status s = core_.send(r.control_endpoint, RegistrationRefusal{core_.self(), f, core_.incarnation(), r.incarnation});
   if (!s.ok()) log_event(LogLevel::kDebug, kComp, "refusal not delivered to " + r.sender.str() + ": " + s.str());
 }
 

@@ -39,6 +39,8 @@ struct RankMetrics::Impl {
   std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
   std::array<std::atomic<uint64_t>, 5> in_flight{};
   std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0};
+  std::array<std::atomic<uint64_t>, 4> stale{};  // registration, metadata, status, heartbeat
+  std::atomic<uint64_t> peer_restarts{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
   std::array<uint64_t, kLatencyBuckets.size()> buckets{};  // per bucket (not cumulative)
   uint64_t latency_count = 0;
@@ -90,6 +92,15 @@ void RankMetrics::set_leaks(uint64_t live_rooms, uint64_t records, uint64_t page
 }
 
 void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
+void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts) {
+  auto raise = [](std::atomic<uint64_t>& a, uint64_t v) {
+    uint64_t cur = a.load(std::memory_order_relaxed);
+    while (v > cur && !a.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+    }
+  };
+  for (size_t i = 0; i < 4; ++i) raise(impl_->stale[i], stale_by_kind[i]);
+  raise(impl_->peer_restarts, peer_restarts);
+}
 
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
@@ -139,6 +150,14 @@ std::string RankMetrics::exposition() const {
   simple("kvferry_pages_in_use", "gauge", "Pool pages and aux slots in use (leak counter)", m.pages);
   simple("kvferry_quarantined_pages", "gauge",
          "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
+  header(out, "kvferry_stale_messages_total", "counter",
+         "Messages refused because they came from an older incarnation of their sender or were meant for an "
+         "earlier incarnation of this rank, by kind");
+  constexpr std::array<std::string_view, 4> kKinds = {"registration", "metadata", "status", "heartbeat"};
+  for (size_t i = 0; i < kKinds.size(); ++i)
+    sample(out, "kvferry_stale_messages_total", c, fmt::format("kind=\"{}\"", kKinds[i]), m.stale[i].load());
+  simple("kvferry_peer_restarts_total", "counter", "Peers of the other engine seen back as a new incarnation",
+         m.peer_restarts);
   return out;
 }
 

@@ -57,6 +57,19 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   EXPECT_EQ(sample(t, "kvferry_quarantined_pages{" + kLabels + "}"), 11);
 }
 
+TEST(RankMetrics, IncarnationCountersNeverGoBack) {
+  RankMetrics m(RankId{Role::kDecode, 0, 1, 0});
+  m.set_incarnation_counts({1, 2, 3, 4}, 5);
+  m.set_incarnation_counts({0, 2, 7, 0}, 1);  // a smaller total never lowers a counter
+  const std::string t = m.exposition();
+  EXPECT_NE(t.find("# TYPE kvferry_stale_messages_total counter"), std::string::npos);
+  EXPECT_EQ(sample(t, "kvferry_stale_messages_total{" + kLabels + ",kind=\"registration\"}"), 1);
+  EXPECT_EQ(sample(t, "kvferry_stale_messages_total{" + kLabels + ",kind=\"metadata\"}"), 2);
+  EXPECT_EQ(sample(t, "kvferry_stale_messages_total{" + kLabels + ",kind=\"status\"}"), 7);
+  EXPECT_EQ(sample(t, "kvferry_stale_messages_total{" + kLabels + ",kind=\"heartbeat\"}"), 4);
+  EXPECT_EQ(sample(t, "kvferry_peer_restarts_total{" + kLabels + "}"), 5);
+}
+
 TEST(MetricsServer, ServesTheExpositionOverHttp) {
   RankMetrics m(RankId{Role::kPrefill, 0, 0, 0});
   m.add_sent_bytes(4096);

@@ -9,6 +9,8 @@
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "kvferry/net.h"
+#include "kvferry/port_file.h"
+#include "replay/fault_plan.h"
 
 namespace kvferry::replay {
 namespace {
@@ -80,6 +82,39 @@ std::string placement_text(const ReplayConfig& c) {
 
 std::string logs_dir(const ReplayConfig& c) { return c.out + "/logs"; }
 
+std::string control_port_file(const ReplayConfig& c, const std::string& file) {
+  return fmt::format("{}/{}.control.port", logs_dir(c), file);
+}
+
+Result<std::vector<std::string>> restart_ports(const ReplayConfig& c, const std::string& file) {
+  auto rank = RankId::parse(file_rank_name(file));
+  if (!rank) return Status(ErrorCode::kInvalidArgument, file + " is not a rank's file name");
+  std::vector<std::string> args;
+  auto control = read_port_file(control_port_file(c, file));
+  if (!control) return Status(ErrorCode::kInternal, "no control port in " + control_port_file(c, file));
+  args.insert(args.end(), {"--control-port", std::to_string(*control)});
+  if (rank->tp_rank != 0) {  // a leader's engine port is in its --engine-endpoint already
+    const std::string engine_file = fmt::format("{}/{}.port", logs_dir(c), file);
+    auto engine = read_port_file(engine_file);
+    if (!engine) return Status(ErrorCode::kInternal, "no engine port in " + engine_file);
+    args.insert(args.end(), {"--engine-port", std::to_string(*engine)});
+  }
+  if (c.metrics) {
+    const std::string metrics_file = fmt::format("{}/metrics/{}.port", c.out, file);
+    auto metrics = read_port_file(metrics_file);
+    if (!metrics) return Status(ErrorCode::kInternal, "no metrics port in " + metrics_file);
+    args.insert(args.end(), {"--metrics-port", std::to_string(*metrics)});
+  }
+  return args;
+}
+
+std::string file_rank_name(const std::string& file) {
+  // "decode-tp1-dp2" -> "decode/tp1/dp2"
+  std::string name = file;
+  std::replace(name.begin(), name.end(), '-', '/');
+  return name;
+}
+
 std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
   return RankId{prefill ? Role::kPrefill : Role::kDecode, 0, tp_rank, dp_rank}.str();
 }
@@ -140,9 +175,15 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
       args.push_back(std::move(a));
     }
   }
-  if (tp_rank == 0 && engine_port == 0) {
+  const auto pinned = same_port_restarts(c.fault_plan);
+  const bool restarts = std::find(pinned.begin(), pinned.end(), rank_name(prefill, tp_rank, dp_rank)) != pinned.end();
+  if ((tp_rank == 0 && engine_port == 0) || (tp_rank != 0 && restarts)) {
     args.push_back("--port-file");
     args.push_back(fmt::format("{}/{}.port", logs_dir(c), file));
+  }
+  if (restarts) {  // restart@ (fault_plan.h): the ports its restart binds again (restart_ports())
+    args.push_back("--control-port-file");
+    args.push_back(control_port_file(c, file));
   }
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
   if (c.metrics) {

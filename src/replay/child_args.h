@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/error.h"
 #include "replay/replay_config.h"
 
 namespace kvferry::replay {
@@ -52,5 +53,16 @@ std::string placement_text(const ReplayConfig& c);
 
 // DIR/logs: every child's log, stderr and port files.
 std::string logs_dir(const ReplayConfig& c);
+
+// restart@RANK (fault_plan.h): such a rank writes its control port to DIR/logs/<file>.control.port
+// and (a follower) its engine port to DIR/logs/<file>.port; restart_ports() reads them, and the
+// metrics port (--metrics), back as the arguments that make the restarted process bind the same
+// ports: "--control-port P [--engine-port E] [--metrics-port M]". The heartbeat socket only sends
+// (no peer knows its port) and the transport's worker address is new by nature (peers get it in
+// the new registration): neither is pinned. Errors: a port file is missing (kInternal).
+std::string control_port_file(const ReplayConfig& c, const std::string& file);
+Result<std::vector<std::string>> restart_ports(const ReplayConfig& c, const std::string& file);
+// A rank's name from its file name ("decode-tp1-dp2" -> "decode/tp1/dp2").
+std::string file_rank_name(const std::string& file);
 
 }  // namespace kvferry::replay

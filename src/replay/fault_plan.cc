@@ -13,10 +13,18 @@ namespace kvferry::replay {
 namespace {
 
 constexpr const char* kKinds[] = {"transfer", "decode_fail", "prefill_fail", "timeout", "abort",
-                                  "peer_death"};
+                                  "peer_death", "restart", "link_down", "partition"};
+constexpr int64_t kMaxNetFaultMs = 600'000;
 // Independent seeded streams (room ids use the plain seed in plan_requests).
 constexpr uint64_t kRoomFaultStream = 0x6661756c74730001ULL;
 constexpr uint64_t kPeerDeathStream = 0x6661756c74730002ULL;
+constexpr uint64_t kNetFaultStream = 0x6661756c74730003ULL;
+
+bool kills(const std::string& kind) { return kind == "peer_death" || kind == "restart"; }
+
+// When `count` requests are planned: after 30-60% of them are dispatched (at least 1, at most
+// count - 1).
+uint64_t dispatch_threshold(std::mt19937_64& rng, size_t count);
 
 Status bad_item(const std::string& item, const std::string& why) {
   return {ErrorCode::kInvalidArgument, fmt::format("--faults item '{}': {}", item, why)};
@@ -51,16 +59,25 @@ std::string resolve(const std::string& kind, const std::string& place, std::mt19
 
 double uniform(std::mt19937_64& rng) { return double(rng() >> 11) * 0x1.0p-53; }
 
+uint64_t dispatch_threshold(std::mt19937_64& rng, size_t count) {
+  const double fraction = 0.3 + 0.3 * uniform(rng);
+  const uint64_t n = count;
+  return std::clamp<uint64_t>(uint64_t(std::llround(fraction * double(n))), 1, n > 1 ? n - 1 : 1);
+}
+
 }  // namespace
 
 bool FaultPlan::has_peer_death() const {
-  return std::any_of(items.begin(), items.end(),
-                     [](const FaultItem& i) { return i.kind == "peer_death"; });
+  return std::any_of(items.begin(), items.end(), [](const FaultItem& i) { return kills(i.kind); });
+}
+
+bool FaultPlan::has_net_faults() const {
+  return std::any_of(items.begin(), items.end(), [](const FaultItem& i) { return i.is_net(); });
 }
 
 double FaultPlan::total_rate() const {
   double s = 0;
-  for (const auto& i : items) s += i.once ? 0 : i.rate;
+  for (const auto& i : items) s += i.once || i.is_net() ? 0 : i.rate;
   return s;
 }
 
@@ -69,7 +86,7 @@ std::string FaultPlan::str() const {
   for (const auto& i : items) {
     if (!out.empty()) out += ',';
     out += fmt::format("{}{}{}:{}", i.kind, i.place.empty() ? "" : "@", i.place,
-                       i.once ? std::string("once") : fmt::format("{}", i.rate));
+                       i.is_net() ? std::to_string(i.ms) : i.once ? std::string("once") : fmt::format("{}", i.rate));
   }
   return out;
 }
@@ -87,11 +104,14 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     if (item.empty()) {
       return Status(ErrorCode::kInvalidArgument, "--faults '" + spec + "' has an empty item");
     }
-    const size_t colon = item.rfind(':');
-    if (colon == std::string::npos) return bad_item(item, "expected KIND[@PLACE]:RATE or KIND[@PLACE]:once");
+    size_t colon = item.rfind(':');
+    const bool bare_restart = item.rfind("restart@", 0) == 0 && colon == std::string::npos;
+    if (colon == std::string::npos && !bare_restart)
+      return bad_item(item, "expected KIND[@PLACE]:RATE, KIND[@PLACE]:once, restart@RANK or KIND@HOST:MS");
+    if (bare_restart) colon = item.size();
     FaultItem f;
     std::string head = trim(item.substr(0, colon));
-    const std::string amount = trim(item.substr(colon + 1));
+    const std::string amount = bare_restart ? std::string("once") : trim(item.substr(colon + 1));
     const size_t at = head.find('@');
     if (at != std::string::npos) {
       f.place = trim(head.substr(at + 1));
@@ -101,14 +121,27 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     f.kind = head;
     if (std::find(std::begin(kKinds), std::end(kKinds), f.kind) == std::end(kKinds)) {
       return bad_item(item, "unknown kind '" + f.kind +
-                                "' (known: transfer, decode_fail, prefill_fail, timeout, abort, peer_death)");
+                                "' (known: transfer, decode_fail, prefill_fail, timeout, abort, peer_death, "
+                                "restart, link_down, partition)");
     }
+    if (f.is_net()) {
+      if (f.place.empty()) return bad_item(item, f.kind + " needs a host: " + f.kind + "@HOST:MS");
+      char* end = nullptr;
+      const long long ms = std::strtoll(amount.c_str(), &end, 10);
+      if (amount.empty() || end != amount.c_str() + amount.size() || ms < 1 || ms > kMaxNetFaultMs)
+        return bad_item(item, fmt::format("'{}' is not a duration in ms (1..{})", amount, kMaxNetFaultMs));
+      f.ms = ms;
+      plan.items.push_back(std::move(f));
+      continue;
+    }
+    if (f.kind == "restart" && (f.place.empty() || f.place == "prefill" || f.place == "decode"))
+      return bad_item(item, "restart names one rank: restart@RANK, e.g. restart@decode/tp1");
     if (!f.place.empty() && f.place != "prefill" && f.place != "decode") {
       auto r = RankId::parse(f.place);
       if (!r || r->engine_id != 0) {
         return bad_item(item, "place '" + f.place + "' is not prefill, decode or a rank like prefill/tp1");
       }
-      if (r->dp_rank != 0 && f.kind != "peer_death") {
+      if (r->dp_rank != 0 && !kills(f.kind)) {
         return bad_item(item, "only peer_death names a DP group: a room's fault acts in the group "
                               "that serves the room");
       }
@@ -142,7 +175,7 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
           f.rate < 0 || f.rate > 1) {
         return bad_item(item, "'" + amount + "' is neither a rate in [0, 1] nor 'once'");
       }
-      if (f.kind == "peer_death") return bad_item(item, "peer_death takes 'once', not a rate");
+      if (kills(f.kind)) return bad_item(item, f.kind + " takes 'once', not a rate");
     }
     plan.items.push_back(std::move(f));
   }
@@ -185,7 +218,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
   // `once` items first, on distinct requests.
   std::set<size_t> taken;
   for (const auto& item : plan.items) {
-    if (!item.once || item.kind == "peer_death" || taken.size() >= count) continue;
+    if (!item.once || kills(item.kind) || item.is_net() || taken.size() >= count) continue;
     size_t i = rng() % count;
     while (taken.count(i)) i = (i + 1) % count;
     taken.insert(i);
@@ -197,7 +230,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
     if (taken.count(i)) continue;
     double cum = 0;
     for (const auto& item : plan.items) {
-      if (item.once) continue;
+      if (item.once || item.is_net()) continue;
       cum += item.rate;
       if (u < cum) {
         out[i] = fault_from_names(item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp));
@@ -213,16 +246,34 @@ std::vector<PlannedPeerDeath> plan_peer_deaths(const FaultPlan& plan, size_t cou
   std::vector<PlannedPeerDeath> out;
   std::mt19937_64 rng(seed ^ kPeerDeathStream);
   for (const auto& item : plan.items) {
-    if (item.kind != "peer_death") continue;
+    if (!kills(item.kind)) continue;
     PlannedPeerDeath d;
     d.rank = resolve(item.kind, item.place, rng, std::max(1u, prefill_tp), std::max(1u, decode_tp));
-    const double fraction = 0.3 + 0.3 * uniform(rng);
-    const uint64_t n = count;
-    d.after_dispatched = std::clamp<uint64_t>(uint64_t(std::llround(fraction * double(n))), 1,
-                                              n > 1 ? n - 1 : 1);
+    d.after_dispatched = dispatch_threshold(rng, count);
+    d.same_ports = item.kind == "restart";
     out.push_back(std::move(d));
   }
   std::stable_sort(out.begin(), out.end(), [](const PlannedPeerDeath& a, const PlannedPeerDeath& b) {
+    return a.after_dispatched < b.after_dispatched;
+  });
+  return out;
+}
+
+std::vector<std::string> same_port_restarts(const FaultPlan& plan) {
+  std::vector<std::string> out;
+  for (const auto& item : plan.items)
+    if (item.kind == "restart" && std::find(out.begin(), out.end(), item.place) == out.end()) out.push_back(item.place);
+  return out;
+}
+
+std::vector<PlannedNetFault> plan_net_faults(const FaultPlan& plan, size_t count, uint64_t seed) {
+  std::vector<PlannedNetFault> out;
+  std::mt19937_64 rng(seed ^ kNetFaultStream);
+  for (const auto& item : plan.items) {
+    if (!item.is_net()) continue;
+    out.push_back({item.kind, item.place, item.ms, dispatch_threshold(rng, count)});
+  }
+  std::stable_sort(out.begin(), out.end(), [](const PlannedNetFault& a, const PlannedNetFault& b) {
     return a.after_dispatched < b.after_dispatched;
   });
   return out;

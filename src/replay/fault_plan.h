@@ -13,14 +13,22 @@
 //                     decode                                                     -> waiting_timeout
 //        abort        the router aborts the room at the decode leader            -> aborted
 //        peer_death   the orchestrator SIGKILLs the rank's process and restarts it (once only)
+//        restart      restart@RANK[:once]: as peer_death, but the rank comes back on the same
+//                     address and every port its peers know (control, engine, metrics): a new
+//                     incarnation on the old endpoints (kvferry/messages.h)
+//        link_down    link_down@HOST:MS: every non-loopback link of the host goes down for MS ms
+//        partition    partition@HOST:MS: packets to and from the host are dropped for MS ms
+//                     (HOST: a key of the --hosts file; net_fault_executor.h carries them out)
 // PLACE  absent (any rank the kind can act on), a role ("prefill", "decode": a rank of that role),
 //        or a rank ("prefill/tp1"). A role or absent place is resolved per fault, seeded.
 //        abort always acts at the decode leader (decode/tp0); decode_fail only on decode ranks,
 //        prefill_fail only on prefill ranks.
 // RATE   probability per request in [0, 1]; the rates of all items add up to at most 1: each
 //        request draws once against their sum and gets at most one fault.
-// once   per-room kinds: exactly one request (seeded) gets it; peer_death: one kill of the rank
-//        while 30-60% of the requests have been dispatched (seeded).
+// once   per-room kinds: exactly one request (seeded) gets it; peer_death and restart: one kill
+//        of the rank while 30-60% of the requests have been dispatched (seeded).
+// MS     link_down and partition: the fault's length in ms (1..600000), injected once while
+//        30-60% of the requests have been dispatched (seeded, plan_net_faults()).
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
@@ -34,16 +42,20 @@
 namespace kvferry::replay {
 
 struct FaultItem {
-  std::string kind;   // transfer | decode_fail | prefill_fail | timeout | abort | peer_death
-  std::string place;  // "" | "prefill" | "decode" | a rank string
-  double rate = 0;    // when !once
+  std::string kind;   // transfer | decode_fail | prefill_fail | timeout | abort | peer_death |
+                      // restart | link_down | partition
+  std::string place;  // "" | "prefill" | "decode" | a rank string | a host key (net kinds)
+  double rate = 0;    // when !once and not a net kind
   bool once = false;
+  int64_t ms = 0;     // link_down, partition: how long
+  bool is_net() const { return kind == "link_down" || kind == "partition"; }
 };
 
 struct FaultPlan {
   std::vector<FaultItem> items;
   bool empty() const { return items.empty(); }
-  bool has_peer_death() const;
+  bool has_peer_death() const;  // peer_death or restart
+  bool has_net_faults() const;   // link_down or partition
   double total_rate() const;
   std::string str() const;  // canonical spec text (parses back to the same plan)
 };
@@ -73,10 +85,25 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
 struct PlannedPeerDeath {
   std::string rank;
   uint64_t after_dispatched = 0;
+  bool same_ports = false;  // restart@: back on the ports the killed process had bound
 };
 // The plan's peer deaths for `count` requests (count >= 2), seeded, ordered by after_dispatched.
 std::vector<PlannedPeerDeath> plan_peer_deaths(const FaultPlan& plan, size_t count, uint64_t seed,
                                                uint32_t prefill_tp, uint32_t decode_tp);
+
+// Ranks the plan restarts on their own ports (restart@RANK items), as RankId::str().
+std::vector<std::string> same_port_restarts(const FaultPlan& plan);
+
+// One planned network fault: injected once `after_dispatched` requests went out, healed `ms` later.
+struct PlannedNetFault {
+  std::string kind;  // link_down | partition
+  std::string host;  // a key of the --hosts file
+  int64_t ms = 0;
+  uint64_t after_dispatched = 0;
+};
+// The plan's network faults for `count` requests (count >= 2), seeded (30-60% dispatched),
+// ordered by after_dispatched.
+std::vector<PlannedNetFault> plan_net_faults(const FaultPlan& plan, size_t count, uint64_t seed);
 
 // Milliseconds from a request's dispatch to its abort frame (seeded per room, 2..10 ms).
 double abort_delay_ms(uint64_t seed, uint64_t room);

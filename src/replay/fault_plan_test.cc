@@ -188,3 +188,69 @@ TEST(Aborts, DelayIsSeededAndBounded) {
 
 }  // namespace
 }  // namespace kvferry::replay
+
+namespace kvferry::replay {
+namespace {
+
+TEST(FaultPlan, RestartAndNetworkFaultsMixWithRoomFaults) {
+  auto p = parse_fault_plan("transfer@prefill:0.1,restart@decode/tp1,link_down@h2:300,partition@h1:1500,"
+                            "restart@prefill/tp0:once",
+                            2, 2);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  ASSERT_EQ(p->items.size(), 5u);
+  EXPECT_EQ(p->items[1].kind, "restart");
+  EXPECT_EQ(p->items[1].place, "decode/tp1");
+  EXPECT_TRUE(p->items[1].once);
+  EXPECT_TRUE(p->items[2].is_net());
+  EXPECT_EQ(p->items[2].place, "h2");
+  EXPECT_EQ(p->items[2].ms, 300);
+  EXPECT_EQ(p->items[3].kind, "partition");
+  EXPECT_EQ(p->items[3].ms, 1500);
+  EXPECT_TRUE(p->has_peer_death());
+  EXPECT_TRUE(p->has_net_faults());
+  EXPECT_NEAR(p->total_rate(), 0.1, 1e-12);  // net faults and restarts take no rate
+  EXPECT_EQ(p->str(), "transfer@prefill:0.1,restart@decode/tp1:once,link_down@h2:300,partition@h1:1500,"
+                      "restart@prefill/tp0:once");
+  EXPECT_EQ(parse_fault_plan(p->str(), 2, 2)->str(), p->str());
+  EXPECT_EQ(same_port_restarts(*p), (std::vector<std::string>{"decode/tp1", "prefill/tp0"}));
+  // Restarts go with the kills; no request gets a net fault or a restart as its room fault.
+  auto deaths = plan_peer_deaths(*p, 100, 7, 2, 2);
+  ASSERT_EQ(deaths.size(), 2u);
+  for (const auto& d : deaths) EXPECT_TRUE(d.same_ports);
+  for (const auto& f : assign_room_faults(*p, 100, 7, 2, 2))
+    if (f) {
+      EXPECT_EQ(f->kind, FaultKind::kTransfer);
+    }
+}
+
+TEST(FaultPlan, BadRestartAndNetworkItems) {
+  EXPECT_NE(error_of("restart@decode").find("names one rank"), std::string::npos);
+  EXPECT_NE(error_of("restart:once").find("names one rank"), std::string::npos);
+  EXPECT_NE(error_of("restart@decode/tp1:0.5").find("takes 'once'"), std::string::npos);
+  EXPECT_NE(error_of("restart@decode/tp5").find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of("link_down:100").find("needs a host"), std::string::npos);
+  EXPECT_NE(error_of("partition@h1:0").find("duration in ms"), std::string::npos);
+  EXPECT_NE(error_of("partition@h1:once").find("duration in ms"), std::string::npos);
+  EXPECT_NE(error_of("link_down@h1:600001").find("duration in ms"), std::string::npos);
+  EXPECT_NE(error_of("link_down@h1").find("expected"), std::string::npos);
+}
+
+TEST(NetFaults, SeededThresholdBetween30And60Percent) {
+  auto p = parse_fault_plan("partition@h1:1000,link_down@h2:200", 1, 1);
+  ASSERT_TRUE(p.ok());
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    auto faults = plan_net_faults(*p, 200, seed);
+    ASSERT_EQ(faults.size(), 2u);
+    EXPECT_LE(faults[0].after_dispatched, faults[1].after_dispatched);  // ordered
+    for (const auto& f : faults) {
+      EXPECT_GE(f.after_dispatched, 60u);
+      EXPECT_LE(f.after_dispatched, 120u);
+      EXPECT_TRUE(f.host == "h1" ? f.kind == "partition" && f.ms == 1000 : f.kind == "link_down" && f.ms == 200);
+    }
+    EXPECT_EQ(plan_net_faults(*p, 200, seed)[0].after_dispatched, faults[0].after_dispatched);  // seeded
+  }
+  EXPECT_EQ(plan_net_faults(*p, 2, 1)[0].after_dispatched, 1u);
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -67,6 +67,14 @@ void scan_log_text(std::string_view text, const std::string& file, LogScan& scan
       d.above_debug = level != "trace" && level != "debug";
       scan.peer_dead.push_back(std::move(d));
     }
+    if (auto ev = o.find("event"); ev != o.end() && ev->is_string() && *ev == "stale_refused") {
+      LogScan::StaleRefused s;
+      s.rank = o["rank"].get<std::string>();
+      if (auto peer = o.find("peer"); peer != o.end() && peer->is_string()) s.peer = peer->get<std::string>();
+      if (auto kind = o.find("kind"); kind != o.end() && kind->is_string()) s.kind = kind->get<std::string>();
+      if (auto m = o.find("mono_ns"); m != o.end() && m->is_number_integer()) s.mono_ns = m->get<int64_t>();
+      scan.stale_refused.push_back(std::move(s));
+    }
     auto room = o.find("room");
     if (room == o.end() || room->is_null()) continue;
     std::string room_str;

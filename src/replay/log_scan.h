@@ -1,6 +1,7 @@
 // The replay's independent log check (report.h): every line of every rank's and the router's
 // JSON log (DIR/logs/*.jsonl) is validated and the lines above debug are counted per room;
-// "peer_dead" events are collected for the peer-death attribution. docs/report.md ("logs").
+// "peer_dead" events are collected for the peer-death attribution, "stale_refused" ones for the
+// restarts (incarnations). docs/report.md ("logs").
 // Thread contract: scan_log_text is a pure function; scan_log_files reads files.
 #pragma once
 #include <cstdint>
@@ -26,6 +27,15 @@ struct LogScan {
     bool above_debug = false;
   };
   std::vector<PeerDead> peer_dead;
+  // Lines with "event":"stale_refused": a message refused for its incarnation (kvferry/messages.h),
+  // `peer` its sender, `kind` the message's name.
+  struct StaleRefused {
+    std::string rank;
+    std::string peer;
+    std::string kind;
+    int64_t mono_ns = 0;
+  };
+  std::vector<StaleRefused> stale_refused;
 };
 // Adds one file's text to `scan` (`file` names it in problems).
 void scan_log_text(std::string_view text, const std::string& file, LogScan& scan);

@@ -125,11 +125,23 @@ void PeerDeathExecutor::kill_rank(const std::string& rank) {
   PeerDeathRecord d;
   d.rank = rank;
   d.other_engine_peers = has_other_engine_peers(rank);
+  const auto pinned_ranks = same_port_restarts(c_.fault_plan);
+  std::vector<std::string> pinned;
+  if (std::find(pinned_ranks.begin(), pinned_ranks.end(), rank) != pinned_ranks.end()) {
+    auto ports = restart_ports(c_, file);
+    if (!ports.ok()) {
+      tell_router("kill_failed", rank, 0, "restart@: " + ports.status().message());
+      return;
+    }
+    pinned = std::move(*ports);
+    d.same_ports = true;
+  }
   d.killed_ns = monotonic_ns();
   d.killed_at_s = elapsed_s();
   ::kill(*pid, SIGKILL);
   planned_exits_.insert(*pid);
-  pending_restarts_.push_back({file, deaths_.size(), Clock::now() + std::chrono::milliseconds(c_.restart_delay_ms)});
+  pending_restarts_.push_back(
+      {file, deaths_.size(), Clock::now() + std::chrono::milliseconds(c_.restart_delay_ms), std::move(pinned)});
   deaths_.push_back(d);
   out_ << fmt::format("replay: peer death: killed {} (pid {}) at {:.3f} s\n", rank, *pid, d.killed_at_s)
        << std::flush;
@@ -156,7 +168,9 @@ Status PeerDeathExecutor::restart_due(const std::function<void(const std::string
     }
     const Command& cmd = commands_[it->file];
     before_spawn(it->file);
-    auto pid = group_.spawn(it->file, c_.exe, cmd.args, logs_dir(c_) + "/" + it->file + ".stderr",
+    std::vector<std::string> args = cmd.args;
+    args.insert(args.end(), it->pinned.begin(), it->pinned.end());
+    auto pid = group_.spawn(it->file, c_.exe, args, logs_dir(c_) + "/" + it->file + ".stderr",
                             /*append=*/true, child_exec(c_, it->file));
     if (!pid.ok()) {
       tell_router("kill_failed", cmd.display, 0, "restart failed: " + pid.status().str());
@@ -165,8 +179,8 @@ Status PeerDeathExecutor::restart_due(const std::function<void(const std::string
     PeerDeathRecord& d = deaths_[it->death];
     d.restarted = true;
     d.restarted_ns = monotonic_ns();
-    out_ << fmt::format("replay: peer death: restarted {} (pid {}) at {:.3f} s\n", cmd.display, *pid,
-                        elapsed_s())
+    out_ << fmt::format("replay: peer death: restarted {} (pid {}) at {:.3f} s{}\n", cmd.display, *pid,
+                        elapsed_s(), it->pinned.empty() ? "" : " on the same ports")
          << std::flush;
     tell_router("restarted", cmd.display, d.restarted_ns, "");
     it = pending_restarts_.erase(it);

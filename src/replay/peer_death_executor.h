@@ -3,7 +3,9 @@
 // (peer_death_frames.h), SIGKILLs that rank, notes the time (CLOCK_MONOTONIC) in a
 // PeerDeathRecord (report.h), tells the router, and once the process is reaped and
 // restart_delay_ms passed starts the same command line again (its log and stderr files are
-// appended to; a half line the kill left at the end of its JSON log is set aside first).
+// appended to; a half line the kill left at the end of its JSON log is set aside first). A rank
+// of a restart@ item (fault_plan.h) is started again on the ports the killed process had bound
+// (child_args.h restart_ports(): control, engine, metrics), read just before the kill.
 // Thread contract: one thread (the orchestrator's main thread); the ProcessGroup is shared with
 // the caller on that thread.
 #pragma once
@@ -72,6 +74,7 @@ class PeerDeathExecutor {
     std::string file;
     size_t death = 0;  // index in deaths_
     Clock::time_point due;
+    std::vector<std::string> pinned;  // restart@: the ports the killed process bound (child_args.h)
   };
 
   double elapsed_s() const;

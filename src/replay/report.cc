@@ -138,6 +138,7 @@ std::vector<std::string> Report::problems() const {
     p.push_back(fmt::format("{} peer_dead lines above debug for a rank that was not killed (first: {})",
                             unexplained_peer_dead.size(), unexplained_peer_dead.front()));
   }
+  restart_problems(*this, p);
   p.insert(p.end(), process_problems.begin(), process_problems.end());
   return p;
 }
@@ -325,6 +326,7 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
     }
   }
   rep.transfer_latency_ms = percentiles(std::move(latencies));
+  add_restart_checks(rep, results, logs);
   if (results.last_result_ns > results.dispatch_start_ns && results.dispatch_start_ns > 0) {
     rep.transfer_seconds = double(results.last_result_ns - results.dispatch_start_ns) / 1e9;
     rep.throughput_gb_per_s = double(rep.bytes_transferred) / rep.transfer_seconds / 1e9;

@@ -83,6 +83,7 @@ struct PeerDeathRecord {
   double killed_at_s = 0;    // since the replay started
   bool restarted = false;
   int64_t restarted_ns = 0;
+  bool same_ports = false;  // restart@: back on the ports the killed process had bound
   // The other engine exchanges data with this rank (endpoint/topology.h), so it is expected to
   // detect the death too. False for a rank no peer writes to or reads from: an MLA prefill rank
   // that is no decode rank's source, a replica of a replicated KV head; then only its own engine
@@ -107,6 +108,16 @@ struct PeerDeathEntry {
   // propagated on every live rank: they must log none), and the first such room.
   uint64_t rooms_with_lines = 0;
   std::string first_room_with_lines;
+  // After the restart (report_net.cc): rooms dispatched once the restarted process was spawned;
+  // how many of those dispatched after the first one that succeeded (the rank is back) failed
+  // without a room fault; from the restart to that first success (-1: none). A restart@ (same
+  // ports) must have one succeed and none fail after it (problems()).
+  uint64_t rooms_after_restart = 0;
+  uint64_t rooms_after_restart_failed = 0;
+  double first_success_after_restart_ms = -1;
+  // Messages refused for their incarnation (kvferry/messages.h) from the kill to the next kill
+  // of the rank (or the end): "stale_refused" log lines, by any rank.
+  uint64_t stale_refused = 0;
 };
 
 struct RejectedEntry {
@@ -135,6 +146,11 @@ struct Report {
   // Problems that make `kvferry replay` exit 1 (empty: the replay is clean).
   std::vector<std::string> problems() const;
 };
+
+// The restart checks of every peer death (report_net.cc): rooms after the restart, stale
+// messages refused; and their problems (appended to `p`).
+void add_restart_checks(Report& rep, const ReplayResults& results, const LogScan& logs);
+void restart_problems(const Report& rep, std::vector<std::string>& p);
 
 // `deaths`: the orchestrator's planned kills; the TP sizes tell which engines detect a death.
 Report build_report(const ReplayResults& results, const LogScan& logs,

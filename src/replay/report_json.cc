@@ -144,7 +144,12 @@ std::string report_json(const Report& r, const ReplayResults& results,
                       {"rooms_failed", d.rooms_failed},
                       {"rooms_misattributed", d.rooms_misattributed},
                       {"rooms_with_lines_above_debug", d.rooms_with_lines},
-                      {"misattributed_examples", d.misattributed_examples}});
+                      {"misattributed_examples", d.misattributed_examples},
+                      {"same_ports", d.record.same_ports},
+                      {"rooms_after_restart", d.rooms_after_restart},
+                      {"rooms_after_restart_failed", d.rooms_after_restart_failed},
+                      {"first_success_after_restart_ms", round_to(d.first_success_after_restart_ms, 3)},
+                      {"stale_refused", d.stale_refused}});
   }
   json j = {
       {"status", error.empty() ? "ok" : "failed"},

@@ -1,0 +1,194 @@
+// Incarnations (kvferry/messages.h, docs/failure-model.md "Incarnations"): a rank restarted on the
+// same address and ports is found again by its peer, and nothing meant for its previous
+// incarnation reaches it; stale registrations, statuses and metadata are refused and counted.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "endpoint/endpoint_pair_steps.h"
+#include "kvferry/log.h"
+#include "kvferry/port_file.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::decode_rank0;
+using testing::EndpointPair;
+using testing::make_pair;
+using testing::open_room;
+using testing::prefill_rank0;
+using testing::transfer_room;
+
+uint16_t control_port(EndpointCore& core) { return endpoint_port(core.control_endpoint()).value_or(0); }
+
+TEST(Incarnation, EveryRankHasOneAndALaterOneIsLarger) {
+  const uint64_t a = next_incarnation();
+  const uint64_t b = next_incarnation();
+  EXPECT_GT(a, 0u);
+  EXPECT_GT(b, a);  // unique within the process even within one clock tick
+  EXPECT_GE(a, static_cast<uint64_t>(realtime_ns()) - 60'000'000'000ull);  // the start time, in ns
+}
+
+TEST(Incarnation, PrefillRefusesAndCountsStaleMetadataAndStatuses) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x2101;
+  p->prefill().add_room(room, 32);  // 2 pages, no metadata yet
+  const uint64_t decode_inc = p->dcore().incarnation();
+  const uint64_t prefill_inc = p->pcore().incarnation();
+
+  // From an older incarnation of the decode rank: refused, the room still waits.
+  RoomMetadata md{room, decode_rank0(), {0, 1}, 0, {}, 1};
+  md.incarnation = decode_inc - 1;
+  md.peer_incarnation = prefill_inc;
+  p->prefill().on_message(Message(md));
+  // Meant for an earlier incarnation of this prefill rank: refused too.
+  md.incarnation = decode_inc;
+  md.peer_incarnation = prefill_inc - 7;
+  p->prefill().on_message(Message(md));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Bootstrapping);
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_metadata, 2u);
+
+  RoomStatus st{room, decode_rank0(), KVPoll::Failed,
+                Failure{ErrorCode::kAborted, decode_rank0(), "stale abort", monotonic_ns(), realtime_ns()}};
+  st.incarnation = decode_inc - 1;
+  st.peer_incarnation = prefill_inc;
+  p->prefill().on_message(Message(st));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Bootstrapping);  // nothing of the old one applies
+  EXPECT_FALSE(p->pcore().registry().get(room));
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_statuses, 1u);
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_total(), 3u);
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 0u);
+
+  // The current incarnation's metadata is used.
+  md.peer_incarnation = prefill_inc;
+  p->prefill().on_message(Message(md));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::WaitingForInput);
+}
+
+TEST(Incarnation, PrefillRefusesAStaleRegistrationAndKeepsThePeer) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  ASSERT_EQ(p->prefill().peers(), 1u);
+  const uint64_t refused0 = p->prefill().refused_registrations();
+  // A registration from an older incarnation of decode/tp0 (e.g. delayed in the network).
+  PoolRegistration old;
+  old.sender = decode_rank0();
+  old.incarnation = p->dcore().incarnation() - 1;
+  old.peer_incarnation = p->pcore().incarnation();
+  old.control_endpoint = "tcp://127.0.0.1:1";  // never used: refused before anything
+  p->prefill().on_message(Message(old));
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_registrations, 1u);
+  EXPECT_EQ(p->prefill().refused_registrations(), refused0);  // not a shape refusal
+  EXPECT_EQ(p->prefill().peers(), 1u);
+  transfer_room(*p, 0x2111, 32, {2, 3}, 1);  // the current incarnation is still served
+  EXPECT_EQ(p->prefill().poll(0x2111), KVPoll::Success);
+}
+
+TEST(Incarnation, DecodeRefusesStatusesFromAnOlderOrForAnotherIncarnation) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x2121;
+  open_room(*p, room, 32, {0, 1}, 1);
+  RoomStatus st{room, prefill_rank0(), KVPoll::Failed,
+                Failure{ErrorCode::kTransferError, prefill_rank0(), "from the past", monotonic_ns(), realtime_ns()}};
+  st.incarnation = p->pcore().incarnation() - 1;  // an older prefill incarnation
+  st.peer_incarnation = p->dcore().incarnation();
+  p->decode().on_message(Message(st));
+  st.incarnation = p->pcore().incarnation();
+  st.peer_incarnation = p->dcore().incarnation() - 3;  // meant for an earlier decode incarnation
+  p->decode().on_message(Message(st));
+  Heartbeat hb{prefill_rank0(), 1, monotonic_ns(), p->pcore().incarnation() - 1};
+  p->decode().on_message(Message(hb));
+  EXPECT_EQ(p->decode().poll(room), KVPoll::WaitingForInput);
+  EXPECT_FALSE(p->dcore().registry().get(room));
+  EXPECT_EQ(p->dcore().incarnation_counts().stale_statuses, 2u);
+  EXPECT_EQ(p->dcore().incarnation_counts().stale_heartbeats, 1u);
+  // The room still completes with the live incarnation.
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
+}
+
+// A decode rank restarted on the same control port: its new registration is a restart (the
+// rooms of the old incarnation fail with it as origin, one line above debug), and the new one is
+// used at once, before any heartbeat timeout.
+TEST(Incarnation, DecodeRestartedOnTheSamePortIsARestart) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x2131;
+  open_room(*p, room, 32, {0, 1}, 1);
+  const uint16_t port = control_port(p->dcore());
+  const uint64_t old_inc = p->dcore().incarnation();
+  const uint64_t lines0 = lines_above_debug();
+  ASSERT_TRUE(p->start_decode(port).ok());  // kill, then start on the same port
+  ASSERT_EQ(control_port(p->dcore()), port);
+  ASSERT_GT(p->dcore().incarnation(), old_inc);
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 3s));
+  auto e = p->pcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(e->origin, decode_rank0());
+  EXPECT_NE(e->failure_reason.find("restarted"), std::string::npos) << e->failure_reason;
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 1u);
+  EXPECT_EQ(lines_above_debug() - lines0, 1u);
+  ASSERT_TRUE(p->prefill().drained(room));
+  p->prefill().release(room);
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().peers() == 1; }, 2s));
+  transfer_room(*p, 0x2132, 32, {2, 3}, 2);
+  EXPECT_EQ(p->prefill().poll(0x2132), KVPoll::Success);
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 1u);
+}
+
+// A prefill rank restarted on the same control port: its bootstrap entry names the same endpoint
+// but a new incarnation, which is how the decode rank finds it again. Its room of the old
+// incarnation failed with the prefill rank as origin; a new room goes through.
+TEST(Incarnation, PrefillRestartedOnTheSamePortIsFoundAgain) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x2141;
+  open_room(*p, room, 32, {0, 1}, 1);
+  const uint16_t port = control_port(p->pcore());
+  const std::string endpoint = p->pcore().control_endpoint();
+  p->kill_prefill();
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Failed; }, 3s,
+                            [&] { p->pump_decode(); }));
+  auto e = p->dcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(e->origin, prefill_rank0());
+  p->decode().release(room);
+  ASSERT_TRUE(p->start_prefill(port).ok());
+  ASSERT_EQ(p->pcore().control_endpoint(), endpoint);  // same address and port
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().peers() == 1; }, 3s))
+      << "the decode rank never found the prefill rank restarted on the same endpoint";
+  transfer_room(*p, 0x2142, 32, {2, 3}, 2);
+  EXPECT_EQ(p->decode().poll(0x2142), KVPoll::Success);
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_total(), 0u);
+}
+
+// A registration meant for the previous incarnation of the prefill rank is refused; the prefill
+// rank answers with a heartbeat of its own incarnation, so the decode rank sees the restart at
+// once, fails what it had with the old incarnation and registers with the new one.
+TEST(Incarnation, RegistrationForThePreviousPrefillIsAnsweredWithTheNewIncarnation) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  PoolRegistration reg;
+  reg.sender = decode_rank0();
+  reg.incarnation = p->dcore().incarnation();
+  reg.peer_incarnation = p->pcore().incarnation() - 1;  // as if it knew an older prefill
+  reg.control_endpoint = p->dcore().control_endpoint();
+  p->prefill().on_message(Message(reg));
+  EXPECT_EQ(p->pcore().incarnation_counts().stale_registrations, 1u);
+  // The decode rank got a heartbeat from the prefill rank's (current) incarnation, which it
+  // knows: nothing to do. Its own registration with the right incarnation stands.
+  p->pump_for(200ms);
+  EXPECT_EQ(p->prefill().peers(), 1u);
+  EXPECT_EQ(p->dcore().incarnation_counts().peer_restarts, 0u);
+  transfer_room(*p, 0x2151, 32, {0, 1}, 1);
+}
+
+}  // namespace
+}  // namespace kvferry
