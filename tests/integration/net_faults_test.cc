@@ -69,7 +69,8 @@ TEST_P(Restart, SameAddressAndPortsFoundAgainByEveryPeer) {
   const fs::path logs = out() / "logs";
   EXPECT_FALSE(read_text(logs / (file + ".control.port")).empty());
   // Every failed room names the restarted rank.
-  for (const auto& q : results()["requests"]) {
+  const json res = results();  // not a temporary: the loop reads into it
+  for (const auto& q : res["requests"]) {
     for (const char* engine : {"prefill", "decode"}) {
       const json& e = q[engine];
       if (!e.is_object() || e["state"] != "Failed") continue;
