@@ -18,6 +18,13 @@
 //   transfer_timeout      KVFERRY_TRANSFER_TIMEOUT_MS      30000    prefill: a room with writes in flight none of which completed for
 //                                                                  this long (a wedged receiver or path) fails (transfer_error,
 //                                                                  origin the prefill rank; docs/failure-model.md "Deadlines")
+//   status_retry          KVFERRY_STATUS_RETRY_MS          1000     decode: a room whose source sent no status this long after the
+//                                                                  metadata (or after the room failed, no terminal one) asks the
+//                                                                  source again (its metadata again; the source answers with the
+//                                                                  status it sent, if any); the wait doubles, at most 8 asks
+//   connect_timeout       KVFERRY_CONNECT_TIMEOUT_MS       5000     prefill: the transport connect to a decode rank that registered
+//                                                                  (off the main thread) did not complete: the rooms waiting for it
+//                                                                  fail (peer_unreachable, origin that decode rank)
 //   lookup_timeout        KVFERRY_LOOKUP_TIMEOUT_MS        60000    a prefill rank never appeared at the bootstrap service, or
 //                                                                  a dead one did not appear again there (decode: rooms that
 //                                                                  wait for it fail, peer_unreachable)
@@ -42,6 +49,8 @@ struct Deadlines {
   int64_t heartbeat_timeout_ms = 800;
   int64_t drain_timeout_ms = 10000;
   int64_t transfer_timeout_ms = 30000;
+  int64_t status_retry_ms = 1000;
+  int64_t connect_timeout_ms = 5000;
   int64_t lookup_timeout_ms = 60000;
   int64_t engine_timeout_ms = 600;
   int64_t fault_timeout_ms = 1000;

@@ -65,6 +65,13 @@ class FaultInjectingTransport : public Transport {
   // Writes forwarded after a hold or a delay, so far.
   uint64_t forwarded_late() const { return forwarded_late_.load(); }
 
+  // Test-only: later connect() calls wait, on their caller's thread, until release_connects()
+  // (or the decorator is destroyed); then they are forwarded.
+  void hold_connects();
+  void release_connects();
+  // connect() calls waiting in a hold now.
+  size_t held_connects() const;
+
   Transport& inner() { return *inner_; }
 
   // Transport: forwarded.
@@ -108,6 +115,9 @@ class FaultInjectingTransport : public Transport {
   std::unordered_map<uint64_t, std::chrono::milliseconds> delays_;
   std::unordered_map<uint64_t, RoomQueue> queued_;  // rooms with queued or forwarding writes
   bool stopping_ = false;
+  bool connects_held_ = false;
+  size_t connects_waiting_ = 0;
+  std::condition_variable connect_cv_;
   std::atomic<uint64_t> injected_{0};
   std::atomic<uint64_t> forwarded_late_{0};
   std::thread worker_;  // last: started after everything above exists

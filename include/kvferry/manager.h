@@ -146,7 +146,9 @@ class Receiver {
 struct ManagerStats {
   uint64_t live_rooms = 0;         // rooms of senders/receivers, dropped ones until released
   uint64_t peers = 0;              // peer ranks of the other engine known to this rank
-  uint64_t quarantined_rooms = 0;
+  uint64_t quarantined_rooms = 0;  // decode: rooms released quarantined, so far
+  uint64_t quarantined_pages = 0;  // decode: their pages and rows not reclaimed yet (leaked now)
+  uint64_t reclaimed_rooms = 0;    // decode: quarantined rooms reclaimed, so far
   TransportStats transport;
 };
 
@@ -188,6 +190,10 @@ class Manager {
   virtual uint8_t* pool_base() const = 0;
   virtual std::string control_endpoint() const = 0;  // advertised ("tcp://host:port")
   virtual ManagerStats stats() const = 0;
+  // Decode: rooms released quarantined (Receiver::quarantined()) whose prefill sources have since
+  // confirmed the drain (or died), since the last call: their pages, aux and state rows may be
+  // reused now. Prefill: always empty.
+  virtual std::vector<uint64_t> take_reclaimed_rooms() = 0;
   // The fault decorator (config.fault_injection), else nullptr.
   virtual FaultInjectingTransport* faults() = 0;
 };

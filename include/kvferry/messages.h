@@ -49,6 +49,7 @@ enum class MessageType : uint16_t {
   kRoomMetadata = 2,
   kRoomStatus = 3,
   kHeartbeat = 4,
+  kRegistrationRefusal = 5,
 };
 
 // One span of the decode rank's registered memory, as its transport registered it
@@ -128,7 +129,19 @@ struct Heartbeat {
   uint64_t incarnation = 0;  // the sender's
 };
 
-using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbeat>;
+// prefill -> decode, once per pool registration the prefill rank refuses (prefill_registration.cc:
+// check_registration, or a transport address it cannot use): why. `failure` (code protocol_error,
+// origin the prefill rank, stamped when it refused) is the record the decode rank's rooms for this
+// prefill rank fail with, so both engines name one root cause (docs/failure-model.md). decode()
+// requires a non-ok code.
+struct RegistrationRefusal {
+  RankId sender;  // the prefill rank
+  Failure failure{ErrorCode::kProtocolError, {}, "", 0, 0};
+  uint64_t incarnation = 0;       // the prefill rank's
+  uint64_t peer_incarnation = 0;  // the decode rank's whose registration it refuses
+};
+
+using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbeat, RegistrationRefusal>;
 
 std::string encode(const Message& m);
 Result<Message> decode(std::string_view frame);

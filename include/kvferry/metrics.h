@@ -22,6 +22,8 @@
 //       refused because they came from an older incarnation of their sender, or were meant for an
 //       earlier incarnation of this rank
 //   kvferry_peer_restarts_total         peers of the other engine seen coming back as a new incarnation
+//   kvferry_quarantined_pages           decode: pages and aux rows quarantined (leaked: a failed room's
+//                                       source never confirmed its writes drained; not in pages_in_use)
 //
 // Thread contract: init_rank_metrics() once per process before the other calls; every other
 // function is thread-safe (the HTTP server reads while the engine loop writes). Without
@@ -57,6 +59,7 @@ class RankMetrics {
   // The rank's totals so far (counters: never below what was set before). `stale_by_kind`:
   // registration, metadata, status, heartbeat.
   void set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts);
+  void set_quarantined_pages(uint64_t pages);
 
   // The whole exposition (text/plain; version=0.0.4).
   std::string exposition() const;

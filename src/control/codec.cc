@@ -17,6 +17,7 @@
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
 //                    (bit 0), with state Failed; absent means terminal (the original format).
 //   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64
+//   RegistrationRefusal sender RankId | incarnation u64 | peer_incarnation u64 | failure Failure (code not kOk)
 // A sender incarnation of 0 is refused (every rank has one, messages.h).
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
 // Success with kOk, or Failed with a non-ok code; a non-terminal one must be Failed. encode() truncates an over-long RoomStatus
@@ -59,6 +60,7 @@ MessageType type_of(const PoolRegistration&) { return MessageType::kPoolRegistra
 MessageType type_of(const RoomMetadata&) { return MessageType::kRoomMetadata; }
 MessageType type_of(const RoomStatus&) { return MessageType::kRoomStatus; }
 MessageType type_of(const Heartbeat&) { return MessageType::kHeartbeat; }
+MessageType type_of(const RegistrationRefusal&) { return MessageType::kRegistrationRefusal; }
 
 // The sender's incarnation, which must not be 0 (messages.h).
 void get_incarnation(WireReader& r, const char* field, uint64_t* v) {
@@ -144,6 +146,13 @@ void put_body(WireWriter& w, const Heartbeat& m) {
   w.u64(m.incarnation);
   w.u64(m.seq);
   w.i64(m.sent_ns);
+}
+
+void put_body(WireWriter& w, const RegistrationRefusal& m) {
+  put_rank(w, m.sender);
+  w.u64(m.incarnation);
+  w.u64(m.peer_incarnation);
+  put_failure(w, m.failure);
 }
 
 // A u64 that must not be zero.
@@ -264,6 +273,14 @@ void get_body(WireReader& r, Heartbeat* m) {
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
 }
 
+void get_body(WireReader& r, RegistrationRefusal* m) {
+  get_rank(r, "RegistrationRefusal.sender", &m->sender);
+  get_incarnation(r, "RegistrationRefusal.incarnation", &m->incarnation);
+  r.u64("RegistrationRefusal.peer_incarnation", &m->peer_incarnation);
+  get_failure(r, "RegistrationRefusal", &m->failure);
+  if (r.ok() && m->failure.code == ErrorCode::kOk) r.fail("RegistrationRefusal.code", "is ok (a refusal has a cause)");
+}
+
 template <typename T>
 Result<Message> decode_body(std::string_view body, const char* name) {
   WireReader r(body);
@@ -332,6 +349,8 @@ Result<Message> decode(std::string_view frame) {
       return decode_body<RoomStatus>(body, "RoomStatus");
     case MessageType::kHeartbeat:
       return decode_body<Heartbeat>(body, "Heartbeat");
+    case MessageType::kRegistrationRefusal:
+      return decode_body<RegistrationRefusal>(body, "RegistrationRefusal");
   }
   return bad("type: " + std::to_string(type) + " is not a known message type");
 }
@@ -342,6 +361,7 @@ std::string_view message_name(const Message& m) {
     std::string_view operator()(const RoomMetadata&) const { return "RoomMetadata"; }
     std::string_view operator()(const RoomStatus&) const { return "RoomStatus"; }
     std::string_view operator()(const Heartbeat&) const { return "Heartbeat"; }
+    std::string_view operator()(const RegistrationRefusal&) const { return "RegistrationRefusal"; }
   };
   return std::visit(Name{}, m);
 }

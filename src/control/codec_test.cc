@@ -320,6 +320,23 @@ TEST(CodecReject, SenderIncarnationZero) {
   expect_rejected(encode(Message(hb)), "Heartbeat.incarnation");
 }
 
+TEST(Codec, RegistrationRefusalRoundTripAndNeedsACause) {
+  RegistrationRefusal m{prefill(2), sample_status().failure};
+  m.failure.code = ErrorCode::kProtocolError;
+  m.failure.origin = prefill(2);
+  const auto d = round_trip(m);
+  EXPECT_EQ(d.sender, m.sender);
+  EXPECT_EQ(d.failure, m.failure);
+  EXPECT_EQ(message_name(Message(m)), "RegistrationRefusal");
+  RegistrationRefusal ok = m;
+  ok.failure.code = ErrorCode::kOk;
+  expect_rejected(encode(Message(ok)), "RegistrationRefusal.code");
+  std::string f = encode(Message(m));
+  f.pop_back();
+  fix_body_length(f);
+  expect_rejected(f, "RegistrationRefusal.reason");
+}
+
 TEST(Codec, MessageNames) {
   EXPECT_EQ(message_name(Message(PoolRegistration{})), "PoolRegistration");
   EXPECT_EQ(message_name(Message(RoomMetadata{})), "RoomMetadata");
@@ -357,7 +374,7 @@ TEST(CodecReject, BadMagicVersionType) {
   put_le(g, 6, 0, 2);
   expect_rejected(g, "type");
   g = f;
-  put_le(g, 6, 5, 2);
+  put_le(g, 6, 99, 2);
   expect_rejected(g, "type");
 }
 

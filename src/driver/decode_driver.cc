@@ -293,6 +293,7 @@ RankLeakStats DecodeDriver::leak_stats() const {
   s.live_rooms = ep_.live_rooms() + rooms_.size();
   s.records = core_.registry().records();
   s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use() - quarantined_aux_;
+  s.quarantined_pages = quarantined_ + quarantined_aux_;  // leaked: counted apart, not hidden
   s.peers = ep_.peers();
   const IncarnationCounts& inc = core_.incarnation_counts();
   s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};

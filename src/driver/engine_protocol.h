@@ -97,6 +97,7 @@ struct RankLeakStats {
   // messages refused as stale by kind (registration, metadata, status, heartbeat), peer restarts.
   std::array<uint64_t, 4> stale_messages{};
   uint64_t peer_restarts = 0;
+  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,

@@ -138,7 +138,8 @@ std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomR
   json arr = json::array();
   for (const RoomReport& r : rooms) arr.push_back(to_json(r));
   json st{{"rank", stats.rank}, {"live_rooms", stats.live_rooms}, {"records", stats.records},
-          {"pages_in_use", stats.pages_in_use}, {"peers", stats.peers}};
+          {"pages_in_use", stats.pages_in_use}, {"peers", stats.peers},
+          {"quarantined_pages", stats.quarantined_pages}};
   return json{{"type", "reply"}, {"seq", seq}, {"tp_rank", tp_rank}, {"rooms", std::move(arr)}, {"stats", st}}.dump();
 }
 
@@ -188,6 +189,7 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.stats.records = st.at("records").get<uint64_t>();
       f.stats.pages_in_use = st.at("pages_in_use").get<uint64_t>();
       f.stats.peers = st.at("peers").get<uint64_t>();
+      f.stats.quarantined_pages = st.value("quarantined_pages", uint64_t{0});  // older ranks: absent
     }
     return f;
   } catch (const std::exception& e) {

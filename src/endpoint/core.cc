@@ -28,7 +28,7 @@ EndpointCore::EndpointCore(const EndpointConfig& c)
     : config_(c), incarnation_(c.incarnation != 0 ? c.incarnation : next_incarnation()), registry_(c.self) {}
 
 void EndpointCore::refuse_stale(std::string_view kind, const RankId& sender, const std::string& why) {
-  if (kind == "PoolRegistration") ++incarnations_.stale_registrations;
+  if (kind == "PoolRegistration" || kind == "RegistrationRefusal") ++incarnations_.stale_registrations;
   else if (kind == "RoomMetadata") ++incarnations_.stale_metadata;
   else if (kind == "RoomStatus") ++incarnations_.stale_statuses;
   else ++incarnations_.stale_heartbeats;
@@ -37,6 +37,8 @@ void EndpointCore::refuse_stale(std::string_view kind, const RankId& sender, con
 }
 
 EndpointCore::~EndpointCore() {
+  if (faults_) faults_->release_connects();  // a connect a test holds must end for the join
+  connector_.reset();
   monitor_.reset();
   faults_ = nullptr;
   transport_.reset();
@@ -73,6 +75,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
     raw->waker_.signal();
   });
   core->monitor_ = std::make_unique<PeerMonitor>(config.self, config.deadlines, config.control, core->incarnation_);
+  core->connector_ = std::make_unique<Connector>(*core->transport_, core->waker_);
   return core;
 }
 
@@ -111,6 +114,7 @@ Status EndpointCore::build_map() {
 }
 
 Status EndpointCore::send(const std::string& endpoint, const Message& m) {
+  if (send_filter_ && !send_filter_(endpoint, m)) return Status::Ok();  // lost on the way (tests)
   const bool unstamped = std::visit([](const auto& msg) { return msg.incarnation == 0; }, m);
   if (!unstamped) return control_->send(endpoint, encode(m));
   Message stamped = m;

@@ -9,12 +9,14 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "endpoint/connector.h"
 #include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
 #include "endpoint/waker.h"
@@ -134,10 +136,17 @@ class EndpointCore {
   FailureRegistry& registry() { return registry_; }
   Waker& waker() { return waker_; }
   PeerMonitor& monitor() { return *monitor_; }
+  // Transport connects off the main thread (endpoint/connector.h).
+  Connector& connector() { return *connector_; }
 
   // Encodes and sends a control message; a failure is returned (the caller decides). A message
   // whose `incarnation` is 0 is sent with this rank's.
   Status send(const std::string& endpoint, const Message& m);
+  // Test-only: a message for which `filter` returns false is dropped as if lost on the way (send()
+  // still reports ok). Null: none. Main thread only.
+  void set_send_filter(std::function<bool(const std::string& endpoint, const Message& m)> filter) {
+    send_filter_ = std::move(filter);
+  }
 
   // Thread-safe: queue a completion for the main thread and wake it.
   void post(TransportEvent e);
@@ -164,6 +173,8 @@ class EndpointCore {
   std::vector<TransportEvent> events_;
   std::vector<PeerError> peer_errors_;
   std::unique_ptr<PeerMonitor> monitor_;
+  std::unique_ptr<Connector> connector_;  // before transport_ goes (~EndpointCore)
+  std::function<bool(const std::string&, const Message&)> send_filter_;
 };
 
 }  // namespace kvferry

@@ -56,6 +56,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
   peers_[peer] = {peer, endpoint, 0, incarnation};
+  refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
   core_.monitor().watch(peer, endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
@@ -108,6 +109,7 @@ void DecodeEndpoint::maybe_waiting(ReceiverRoom& r) {
   r.state.advance(KVPoll::WaitingForInput);
   r.init_ns = monotonic_ns();
   r.waiting_deadline_ns = r.init_ns + core_.config().deadlines.waiting_timeout_ms * 1'000'000;
+  arm_reask(r, r.init_ns);
 }
 
 int64_t DecodeEndpoint::rejoin_deadline_ns(const RankId& peer) const {
@@ -186,6 +188,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.control().forget(it->second.control_endpoint);
   dead_peers_.insert(peer);
+  source_gone(peer);  // a dead process writes nothing more into quarantined rooms either
   rediscover(peer, it->second.control_endpoint, it->second.incarnation);
 }
 
@@ -260,12 +263,17 @@ void DecodeEndpoint::on_message(const Message& m) {
     core_.monitor().heard(st->sender, now);
     return on_status(*st);
   }
+  if (auto* rf = std::get_if<RegistrationRefusal>(&m)) {
+    if (!accept_incarnation(rf->sender, rf->incarnation, rf->peer_incarnation, "RegistrationRefusal")) return;
+    return on_refusal(*rf);
+  }
   log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
 }
 
 void DecodeEndpoint::on_status(const RoomStatus& st) {
   auto it = rooms_.find(st.room);
   if (it == rooms_.end()) {
+    if (st.terminal && quarantined_.count(st.room)) return drain_confirmed(st.room, st.sender);
     log_event(LogLevel::kDebug, kComp, "status for an unknown room dropped", {.room = st.room});
     return;
   }
@@ -319,6 +327,7 @@ void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t pref
   const uint32_t dp = prefill_dp_rank >= 0 ? static_cast<uint32_t>(prefill_dp_rank) : dp_rank_for_room(room, prefill_dp_);
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank)) r.sources.push_back({Role::kPrefill, 0, p, dp});
   core_.registry().open(room);
+  if (fail_if_refused(room)) return;
   // A source that is down may already be back (its engine may hold this room): the room waits
   // for it to register again, up to its rejoin deadline (expire_dead_sources).
   const int64_t now = monotonic_ns();
@@ -346,8 +355,10 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "init() for an unknown room"};
   ReceiverRoom& r = it->second;
-  if (r.state.get() != KVPoll::Bootstrapping || r.init_called)
-    return {ErrorCode::kInvalidArgument, "init() twice or after failure"};
+  if (r.init_called) return {ErrorCode::kInvalidArgument, "init() twice"};
+  const bool failed_before = r.state.get() == KVPoll::Failed;
+  if (r.state.get() != KVPoll::Bootstrapping && !failed_before)
+    return {ErrorCode::kInvalidArgument, "init() after the room left Bootstrapping"};
   if (kv_indices.size() != r.total_pages) return {ErrorCode::kInvalidArgument, "kv_indices size != room pages"};
   const MemoryShape& sh = core_.shape();
   for (uint64_t p : kv_indices)
@@ -366,6 +377,7 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   r.aux_index = aux_index;
   r.state_indices.assign(state_indices.begin(), state_indices.end());
   r.init_called = true;
+  if (failed_before) return Status::Ok();  // it failed first (e.g. a refusing source): nothing goes out
   std::memset(core_.guard_row(aux_index), 0, kAuxSlotBytes);
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);
@@ -448,6 +460,7 @@ void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, c
   }
   r.state.advance(KVPoll::Failed);
   r.failed_ns = monotonic_ns();
+  arm_reask(r, r.failed_ns);  // until every source's terminal status came
   LogFields fields = failure_log_fields(room, f);
   if (via) fields.extra.push_back({"via", via->str()});
   log_event(LogLevel::kDebug, kComp, fmt::format("room failed: {} at {}: {}", code_name(code), origin.str(), reason),
@@ -508,6 +521,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   if (!dead_peers_.empty()) expire_dead_sources(now_ns);
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
+  reask(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);
@@ -529,6 +543,7 @@ void DecodeEndpoint::release(uint64_t room) {
   if (it->second.state.get() == KVPoll::Failed && !it->second.final_told) {
     answer_sources(it->second, monotonic_ns(), /*force=*/true);  // released: the answer is owed now
   }
+  if (it->second.state.get() == KVPoll::Failed) quarantine(it->second);  // if a source is unconfirmed
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);

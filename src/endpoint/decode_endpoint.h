@@ -22,6 +22,7 @@
 // Thread contract: main thread only.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,10 @@ struct ReceiverRoom {
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
   int64_t failed_ns = 0;
+  // The next time the sources that owe a status are asked again (0: not armed), and how often
+  // they were (decode_reask.cc).
+  int64_t next_ask_ns = 0;
+  uint32_t asks = 0;
 };
 
 class DecodeEndpoint {
@@ -95,8 +100,10 @@ class DecodeEndpoint {
   // Clears the room's guard row and sends the metadata (destination pages, aux row, state rows)
   // to every source. kv_indices.size() must equal the room's page count; `aux_index` names the
   // room's row in every aux buffer and its guard row; `state_indices` its rows in every state
-  // buffer (the prefill rank gives as many with its last chunk). Errors (kInvalidArgument, nothing
-  // sent): unknown room, called twice or after a failure, a page, aux or state row out of range.
+  // buffer (the prefill rank gives as many with its last chunk). A room that failed before init
+  // (a source refused our registration, a source down past its rejoin deadline) takes the call and
+  // sends nothing: it stays Failed with its cause. Errors (kInvalidArgument, nothing sent): unknown
+  // room, called twice, a page, aux or state row out of range.
   Status init(uint64_t room, const std::vector<uint64_t>& kv_indices, uint64_t aux_index,
               std::span<const uint64_t> state_indices);
   // The form without state rows.
@@ -118,7 +125,19 @@ class DecodeEndpoint {
   // peer_unreachable (a dead process writes nothing more, so those rooms are drained); one line
   // above debug. The peer is looked up again until it re-registers.
   void on_peer_dead(const RankId& peer, const std::string& reason);
+  // Releases the room; one released before every source it sent metadata to confirmed the drain
+  // is quarantined until they do (decode_quarantine.cc).
   void release(uint64_t room);
+
+  // Quarantined rooms: released, some source still unconfirmed. Their pages and rows (the room's
+  // kv_indices, its aux row and state rows) are leaked until reclaimed; take_reclaimed() returns
+  // the rooms whose sources have since confirmed the drain (or died): their pages may be reused.
+  size_t quarantined_rooms() const { return quarantined_.size(); }
+  uint64_t quarantined_pages() const { return quarantined_pages_; }
+  uint64_t quarantined_total() const { return quarantined_total_; }
+  uint64_t reclaimed_total() const { return reclaimed_total_; }
+  std::vector<uint64_t> take_reclaimed() { return std::exchange(reclaimed_, {}); }
+  static constexpr size_t kMaxQuarantined = 4096;
 
   // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
   // released before the call is left out (so the list stays bounded by the live rooms).
@@ -126,6 +145,11 @@ class DecodeEndpoint {
 
   size_t live_rooms() const { return rooms_.size(); }
   size_t peers() const { return peers_.size(); }
+  // Sources whose refusal of our registration stands (RegistrationRefusal).
+  size_t refused_peers() const { return refused_.size(); }
+  // Sources asked again for a room's status, so far (one per source per ask).
+  uint64_t status_asks() const { return status_asks_; }
+  static constexpr uint32_t kMaxAsks = 8;
 
  private:
   void on_status(const RoomStatus& st);
@@ -137,6 +161,17 @@ class DecodeEndpoint {
   // source is terminal or dead (its own failure, if any, is a candidate here) or the drain
   // deadline passed (or `force`: the room is released); once per room.
   void answer_sources(ReceiverRoom& r, int64_t now_ns, bool force = false);
+  // decode_refusal.cc: a source refused our pool registration; a room fed by a refusing source
+  // fails at once (true then).
+  void on_refusal(const RegistrationRefusal& rf);
+  // decode_quarantine.cc.
+  void quarantine(const ReceiverRoom& r);
+  void drain_confirmed(uint64_t room, const RankId& src);
+  void source_gone(const RankId& src);
+  bool fail_if_refused(uint64_t room);
+  // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
+  void arm_reask(ReceiverRoom& r, int64_t now_ns);
+  void reask(int64_t now_ns);
   // `incarnation`: the peer's, from its bootstrap entry (kvferry/messages.h; 0: not known).
   Status send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation);
   // Looks the dead `peer` up until its entry names another endpoint or another incarnation.
@@ -174,6 +209,20 @@ class DecodeEndpoint {
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
+  // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
+  // we register with the source again).
+  std::map<RankId, Failure> refused_;
+  struct Quarantine {
+    std::set<RankId> pending;  // sources that have not confirmed the drain
+    uint64_t pages = 0;        // pages and rows held
+  };
+  std::unordered_map<uint64_t, Quarantine> quarantined_;
+  std::deque<uint64_t> quarantined_order_;
+  std::vector<uint64_t> reclaimed_;
+  uint64_t quarantined_pages_ = 0;
+  uint64_t quarantined_total_ = 0;
+  uint64_t reclaimed_total_ = 0;
+  uint64_t status_asks_ = 0;
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.
   std::map<RankId, std::vector<RoomStatus>> owed_;

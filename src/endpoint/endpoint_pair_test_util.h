@@ -95,6 +95,9 @@ struct PairConfig {
   TestLayoutSpec layout;
   Deadlines prefill_deadlines;
   Deadlines decode_deadlines;
+  // The prefill rank's transport connects wait from the start until the test releases them
+  // (FaultInjectingTransport::hold_connects): the decode rank's registration stays connecting.
+  bool hold_prefill_connects = false;
 };
 
 class EndpointPair {
@@ -111,6 +114,7 @@ class EndpointPair {
 
     Status s = p->start_prefill();
     if (!s.ok()) return s;
+    if (cfg.hold_prefill_connects) p->pcore().faults()->hold_connects();
     s = p->start_decode();
     if (!s.ok()) return s;
     // The pool registration must have reached the prefill rank before any metadata is sent.

@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "endpoint/engine_pair_test_util.h"
+#include "kvferry/log.h"
 
 namespace kvferry {
 namespace {
@@ -155,6 +157,57 @@ TEST(EngineMemoryRefusal, MetadataWithRowsOutOfRangeFailsTheRoom) {
     EXPECT_EQ(e->code, ErrorCode::kProtocolError);
     EXPECT_NE(e->failure_reason.find("out of range"), std::string::npos) << e->failure_reason;
   }
+}
+
+// Issue 12: a refused decode rank is told why, once; its rooms for that prefill rank (those
+// waiting and those added later) fail with that record, and the prefill rank's rooms for it too:
+// one line above debug per engine for the refusal, none per room.
+TEST(EngineMemoryRefusal, RefusalIsToldOnceAndFailsTheDecodeRanksRoomsWithIt) {
+  EnginePairConfig c;
+  c.decode.aux_item_bytes = {8, 16};
+  c.wait_registered = false;
+  const uint64_t lines0 = lines_above_debug();
+  auto p = make(c);
+  ASSERT_TRUE(p);
+  DecodeEndpoint& dec = *p->d().decode;
+  PrefillEndpoint& pre = *p->p().prefill;
+  const RankId prefill = p->p().self;
+  ASSERT_TRUE(p->pump_until([&] { return dec.refused_peers() == 1; }, 5s));
+  EXPECT_EQ(pre.refused_registrations(), 1u);
+  EXPECT_EQ(lines_above_debug() - lines0, 2u);  // prefill's refusal, decode's answer to it
+
+  auto check = [&](const std::optional<KVTransferError>& e, const char* side) {
+    ASSERT_TRUE(e) << side;
+    EXPECT_EQ(e->code, ErrorCode::kProtocolError) << side;
+    EXPECT_EQ(e->origin, prefill) << side;
+    EXPECT_TRUE(e->is_from_another_rank) << side;
+    EXPECT_NE(e->failure_reason.find("aux buffers of [8, 16]"), std::string::npos) << e->failure_reason;
+  };
+  // Rooms added after the refusal fail at once; init() takes the call and sends nothing.
+  for (uint64_t room : {0x81, 0x82, 0x83}) {
+    ASSERT_TRUE(pre.add_room(room, 4, 0).ok());
+    dec.add_room(room, 4);
+    EXPECT_EQ(dec.poll(room), KVPoll::Failed);
+    EXPECT_TRUE(dec.init(room, {0}, 1, {}).ok());
+    EXPECT_EQ(dec.init(room, {0}, 1, {}).code(), ErrorCode::kInvalidArgument);  // twice
+    check(p->d().core->registry().get(room), "decode");
+  }
+  // The prefill rank's rooms fail with the same record (decode told them its failure).
+  ASSERT_TRUE(p->pump_until([&] { return pre.poll(0x81) == KVPoll::Failed && pre.poll(0x82) == KVPoll::Failed &&
+                                         pre.poll(0x83) == KVPoll::Failed; }, 5s));
+  for (uint64_t room : {0x81, 0x82, 0x83}) check(p->p().core->registry().get(room), "prefill");
+  auto d0 = p->d().core->registry().get(0x81);
+  auto p0 = p->p().core->registry().get(0x81);
+  EXPECT_EQ(d0->first_seen_ns, p0->first_seen_ns);  // one record on both sides
+  // Metadata that left before the refusal arrived fails the prefill room with the record too.
+  ASSERT_TRUE(pre.add_room(0x84, 4, 0).ok());
+  pre.on_message(Message(RoomMetadata{0x84, p->d().self, {0}, 1, {}, 1}));
+  EXPECT_EQ(pre.poll(0x84), KVPoll::Failed);
+  check(p->p().core->registry().get(0x84), "prefill, metadata before the refusal");
+  EXPECT_EQ(lines_above_debug() - lines0, 2u);  // nothing per room
+  // A second refusal of the same registration is not logged again.
+  dec.on_message(Message(RegistrationRefusal{prefill, d0->failure()}));
+  EXPECT_EQ(lines_above_debug() - lines0, 2u);
 }
 
 }  // namespace

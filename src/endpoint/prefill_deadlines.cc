@@ -82,9 +82,10 @@ void PrefillEndpoint::on_abandoned_completion(uint64_t room) {
   if (--it->second.inflight > 0) return;
   RoomStatus st{room, core_.self(), KVPoll::Failed, it->second.failure, /*terminal=*/true};
   for (const RankId& d : it->second.dests) {
-    auto peer = peers_.find(d);
-    if (peer == peers_.end()) continue;
-    Status s = core_.send(peer->second.reg.control_endpoint, st);
+    const std::string* peer = control_endpoint_of(d);
+    if (!peer) continue;
+    st.peer_incarnation = incarnation_of(d);
+    Status s = core_.send(*peer, st);
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, "drain confirmation not delivered: " + s.str(), {.room = room});
   }
   log_event(LogLevel::kDebug, kComp, "abandoned writes completed: drain confirmed to the destinations", {.room = room});

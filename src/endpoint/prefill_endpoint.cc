@@ -68,79 +68,6 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   peers_.erase(it);  // last: `peer` may be this entry's key (callers iterate peers_)
 }
 
-void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
-  auto it = rooms_.find(md.room);
-  if (it != rooms_.end()) return apply_metadata(it->second, md);
-  auto tomb = tombstones_.find(md.room);
-  if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
-    auto peer = peers_.find(md.sender);
-    if (tomb->second.cause && peer != peers_.end()) {
-      const KVTransferError& e = *tomb->second.cause;
-      RoomStatus st{md.room, core_.self(), KVPoll::Failed, e.failure()};
-      st.peer_incarnation = peer->second.reg.incarnation;
-      (void)core_.send(peer->second.reg.control_endpoint, st);
-    }
-    log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
-    return;
-  }
-  pending_meta_[md.room].push_back({monotonic_ns(), md});
-}
-
-void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
-  if (r.state.get() == KVPoll::Failed) {
-    // The room failed before this destination's metadata arrived (e.g. a failure on this rank
-    // when the room was created): our failure status may have reached the decode rank before it
-    // knew the room, so answer the metadata with the cause, as for a released room.
-    auto peer = peers_.find(md.sender);
-    auto e = core_.registry().get(r.room);
-    if (peer != peers_.end() && e) {
-      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
-      st.peer_incarnation = peer->second.reg.incarnation;
-      (void)core_.send(peer->second.reg.control_endpoint, st);
-    }
-    log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
-    return;
-  }
-  if (r.state.terminal()) return;
-  auto peer = peers_.find(md.sender);
-  bool expected = false;
-  for (const RankId& d : r.dests) expected |= (d == md.sender);
-  std::string bad;
-  if (!expected) bad = fmt::format("metadata from {} which is not a destination of this rank", md.sender.str());
-  else if (peer == peers_.end()) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
-  else if (md.kv_indices.size() != r.total_pages)
-    bad = fmt::format("{} kv_indices for a room of {} pages", md.kv_indices.size(), r.total_pages);
-  else if (md.aux_index >= peer->second.reg.aux_rows)
-    bad = fmt::format("aux index {} out of range ({} rows)", md.aux_index, peer->second.reg.aux_rows);
-  else if (!md.state_indices.empty() && peer->second.reg.state_offsets.empty())
-    bad = fmt::format("{} state indices for a rank without state buffers", md.state_indices.size());
-  else {
-    for (uint64_t s : md.state_indices) {
-      if (s >= peer->second.reg.state_rows) {
-        bad = fmt::format("state index {} out of range ({} rows)", s, peer->second.reg.state_rows);
-        break;
-      }
-    }
-  }
-  if (bad.empty()) {
-    for (uint64_t p : md.kv_indices) {
-      if (p >= peer->second.reg.num_pages) {
-        bad = fmt::format("page index {} out of range ({} pages)", p, peer->second.reg.num_pages);
-        break;
-      }
-    }
-  }
-  if (!bad.empty()) {
-    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
-    return;
-  }
-  r.meta[md.sender] = md;
-  if (r.meta.size() == r.dests.size() && r.state.get() == KVPoll::Bootstrapping) {
-    r.state.advance(KVPoll::WaitingForInput);
-    log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
-  }
-}
-
 void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
   auto it = rooms_.find(st.room);
@@ -151,6 +78,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
     return;
   }
   if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
+  if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
   pending_fail_[st.room] = {monotonic_ns(), st};
 }
 
@@ -438,10 +366,10 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     if (e) st.failure = e->failure();
   }
   for (const RankId& d : r.dests) {
-    auto peer = peers_.find(d);
-    if (peer == peers_.end()) continue;  // never registered: it cannot be waiting for our writes
-    st.peer_incarnation = peer->second.reg.incarnation;
-    Status s = core_.send(peer->second.reg.control_endpoint, st);
+    const std::string* peer = control_endpoint_of(d);
+    if (!peer) continue;  // never registered: it cannot be waiting for our writes
+    st.peer_incarnation = incarnation_of(d);
+    Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
   }
@@ -552,12 +480,13 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);
-    if (reg == dead_regs_.end()) continue;
+    if (reg == dead_regs_.end() || connecting_.count(peer)) continue;  // a newer registration is connecting
     if (reg->second.incarnation < known_incarnation(peer)) continue;  // it restarted: its new one registers
     PoolRegistration r = reg->second;
     log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again: reconnecting", peer.str()));
     on_registration(r);
   }
+  check_connects(now_ns);
   check_write_deadlines(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {

@@ -176,6 +176,10 @@ class PrefillEndpoint {
   // room can only get frames that were already in flight when it succeeded (decode's timeout
   // racing prefill's Success), so a short history suffices: 1024 rooms = 0.5 s at 2000 rooms/s.
   static constexpr size_t kMaxOkTombstones = 1024;
+  // Frames kept for rooms not added yet: at most this many rooms, and one metadata per sender
+  // (at most kMaxPendingSenders) for each; more are dropped (the sender asks again).
+  static constexpr size_t kMaxPendingRooms = 1u << 16;
+  static constexpr size_t kMaxPendingSenders = 64;
   static constexpr size_t kMaxFailedTombstones = 2048;
 
   // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
@@ -184,7 +188,19 @@ class PrefillEndpoint {
 
   size_t live_rooms() const { return rooms_.size(); }
   size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
-  size_t peers() const { return peers_.size(); }
+  // Decode ranks registered here: connected, or with their connect under way.
+  size_t peers() const {
+    size_t n = peers_.size();
+    for (const auto& [rank, c] : connecting_) n += peers_.count(rank) ? 0 : 1;
+    return n;
+  }
+  // Connected and not being connected again (a restarted rank's new connect).
+  size_t connected_peers() const {
+    size_t n = 0;
+    for (const auto& [rank, p] : peers_) n += connecting_.count(rank) ? 0 : 1;
+    return n;
+  }
+  size_t connecting_peers() const { return connecting_.size(); }
   // Pool registrations refused (check_registration) and the last reason, for tests and metrics.
   uint64_t refused_registrations() const { return refused_registrations_; }
   const std::string& last_refusal() const { return last_refusal_; }
@@ -214,9 +230,34 @@ class PrefillEndpoint {
   // `peer` came back as incarnation `inc`: the rooms that involved its previous incarnation fail
   // as for its death (on_peer_dead, origin the peer).
   void on_peer_restart(const RankId& peer, uint64_t inc);
+  // Tells a refused decode rank why (RegistrationRefusal), once per refused registration, and
+  // keeps the record: its metadata fails the room with it (prefill_registration.cc).
+  void refuse(const PoolRegistration& r, const std::string& why);
+  // prefill_registration.cc: the transport connect to a registered decode rank runs off the main
+  // thread (core.connector()); rooms for it wait (Bootstrapping) until it completes, and fail with
+  // peer_unreachable, origin that rank, if it fails or passes connect_timeout_ms.
+  void start_connect(const PoolRegistration& r, RemoteRegionInfo info);
+  void check_connects(int64_t now_ns);
+  void connect_failed(const RankId& peer, const PoolRegistration& reg, const std::string& why);
+  // The registration metadata from `d` is checked against: the newest (connecting, else connected).
+  const PoolRegistration* registration_for(const RankId& d) const;
+  // Where to send `d` a status: its newest registration's control endpoint, also while it is
+  // connecting or down (null: it never registered).
+  const std::string* control_endpoint_of(const RankId& d) const;
+  // The incarnation of `d`'s newest registration (kvferry/messages.h; 0: none): a status to it
+  // carries it as peer_incarnation.
+  uint64_t incarnation_of(const RankId& d) const {
+    const PoolRegistration* reg = registration_for(d);
+    return reg ? reg->incarnation : 0;
+  }
+  // Bootstrapping -> WaitingForInput once every destination's metadata came and every
+  // destination is connected.
+  void maybe_ready(SenderRoom& r);
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
+  // A destination sent its metadata again (a lost status): the status it is owed, if any, again.
+  void answer_again(SenderRoom& r, const RankId& d);
   void maybe_finish(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);
@@ -241,6 +282,18 @@ class PrefillEndpoint {
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
+  // Decode ranks whose last registration was refused, with the refusal's record (until one of
+  // theirs is accepted; at most kMaxRefused, oldest rank order dropped first).
+  std::map<RankId, Failure> refused_;
+  static constexpr size_t kMaxRefused = 1024;
+  // Decode ranks whose transport connect is under way (at most Connector::kMaxInFlight).
+  struct PendingConnect {
+    PoolRegistration reg;
+    uint64_t id = 0;
+    int64_t deadline_ns = 0;
+  };
+  std::map<RankId, PendingConnect> connecting_;
+  uint64_t next_connect_id_ = 1;
   std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again
   // The newest incarnation of each decode rank that registered (a key of peers_ or dead_regs_).
   std::map<RankId, uint64_t> incarnations_;

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
 #include "endpoint/prefill_endpoint.h"
 #include "endpoint/span_compat.h"
 #include "kvferry/log.h"
@@ -135,27 +137,117 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     log_event(LogLevel::kWarning, kComp,
               fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
               {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
+    refuse(r, bad);
     return;
   }
+  refused_.erase(r.sender);
   auto old = peers_.find(r.sender);
-  if (old != peers_.end()) {  // a restarted decode rank: replace its endpoint
+  if (old != peers_.end()) core_.control().forget(old->second.reg.control_endpoint);  // a restarted decode rank
+  start_connect(r, std::move(*info));
+}
+
+void PrefillEndpoint::start_connect(const PoolRegistration& r, RemoteRegionInfo info) {
+  const uint64_t id = next_connect_id_++;
+  if (!core_.connector().start(id, std::move(info))) {
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("registration of {} dropped: {} transport connects under way already", r.sender.str(),
+                          Connector::kMaxInFlight),
+              {.code = std::string(code_name(ErrorCode::kResourceExhausted)), .origin = core_.self().str()});
+    return;
+  }
+  // A newer registration supersedes a connect under way (its result is disconnected on arrival).
+  connecting_[r.sender] = {r, id, monotonic_ns() + core_.config().deadlines.connect_timeout_ms * 1'000'000};
+  incarnations_[r.sender] = r.incarnation;  // the newest that registered (accept_incarnation())
+  dead_peers_.erase(r.sender);  // it is back: its rooms wait for the connect (connect_failed: down again)
+  log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registering: transport connect started", r.sender.str()));
+}
+
+const PoolRegistration* PrefillEndpoint::registration_for(const RankId& d) const {
+  if (auto c = connecting_.find(d); c != connecting_.end()) return &c->second.reg;
+  if (auto p = peers_.find(d); p != peers_.end()) return &p->second.reg;
+  return nullptr;
+}
+
+const std::string* PrefillEndpoint::control_endpoint_of(const RankId& d) const {
+  if (const PoolRegistration* r = registration_for(d)) return &r->control_endpoint;
+  if (auto it = dead_regs_.find(d); it != dead_regs_.end()) return &it->second.control_endpoint;
+  return nullptr;
+}
+
+void PrefillEndpoint::check_connects(int64_t now_ns) {
+  for (Connector::Done& done : core_.connector().take_done()) {
+    auto it = connecting_.begin();
+    while (it != connecting_.end() && it->second.id != done.id) ++it;
+    if (it == connecting_.end()) {  // superseded, or its deadline passed: not wanted any more
+      if (done.peer.ok()) core_.transport().disconnect(*done.peer);
+      continue;
+    }
+    const RankId sender = it->first;
+    const PoolRegistration reg = std::move(it->second.reg);
+    connecting_.erase(it);
+    if (!done.peer.ok()) {
+      connect_failed(sender, reg, done.peer.status().str());
+      continue;
+    }
+    if (auto old = peers_.find(sender); old != peers_.end()) core_.transport().disconnect(old->second.peer);
+    peers_[sender] = {reg, shape_of(reg), *done.peer};
+    dead_peers_.erase(sender);
+    dead_regs_.erase(sender);
+    core_.monitor().watch(sender, reg.control_endpoint);
+    log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", sender.str(), reg.num_pages));
+    for (auto& [id, r] : rooms_) maybe_ready(r);
+  }
+  std::vector<RankId> late;
+  for (const auto& [rank, c] : connecting_)
+    if (now_ns > c.deadline_ns) late.push_back(rank);
+  for (const RankId& rank : late) {
+    const PoolRegistration reg = std::move(connecting_.at(rank).reg);
+    connecting_.erase(rank);
+    connect_failed(rank, reg,
+                   fmt::format("transport connect did not complete within {} ms",
+                               core_.config().deadlines.connect_timeout_ms));
+  }
+}
+
+void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration& reg, const std::string& why) {
+  const int64_t now = monotonic_ns();
+  // The same registration failing again (a retry once it answered again) is logged at debug.
+  auto before = dead_regs_.find(peer);
+  const bool again = before != dead_regs_.end() && before->second.worker_address == reg.worker_address;
+  dead_regs_[peer] = reg;  // first: the rooms' failures below are told to it there
+  size_t failed = 0;
+  for (auto& [id, r] : rooms_) {
+    if (r.state.terminal()) continue;
+    if (std::find(r.dests.begin(), r.dests.end(), peer) == r.dests.end()) continue;
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("cannot connect to {}: {}", peer.str(), why), peer, now, false);
+    ++failed;
+  }
+  log_event(again && failed == 0 ? LogLevel::kDebug : LogLevel::kWarning, kComp,
+            fmt::format("cannot connect to decode peer {}: {}; {} rooms failed", peer.str(), why, failed),
+            {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
+             .extra = {{"peer", peer.str()}, {"event", "connect_failed"}}});
+  if (auto old = peers_.find(peer); old != peers_.end()) {  // its previous incarnation's endpoint
     core_.transport().disconnect(old->second.peer);
-    core_.control().forget(old->second.reg.control_endpoint);
     peers_.erase(old);
   }
-  auto peer = core_.transport().connect(*info);
-  if (!peer.ok()) {
-    log_event(LogLevel::kWarning, kComp,
-              fmt::format("cannot connect to {}: {}", r.sender.str(), peer.status().str()),
-              {.code = std::string(code_name(peer.status().code())), .origin = r.sender.str()});
-    return;
-  }
-  peers_[r.sender] = {r, shape_of(r), *peer};
-  incarnations_[r.sender] = r.incarnation;
-  dead_peers_.erase(r.sender);
-  dead_regs_.erase(r.sender);
-  core_.monitor().watch(r.sender, r.control_endpoint);
-  log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", r.sender.str(), r.num_pages));
+  // As a dead peer: rooms for it fail at once; it is connected again once it answers again.
+  core_.monitor().watch(peer, reg.control_endpoint);
+  core_.monitor().mark_dead(peer);
+  dead_peers_.insert(peer);
+}
+
+void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) {
+  if (r.sender.role != Role::kDecode) return;  // not a decode rank: no rooms of it to fail
+  const int64_t now = monotonic_ns();
+  Failure f{ErrorCode::kProtocolError, core_.self(),
+            fmt::format("pool registration of {} refused by {}: {}", r.sender.str(), core_.self().str(), why), now,
+            wall_from_monotonic(now)};
+  if (!refused_.count(r.sender) && refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
+  refused_[r.sender] = f;
+  RegistrationRefusal refusal{core_.self(), f};
+  refusal.peer_incarnation = r.incarnation;  // meant for the incarnation that registered
+  Status s = core_.send(r.control_endpoint, refusal);
+  if (!s.ok()) log_event(LogLevel::kDebug, kComp, "refusal not delivered to " + r.sender.str() + ": " + s.str());
 }
 
 }  // namespace kvferry

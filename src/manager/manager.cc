@@ -280,6 +280,11 @@ void ManagerImpl::housekeeping(int64_t now) {
   }
 }
 
+std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {
+  std::lock_guard lock(mu_);
+  return decode_ ? decode_->take_reclaimed() : std::vector<uint64_t>{};
+}
+
 ManagerStats ManagerImpl::stats() const {
   std::lock_guard lock(mu_);
   ManagerStats s;
@@ -288,6 +293,10 @@ ManagerStats ManagerImpl::stats() const {
     if (!r.initialized) ++s.live_rooms;
   s.peers = prefill_ ? prefill_->peers() : decode_->peers();
   s.quarantined_rooms = quarantined_rooms_;
+  if (decode_) {
+    s.quarantined_pages = decode_->quarantined_pages();
+    s.reclaimed_rooms = decode_->reclaimed_total();
+  }
   s.transport = core_->transport().stats();
   return s;
 }

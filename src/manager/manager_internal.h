@@ -36,6 +36,7 @@ class ManagerImpl final : public Manager {
   uint8_t* pool_base() const override { return core_->base(); }
   std::string control_endpoint() const override { return core_->control_endpoint(); }
   ManagerStats stats() const override;
+  std::vector<uint64_t> take_reclaimed_rooms() override;
   FaultInjectingTransport* faults() override { return core_->faults(); }
 
   // --- internal ---

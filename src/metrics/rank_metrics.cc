@@ -38,7 +38,7 @@ struct RankMetrics::Impl {
   std::string constant;  // rank="...",role="..."
   std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
   std::array<std::atomic<uint64_t>, 5> in_flight{};
-  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0};
+  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0};
   std::array<std::atomic<uint64_t>, 4> stale{};  // registration, metadata, status, heartbeat
   std::atomic<uint64_t> peer_restarts{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
@@ -100,6 +100,7 @@ void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by
   for (size_t i = 0; i < 4; ++i) raise(impl_->stale[i], stale_by_kind[i]);
   raise(impl_->peer_restarts, peer_restarts);
 }
+void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
 
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
@@ -155,6 +156,8 @@ std::string RankMetrics::exposition() const {
     sample(out, "kvferry_stale_messages_total", c, fmt::format("kind=\"{}\"", kKinds[i]), m.stale[i].load());
   simple("kvferry_peer_restarts_total", "counter", "Peers of the other engine seen back as a new incarnation",
          m.peer_restarts);
+  simple("kvferry_quarantined_pages", "gauge",
+         "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
   return out;
 }
 

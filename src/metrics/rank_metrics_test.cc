@@ -33,6 +33,7 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   m.room_failed(ErrorCode::kTransferError, true);
   m.set_rooms_in_flight({1, 2, 3, 4, 5});
   m.set_leaks(7, 8, 9, 2);
+  m.set_quarantined_pages(11);
   const std::string t = m.exposition();
   EXPECT_NE(t.find("# TYPE kvferry_rooms_total counter"), std::string::npos);
   EXPECT_NE(t.find("# TYPE kvferry_transfer_latency_seconds histogram"), std::string::npos);
@@ -53,6 +54,7 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   EXPECT_EQ(sample(t, "kvferry_registry_records{" + kLabels + "}"), 8);
   EXPECT_EQ(sample(t, "kvferry_pages_in_use{" + kLabels + "}"), 9);
   EXPECT_EQ(sample(t, "kvferry_peer_connections{" + kLabels + "}"), 2);
+  EXPECT_EQ(sample(t, "kvferry_quarantined_pages{" + kLabels + "}"), 11);
 }
 
 TEST(RankMetrics, IncarnationCountersNeverGoBack) {

@@ -63,7 +63,8 @@ json stats_json(const std::optional<std::vector<RankLeakStats>>& s) {
                    {"live_rooms", r.live_rooms},
                    {"records", r.records},
                    {"pages_in_use", r.pages_in_use},
-                   {"peers", r.peers}});
+                   {"peers", r.peers},
+                   {"quarantined_pages", r.quarantined_pages}});  // leaked pages (decode)
   }
   return arr;
 }

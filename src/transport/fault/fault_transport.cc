@@ -9,6 +9,7 @@ FaultInjectingTransport::FaultInjectingTransport(std::unique_ptr<Transport> inne
     : inner_(std::move(inner)), worker_([this] { run(); }) {}
 
 FaultInjectingTransport::~FaultInjectingTransport() {
+  release_connects();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
@@ -142,7 +143,31 @@ TransportCaps FaultInjectingTransport::caps() const { return inner_->caps(); }
 
 std::string FaultInjectingTransport::address() const { return inner_->address(); }
 
+void FaultInjectingTransport::hold_connects() {
+  std::lock_guard<std::mutex> lock(mu_);
+  connects_held_ = true;
+}
+
+void FaultInjectingTransport::release_connects() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connects_held_ = false;
+  }
+  connect_cv_.notify_all();
+}
+
+size_t FaultInjectingTransport::held_connects() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connects_waiting_;
+}
+
 Result<PeerId> FaultInjectingTransport::connect(const RemoteRegionInfo& peer) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++connects_waiting_;
+    connect_cv_.wait(lock, [&] { return !connects_held_ || stopping_; });
+    --connects_waiting_;
+  }
   return inner_->connect(peer);
 }
 

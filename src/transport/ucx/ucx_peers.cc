@@ -123,7 +123,10 @@ void UcxTransport::complete_connect(ConnectCtx& ctx, const Status& status) {
   auto it = peers_.find(ctx.id);
   Peer* peer = it == peers_.end() ? nullptr : it->second.get();
   if (peer != nullptr) peer->connecting = false;
-  if (status.ok() && peer != nullptr && peer->state == Peer::State::kLive) return reply(ctx.id);
+  if (status.ok() && peer != nullptr && peer->state == Peer::State::kLive) {
+    peer->wired = true;
+    return reply(ctx.id);
+  }
   Status why = !status.ok() ? status : peer != nullptr ? peer->error : Status();
   reply(Status(ErrorCode::kPeerUnreachable,
                peer_name(ctx.id) + ": connect failed: " + why.message()));
@@ -163,7 +166,10 @@ void UcxTransport::do_disconnect(PeerId id) {
   if (p.ep == nullptr) {
     peers_.erase(it);
   } else if (!p.closing) {
-    close_peer(p, /*force=*/failed || p.connecting);  // may erase p
+    // An endpoint that never wired up is closed by force: a graceful close would flush towards a
+    // peer that may never answer, and UCX aborts if the worker is destroyed with that close
+    // still pending (docs/transport.md, "Teardown").
+    close_peer(p, /*force=*/failed || !p.wired);  // may erase p
   }
 }
 

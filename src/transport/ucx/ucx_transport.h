@@ -230,7 +230,8 @@ struct UcxTransport::Peer {
   Status error;                // why the peer is no longer live
   bool closing = false;
   bool erase_when_closed = false;
-  bool connecting = true;      // until the wire-up flush completed
+  bool connecting = true;      // until the wire-up flush completed (or failed)
+  bool wired = false;          // the wire-up completed: a graceful close can flush
   std::unordered_set<uint64_t> batches;  // unfinished batch ids
 };
 

@@ -1,0 +1,52 @@
+// DecodeEndpoint's side of a refused pool registration (decode_endpoint.h): a prefill source that
+// will not use our registration says why once (RegistrationRefusal); every room it feeds fails
+// with that record, and rooms added later for it fail at once, with one line above debug for all
+// of them (the rooms' own lines are debug: the record came in a message).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "endpoint/decode_endpoint.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "decode.endpoint";
+}  // namespace
+
+void DecodeEndpoint::on_refusal(const RegistrationRefusal& rf) {
+  // Only a source we registered with may refuse us, with a record that names itself.
+  if (!peers_.count(rf.sender) || rf.failure.origin != rf.sender || rf.failure.code == ErrorCode::kOk) {
+    log_event(LogLevel::kDebug, kComp, fmt::format("registration refusal from {} ignored", rf.sender.str()));
+    return;
+  }
+  if (refused_.count(rf.sender)) return;  // once per registration
+  refused_[rf.sender] = rf.failure;
+  std::vector<uint64_t> fed;
+  for (auto& [id, r] : rooms_) {
+    if (r.state.terminal()) continue;
+    if (std::find(r.sources.begin(), r.sources.end(), rf.sender) != r.sources.end()) fed.push_back(id);
+  }
+  for (uint64_t id : fed) fail(id, rf.failure, /*observed_here=*/false, &rf.sender);
+  log_event(LogLevel::kError, kComp,
+            fmt::format("prefill peer {} refused our pool registration: {}; {} rooms failed, later rooms it feeds "
+                        "fail at once",
+                        rf.sender.str(), rf.failure.reason, fed.size()),
+            {.code = std::string(code_name(rf.failure.code)), .origin = rf.sender.str(),
+             .extra = {{"peer", rf.sender.str()}, {"event", "registration_refused"}}});
+}
+
+bool DecodeEndpoint::fail_if_refused(uint64_t room) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end() || refused_.empty()) return false;
+  for (const RankId& src : it->second.sources) {
+    auto rf = refused_.find(src);
+    if (rf == refused_.end()) continue;
+    const Failure f = rf->second;
+    fail(room, f, /*observed_here=*/false, &src);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace kvferry

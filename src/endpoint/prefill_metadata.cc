@@ -1,0 +1,138 @@
+// PrefillEndpoint's side of the room metadata (prefill_endpoint.h): a destination's metadata
+// checked against its registration (the newest: connecting, else connected) and the room's page
+// count, kept for a room not added yet (bounded), answered with the cause for a failed or released
+// room, and a repeat (a destination that asks again for a status it lost, decode_reask.cc)
+// answered with the status it is owed, never stored.
+#include <fmt/format.h>
+
+#include "endpoint/prefill_endpoint.h"
+#include "kvferry/log.h"
+
+namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "prefill.endpoint";
+
+LogFields room_fields(uint64_t room) {
+  LogFields f;
+  f.room = room;
+  return f;
+}
+}  // namespace
+
+void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
+  auto it = rooms_.find(md.room);
+  if (it != rooms_.end()) return apply_metadata(it->second, md);
+  auto tomb = tombstones_.find(md.room);
+  if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
+    const std::string* peer = control_endpoint_of(md.sender);
+    if (peer) {  // a room released here: what its destination was (or is) owed
+      RoomStatus st{md.room, core_.self(), KVPoll::Success, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
+      if (tomb->second.cause) {
+        st.state = KVPoll::Failed;
+        st.failure = tomb->second.cause->failure();
+        st.terminal = !abandoned_.count(md.room);  // abandoned writes may still land
+      }
+      st.peer_incarnation = incarnation_of(md.sender);
+      (void)core_.send(*peer, st);
+    }
+    log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
+    return;
+  }
+  auto pending = pending_meta_.find(md.room);
+  if (pending == pending_meta_.end() && pending_meta_.size() >= kMaxPendingRooms) {
+    log_event(LogLevel::kDebug, kComp, "metadata for a room not added yet dropped: too many pending", room_fields(md.room));
+    return;
+  }
+  auto& kept = pending_meta_[md.room];
+  for (const auto& [ns, m] : kept)
+    if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
+  if (kept.size() < kMaxPendingSenders) kept.push_back({monotonic_ns(), md});
+}
+
+void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
+  const std::string* peer = control_endpoint_of(d);
+  if (!peer) return;
+  RoomStatus st{r.room, core_.self(), r.state.get(), Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
+  if (r.state.get() == KVPoll::Failed) {
+    auto e = core_.registry().get(r.room);
+    if (e) st.failure = e->failure();
+    st.terminal = r.inflight == 0;  // terminal only once none of its writes can land
+  } else if (r.state.get() != KVPoll::Success) {
+    return;  // in progress: its status comes when there is one
+  }
+  st.peer_incarnation = incarnation_of(d);
+  (void)core_.send(*peer, st);
+  log_event(LogLevel::kDebug, kComp, fmt::format("{} asked again: {} status sent again", d.str(), to_string(st.state)),
+            room_fields(r.room));
+}
+
+void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  // The same destination again: it asks for the status it is owed (decode_reask.cc). The first
+  // metadata stays; nothing of the repeat is stored.
+  if (r.meta.count(md.sender)) return answer_again(r, md.sender);
+  if (r.state.get() == KVPoll::Failed) {
+    // The room failed before this destination's metadata arrived (e.g. a failure on this rank
+    // when the room was created): our failure status may have reached the decode rank before it
+    // knew the room, so answer the metadata with the cause, as for a released room.
+    const std::string* peer = control_endpoint_of(md.sender);
+    auto e = core_.registry().get(r.room);
+    if (peer && e) {
+      RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
+      st.peer_incarnation = incarnation_of(md.sender);
+      (void)core_.send(*peer, st);
+    }
+    log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));
+    return;
+  }
+  if (r.state.terminal()) return;
+  const PoolRegistration* reg = registration_for(md.sender);
+  bool expected = false;
+  for (const RankId& d : r.dests) expected |= (d == md.sender);
+  std::string bad;
+  if (auto refused = refused_.find(md.sender); expected && reg == nullptr && refused != refused_.end()) {
+    // Its registration was refused (logged once, and told to it): the room fails with that
+    // record, as the decode rank's rooms do, so both engines name the one root cause.
+    fail(r.room, refused->second, /*observed_here=*/false, &md.sender);
+    return;
+  }
+  if (!expected) bad = fmt::format("metadata from {} which is not a destination of this rank", md.sender.str());
+  else if (reg == nullptr) bad = fmt::format("metadata from {} before its pool registration", md.sender.str());
+  else if (md.kv_indices.size() != r.total_pages)
+    bad = fmt::format("{} kv_indices for a room of {} pages", md.kv_indices.size(), r.total_pages);
+  else if (md.aux_index >= reg->aux_rows)
+    bad = fmt::format("aux index {} out of range ({} rows)", md.aux_index, reg->aux_rows);
+  else if (!md.state_indices.empty() && reg->state_offsets.empty())
+    bad = fmt::format("{} state indices for a rank without state buffers", md.state_indices.size());
+  else {
+    for (uint64_t s : md.state_indices) {
+      if (s >= reg->state_rows) {
+        bad = fmt::format("state index {} out of range ({} rows)", s, reg->state_rows);
+        break;
+      }
+    }
+  }
+  if (bad.empty()) {
+    for (uint64_t p : md.kv_indices) {
+      if (p >= reg->num_pages) {
+        bad = fmt::format("page index {} out of range ({} pages)", p, reg->num_pages);
+        break;
+      }
+    }
+  }
+  if (!bad.empty()) {
+    fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
+    return;
+  }
+  r.meta[md.sender] = md;
+  maybe_ready(r);
+}
+
+void PrefillEndpoint::maybe_ready(SenderRoom& r) {
+  if (r.state.get() != KVPoll::Bootstrapping || r.meta.size() != r.dests.size()) return;
+  for (const RankId& d : r.dests)
+    if (!peers_.count(d) || connecting_.count(d)) return;  // not ready (a state): its connect is under way
+  r.state.advance(KVPoll::WaitingForInput);
+  log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
+}
+
+}  // namespace kvferry
