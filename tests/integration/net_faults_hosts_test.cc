@@ -23,10 +23,10 @@ namespace {
 class NetFaultsAcrossHosts : public TestHosts {
  protected:
   // 120 requests, one every 100 ms, in two waves: the fault lands at 30-60% of them, within the
-  // first 72; the last 48 come 4 s later, after the heal or the restart (rooms after it).
+  // first 72; the last 30 come 4 s after the 90th, after the heal or the restart (rooms after it).
   CliRun run_with(const std::string& faults) {
     up(2, "h1,h1", "h2,h2");
-    const fs::path trace = write_trace(120, 100, {100, 150, 200, 300}, 72, 4000);
+    const fs::path trace = write_trace(120, 100, {100, 150, 200, 300}, 90, 4000);
     return replay_on(1, {"--trace", trace.string(), "--model", "Qwen2.5-7B", "--prefill-tp", "2", "--decode-tp", "2",
                          "--pool-mib", "256", "--prefill-pool-mib", "64", "--page-size", "16", "--time-scale", "1",
                          "--seed", "3", "--faults", faults, "--metrics"});

@@ -40,9 +40,9 @@ TEST_P(Restart, SameAddressAndPortsFoundAgainByEveryPeer) {
   const std::string rank = GetParam();
   std::string file = rank;
   file[file.find('/')] = '-';
-  // Two waves: the kill lands within the first 72 requests (30-60%); the last 48 come 4 s later,
+  // Two waves: the kill lands within the first 72 requests (30-60%); the last 30 come 4 s later,
   // once the rank is back (rooms dispatched after the restart).
-  const fs::path trace = write_trace(120, 100, {100, 150, 200, 300}, 72, 4000);
+  const fs::path trace = write_trace(120, 100, {100, 150, 200, 300}, 90, 4000);
   const CliRun run = replay({"--trace", trace.string(), "--model", "Qwen2.5-7B", "--prefill-tp", "2",
                              "--decode-tp", "2", "--pool-mib", "256", "--prefill-pool-mib", "64", "--page-size",
                              "16", "--time-scale", "1", "--seed", "3", "--faults", "restart@" + rank,
