@@ -138,7 +138,7 @@ struct RegistrationRefusal {
   RankId sender;  // the prefill rank
   Failure failure{ErrorCode::kProtocolError, {}, "", 0, 0};
   uint64_t incarnation = 0;       // the prefill rank's
-  uint64_t peer_incarnation = 0;  // the refused registration's (the decode rank's incarnation)
+  uint64_t peer_incarnation = 0;  // the decode rank's whose registration it refuses
 };
 
 using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbeat, RegistrationRefusal>;

@@ -17,13 +17,13 @@
 //   kvferry_rooms_in_flight{state="Failed"|"Bootstrapping"|"WaitingForInput"|"Transferring"|"Success"}
 //   kvferry_peer_connections            peer ranks of the other engine this rank is connected to
 //   kvferry_live_rooms, kvferry_registry_records, kvferry_pages_in_use  leak counters (0 when idle)
-//   kvferry_quarantined_pages           decode: pages and aux rows quarantined (leaked: a failed room's
-//                                       source never confirmed its writes drained; not in pages_in_use)
 // Counters refreshed with the gauges (kvferry/messages.h, incarnations):
 //   kvferry_stale_messages_total{kind="registration"|"metadata"|"status"|"heartbeat"}  messages
 //       refused because they came from an older incarnation of their sender, or were meant for an
 //       earlier incarnation of this rank
 //   kvferry_peer_restarts_total         peers of the other engine seen coming back as a new incarnation
+//   kvferry_quarantined_pages           decode: pages and aux rows quarantined (leaked: a failed room's
+//                                       source never confirmed its writes drained; not in pages_in_use)
 //
 // Thread contract: init_rank_metrics() once per process before the other calls; every other
 // function is thread-safe (the HTTP server reads while the engine loop writes). Without
@@ -56,10 +56,10 @@ class RankMetrics {
   // Gauges. `rooms_by_state[i]`: rooms whose KVPoll is i (Failed=0 ... Success=4).
   void set_rooms_in_flight(const std::array<uint64_t, 5>& rooms_by_state);
   void set_leaks(uint64_t live_rooms, uint64_t records, uint64_t pages_in_use, uint64_t peers);
-  void set_quarantined_pages(uint64_t pages);
   // The rank's totals so far (counters: never below what was set before). `stale_by_kind`:
   // registration, metadata, status, heartbeat.
   void set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts);
+  void set_quarantined_pages(uint64_t pages);
 
   // The whole exposition (text/plain; version=0.0.4).
   std::string exposition() const;

@@ -159,6 +159,30 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   // Busy is not dead: a follower's silence counts only while this loop ran (see engine_loop.h).
   StallClock stall(kStallAllowanceNs);
   int64_t outstanding_stall = 0;  // stall.stalled_ns() when the outstanding step went out
+  // Followers that replied to a step since their hello. A follower says hello only until its
+  // first step, so a hello from one of these is a new process (restarted, possibly on the same
+  // endpoint, docs/failure-model.md "Incarnations"): the rooms the old one had are lost.
+  std::set<uint32_t> joined;
+  // The follower `tp` is dead (`why`): one line above debug (this engine's detection), its rooms
+  // fail with it as origin (decide() while it is down); it gets no steps until it says hello.
+  auto declare_down = [&](uint32_t tp, const std::string& why) {
+    RankId dead{role, 0, tp, cfg_.self.dp_rank};
+    log_event(failure_log_level(role, false, ErrorCode::kPeerUnreachable), kComp, why + "; its rooms fail",
+              {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
+               .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
+    driver_.on_rank_down(dead, why);
+    members_changed = true;
+    // Its connection is dropped: the next frame to it (its rejoin, or the shutdown step) goes
+    // through a new one that holds frames until it is up. The old one may still be reconnecting
+    // to a process restarted on the same port, and refuse the first steps.
+    auto it = followers.find(tp);
+    if (it != followers.end()) {
+      engine.forget(it->second);
+      down[tp] = it->second;
+      followers.erase(it);
+    }
+    joined.erase(tp);
+  };
   for (;;) {
     int64_t now = monotonic_ns();
     stall.tick(now);
@@ -173,6 +197,13 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         continue;
       }
       if (f->type == "hello") {
+        if (followers.count(f->tp_rank) && joined.count(f->tp_rank)) {
+          // Not waited out: its previous process will never answer the outstanding step.
+          asked.erase(f->tp_rank);
+          declare_down(f->tp_rank, fmt::format("{} restarted: it joined the engine again while a member",
+                                               RankId{role, 0, f->tp_rank, cfg_.self.dp_rank}.str()));
+          continue;  // it rejoins with its next hello, once the rooms of the old one failed
+        }
         auto old = followers.find(f->tp_rank);
         if (old != followers.end() && old->second != f->endpoint) engine.forget(old->second);
         followers[f->tp_rank] = f->endpoint;
@@ -184,6 +215,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
         }
       } else if (f->type == "reply") {
+        if (followers.count(f->tp_rank)) joined.insert(f->tp_rank);
         if (f->seq == seq && asked.count(f->tp_rank)) {
           replies[f->tp_rank] = std::move(f->rooms);
           follower_stats[f->tp_rank] = f->stats;
@@ -242,17 +274,11 @@ int EngineLoop::run_leader(ControlSocket& engine) {
             ++it;
             continue;
           }
-          RankId dead{role, 0, it->first, cfg_.self.dp_rank};
-          std::string why = fmt::format("{} stopped answering the engine's per-step agreement for {} ms",
-                                        dead.str(), (now - outstanding_since) / 1'000'000);
-          log_event(failure_log_level(role, false, ErrorCode::kPeerUnreachable), kComp,
-                    why + "; its rooms fail",
-                    {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
-                     .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
-          driver_.on_rank_down(dead, why);
-          members_changed = true;
-          down[it->first] = it->second;
-          it = followers.erase(it);
+          const uint32_t tp = it->first;
+          ++it;
+          declare_down(tp, fmt::format("{} stopped answering the engine's per-step agreement for {} ms",
+                                       RankId{role, 0, tp, cfg_.self.dp_rank}.str(),
+                                       (now - outstanding_since) / 1'000'000));
         }
         if (waiting) continue;
       }

@@ -15,9 +15,6 @@
 //   EngineReady     {"type":"ready","role":"prefill","tp_size":N[,"dp_rank":D][,"endpoint":"tcp://.."]}
 //                   sent by the leader of each DP group (dp_rank absent: 0); endpoint: the
 //                   leader's engine endpoint, where the router sends that group's requests
-//   RankUp          {"type":"rank_up","rank":"decode/tp1[/dpD]"}   sent by a DP group's leader when
-//                   a follower it had declared down says hello again (a restarted rank rejoined):
-//                   the group serves rooms again
 //   RoomResult      see struct below, "type":"result"
 //   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
 //                   pages_in_use, peers}...]}   one per DP group, from its leader
@@ -96,11 +93,11 @@ struct RankLeakStats {
   uint64_t records = 0;
   uint64_t pages_in_use = 0;
   uint64_t peers = 0;
-  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
   // Incarnations (kvferry/messages.h), for the rank's metrics only (not in the engine frames):
   // messages refused as stale by kind (registration, metadata, status, heartbeat), peer restarts.
   std::array<uint64_t, 4> stale_messages{};
   uint64_t peer_restarts = 0;
+  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,
@@ -180,11 +177,10 @@ std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
 std::string encode_result(const RoomResult& r);
 std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0);
 std::string encode_abort(uint64_t room);
-std::string encode_rank_up(const RankId& rank);
 
 // A decoded router-protocol frame. Exactly one of the optionals is set for known types.
 struct RouterFrame {
-  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort", "rank_up"
+  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort"
   std::optional<RouterRequest> request;
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;
@@ -194,7 +190,6 @@ struct RouterFrame {
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
   uint64_t abort_room = 0;   // abort
-  std::optional<RankId> up_rank;  // rank_up
 };
 // kProtocolError for malformed JSON, a missing field or an unknown type.
 Result<RouterFrame> decode_router_frame(const std::string& text);

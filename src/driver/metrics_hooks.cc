@@ -19,8 +19,8 @@ void metrics_on_step(const EngineDriver& driver, const std::vector<RoomReport>& 
   m->set_rooms_in_flight(by_state);
   const RankLeakStats s = driver.leak_stats();
   m->set_leaks(s.live_rooms, s.records, s.pages_in_use, s.peers);
-  m->set_quarantined_pages(s.quarantined_pages);
   m->set_incarnation_counts(s.stale_messages, s.peer_restarts);
+  m->set_quarantined_pages(s.quarantined_pages);
 }
 
 void metrics_on_release(const ReleasedRoom& r) {

@@ -42,7 +42,7 @@ void DecodeEndpoint::reask(int64_t now_ns) {
       if (peer == peers_.end()) continue;
       RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_index, r.state_indices,
                       static_cast<uint32_t>(r.sources.size())};
-      md.peer_incarnation = peer->second.incarnation;  // the incarnation it registered us with
+      md.peer_incarnation = peer->second.incarnation;  // kvferry/messages.h
       Status s = core_.send(peer->second.control_endpoint, md);
       if (s.ok() && failure) {
         RoomStatus st{r.room, core_.self(), KVPoll::Failed, failure->failure(), r.final_told};

@@ -66,7 +66,9 @@ TEST(Incarnation, PrefillRefusesAndCountsStaleMetadataAndStatuses) {
   // The current incarnation's metadata is used.
   md.peer_incarnation = prefill_inc;
   p->prefill().on_message(Message(md));
-  EXPECT_EQ(p->prefill().poll(room), KVPoll::WaitingForInput);
+  // Ready once the transport connect to the decode rank (off the engine thread) completed too.
+  EXPECT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::WaitingForInput; },
+                            std::chrono::seconds(5)));
 }
 
 TEST(Incarnation, PrefillRefusesAStaleRegistrationAndKeepsThePeer) {

@@ -84,7 +84,7 @@ void PrefillEndpoint::on_abandoned_completion(uint64_t room) {
   for (const RankId& d : it->second.dests) {
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;
-    st.peer_incarnation = known_incarnation(d);
+    st.peer_incarnation = incarnation_of(d);
     Status s = core_.send(*peer, st);
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, "drain confirmation not delivered: " + s.str(), {.room = room});
   }

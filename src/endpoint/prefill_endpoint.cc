@@ -368,7 +368,7 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
   for (const RankId& d : r.dests) {
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
-    st.peer_incarnation = known_incarnation(d);
+    st.peer_incarnation = incarnation_of(d);
     Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));

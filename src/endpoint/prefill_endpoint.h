@@ -219,6 +219,17 @@ class PrefillEndpoint {
     uint64_t pages;
   };
   void on_registration(const PoolRegistration& r);
+  // Incarnations (kvferry/messages.h; prefill_registration.cc): whether a `kind` message from
+  // `sender` with these incarnations may be used. Refused and counted: meant for another
+  // incarnation of this rank (peer_inc not 0 and not ours), or from an incarnation of `sender`
+  // older than the one it registered with. A newer one is the peer's restart (on_peer_restart);
+  // that message is dropped unless it is the new incarnation's registration.
+  bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
+  // The newest incarnation of a decode rank that registered here (0: none).
+  uint64_t known_incarnation(const RankId& peer) const;
+  // `peer` came back as incarnation `inc`: the rooms that involved its previous incarnation fail
+  // as for its death (on_peer_dead, origin the peer).
+  void on_peer_restart(const RankId& peer, uint64_t inc);
   // Tells a refused decode rank why (RegistrationRefusal), once per refused registration, and
   // keeps the record: its metadata fails the room with it (prefill_registration.cc).
   void refuse(const PoolRegistration& r, const std::string& why);
@@ -233,20 +244,15 @@ class PrefillEndpoint {
   // Where to send `d` a status: its newest registration's control endpoint, also while it is
   // connecting or down (null: it never registered).
   const std::string* control_endpoint_of(const RankId& d) const;
+  // The incarnation of `d`'s newest registration (kvferry/messages.h; 0: none): a status to it
+  // carries it as peer_incarnation.
+  uint64_t incarnation_of(const RankId& d) const {
+    const PoolRegistration* reg = registration_for(d);
+    return reg ? reg->incarnation : 0;
+  }
   // Bootstrapping -> WaitingForInput once every destination's metadata came and every
   // destination is connected.
   void maybe_ready(SenderRoom& r);
-  // Incarnations (kvferry/messages.h; prefill_registration.cc): whether a `kind` message from
-  // `sender` with these incarnations may be used. Refused and counted: meant for another
-  // incarnation of this rank (peer_inc not 0 and not ours), or from an incarnation of `sender`
-  // older than the one it registered with. A newer one is the peer's restart (on_peer_restart);
-  // that message is dropped unless it is the new incarnation's registration.
-  bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
-  // The newest incarnation of a decode rank that registered here (0: none).
-  uint64_t known_incarnation(const RankId& peer) const;
-  // `peer` came back as incarnation `inc`: the rooms that involved its previous incarnation fail
-  // as for its death (on_peer_dead, origin the peer).
-  void on_peer_restart(const RankId& peer, uint64_t inc);
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);

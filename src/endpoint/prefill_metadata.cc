@@ -32,7 +32,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
         st.failure = tomb->second.cause->failure();
         st.terminal = !abandoned_.count(md.room);  // abandoned writes may still land
       }
-      st.peer_incarnation = known_incarnation(md.sender);
+      st.peer_incarnation = incarnation_of(md.sender);
       (void)core_.send(*peer, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
@@ -60,7 +60,7 @@ void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
   } else if (r.state.get() != KVPoll::Success) {
     return;  // in progress: its status comes when there is one
   }
-  st.peer_incarnation = known_incarnation(d);
+  st.peer_incarnation = incarnation_of(d);
   (void)core_.send(*peer, st);
   log_event(LogLevel::kDebug, kComp, fmt::format("{} asked again: {} status sent again", d.str(), to_string(st.state)),
             room_fields(r.room));
@@ -78,7 +78,7 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
     auto e = core_.registry().get(r.room);
     if (peer && e) {
       RoomStatus st{r.room, core_.self(), KVPoll::Failed, e->failure()};
-      st.peer_incarnation = known_incarnation(md.sender);
+      st.peer_incarnation = incarnation_of(md.sender);
       (void)core_.send(*peer, st);
     }
     log_event(LogLevel::kDebug, kComp, "metadata for a failed room answered with its failure", room_fields(r.room));

@@ -141,7 +141,6 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     return;
   }
   refused_.erase(r.sender);
-  incarnations_[r.sender] = r.incarnation;  // accepted: its frames are checked against this one
   auto old = peers_.find(r.sender);
   if (old != peers_.end()) core_.control().forget(old->second.reg.control_endpoint);  // a restarted decode rank
   start_connect(r, std::move(*info));
@@ -158,6 +157,7 @@ void PrefillEndpoint::start_connect(const PoolRegistration& r, RemoteRegionInfo 
   }
   // A newer registration supersedes a connect under way (its result is disconnected on arrival).
   connecting_[r.sender] = {r, id, monotonic_ns() + core_.config().deadlines.connect_timeout_ms * 1'000'000};
+  incarnations_[r.sender] = r.incarnation;  // the newest that registered (accept_incarnation())
   dead_peers_.erase(r.sender);  // it is back: its rooms wait for the connect (connect_failed: down again)
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registering: transport connect started", r.sender.str()));
 }
@@ -244,7 +244,9 @@ void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) 
             wall_from_monotonic(now)};
   if (!refused_.count(r.sender) && refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());
   refused_[r.sender] = f;
-  Status s = core_.send(r.control_endpoint, RegistrationRefusal{core_.self(), f, core_.incarnation(), r.incarnation});
+  RegistrationRefusal refusal{core_.self(), f};
+  refusal.peer_incarnation = r.incarnation;  // meant for the incarnation that registered
+  Status s = core_.send(r.control_endpoint, refusal);
   if (!s.ok()) log_event(LogLevel::kDebug, kComp, "refusal not delivered to " + r.sender.str() + ": " + s.str());
 }
 

@@ -91,7 +91,6 @@ void RankMetrics::set_leaks(uint64_t live_rooms, uint64_t records, uint64_t page
   impl_->peers.store(peers, std::memory_order_relaxed);
 }
 
-void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
 void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts) {
   auto raise = [](std::atomic<uint64_t>& a, uint64_t v) {
     uint64_t cur = a.load(std::memory_order_relaxed);
@@ -101,6 +100,7 @@ void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by
   for (size_t i = 0; i < 4; ++i) raise(impl_->stale[i], stale_by_kind[i]);
   raise(impl_->peer_restarts, peer_restarts);
 }
+void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
 
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
@@ -148,8 +148,6 @@ std::string RankMetrics::exposition() const {
   simple("kvferry_live_rooms", "gauge", "Rooms held by the driver and the endpoint (leak counter)", m.live_rooms);
   simple("kvferry_registry_records", "gauge", "Failure registry records (leak counter)", m.records);
   simple("kvferry_pages_in_use", "gauge", "Pool pages and aux slots in use (leak counter)", m.pages);
-  simple("kvferry_quarantined_pages", "gauge",
-         "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
   header(out, "kvferry_stale_messages_total", "counter",
          "Messages refused because they came from an older incarnation of their sender or were meant for an "
          "earlier incarnation of this rank, by kind");
@@ -158,6 +156,8 @@ std::string RankMetrics::exposition() const {
     sample(out, "kvferry_stale_messages_total", c, fmt::format("kind=\"{}\"", kKinds[i]), m.stale[i].load());
   simple("kvferry_peer_restarts_total", "counter", "Peers of the other engine seen back as a new incarnation",
          m.peer_restarts);
+  simple("kvferry_quarantined_pages", "gauge",
+         "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
   return out;
 }
 

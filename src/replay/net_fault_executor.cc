@@ -186,6 +186,17 @@ void NetFaultExecutor::heal_all() {
     if (records_[i].start_ns != 0 && records_[i].end_ns == 0) (void)heal(i, monotonic_ns());
 }
 
+std::map<std::string, std::string> rank_hosts(const HostsFile& hf, uint32_t prefill_dp, uint32_t decode_dp) {
+  std::map<std::string, std::string> m;
+  for (bool prefill : {true, false}) {
+    const uint32_t tp = prefill ? hf.prefill_tp : hf.decode_tp, dp = prefill ? prefill_dp : decode_dp;
+    for (uint32_t g = 0; g < dp; ++g)
+      for (uint32_t r = 0; r < tp; ++r)
+        m[RankId{prefill ? Role::kPrefill : Role::kDecode, 0, r, g}.str()] = hf.rank(prefill, r, g).name;
+  }
+  return m;
+}
+
 uint64_t dispatched_so_far(const std::string& out_dir) {
   std::ifstream in(out_dir + "/results.json.progress", std::ios::binary);
   if (!in) return 0;

@@ -25,22 +25,12 @@
 #include "kvferry/error.h"
 #include "replay/fault_plan.h"
 #include "replay/hosts.h"
+#include "replay/report.h"
 
 namespace kvferry::replay {
 
 // The hosts are --hosts entries (replay/hosts.h HostEntry: exec prefix, optional links).
 using NetHost = HostEntry;
-
-// One fault as carried out (CLOCK_MONOTONIC ns), for the report.
-struct NetFaultRecord {
-  std::string kind;  // link_down | partition
-  std::string host;
-  int64_t ms = 0;                 // planned length
-  int64_t start_ns = 0;           // injected (0: not injected)
-  int64_t end_ns = 0;             // healed (0: not healed)
-  std::vector<std::string> links;  // link_down: the links set down
-  std::string error;              // why it could not be injected or healed ("" if it was)
-};
 
 constexpr int kCommandTimeoutMs = 5000;
 constexpr const char* kPartitionTable = "kvferry_partition";
@@ -80,6 +70,9 @@ class NetFaultExecutor {
   std::ostream& out_;
   std::vector<NetFaultRecord> records_;
 };
+
+// Every rank's host key (RankId::str() -> key), for the report's checks.
+std::map<std::string, std::string> rank_hosts(const HostsFile& hf, uint32_t prefill_dp, uint32_t decode_dp);
 
 // Requests dispatched so far, from the router's progress snapshot DIR/results.json.progress
 // (0 before the first).

@@ -18,7 +18,9 @@
 
 #include "kvferry/net.h"
 #include "kvferry/port_file.h"
+#include "kvferry/trace.h"
 #include "process/process.h"
+#include "replay/net_fault_executor.h"
 #include "replay/peer_death_executor.h"
 #include "replay/progress.h"
 #include "replay/report.h"
@@ -174,7 +176,15 @@ class Run {
     if (c_.metrics) {
       if (int rc = wait_metrics_ports(); rc != 0) return rc;
     }
+    if (c_.fault_plan.has_net_faults() && c_.hosts) {
+      // link_down / partition (net_fault_executor.h): planned against the trace's requests.
+      auto trace = load_trace(c_.trace, c_.max_requests);
+      if (!trace.ok()) return early_error("trace: " + trace.status().message(), true);
+      net_ = std::make_unique<NetFaultExecutor>(plan_net_faults(c_.fault_plan, trace->size(), c_.seed),
+                                                c_.hosts->hosts, logs_dir(c_), out_);
+    }
     if (int rc = supervise(); rc != 0) return rc;
+    if (net_) net_->heal_all();  // the router is done: nothing may stay cut off
     finish_processes();
     return report();
   }
@@ -265,6 +275,17 @@ class Run {
       }
     });
     return st.ok() ? 0 : early_error(st.message(), true);
+  }
+
+  // Network faults due (injected at their dispatch count, healed after their length); the
+  // router's progress file is read at most every 20 ms.
+  int net_faults_due() {
+    if (!net_) return 0;
+    const auto now = Clock::now();
+    if (now - last_net_poll_ < std::chrono::milliseconds(20)) return 0;
+    last_net_poll_ = now;
+    Status st = net_->poll(dispatched_so_far(c_.out), monotonic_ns());
+    return st.ok() ? 0 : early_error("network fault: " + st.message(), true);
   }
 
   // Stops everything, writes the partial report, prints `msg`; returns 1.
@@ -411,6 +432,7 @@ class Run {
         return child_failed(e, "before the replay finished");
       }
       if (int rc = restart_due(); rc != 0) return rc;
+      if (int rc = net_faults_due(); rc != 0) return rc;
       if (c_.metrics && !all_ports_) (void)write_metrics_json();  // a restarted rank's new port
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
@@ -463,6 +485,10 @@ class Run {
     if (!results.ok()) return early_error(results.status().str(), false);
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp,
                               c_.decode_tp);
+    if (net_ && c_.hosts) {
+      add_net_fault_checks(rep, *results, net_->records(), rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp),
+                           c_.deadlines.heartbeat_timeout_ms);
+    }
     rep.process_problems = process_problems_;
     rep.process_exits = process_exits_;
     const double wall = elapsed_s();
@@ -490,6 +516,8 @@ class Run {
   std::vector<std::string> process_problems_;
   std::vector<std::string> process_exits_;
   PeerDeathExecutor deaths_;  // after group_ and t0_: it uses both
+  std::unique_ptr<NetFaultExecutor> net_;  // link_down / partition (heals what it cut on destruction)
+  Clock::time_point last_net_poll_{};
   Clock::time_point last_progress_{};
   bool bar_shown_ = false;
   std::vector<std::pair<std::string, std::string>> metrics_ranks_;  // --metrics: (name, file) per rank

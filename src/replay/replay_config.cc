@@ -165,10 +165,13 @@ Status validate(ReplayConfig& c) {
                                once, trace->size()));
   }
   if (c.fault_plan.has_net_faults()) {
-    // net_fault_executor.h carries them out on --hosts test hosts; the orchestrator runs it once
-    // processes are placed on hosts.
-    return invalid("link_down and partition act on the test hosts of --hosts, which this replay does not place "
-                   "processes on yet");
+    // net_fault_executor.h carries them out on the --hosts test hosts (through their exec prefix).
+    if (!c.hosts) return invalid("link_down and partition act on hosts of a --hosts file, and there is none");
+    for (const auto& item : c.fault_plan.items) {
+      if (item.is_net() && !c.hosts->hosts.count(item.place))
+        return invalid(fmt::format("--faults {}@{}: no host {} in {}", item.kind, item.place, item.place, c.hosts_file));
+    }
+    if (trace->size() < 2) return invalid("link_down and partition need at least 2 requests (rooms in flight)");
   }
   if (c.fault_plan.has_peer_death() && trace->size() < 2) {
     return invalid("peer_death needs at least 2 requests (the kill happens while rooms are in flight)");

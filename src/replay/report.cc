@@ -139,6 +139,7 @@ std::vector<std::string> Report::problems() const {
                             unexplained_peer_dead.size(), unexplained_peer_dead.front()));
   }
   restart_problems(*this, p);
+  net_fault_problems(*this, p);
   p.insert(p.end(), process_problems.begin(), process_problems.end());
   return p;
 }

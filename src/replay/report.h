@@ -120,6 +120,51 @@ struct PeerDeathEntry {
   uint64_t stale_refused = 0;
 };
 
+// A network fault (link_down / partition, fault_plan.h) as the orchestrator carried it out
+// (net_fault_executor.h). Times are CLOCK_MONOTONIC ns.
+struct NetFaultRecord {
+  std::string kind;  // link_down | partition
+  std::string host;
+  int64_t ms = 0;                  // planned length
+  int64_t start_ns = 0;            // injected (0: not injected)
+  int64_t end_ns = 0;              // healed (0: not healed)
+  std::vector<std::string> links;  // link_down: the links set down
+  std::string error;               // why it could not be injected or healed ("" if it was)
+};
+
+// The checks of one network fault (report_netfault.cc, docs/report.md "Network faults"). The
+// ranks on the fault's host are one side of the cut, every other rank the other. A room is
+// affected when it involves the host (a rank of either engine there), was dispatched before the
+// heal and had not concluded before the start.
+struct NetFaultEntry {
+  NetFaultRecord record;
+  // Longer than the heartbeat timeout: peers must be declared dead and every affected room in
+  // flight at the start must fail. Shorter: nothing may be lost (a room fails only if a write
+  // really failed, peer_unreachable across the cut) and nobody may stay blacklisted.
+  bool beyond_timeout = false;
+  uint64_t rooms_affected = 0;
+  uint64_t rooms_failed = 0;        // affected, failed with peer_unreachable across the cut
+  uint64_t rooms_misattributed = 0;  // affected, failed otherwise (first examples below)
+  std::vector<std::string> misattributed_examples;
+  uint64_t rooms_survived = 0;  // in flight at the start, succeeded after start + heartbeat timeout
+  // Failed affected rooms: from the start (or the room's dispatch, if later) until every rank of
+  // every engine of the room was Failed.
+  Percentiles to_all_failed_ms;
+  // peer_dead lines above debug from the start to the settle time, between the two sides, and
+  // per (detecting engine, dead peer) pair; a pair with more than one line is a problem, and so
+  // is a line between ranks of one side (a false death).
+  uint64_t peer_dead_lines = 0;
+  std::vector<std::string> repeated_detections;  // "prefill engine declared decode/tp1 dead 2 times"
+  std::vector<std::string> same_side_lines;      // "prefill/tp0 declared prefill/tp1 dead"
+  std::vector<std::string> undetected;  // beyond_timeout: ranks of the host no engine off it declared dead
+  // After the heal: rooms dispatched from the heal on; how many of those dispatched after the
+  // first of them that succeeded failed without a room fault; the heal to the first room that
+  // succeeded after it (any room, -1: none).
+  uint64_t rooms_after = 0;
+  uint64_t rooms_after_failed = 0;
+  double first_success_after_ms = -1;
+};
+
 struct RejectedEntry {
   std::string room;
   uint64_t input_tokens = 0;
@@ -137,6 +182,7 @@ struct Report {
   std::vector<FaultEntry> faults_not_applied;
   std::vector<FailureEntry> unexpected_failures;
   std::vector<PeerDeathEntry> peer_deaths;
+  std::vector<NetFaultEntry> net_faults;
   std::vector<std::string> unexplained_peer_dead;  // peer_dead lines above debug for no kill
   LogScan logs;
   std::vector<std::string> process_problems;  // from the orchestrator (e.g. a rank exited non-zero)
@@ -151,6 +197,16 @@ struct Report {
 // messages refused; and their problems (appended to `p`).
 void add_restart_checks(Report& rep, const ReplayResults& results, const LogScan& logs);
 void restart_problems(const Report& rep, std::vector<std::string>& p);
+
+// The network fault checks (report_netfault.cc): one NetFaultEntry per fault; the failures and
+// peer_dead lines a fault explains are taken out of unexpected_failures and
+// unexplained_peer_dead. `rank_host`: every rank's host key (RankId::str() -> key).
+void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::vector<NetFaultRecord>& faults,
+                          const std::map<std::string, std::string>& rank_host, int64_t heartbeat_timeout_ms);
+void net_fault_problems(const Report& rep, std::vector<std::string>& p);
+// report.json's "net_faults" (a JSON array text) and the summary's lines about them.
+std::string net_faults_json(const Report& rep);
+std::string net_faults_text(const Report& rep);
 
 // `deaths`: the orchestrator's planned kills; the TP sizes tell which engines detect a death.
 Report build_report(const ReplayResults& results, const LogScan& logs,

@@ -183,6 +183,7 @@ std::string report_json(const Report& r, const ReplayResults& results,
         {"peer_deaths", r.peer_deaths.size()},
         {"by_kind", by_kind}}},
       {"peer_deaths", deaths},
+      {"net_faults", json::parse(net_faults_json(r))},
       {"unexplained_peer_dead", r.unexplained_peer_dead},
       {"unexpected_failures", unexpected},
       {"leaks", {{"prefill", stats_json(results.prefill_stats)},
@@ -236,10 +237,14 @@ std::string summary_text(const Report& r, double wall_s) {
   for (const auto& d : r.peer_deaths) {
     std::string det;
     for (const auto& x : d.detections) det += fmt::format(" {} {:.0f} ms,", x.engine, x.ms);
-    s += fmt::format("peer death of {} at {:.1f} s ({}): detected by{} {} rooms failed, {} misattributed\n",
+    s += fmt::format("peer death of {} at {:.1f} s ({}): detected by{} {} rooms failed, {} misattributed{}\n",
                      d.record.rank, d.record.killed_at_s, d.record.restarted ? "restarted" : "not restarted",
-                     det.empty() ? " nobody," : det, d.rooms_failed, d.rooms_misattributed);
+                     det.empty() ? " nobody," : det, d.rooms_failed, d.rooms_misattributed,
+                     d.first_success_after_restart_ms >= 0
+                         ? fmt::format("; first success {:.0f} ms after the restart", d.first_success_after_restart_ms)
+                         : "");
   }
+  s += net_faults_text(r);
   s += fmt::format("bytes verified {}, mismatched {}\n", r.bytes_verified, r.bytes_mismatched);
   return s;
 }
