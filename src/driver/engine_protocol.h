@@ -15,6 +15,9 @@
 //   EngineReady     {"type":"ready","role":"prefill","tp_size":N[,"dp_rank":D][,"endpoint":"tcp://.."]}
 //                   sent by the leader of each DP group (dp_rank absent: 0); endpoint: the
 //                   leader's engine endpoint, where the router sends that group's requests
+//   RankUp          {"type":"rank_up","rank":"decode/tp1[/dpD]"}   sent by a DP group's leader when
+//                   a follower it had declared down says hello again (a restarted rank rejoined):
+//                   the group serves rooms again
 //   RoomResult      see struct below, "type":"result"
 //   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
 //                   pages_in_use, peers}...]}   one per DP group, from its leader
@@ -177,10 +180,11 @@ std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
 std::string encode_result(const RoomResult& r);
 std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0);
 std::string encode_abort(uint64_t room);
+std::string encode_rank_up(const RankId& rank);
 
 // A decoded router-protocol frame. Exactly one of the optionals is set for known types.
 struct RouterFrame {
-  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort"
+  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort", "rank_up"
   std::optional<RouterRequest> request;
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;
@@ -190,6 +194,7 @@ struct RouterFrame {
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
   uint64_t abort_room = 0;   // abort
+  std::optional<RankId> up_rank;  // rank_up
 };
 // kProtocolError for malformed JSON, a missing field or an unknown type.
 Result<RouterFrame> decode_router_frame(const std::string& text);
