@@ -164,16 +164,22 @@ void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpo
   rediscovery_[peer] = std::move(r);
 }
 
-void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
+void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason, bool gone) {
   auto it = peers_.find(peer);
-  if (it == peers_.end() || dead_peers_.count(peer)) return;
+  if (it == peers_.end()) return;
+  if (dead_peers_.count(peer)) {
+    if (gone) source_restarted(peer);  // presumed dead before, now known to be gone
+    return;
+  }
   int64_t now = monotonic_ns();
   size_t failed = 0;
   for (auto& [id, r] : rooms_) {
     bool fed = false;
     for (const RankId& s : r.sources) fed |= (s == peer);
     if (!fed) continue;
-    r.terminal.insert(peer);  // a dead process writes nothing more
+    // Only a process known to be gone writes nothing more; a silent one may still be writing
+    // into these pages (a false death under load), so its rooms wait for its terminal status.
+    if (gone) r.terminal.insert(peer);
     if (r.state.terminal()) {
       answer_sources(r, now);
       continue;
@@ -188,8 +194,18 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason)
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.control().forget(it->second.control_endpoint);
   dead_peers_.insert(peer);
-  source_gone(peer);  // a dead process writes nothing more into quarantined rooms either
+  if (gone) source_gone(peer);  // a gone process writes nothing more into quarantined rooms either
   rediscover(peer, it->second.control_endpoint, it->second.incarnation);
+}
+
+void DecodeEndpoint::source_restarted(const RankId& src) {
+  const int64_t now = monotonic_ns();
+  for (auto& [id, r] : rooms_) {
+    if (std::find(r.sources.begin(), r.sources.end(), src) == r.sources.end()) continue;
+    if (!r.terminal.insert(src).second) continue;
+    if (r.state.terminal()) answer_sources(r, now);
+  }
+  source_gone(src);
 }
 
 bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
@@ -209,7 +225,7 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
   // A newer incarnation: the source restarted. What it had with the previous one is lost; it is
   // looked up again at the bootstrap service (its new entry names the new incarnation).
   core_.count_peer_restart();
-  if (!dead_peers_.count(sender)) on_peer_dead(sender, fmt::format("restarted (incarnation {} -> {})", known, inc));
+  on_peer_dead(sender, fmt::format("restarted (incarnation {} -> {})", known, inc), /*gone=*/true);
   return false;
 }
 
@@ -514,6 +530,9 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     it->second->thread.join();
     if (!found.empty() && dead_peers_.count(it->first)) {
       log_event(LogLevel::kDebug, kComp, fmt::format("{} restarted at {}", it->first.str(), found));
+      auto known = peers_.find(it->first);
+      // A newer incarnation registered: the process we presumed dead is gone for sure.
+      if (known != peers_.end() && found_incarnation != known->second.incarnation) source_restarted(it->first);
       (void)send_registration(it->first, found, found_incarnation);
     }
     it = rediscovery_.erase(it);

@@ -122,9 +122,12 @@ class DecodeEndpoint {
   void tick(int64_t now_ns);
 
   // A prefill peer is dead: every room it feeds fails with origin = the peer and code
-  // peer_unreachable (a dead process writes nothing more, so those rooms are drained); one line
-  // above debug. The peer is looked up again until it re-registers.
-  void on_peer_dead(const RankId& peer, const std::string& reason);
+  // peer_unreachable; one line above debug. The peer is looked up again until it re-registers.
+  // `gone`: its process is known to be gone (a newer incarnation of it registered), so it writes
+  // nothing more and its rooms are drained. A silent peer (no heartbeat) is only presumed dead: it
+  // may be alive and still writing, so its rooms drain only by its terminal status once it
+  // answers again, or are quarantined by the drain deadline (docs/failure-model.md "Drain").
+  void on_peer_dead(const RankId& peer, const std::string& reason, bool gone = false);
   // Releases the room; one released before every source it sent metadata to confirmed the drain
   // is quarantined until they do (decode_quarantine.cc).
   void release(uint64_t room);
@@ -168,6 +171,9 @@ class DecodeEndpoint {
   void quarantine(const ReceiverRoom& r);
   void drain_confirmed(uint64_t room, const RankId& src);
   void source_gone(const RankId& src);
+  // `src`'s process is gone (restarted): every room it feeds is drained of it, quarantined ones
+  // are reclaimed.
+  void source_restarted(const RankId& src);
   bool fail_if_refused(uint64_t room);
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);

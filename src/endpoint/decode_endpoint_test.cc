@@ -86,14 +86,55 @@ TEST(EndpointPair, Defect8_PrefillDeathDetectedFast_Defect7_RestartedPrefillIsFo
   EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
   EXPECT_EQ(e->origin, prefill_rank0());
   EXPECT_TRUE(e->is_from_another_rank);
-  EXPECT_TRUE(p->decode().drained(room, monotonic_ns()));  // a dead process writes nothing more
+  // A silence is only a presumed death (the process may still be writing): not drained, so a
+  // room released now is quarantined, its pages leaked until the source is known to be gone.
+  EXPECT_FALSE(p->decode().drained(room, monotonic_ns()));
   p->decode().release(room);
+  EXPECT_EQ(p->decode().quarantined_rooms(), 1u);
+  EXPECT_EQ(p->decode().quarantined_pages(), 3u);  // 2 pages and the aux row
 
   ASSERT_TRUE(p->start_prefill().ok());  // re-registers at the bootstrap service, new endpoint
   ASSERT_TRUE(p->pump_until([&] { return p->prefill().peers() == 1; }, 3s))
       << "the decode rank never registered its pool with the restarted prefill rank";
+  // A newer incarnation registered: the old process is gone, the quarantined room is reclaimed.
+  EXPECT_EQ(p->decode().take_reclaimed(), std::vector<uint64_t>{room});
+  EXPECT_EQ(p->decode().quarantined_pages(), 0u);
   transfer_room(*p, 0x1812, 32, {2, 3}, 2);
   EXPECT_EQ(p->decode().poll(0x1812), KVPoll::Success);
+}
+
+// A false death (a live prefill's heartbeats were not heard, e.g. on a saturated host) must not
+// let the decode rank reuse pages the prefill is still writing: the room fails at once, but its
+// pages are freed only once the prefill, heard again, confirms that none of its writes can land.
+// Naive design: a peer reported dead "writes nothing more", its rooms' pages go back to the pool,
+// and its late writes corrupt the next room that gets them.
+TEST(EndpointPair, FalseDeathKeepsPagesUntilTheLivePrefillConfirmsTheDrain) {
+  PairConfig cfg;
+  cfg.decode_deadlines.drain_timeout_ms = 600000;  // a drain only by confirmation, never by deadline
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1841;
+  open_room(*p, room, 32, {0, 1}, 1);
+  p->dcore().monitor().mark_dead(prefill_rank0());  // as if its heartbeats had stopped
+  p->decode().on_peer_dead(prefill_rank0(), "test: heartbeats not heard");
+  ASSERT_EQ(p->decode().poll(room), KVPoll::Failed);
+  EXPECT_FALSE(p->decode().drained(room, monotonic_ns()));
+  p->decode().release(room);
+  ASSERT_EQ(p->decode().quarantined_rooms(), 1u);
+
+  // The prefill never noticed: it writes the room, and hears the decode's failure once the decode
+  // hears it again and registers anew.
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().reclaimed_total() == 1; }, 20s))
+      << "the quarantined room was never reclaimed";
+  EXPECT_EQ(p->decode().take_reclaimed(), std::vector<uint64_t>{room});
+  EXPECT_EQ(p->decode().quarantined_pages(), 0u);
+  EXPECT_TRUE(p->prefill().poll(room) == KVPoll::Failed || p->prefill().poll(room) == KVPoll::Success);
+
+  // The peer is used again: a new room on the same pages succeeds and holds its own bytes.
+  transfer_room(*p, 0x1842, 32, {0, 1}, 2);
+  EXPECT_EQ(p->decode().poll(0x1842), KVPoll::Success);
+  EXPECT_EQ(p->verify_decode(0x1842, {0, 1}), 0u);
 }
 
 // Issue 3 ("No rank waits forever"): a killed prefill rank restarts and its engine takes rooms
@@ -107,8 +148,10 @@ void kill_prefill_until_detected(EndpointPair& p) {
   open_room(p, seen, 32, {0, 1}, 1);
   p.kill_prefill();
   ASSERT_TRUE(p.pump_until([&] { return p.decode().poll(seen) == KVPoll::Failed; }, 3s));
-  ASSERT_TRUE(p.decode().drained(seen, monotonic_ns()));
+  // Silent, so only presumed dead: released unconfirmed, the room is quarantined.
+  ASSERT_FALSE(p.decode().drained(seen, monotonic_ns()));
   p.decode().release(seen);
+  ASSERT_EQ(p.decode().quarantined_rooms(), 1u);
 }
 
 TEST(EndpointPair, Issue3_RoomForRestartedPrefillNotYetFoundAgainSucceeds) {

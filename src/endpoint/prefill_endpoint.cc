@@ -77,7 +77,13 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
     fail(st.room, st.failure, false, &st.sender);
     return;
   }
-  if (tombstones_.count(st.room)) return;  // late news of a released room: never a new room's
+  // Late news of a released room, never a new room's. Its destination's final answer is
+  // answered with ours: a destination that released it unconfirmed (quarantined its pages) learns
+  // here that nothing more is written (decode_quarantine.cc).
+  if (tombstones_.count(st.room)) {
+    if (st.terminal) (void)answer_released(st.room, st.sender);
+    return;
+  }
   if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
   pending_fail_[st.room] = {monotonic_ns(), st};
 }

@@ -258,6 +258,9 @@ class PrefillEndpoint {
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
   // A destination sent its metadata again (a lost status): the status it is owed, if any, again.
   void answer_again(SenderRoom& r, const RankId& d);
+  // A released (tombstoned) room: sends `d` the status it is owed (its cause, terminal unless
+  // abandoned writes may still land). False: not a released room.
+  bool answer_released(uint64_t room, const RankId& d);
   void maybe_finish(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);

@@ -22,19 +22,7 @@ LogFields room_fields(uint64_t room) {
 void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   auto it = rooms_.find(md.room);
   if (it != rooms_.end()) return apply_metadata(it->second, md);
-  auto tomb = tombstones_.find(md.room);
-  if (tomb != tombstones_.end()) {  // the room is gone: answer with its cause, do not resurrect
-    const std::string* peer = control_endpoint_of(md.sender);
-    if (peer) {  // a room released here: what its destination was (or is) owed
-      RoomStatus st{md.room, core_.self(), KVPoll::Success, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
-      if (tomb->second.cause) {
-        st.state = KVPoll::Failed;
-        st.failure = tomb->second.cause->failure();
-        st.terminal = !abandoned_.count(md.room);  // abandoned writes may still land
-      }
-      st.peer_incarnation = incarnation_of(md.sender);
-      (void)core_.send(*peer, st);
-    }
+  if (answer_released(md.room, md.sender)) {  // the room is gone: answered, not resurrected
     log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
     return;
   }
@@ -47,6 +35,23 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   for (const auto& [ns, m] : kept)
     if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
   if (kept.size() < kMaxPendingSenders) kept.push_back({monotonic_ns(), md});
+}
+
+bool PrefillEndpoint::answer_released(uint64_t room, const RankId& d) {
+  auto tomb = tombstones_.find(room);
+  if (tomb == tombstones_.end()) return false;
+  const std::string* peer = control_endpoint_of(d);
+  if (!peer) return true;
+  // A room released here: what its destination was (or is) owed.
+  RoomStatus st{room, core_.self(), KVPoll::Success, Failure{ErrorCode::kOk, core_.self(), "", 0, 0}};
+  if (tomb->second.cause) {
+    st.state = KVPoll::Failed;
+    st.failure = tomb->second.cause->failure();
+    st.terminal = !abandoned_.count(room);  // abandoned writes may still land
+  }
+  st.peer_incarnation = incarnation_of(d);
+  (void)core_.send(*peer, st);
+  return true;
 }
 
 void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
