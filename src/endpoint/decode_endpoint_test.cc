@@ -137,6 +137,34 @@ TEST(EndpointPair, FalseDeathKeepsPagesUntilTheLivePrefillConfirmsTheDrain) {
   EXPECT_EQ(p->verify_decode(0x1842, {0, 1}), 0u);
 }
 
+// A room its source never had (its engine failed the room while that rank was out of it, so the
+// room was never added there) fails here: the source answers that it never wrote and never will,
+// so the room is drained by that answer, not quarantined at the drain deadline. Seen before: 32
+// rooms of a 2+2 replay quarantined for good after a prefill follower was stopped for 6 s, and the
+// decode pool ran dry behind them.
+TEST(EndpointPair, RoomNeverAddedAtTheSourceIsDrainedByItsAnswer) {
+  PairConfig cfg;
+  cfg.decode_deadlines.drain_timeout_ms = 600000;  // a drain only by the answer, never by deadline
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1851;
+  p->decode().add_room(room, 32);  // never added at the prefill rank
+  ASSERT_TRUE(p->decode().init(room, {0, 1}, 1).ok());
+  p->pump_for(200ms);  // the metadata waits there, kept for a room not added yet
+  p->decode().fail(room, ErrorCode::kAborted, "aborted by the router", decode_rank0(), monotonic_ns(), true);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 20s))
+      << "the source never confirmed it had nothing to drain";
+  p->decode().release(room);
+  EXPECT_EQ(p->decode().quarantined_rooms(), 0u);
+  // Added there only now: it fails at once with the decode's cause and writes nothing.
+  p->prefill().add_room(room, 32);
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Failed);
+  auto e = p->pcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_EQ(e->origin, decode_rank0());
+}
+
 // Issue 3 ("No rank waits forever"): a killed prefill rank restarts and its engine takes rooms
 // again before this decode rank has found it at the bootstrap service (a lookup every 100 ms).
 // Before the fix such a room failed here at once ("prefill/tp0 is down", a wrong attribution)

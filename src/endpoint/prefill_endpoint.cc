@@ -86,6 +86,17 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   }
   if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
   pending_fail_[st.room] = {monotonic_ns(), st};
+  // A destination's failure of a room this rank never had (e.g. its engine failed the room while
+  // this rank was out of it): nothing was written, and nothing will be (an add_room now fails at
+  // once from pending_fail_, and the metadata kept is dropped), so the room is drained here: say
+  // so, or the destination waits for its drain deadline and quarantines the room's pages
+  // (decode_quarantine.cc).
+  pending_meta_.erase(st.room);
+  if (const std::string* peer = control_endpoint_of(st.sender)) {
+    RoomStatus drained{st.room, core_.self(), KVPoll::Failed, st.failure, /*terminal=*/true};
+    drained.peer_incarnation = incarnation_of(st.sender);
+    (void)core_.send(*peer, drained);
+  }
 }
 
 Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::optional<uint64_t> aux_index) {
