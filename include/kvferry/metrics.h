@@ -22,8 +22,11 @@
 //       refused because they came from an older incarnation of their sender, or were meant for an
 //       earlier incarnation of this rank
 //   kvferry_peer_restarts_total         peers of the other engine seen coming back as a new incarnation
-//   kvferry_quarantined_pages           decode: pages and aux rows quarantined (leaked: a failed room's
-//                                       source never confirmed its writes drained; not in pages_in_use)
+//   kvferry_quarantined_pages           decode: pages and aux rows quarantined now (leaked: a failed
+//                                       room's source has not confirmed its writes drained; not in
+//                                       pages_in_use)
+//   kvferry_reclaimed_pages_total       decode: pages and aux rows given back after their quarantine
+//                                       ended on every rank of the engine (counter)
 //
 // Thread contract: init_rank_metrics() once per process before the other calls; every other
 // function is thread-safe (the HTTP server reads while the engine loop writes). Without
@@ -60,6 +63,8 @@ class RankMetrics {
   // registration, metadata, status, heartbeat.
   void set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts);
   void set_quarantined_pages(uint64_t pages);
+  // The rank's total so far (a counter: never below what was set before).
+  void set_reclaimed_pages(uint64_t pages);
 
   // The whole exposition (text/plain; version=0.0.4).
   std::string exposition() const;

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <iterator>
+#include <set>
 #include <utility>
 
 #include "manager/log_policy.h"
@@ -19,7 +22,7 @@ constexpr std::string_view kComp = "decode.driver";
 
 DecodeDriver::DecodeDriver(Manager& manager)
     : core_(internal(manager).core()), ep_(*internal(manager).decode()), pages_(core_.layout().num_pages),
-      aux_(core_.layout().aux_slots), verifier_(core_.waker()) {}
+      aux_(core_.layout().aux_slots), verifier_(core_.waker()), tp_size_(internal(manager).config().tp_size) {}
 
 DecodeDriver::~DecodeDriver() = default;
 
@@ -83,24 +86,79 @@ void DecodeDriver::apply(const Decision& d) {
       if (it == rooms_.end()) return;
       Room& r = it->second;
       log_release(d.room, r, d);
-      if (r.admitted) {
-        // Pages and aux row by the same rule: a late prefill write may still land in either.
-        if (d.quarantine) {
-          quarantined_ += r.kv_indices.size();
-          ++quarantined_aux_;
-        } else {
-          pages_.free(r.kv_indices);
-          aux_.free({*r.aux_slot});
-        }
+      // Pages and aux row by the same rule: a late prefill write may still land in either.
+      const bool keep = r.admitted && d.quarantine;
+      if (r.admitted && !keep) {
+        pages_.free(r.kv_indices);
+        aux_.free({*r.aux_slot});
       }
-      ep_.release(d.room);
+      ep_.release(d.room);  // the endpoint starts its own quarantine of the room, if it needs one
+      if (keep) quarantine(d.room, r);
       rooms_.erase(it);
       std::erase(prealloc_, d.room);
       return;
     }
+    case Decision::Op::kReclaim:
+      reclaim(d.room);
+      return;
     case Decision::Op::kStart:
       return;  // prefill only
   }
+}
+
+void DecodeDriver::quarantine(uint64_t room, Room& r) {
+  quarantined_ += r.kv_indices.size();
+  ++quarantined_aux_;
+  // A room id quarantined twice: the older pages stay quarantined for good (still counted).
+  if (quarantine_.erase(room)) std::erase(quarantine_order_, room);
+  // This rank's endpoint may need no quarantine at all (its sources confirmed by the release):
+  // then the room is reclaimed here already, and waits only for the other ranks.
+  quarantine_[room] = {std::move(r.kv_indices), *r.aux_slot, !ep_.is_quarantined(room)};
+  quarantine_order_.push_back(room);
+  while (quarantine_order_.size() > kMaxQuarantinedRooms) {
+    quarantine_.erase(quarantine_order_.front());  // every rank drops the same room: lockstep
+    quarantine_order_.pop_front();
+  }
+}
+
+void DecodeDriver::reclaim(uint64_t room) {
+  auto it = quarantine_.find(room);
+  if (it == quarantine_.end()) return;
+  const Quarantined& q = it->second;
+  pages_.free(q.kv_indices);
+  aux_.free({q.aux_slot});
+  quarantined_ -= q.kv_indices.size();
+  --quarantined_aux_;
+  reclaimed_pages_ += q.kv_indices.size() + 1;
+  ++reclaimed_rooms_;
+  log_event(LogLevel::kDebug, kComp,
+            fmt::format("quarantine ended on every rank of the engine: {} pages and the aux row reclaimed",
+                        q.kv_indices.size()),
+            {.room = room});
+  quarantine_.erase(it);
+  std::erase(quarantine_order_, room);
+}
+
+std::vector<RoomReport> DecodeDriver::reclaim_reports() const {
+  std::vector<RoomReport> out;
+  for (const auto& [id, q] : quarantine_) {
+    if (!q.reclaimed_here) continue;
+    RoomReport rep;
+    rep.room = id;
+    rep.tp_rank = core_.self().tp_rank;
+    rep.reclaimed = true;
+    out.push_back(rep);
+  }
+  return out;
+}
+
+void DecodeDriver::decide_reclaim(uint64_t room, const std::vector<RoomReport>& reps,
+                                  std::vector<Decision>* out) const {
+  if (!quarantine_.count(room)) return;
+  std::set<uint32_t> ranks;
+  for (const RoomReport& r : reps)
+    if (r.reclaimed && r.tp_rank < tp_size_) ranks.insert(r.tp_rank);
+  if (ranks.size() == tp_size_) out->push_back({Decision::Op::kReclaim, room});
 }
 
 void DecodeDriver::log_release(uint64_t room, const Room& r, const Decision& release) {
@@ -157,6 +215,10 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
 void DecodeDriver::pump(int64_t now_ns) {
   verifier_.drain();
   ep_.tick(now_ns);
+  for (uint64_t id : ep_.take_reclaimed()) {
+    auto q = quarantine_.find(id);
+    if (q != quarantine_.end()) q->second.reclaimed_here = true;
+  }
   const RankId self = core_.self();
   for (auto& [id, r] : rooms_) {
     if (r.verify_started || ep_.poll(id) != KVPoll::Success || core_.registry().get(id)) continue;
@@ -215,9 +277,18 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     auto it = rooms_.find(id);
     return it == rooms_.end() ? nullptr : &it->second.fail_decided;
   }, &out);
-  for (const auto& [id, reps] : by_room) {
+  for (const auto& [id, all] : by_room) {
+    // Reports of a quarantined room's reclaim (not a live room's): kReclaim once every rank has.
+    const std::vector<RoomReport>* live = &all;
+    std::vector<RoomReport> filtered;
+    if (std::any_of(all.begin(), all.end(), [](const RoomReport& r) { return r.reclaimed; })) {
+      decide_reclaim(id, all, &out);
+      std::copy_if(all.begin(), all.end(), std::back_inserter(filtered), [](const RoomReport& r) { return !r.reclaimed; });
+      live = &filtered;
+    }
+    const std::vector<RoomReport>& reps = *live;
     auto it = rooms_.find(id);
-    if (it == rooms_.end()) continue;
+    if (it == rooms_.end() || reps.empty()) continue;
     Room& r = it->second;
     RoomReduction red = reduce_room(reps);
     Verdict v = room_verdict(id, reps, red, &r.fail_decided, &out);
@@ -294,6 +365,7 @@ RankLeakStats DecodeDriver::leak_stats() const {
   s.records = core_.registry().records();
   s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use() - quarantined_aux_;
   s.quarantined_pages = quarantined_ + quarantined_aux_;  // leaked: counted apart, not hidden
+  s.reclaimed_pages = reclaimed_pages_;
   s.peers = ep_.peers();
   const IncarnationCounts& inc = core_.incarnation_counts();
   s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};

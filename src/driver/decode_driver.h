@@ -8,7 +8,17 @@
 //   release:             when every rank verified (Success) or the room Failed and no prefill write
 //                        can still reach its pages and aux row (drained: the receiver's
 //                        release_safe()), the leader decides kRelease: pages and aux row return to
-//                        the pool, or both are quarantined if the drain deadline passed.
+//                        the pool, or both are quarantined if the drain deadline passed;
+//   reclaim:             a quarantined room's pages and aux row are kept (kv_indices, aux slot) until
+//                        its quarantine ends on every rank of the engine (the rank's endpoint hands
+//                        it back, decode_quarantine.cc: every unconfirmed source confirmed the
+//                        drain or died); each rank reports it (reclaim_reports()), the leader
+//                        decides kReclaim once all tp_size ranks did, and every rank frees the same
+//                        pages and aux row at that decision, so the allocators stay in lockstep.
+//                        Pages of a room whose quarantine never ends on some rank (a live source
+//                        never confirms; a rank of the engine is down) stay quarantined, counted.
+//                        At most kMaxQuarantinedRooms rooms are kept (the oldest is dropped first,
+//                        on every rank alike: its pages stay quarantined for good, still counted).
 // Built on a caller-pumped Manager (kvferry/manager.h), its endpoint driven through
 // manager/manager_internal.h. Thread contract: main thread only (see EngineLoop).
 #pragma once
@@ -41,9 +51,16 @@ class DecodeDriver : public EngineDriver {
   bool on_sibling_failure(const SiblingFailure& f) override;
   RankLeakStats leak_stats() const override;
   bool idle() const override { return rooms_.empty(); }
+  std::vector<RoomReport> reclaim_reports() const override;
 
+  // Quarantined now (not yet reclaimed), and given back by kReclaim so far.
   uint64_t quarantined_pages() const { return quarantined_; }
   uint64_t quarantined_aux_rows() const { return quarantined_aux_; }
+  uint64_t reclaimed_pages() const { return reclaimed_pages_; }
+  uint64_t reclaimed_rooms() const { return reclaimed_rooms_; }
+  size_t quarantined_rooms() const { return quarantine_.size(); }  // rooms that can still be reclaimed
+
+  static constexpr size_t kMaxQuarantinedRooms = 1024;
 
  private:
   struct Room {
@@ -62,8 +79,18 @@ class DecodeDriver : public EngineDriver {
     bool fail_decided = false;
     Decision failure;
   };
+  // A room released quarantined: what kReclaim gives back (identical on every rank).
+  struct Quarantined {
+    std::vector<uint64_t> kv_indices;
+    uint64_t aux_slot = 0;
+    bool reclaimed_here = false;  // this rank's endpoint ended the quarantine
+  };
   void log_release(uint64_t room, const Room& r, const Decision& release);
   void start_verify(uint64_t room, Room& r);
+  void quarantine(uint64_t room, Room& r);
+  void reclaim(uint64_t room);
+  // Leader: kReclaim for a quarantined room every rank reported reclaimed.
+  void decide_reclaim(uint64_t room, const std::vector<RoomReport>& reps, std::vector<Decision>* out) const;
 
   EndpointCore& core_;
   DecodeEndpoint& ep_;
@@ -74,6 +101,11 @@ class DecodeDriver : public EngineDriver {
   std::deque<uint64_t> prealloc_;  // leader only: rooms waiting for pages, in arrival order
   uint64_t quarantined_ = 0;
   uint64_t quarantined_aux_ = 0;  // aux rows a late prefill write may still reach
+  std::map<uint64_t, Quarantined> quarantine_;  // at most kMaxQuarantinedRooms
+  std::deque<uint64_t> quarantine_order_;       // quarantine_'s rooms, oldest first
+  uint64_t reclaimed_pages_ = 0;  // pages and aux rows
+  uint64_t reclaimed_rooms_ = 0;
+  uint32_t tp_size_ = 1;          // ranks of the engine (kReclaim needs every one)
 };
 
 }  // namespace kvferry

@@ -1,10 +1,12 @@
 // DecodeDriver as the engine leader: the preallocation queue (FIFO admission, rejection of what
-// can never fit, prealloc timeout), aborts, and the per-step agreement over the ranks' reports.
+// can never fit, prealloc timeout), aborts, the per-step agreement over the ranks' reports, and a
+// quarantined room's reclaim in lockstep over two ranks.
 // Runs over the endpoint pair harness so an admitted room really sends its metadata.
 #include "driver/decode_driver.h"
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -284,6 +286,143 @@ TEST_F(DecodeDriverTest, SiblingFailureFailsTheRoomAndTellsPrefillWithoutAStep) 
   EXPECT_EQ(drv_->leak_stats().pages_in_use, 0u);
   EXPECT_EQ(drv_->leak_stats().live_rooms, 0u);
   EXPECT_EQ(drv_->leak_stats().records, 0u);
+}
+
+// Quarantine -> reclaim, in lockstep over the two ranks of a TP 2 decode engine (each fed by its
+// own prefill rank of a TP 2 prefill engine, whose writes of the room are held in flight): the room fails, both ranks pass
+// the drain deadline, the release quarantines the same pages on both; when one rank's prefill
+// confirms the drain the leader still waits; when both did, kReclaim frees the same pages and aux
+// row on both ranks, the counters go down, and a room needing the whole pool gets identical pages.
+TEST(DecodeDriverReclaim, QuarantineEndsOnEveryRankThenPagesAreReusedInLockstep) {
+  std::vector<std::unique_ptr<EndpointPair>> pairs;
+  std::vector<std::unique_ptr<DecodeDriver>> drvs;
+  for (uint32_t tp = 0; tp < 2; ++tp) {
+    PairConfig cfg;
+    cfg.decode_deadlines.drain_timeout_ms = 200;
+    cfg.tp_rank = tp;  // prefill/tp<tp> feeds decode/tp<tp>
+    cfg.tp_size = 2;
+    auto p = EndpointPair::create(cfg);
+    ASSERT_TRUE(p.ok()) << p.status().str();
+    pairs.push_back(std::move(p).value());
+    drvs.push_back(std::make_unique<DecodeDriver>(pairs.back()->dmanager()));
+  }
+  DecodeDriver& leader = *drvs[0];
+  const uint64_t total = pairs[0]->layout().num_pages;
+  ASSERT_EQ(pairs[1]->layout().num_pages, total);
+  const uint32_t page_size = pairs[0]->layout().page_size;
+  std::vector<RoomResult> results;
+  // One step of the engine: every rank's reports to the leader, its decisions applied on every
+  // rank in order (as EngineLoop does).
+  auto engine_step = [&](std::vector<RouterRequest> reqs = {}) {
+    std::map<uint64_t, std::vector<RoomReport>> by_room;
+    for (auto& d : drvs) {
+      for (RoomReport& r : d->reports(monotonic_ns())) by_room[r.room].push_back(r);
+      for (RoomReport& r : d->reclaim_reports()) by_room[r.room].push_back(r);
+    }
+    auto ds = leader.decide(by_room, std::move(reqs), monotonic_ns(), &results);
+    for (const Decision& d : ds)
+      for (auto& drv : drvs) drv->apply(d);
+    return ds;
+  };
+  auto pump_until = [&](const std::function<bool()>& pred) {
+    return pairs[0]->pump_until(pred, 10s, [&] {
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        pairs[i]->pump();
+        drvs[i]->pump(monotonic_ns());
+      }
+    });
+  };
+  auto req = [&](uint64_t room, uint64_t pages) {
+    RouterRequest r;
+    r.room = room;
+    r.input_tokens = pages * page_size;
+    return r;
+  };
+
+  const uint64_t room = 0x5101;
+  for (auto& p : pairs) {
+    p->prefill().add_room(room, 3 * page_size);
+    p->pcore().faults()->hold_room(room);
+  }
+  engine_step({req(room, 3)});
+  ASSERT_EQ(ops_for(engine_step(), room).size(), 1u);  // kAdmit: the same pages on both ranks
+  ASSERT_EQ(pairs[0]->decode().room(room)->kv_indices, pairs[1]->decode().room(room)->kv_indices);
+  ASSERT_TRUE(pump_until([&] {
+    return pairs[0]->prefill().poll(room) == KVPoll::WaitingForInput &&
+           pairs[1]->prefill().poll(room) == KVPoll::WaitingForInput;
+  }));
+  for (auto& p : pairs) ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2}, 1).ok());  // held in flight
+  leader.on_abort(room);
+  ASSERT_EQ(ops_for(engine_step(), room)[0].op, Decision::Op::kFail);
+
+  // Past the drain deadline with the writes still held: released quarantined on both ranks.
+  std::vector<Decision> rel;
+  ASSERT_TRUE(pump_until([&] {
+    rel = ops_for(engine_step(), room);
+    return !rel.empty();
+  }));
+  ASSERT_EQ(rel.size(), 1u);
+  EXPECT_EQ(rel[0].op, Decision::Op::kRelease);
+  EXPECT_TRUE(rel[0].quarantine);
+  for (auto& d : drvs) {
+    EXPECT_EQ(d->quarantined_pages(), 3u);
+    EXPECT_EQ(d->quarantined_aux_rows(), 1u);
+    EXPECT_EQ(d->leak_stats().quarantined_pages, 4u);  // counted as leaked
+    EXPECT_EQ(d->leak_stats().pages_in_use, 0u);
+    EXPECT_EQ(d->quarantined_rooms(), 1u);
+    EXPECT_TRUE(d->reclaim_reports().empty());
+    EXPECT_TRUE(d->idle());
+  }
+  const uint64_t whole = 0x5102;
+  engine_step({req(whole, total)});
+  EXPECT_TRUE(ops_for(engine_step(), whole).empty());  // the quarantined pages are not handed out
+
+  // Rank 0's prefill confirms the drain: rank 0 reports the reclaim, the leader waits for rank 1.
+  pairs[0]->pcore().faults()->release_held(room);
+  ASSERT_TRUE(pump_until([&] { return !drvs[0]->reclaim_reports().empty(); }));
+  ASSERT_EQ(drvs[0]->reclaim_reports().size(), 1u);
+  EXPECT_EQ(drvs[0]->reclaim_reports()[0].room, room);
+  EXPECT_TRUE(drvs[0]->reclaim_reports()[0].reclaimed);
+  pairs[1]->pump_for(50ms);
+  EXPECT_TRUE(drvs[1]->reclaim_reports().empty());
+  EXPECT_TRUE(ops_for(engine_step(), room).empty());
+  EXPECT_EQ(drvs[0]->quarantined_pages(), 3u);
+
+  // Rank 1's too: kReclaim, on both ranks, frees the same pages and aux row.
+  pairs[1]->pcore().faults()->release_held(room);
+  ASSERT_TRUE(pump_until([&] { return !drvs[1]->reclaim_reports().empty(); }));
+  auto ds = engine_step();
+  auto rc = ops_for(ds, room);
+  ASSERT_EQ(rc.size(), 1u);
+  EXPECT_EQ(rc[0].op, Decision::Op::kReclaim);
+  for (auto& d : drvs) {
+    EXPECT_EQ(d->quarantined_pages(), 0u);
+    EXPECT_EQ(d->quarantined_aux_rows(), 0u);
+    EXPECT_EQ(d->quarantined_rooms(), 0u);
+    EXPECT_EQ(d->reclaimed_pages(), 4u);
+    EXPECT_EQ(d->reclaimed_rooms(), 1u);
+    EXPECT_EQ(d->leak_stats().quarantined_pages, 0u);
+    EXPECT_EQ(d->leak_stats().reclaimed_pages, 4u);
+    EXPECT_TRUE(d->reclaim_reports().empty());
+  }
+  const auto next = engine_step();
+  EXPECT_TRUE(ops_for(next, room).empty());  // once
+
+  // The pool is whole again: the room waiting for every page is admitted (at the step after the
+  // reclaim: admission counted the free pages before it), identically on both ranks.
+  std::vector<Decision> admit = ops_for(ds, whole);
+  EXPECT_TRUE(admit.empty());
+  admit = ops_for(next, whole);
+  ASSERT_EQ(admit.size(), 1u);
+  EXPECT_EQ(admit[0].op, Decision::Op::kAdmit);
+  const ReceiverRoom* a = pairs[0]->decode().room(whole);
+  const ReceiverRoom* b = pairs[1]->decode().room(whole);
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->kv_indices.size(), total);
+  EXPECT_EQ(a->kv_indices, b->kv_indices);
+  EXPECT_EQ(a->aux_index, b->aux_index);
+  for (auto& d : drvs) EXPECT_EQ(d->leak_stats().pages_in_use, total + 1);
+  drvs.clear();
 }
 
 }  // namespace

@@ -44,8 +44,13 @@ class EngineDriver {
   virtual void pump(int64_t now_ns) = 0;
   // This rank's reports of every live room.
   virtual std::vector<RoomReport> reports(int64_t now_ns) = 0;
-  // Leader only: decisions for the next step from every rank's reports (by room) and the router's
-  // new requests; results to send to the router for rooms released by these decisions.
+  // Decode: a report (RoomReport::reclaimed) of every quarantined room whose quarantine ended on
+  // this rank and that awaits the engine's kReclaim; the whole set every step (bounded by the
+  // driver's quarantine map), so a lost reply loses nothing. Not live rooms: not in reports().
+  virtual std::vector<RoomReport> reclaim_reports() const { return {}; }
+  // Leader only: decisions for the next step from every rank's reports (by room: reports() and
+  // reclaim_reports()) and the router's new requests; results to send to the router for rooms
+  // released by these decisions.
   virtual std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room,
                                        std::vector<RouterRequest> new_requests, int64_t now_ns,
                                        std::vector<RoomResult>* results) = 0;

@@ -304,6 +304,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     std::vector<RoomReport> own = driver_.reports(now);
     metrics_on_step(driver_, own, now, false);
     for (RoomReport& r : own) by_room[r.room].push_back(std::move(r));
+    for (RoomReport& r : driver_.reclaim_reports()) by_room[r.room].push_back(std::move(r));
     for (auto& [tp, list] : replies)
       for (RoomReport& r : list) by_room[r.room].push_back(std::move(r));
     replies.clear();
@@ -392,6 +393,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       fan_out(engine, fan_out_targets());
       std::vector<RoomReport> own = driver_.reports(last_step);
       metrics_on_step(driver_, own, last_step, f->shutdown);
+      for (RoomReport& r : driver_.reclaim_reports()) own.push_back(std::move(r));
       Status s = engine.send(cfg_.engine_endpoint,
                              encode_reply(f->seq, cfg_.self.tp_rank, own, driver_.leak_stats()));
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());

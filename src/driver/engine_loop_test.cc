@@ -279,5 +279,109 @@ TEST(EngineLoop, FollowerFailureReachesSiblingWithoutAStep) {
   }
 }
 
+// A quarantined room's reclaim through the real agreement: each rank's reclaim reports reach the
+// leader's decide() (the follower's in its reply), and the kReclaim decided once both ranks
+// reported reaches both ranks' apply().
+class ReclaimDriver : public StallingDriver {
+ public:
+  std::vector<RoomReport> reclaim_reports() const override {
+    std::lock_guard lock(mu);
+    return reclaimed;
+  }
+  std::vector<Decision> decide(const std::map<uint64_t, std::vector<RoomReport>>& by_room, std::vector<RouterRequest>,
+                               int64_t, std::vector<RoomResult>*) override {
+    std::lock_guard lock(mu);
+    auto it = by_room.find(21);
+    if (it == by_room.end() || decided) return {};
+    std::set<uint32_t> ranks;
+    for (const RoomReport& r : it->second)
+      if (r.reclaimed) ranks.insert(r.tp_rank);
+    seen_ranks = ranks;
+    if (ranks.size() < 2) return {};
+    decided = true;
+    return {{Decision::Op::kReclaim, 21}};
+  }
+  void apply(const Decision& d) override {
+    std::lock_guard lock(mu);
+    if (d.op == Decision::Op::kReclaim) {
+      applied.push_back(d.room);
+      reclaimed.clear();  // as DecodeDriver: reclaimed, no longer reported
+    }
+  }
+  void reclaim(uint64_t room, uint32_t tp) {
+    std::lock_guard lock(mu);
+    RoomReport r;
+    r.room = room;
+    r.tp_rank = tp;
+    r.reclaimed = true;
+    reclaimed = {r};
+  }
+  template <typename F>
+  auto locked(F f) {
+    std::lock_guard lock(mu);
+    return f();
+  }
+
+  mutable std::mutex mu;
+  std::vector<RoomReport> reclaimed;
+  std::set<uint32_t> seen_ranks;
+  bool decided = false;
+  std::vector<uint64_t> applied;
+};
+
+TEST(EngineLoop, ReclaimReportsReachTheLeaderAndItsReclaimReachesEveryRank) {
+  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
+  auto leader_core = testing::make_test_manager(leader_id);
+  auto follower_core = testing::make_test_manager(follower_id);
+  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
+  ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
+  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
+  cfg.idle_step_interval_us = 2000;
+  EngineLoopConfig fcfg = cfg;
+  fcfg.self = follower_id;
+  ReclaimDriver leader_driver, follower_driver;
+  EngineLoop leader(cfg, **leader_core, leader_driver);
+  EngineLoop follower(fcfg, **follower_core, follower_driver);
+  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
+  auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
+      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
+      leader_rc.wait();
+    }
+    if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
+      stand_in_for_leader(cfg.engine_endpoint, follower_rc);
+  }};
+  bool ready = false;
+  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
+    auto f = (*router)->recv(100ms);
+    ready = f && f->find("\"ready\"") != std::string::npos;
+  }
+  ASSERT_TRUE(ready);
+
+  // Only the follower has reclaimed the room: the leader sees its report, and waits.
+  follower_driver.reclaim(21, 1);
+  ASSERT_TRUE(wait_for([&] { return leader_driver.locked([&] { return leader_driver.seen_ranks.count(1) == 1; }); }, 5s));
+  EXPECT_FALSE(leader_driver.locked([&] { return leader_driver.decided; }));
+  // The leader has too: kReclaim, applied on both ranks, once.
+  leader_driver.reclaim(21, 0);
+  ASSERT_TRUE(wait_for([&] {
+    return follower_driver.locked([&] { return !follower_driver.applied.empty(); });
+  }, 5s)) << "the follower never applied the reclaim";
+  EXPECT_EQ(leader_driver.locked([&] { return leader_driver.applied; }), std::vector<uint64_t>{21});
+  EXPECT_EQ(follower_driver.locked([&] { return follower_driver.applied; }), std::vector<uint64_t>{21});
+
+  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
+  ASSERT_EQ(leader_rc.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(leader_rc.get(), 0);
+  ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(follower_rc.get(), 0);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -213,6 +213,7 @@ Result<std::vector<RankLeakStats>> decode_stats(const json& j) {
     s.pages_in_use = er.u64("pages_in_use");
     s.peers = er.u64("peers");
     if (e.contains("quarantined_pages")) s.quarantined_pages = er.u64("quarantined_pages");
+    if (e.contains("reclaimed_pages")) s.reclaimed_pages = er.u64("reclaimed_pages");
     if (er.failed()) return bad("stats: " + er.error());
     if (!valid_rank_string(s.rank)) return bad("stats rank is not a rank: '" + s.rank + "'");
     out.push_back(std::move(s));
@@ -313,7 +314,8 @@ std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uin
                    {"records", s.records},
                    {"pages_in_use", s.pages_in_use},
                    {"peers", s.peers},
-                   {"quarantined_pages", s.quarantined_pages}});
+                   {"quarantined_pages", s.quarantined_pages},
+                   {"reclaimed_pages", s.reclaimed_pages}});
   }
   json j{{"type", "stats"}, {"role", std::string(role_name(role))}, {"ranks", arr}};
   if (dp_rank != 0) j["dp_rank"] = dp_rank;

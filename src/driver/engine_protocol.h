@@ -20,7 +20,8 @@
 //                   the group serves rooms again
 //   RoomResult      see struct below, "type":"result"
 //   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
-//                   pages_in_use, peers}...]}   one per DP group, from its leader
+//                   pages_in_use, peers, quarantined_pages, reclaimed_pages}...]}   one per DP
+//                   group, from its leader (the last two: optional, 0 when absent)
 // (The replay's own router <-> orchestrator frames are replay/peer_death_frames.h.)
 // Thread contract: pure functions and value types.
 #pragma once
@@ -100,7 +101,8 @@ struct RankLeakStats {
   // messages refused as stale by kind (registration, metadata, status, heartbeat), peer restarts.
   std::array<uint64_t, 4> stale_messages{};
   uint64_t peer_restarts = 0;
-  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined (leaked, not in pages_in_use)
+  uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined now (leaked, not in pages_in_use)
+  uint64_t reclaimed_pages = 0;    // decode: pages and aux rows given back after a quarantine, so far
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,
@@ -125,10 +127,15 @@ struct RoomReport {
   uint64_t bytes = 0;       // prefill: bytes written
   uint64_t verified = 0;    // decode: bytes verified
   uint64_t mismatched = 0;  // decode
+  // decode: not a live room but a quarantined one (released with quarantine) whose quarantine
+  // ended on this rank: every source confirmed the drain or died (decode_quarantine.cc). Only
+  // `room` and `tp_rank` are meaningful; the leader decides kReclaim once every rank reports it.
+  bool reclaimed = false;
 };
 
 struct Decision {
-  enum class Op { kNew, kStart, kAdmit, kFail, kRelease };
+  // kReclaim (decode): the room's quarantined pages and aux row return to the pool on every rank.
+  enum class Op { kNew, kStart, kAdmit, kFail, kRelease, kReclaim };
   Op op = Op::kNew;
   uint64_t room = 0;
   RouterRequest request;     // kNew

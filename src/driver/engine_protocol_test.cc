@@ -173,6 +173,27 @@ TEST(RouterProtocol, ReadyShutdownStats) {
   EXPECT_EQ((*st->stats)[1].peers, 1u);
 }
 
+// A decode rank's quarantine counters: what is still quarantined and what was reclaimed so far,
+// both in the stats frame; a frame without them (an older rank) reads 0.
+TEST(RouterProtocol, StatsCarryQuarantinedAndReclaimedPages) {
+  RankLeakStats d{"decode/tp1", 0, 0, 0, 1};
+  d.quarantined_pages = 7;
+  d.reclaimed_pages = 12;
+  auto st = decode_router_frame(encode_stats(Role::kDecode, {d}));
+  ASSERT_TRUE(st.ok()) << st.status().str();
+  ASSERT_EQ(st->stats->size(), 1u);
+  EXPECT_EQ((*st->stats)[0].quarantined_pages, 7u);
+  EXPECT_EQ((*st->stats)[0].reclaimed_pages, 12u);
+  auto old = decode_router_frame(
+      R"({"type":"stats","role":"decode","ranks":[{"rank":"decode/tp0","live_rooms":0,"records":0,"pages_in_use":0,"peers":1}]})");
+  ASSERT_TRUE(old.ok()) << old.status().str();
+  EXPECT_EQ((*old->stats)[0].quarantined_pages, 0u);
+  EXPECT_EQ((*old->stats)[0].reclaimed_pages, 0u);
+  EXPECT_FALSE(decode_router_frame(
+                   R"({"type":"stats","role":"decode","ranks":[{"rank":"decode/tp0","live_rooms":0,"records":0,"pages_in_use":0,"peers":1,"reclaimed_pages":-3}]})")
+                   .ok());
+}
+
 TEST(RouterProtocol, InvalidUtf8ReasonStillEncodes) {
   RoomResult r;
   r.state = KVPoll::Failed;

@@ -21,6 +21,7 @@ void metrics_on_step(const EngineDriver& driver, const std::vector<RoomReport>& 
   m->set_leaks(s.live_rooms, s.records, s.pages_in_use, s.peers);
   m->set_incarnation_counts(s.stale_messages, s.peer_restarts);
   m->set_quarantined_pages(s.quarantined_pages);
+  m->set_reclaimed_pages(s.reclaimed_pages);
 }
 
 void metrics_on_release(const ReleasedRoom& r) {

@@ -85,6 +85,7 @@ void PrefillDriver::apply(const Decision& d) {
       return;
     }
     case Decision::Op::kAdmit:
+    case Decision::Op::kReclaim:
       return;  // decode only
   }
 }

@@ -47,7 +47,7 @@ json to_json(const Decision& d) {
 Decision decision_from(const json& j) {
   Decision d;
   int op = j.at("op").get<int>();
-  if (op < 0 || op > static_cast<int>(Decision::Op::kRelease)) throw std::runtime_error("bad op");
+  if (op < 0 || op > static_cast<int>(Decision::Op::kReclaim)) throw std::runtime_error("bad op");
   d.op = static_cast<Decision::Op>(op);
   d.room = room_of(j);
   d.request.room = d.room;
@@ -69,6 +69,8 @@ Decision decision_from(const json& j) {
 }
 
 json to_json(const RoomReport& r) {
+  // A quarantined room reclaimed on this rank: the room and the rank, nothing else.
+  if (r.reclaimed) return json{{"room", room_str(r.room)}, {"tp", r.tp_rank}, {"reclaimed", true}};
   json j{{"room", room_str(r.room)}, {"tp", r.tp_rank}, {"poll", static_cast<int>(r.poll)},
          {"drained", r.drained}, {"q", r.quarantine}, {"failed_ns", r.failed_ns}, {"send_ns", r.send_ns},
          {"success_ns", r.success_ns}, {"bytes", r.bytes}, {"verified", r.verified}, {"mismatched", r.mismatched}};
@@ -80,6 +82,11 @@ RoomReport report_from(const json& j) {
   RoomReport r;
   r.room = room_of(j);
   r.tp_rank = j.at("tp").get<uint32_t>();
+  if (j.contains("reclaimed")) {
+    if (!j.at("reclaimed").get<bool>()) throw std::runtime_error("'reclaimed' is only ever true");
+    r.reclaimed = true;
+    return r;
+  }
   auto p = poll_from_int(j.at("poll").get<int>());
   if (!p) throw std::runtime_error("bad poll");
   r.poll = *p;
@@ -139,7 +146,7 @@ std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomR
   for (const RoomReport& r : rooms) arr.push_back(to_json(r));
   json st{{"rank", stats.rank}, {"live_rooms", stats.live_rooms}, {"records", stats.records},
           {"pages_in_use", stats.pages_in_use}, {"peers", stats.peers},
-          {"quarantined_pages", stats.quarantined_pages}};
+          {"quarantined_pages", stats.quarantined_pages}, {"reclaimed_pages", stats.reclaimed_pages}};
   return json{{"type", "reply"}, {"seq", seq}, {"tp_rank", tp_rank}, {"rooms", std::move(arr)}, {"stats", st}}.dump();
 }
 
@@ -190,6 +197,7 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.stats.pages_in_use = st.at("pages_in_use").get<uint64_t>();
       f.stats.peers = st.at("peers").get<uint64_t>();
       f.stats.quarantined_pages = st.value("quarantined_pages", uint64_t{0});  // older ranks: absent
+      f.stats.reclaimed_pages = st.value("reclaimed_pages", uint64_t{0});
     }
     return f;
   } catch (const std::exception& e) {

@@ -8,6 +8,8 @@
 // the failure record's one JSON codec, core/failure_json.h ("code" is the code's name).
 //   {"type":"hi","tp_rank":R}   follower -> follower: opens the connection the fan-out will use
 //   {"type":"reply","seq":K,"tp_rank":R,"rooms":[RoomReport...],"stats":{}}  follower -> leader
+//       (decode: a quarantined room reclaimed on the rank is the short report
+//        {"room":"<u64>","tp":R,"reclaimed":true}; its kReclaim decision is {"op":5,"room":"<u64>"})
 //   {"type":"abort","room":"<u64>"}                                         router -> leader
 // Room ids are decimal strings. Parsing never throws: malformed frames give kProtocolError.
 #pragma once

@@ -110,6 +110,61 @@ TEST(SyncCodec, HiRoundTrips) {
   EXPECT_EQ(d->tp_rank, 3u);
 }
 
+// The quarantine's end: a rank reports a reclaimed quarantined room in its reply in a short form
+// (room and rank only), beside its live rooms; the leader's kReclaim carries the room only; the
+// reply's stats carry the reclaimed pages.
+TEST(SyncCodec, ReclaimReportsAndDecisionsRoundTrip) {
+  RoomReport live;
+  live.room = 0x77;
+  live.tp_rank = 1;
+  live.poll = KVPoll::Transferring;
+  RoomReport back;
+  back.room = 0xfedcba9876543210ull;
+  back.tp_rank = 1;
+  back.reclaimed = true;
+  back.poll = KVPoll::Failed;  // not sent: a reclaim report carries nothing but room and rank
+  back.verified = 99;
+  RankLeakStats st{"decode/tp1", 1, 0, 3, 1};
+  st.quarantined_pages = 4;
+  st.reclaimed_pages = 9;
+  const std::string text = encode_reply(5, 1, {live, back}, st);
+  EXPECT_NE(text.find(R"({"reclaimed":true,"room":"18364758544493064720","tp":1})"), std::string::npos) << text;
+  auto f = decode_sync_frame(text);
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  ASSERT_EQ(f->rooms.size(), 2u);
+  EXPECT_FALSE(f->rooms[0].reclaimed);
+  EXPECT_EQ(f->rooms[0].poll, KVPoll::Transferring);
+  EXPECT_TRUE(f->rooms[1].reclaimed);
+  EXPECT_EQ(f->rooms[1].room, back.room);
+  EXPECT_EQ(f->rooms[1].tp_rank, 1u);
+  EXPECT_EQ(f->rooms[1].verified, 0u);
+  EXPECT_EQ(f->stats.quarantined_pages, 4u);
+  EXPECT_EQ(f->stats.reclaimed_pages, 9u);
+
+  Decision rc;
+  rc.op = Decision::Op::kReclaim;
+  rc.room = back.room;
+  const std::string step = encode_step(6, false, {rc});
+  EXPECT_NE(step.find(R"({"op":5,"room":"18364758544493064720"})"), std::string::npos) << step;
+  auto d = decode_sync_frame(step);
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  ASSERT_EQ(d->decisions.size(), 1u);
+  EXPECT_EQ(d->decisions[0].op, Decision::Op::kReclaim);
+  EXPECT_EQ(d->decisions[0].room, back.room);
+
+  // Malformed: an op past kReclaim, a reclaim flag that is false or not a bool, a reclaim
+  // report without its rank.
+  for (const std::string& bad :
+       {std::string(R"({"type":"step","seq":1,"shutdown":false,"decisions":[{"op":6,"room":"1"}]})"),
+        std::string(R"({"type":"reply","seq":1,"tp_rank":1,"rooms":[{"room":"1","tp":1,"reclaimed":false}],"stats":{"rank":"decode/tp1","live_rooms":0,"records":0,"pages_in_use":0,"peers":0}})"),
+        std::string(R"({"type":"reply","seq":1,"tp_rank":1,"rooms":[{"room":"1","tp":1,"reclaimed":1}],"stats":{"rank":"decode/tp1","live_rooms":0,"records":0,"pages_in_use":0,"peers":0}})"),
+        std::string(R"({"type":"reply","seq":1,"tp_rank":1,"rooms":[{"room":"1","reclaimed":true}],"stats":{"rank":"decode/tp1","live_rooms":0,"records":0,"pages_in_use":0,"peers":0}})")}) {
+    auto r = decode_sync_frame(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), ErrorCode::kProtocolError) << bad;
+  }
+}
+
 // Each malformed frame is rejected with kProtocolError and a message naming the problem.
 TEST(SyncCodec, MalformedFailFramesAreRejected) {
   const std::string ok = encode_fail(sample());

@@ -136,6 +136,7 @@ class DecodeEndpoint {
   // kv_indices, its aux row and state rows) are leaked until reclaimed; take_reclaimed() returns
   // the rooms whose sources have since confirmed the drain (or died): their pages may be reused.
   size_t quarantined_rooms() const { return quarantined_.size(); }
+  bool is_quarantined(uint64_t room) const { return quarantined_.count(room) != 0; }
   uint64_t quarantined_pages() const { return quarantined_pages_; }
   uint64_t quarantined_total() const { return quarantined_total_; }
   uint64_t reclaimed_total() const { return reclaimed_total_; }

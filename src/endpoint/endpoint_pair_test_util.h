@@ -54,10 +54,11 @@ struct TestLayoutSpec {
   uint32_t aux_slots = 64;
 };
 
-inline Result<PoolLayout> make_test_layout(const TestLayoutSpec& s = {}) {
+// `tp_size`, `tp_rank`: the rank's place in its TP engine (its share of the heads).
+inline Result<PoolLayout> make_test_layout(const TestLayoutSpec& s = {}, uint32_t tp_size = 1, uint32_t tp_rank = 0) {
   auto m = load_test_model(s.model);
   if (!m.ok()) return m.status();
-  return make_layout(*m, 1, 0, s.page_size, s.pool_bytes, s.aux_slots);
+  return make_layout(*m, tp_size, tp_rank, s.page_size, s.pool_bytes, s.aux_slots);
 }
 
 inline RankId prefill_rank0() { return {Role::kPrefill, 0, 0, 0}; }
@@ -98,13 +99,18 @@ struct PairConfig {
   // The prefill rank's transport connects wait from the start until the test releases them
   // (FaultInjectingTransport::hold_connects): the decode rank's registration stays connecting.
   bool hold_prefill_connects = false;
+  // Both ranks' place in their engines: prefill/tp<tp_rank> and decode/tp<tp_rank> of TP engines
+  // of tp_size each (the transfer plan pairs them one to one), e.g. to play one rank of a TP 2
+  // decode engine whose other rank is another pair's.
+  uint32_t tp_rank = 0;
+  uint32_t tp_size = 1;
 };
 
 class EndpointPair {
  public:
   static Result<std::unique_ptr<EndpointPair>> create(const PairConfig& cfg = {}) {
     std::unique_ptr<EndpointPair> p(new EndpointPair(cfg));
-    auto layout = make_test_layout(cfg.layout);
+    auto layout = make_test_layout(cfg.layout, cfg.tp_size, cfg.tp_rank);
     if (!layout.ok()) return layout.status();
     p->layout_ = *layout;
     auto server = BootstrapServer::start("127.0.0.1", 0);
@@ -155,8 +161,9 @@ class EndpointPair {
   // service, as a restarted prefill process does.
   Status start_prefill(uint16_t control_port = 0) {
     kill_prefill();
-    auto c = test_manager_config(prefill_rank0(), cfg_.prefill_deadlines, cfg_.layout);
+    auto c = test_manager_config({Role::kPrefill, 0, cfg_.tp_rank, 0}, cfg_.prefill_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
+    c->tp_size = cfg_.tp_size;
     c->bootstrap_address = bootstrap_address_;
     c->control.port = control_port;
     auto m = Manager::create(*c);
@@ -182,8 +189,9 @@ class EndpointPair {
   // registers its pool, as a restarted decode process does.
   Status start_decode(uint16_t control_port = 0) {
     kill_decode();
-    auto c = test_manager_config(decode_rank0(), cfg_.decode_deadlines, cfg_.layout);
+    auto c = test_manager_config({Role::kDecode, 0, cfg_.tp_rank, 0}, cfg_.decode_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
+    c->tp_size = cfg_.tp_size;
     c->bootstrap_address = bootstrap_address_;
     c->control.port = control_port;
     auto m = Manager::create(*c);

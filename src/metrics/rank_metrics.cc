@@ -38,7 +38,7 @@ struct RankMetrics::Impl {
   std::string constant;  // rank="...",role="..."
   std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
   std::array<std::atomic<uint64_t>, 5> in_flight{};
-  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0};
+  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0}, reclaimed{0};
   std::array<std::atomic<uint64_t>, 4> stale{};  // registration, metadata, status, heartbeat
   std::atomic<uint64_t> peer_restarts{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
@@ -101,6 +101,11 @@ void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by
   raise(impl_->peer_restarts, peer_restarts);
 }
 void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
+void RankMetrics::set_reclaimed_pages(uint64_t pages) {
+  uint64_t cur = impl_->reclaimed.load(std::memory_order_relaxed);
+  while (pages > cur && !impl_->reclaimed.compare_exchange_weak(cur, pages, std::memory_order_relaxed)) {
+  }
+}
 
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
@@ -158,6 +163,9 @@ std::string RankMetrics::exposition() const {
          m.peer_restarts);
   simple("kvferry_quarantined_pages", "gauge",
          "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
+  simple("kvferry_reclaimed_pages_total", "counter",
+         "Pages and aux rows given back to the pool after their quarantine ended on every rank of the engine",
+         m.reclaimed);
   return out;
 }
 

@@ -34,6 +34,8 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   m.set_rooms_in_flight({1, 2, 3, 4, 5});
   m.set_leaks(7, 8, 9, 2);
   m.set_quarantined_pages(11);
+  m.set_reclaimed_pages(13);
+  m.set_reclaimed_pages(12);  // a counter: never goes back
   const std::string t = m.exposition();
   EXPECT_NE(t.find("# TYPE kvferry_rooms_total counter"), std::string::npos);
   EXPECT_NE(t.find("# TYPE kvferry_transfer_latency_seconds histogram"), std::string::npos);
@@ -55,6 +57,8 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   EXPECT_EQ(sample(t, "kvferry_pages_in_use{" + kLabels + "}"), 9);
   EXPECT_EQ(sample(t, "kvferry_peer_connections{" + kLabels + "}"), 2);
   EXPECT_EQ(sample(t, "kvferry_quarantined_pages{" + kLabels + "}"), 11);
+  EXPECT_NE(t.find("# TYPE kvferry_reclaimed_pages_total counter"), std::string::npos);
+  EXPECT_EQ(sample(t, "kvferry_reclaimed_pages_total{" + kLabels + "}"), 13);
 }
 
 TEST(RankMetrics, IncarnationCountersNeverGoBack) {

@@ -64,7 +64,8 @@ json stats_json(const std::optional<std::vector<RankLeakStats>>& s) {
                    {"records", r.records},
                    {"pages_in_use", r.pages_in_use},
                    {"peers", r.peers},
-                   {"quarantined_pages", r.quarantined_pages}});  // leaked pages (decode)
+                   {"quarantined_pages", r.quarantined_pages},  // leaked pages now (decode)
+                   {"reclaimed_pages", r.reclaimed_pages}});    // given back after a quarantine
   }
   return arr;
 }

@@ -181,6 +181,11 @@ TEST_F(ReplayDir, MixedPlanOnTwoByTwo) {
   EXPECT_EQ(r["bytes"]["mismatched"], 0);
   EXPECT_GT(r["requests"]["succeeded"], 0);
   expect_no_leaks(r);
+  // Every prefill rank lived: nothing is left quarantined on a decode rank (docs/report.md).
+  for (const auto& s : r["leaks"]["decode"]) {
+    EXPECT_EQ(s["quarantined_pages"], 0) << s.dump();
+    EXPECT_TRUE(s["reclaimed_pages"].is_number_unsigned()) << s.dump();
+  }
 }
 
 }  // namespace
