@@ -109,6 +109,9 @@ class Sender {
   // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
   // after the last chunk, more pages than init said, an index out of range.
   virtual Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) = 0;
+  // Before init(): Bootstrapping until every destination's metadata arrived (or a destination's
+  // failure, or the rank has no destination), then WaitingForInput, so an engine may call init()
+  // only once the decode side is ready (SGLang's order, docs/sglang.md).
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
   // Fails the room here (code aborted, origin this rank) and tells every destination.

@@ -86,7 +86,7 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
-    if (!r.initialized) return KVPoll::Bootstrapping;
+    if (!r.initialized) return m_.prefill()->metadata_complete(room_) ? KVPoll::WaitingForInput : KVPoll::Bootstrapping;
     return m_.prefill()->poll(room_);
   }
 
