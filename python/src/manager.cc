@@ -213,6 +213,15 @@ Status Connector::abort(uint64_t room, const std::string& reason) {
   return Status::Ok();
 }
 
+Status Connector::fail_local(uint64_t room, ErrorCode code, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (r->sender) r->sender->fail(code, reason);
+  else r->receiver->fail(code, reason);
+  return Status::Ok();
+}
+
 void Connector::close_room(uint64_t room) {
   std::lock_guard lock(mu_);
   rooms_.erase(room);  // the manager releases it once no write can reach its pages

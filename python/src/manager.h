@@ -101,6 +101,8 @@ class Connector {
   Result<TransferMetrics> metrics(uint64_t room);
   std::optional<KVTransferError> failure(uint64_t room);
   Status abort(uint64_t room, const std::string& reason);
+  // Sender/Receiver::fail: a local failure of this rank with `code`. Errors: not open.
+  Status fail_local(uint64_t room, ErrorCode code, const std::string& reason);
   void close_room(uint64_t room);
   // Fault injection (tests): every later write of `room` fails in the transport with `code`.
   void inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);

@@ -350,6 +350,17 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
+      .def("fail_local", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
+        auto c = code_from_name(code);
+        if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
+        std::shared_ptr<Connector> m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->fail_local(room, *c, reason);
+        }
+        check(s);
+      })
       .def("close_room", [](PyManager& p, uint64_t room) {
         if (!p.m_) return;  // the manager went first: nothing to release
         std::shared_ptr<Connector> m = p.m_;

@@ -51,6 +51,7 @@ bool PrefillEndpoint::metadata_complete(uint64_t room) const {
   const uint32_t dp = dp_rank_for_room(room, decode_dp_);
   for (uint32_t d : dests) {
     const RankId want{Role::kDecode, 0, d, dp};
+    if (!peers_.count(want) || connecting_.count(want)) return false;  // as maybe_ready: connected first
     bool found = false;
     for (const auto& [ns, md] : pm->second) found |= (md.sender == want);
     if (!found) return false;

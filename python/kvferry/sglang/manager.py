@@ -291,7 +291,7 @@ class KVManager:
     def _track(self, room_obj) -> None:
         self._rooms[int(room_obj.bootstrap_room)] = room_obj
 
-    def is_abort_release_safe(self, bootstrap_room: int, required_acks: int = 0) -> bool:
+    def is_abort_release_safe(self, bootstrap_room: int, required_acks: int) -> bool:
         """True once no prefill write can still land in the room's pages, aux and state rows
         (kvferry's release_safe; `required_acks` is SGLang's count and is not needed)."""
         r = self._rooms.get(int(bootstrap_room))

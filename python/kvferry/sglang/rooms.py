@@ -91,7 +91,7 @@ class _Common:
         """Fails the room on this rank, as its own (local) failure."""
         if self._room is not None:
             try:
-                self._room._mgr._impl.fail_from_engine(self.bootstrap_room, code, reason, self._room._mgr.rank)
+                self._room._mgr._impl.fail_local(self.bootstrap_room, code, reason)
                 return
             except (ValueError, RuntimeError):
                 pass
@@ -174,6 +174,8 @@ class KVSender(_Common):
             self._fail_here("bootstrap_timeout", f"the decode side's metadata did not arrive within "
                                                  f"{_bootstrap_timeout_s():.0f} s")
             p = super().poll()
+        if p == KVPoll.Bootstrapping and self.num_kv_indices is not None:
+            p = KVPoll.WaitingForInput  # after init SGLang expects no Bootstrapping (its inflight queue)
         return p
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None):
