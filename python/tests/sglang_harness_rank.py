@@ -330,7 +330,7 @@ class Rank:
         return {"kv": bool(kv), "aux": bool(aux), "state": bool(state)}
 
 
-def main(cfg, barrier, arr, width, results):
+def main(cfg, barrier, arr, width, results, all_done):
     os.environ.update(cfg["env"])
     records = Records()
     root = logging.getLogger()
@@ -340,12 +340,17 @@ def main(cfg, barrier, arr, width, results):
     try:
         rank = Rank(cfg, Group(cfg["tp_rank"], cfg["tp_size"], barrier, arr, width), records)
         rank.prefill_run() if cfg["role"] == "prefill" else rank.decode_run()
-        rank.mgr.close()
         import kvferry
         kvferry.flush_logs()
-        results.put({"rank": f"{cfg['role']}/tp{cfg['tp_rank']}", "ok": True, **rank.out, "records": records.items})
+        done = len(records.items)  # what follows is teardown (a peer closing first may be noticed)
+        all_done.wait()  # every rank of both engines is done before any closes
+        rank.mgr.close()
+        kvferry.flush_logs()
+        results.put({"rank": f"{cfg['role']}/tp{cfg['tp_rank']}", "ok": True, **rank.out, "records": records.items,
+                     "work_records": done})
     except BaseException as e:  # noqa: BLE001 (reported to the test)
         import traceback
         barrier.abort()
+        all_done.abort()
         results.put({"rank": f"{cfg['role']}/tp{cfg['tp_rank']}", "ok": False, "error": traceback.format_exc(),
                      "records": records.items, "exc": repr(e)})

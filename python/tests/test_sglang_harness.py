@@ -38,6 +38,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
     width = len(requests) + 1
     results = ctx.Queue()
     procs, shared = [], []  # the engines' barriers and arrays live until the ranks are done
+    all_done = ctx.Barrier(prefill_tp + decode_tp, timeout=TIMEOUT_S)
     for role, tp_size in (("prefill", prefill_tp), ("decode", decode_tp)):
         barrier, arr = ctx.Barrier(tp_size, timeout=TIMEOUT_S), ctx.Array("q", tp_size * width, lock=False)
         shared.append((barrier, arr))
@@ -48,7 +49,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
                    # learns the prefill's from the bootstrap service.
                    "env": {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else ENV,
                    "timeout_s": TIMEOUT_S}
-            p = ctx.Process(target=harness.main, args=(cfg, barrier, arr, width, results), daemon=True)
+            p = ctx.Process(target=harness.main, args=(cfg, barrier, arr, width, results, all_done), daemon=True)
             p.start()
             procs.append(p)
     try:
@@ -102,8 +103,9 @@ def check_run(out, requests, failed):
     for rank in decode:
         early = [f for f in out[rank]["frees"] if not f["release_safe"]]
         assert not early, f"{rank} freed before release-safe: {early}"
-    # Nothing else above info from kvferry on any rank.
-    noisy = [(rank, r) for rank, res in out.items() for r in res["records"]
+    # Nothing else above info from kvferry on any rank while the engines worked (at teardown a rank
+    # may notice a peer that closed first: "unreachable; 0 rooms failed").
+    noisy = [(rank, r) for rank, res in out.items() for r in res["records"][:res["work_records"]]
              if r["name"].startswith("kvferry") and r["level"] > 20]
     assert not noisy, noisy
 
