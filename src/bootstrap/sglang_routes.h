@@ -37,7 +37,7 @@ constexpr uint32_t kMaxSglangGroup = 1024;       // bound on each of tp, cp, dp,
 constexpr size_t kMaxSglangRanks = 16384;        // bound on dp x cp x tp x pp
 constexpr size_t kMaxSglangRooms = 1u << 20;     // room -> dp_rank entries kept
 constexpr int64_t kSglangRoomTtlNs = 600'000'000'000;  // 10 minutes
-constexpr size_t kMaxSglangQueryRooms = 65536;   // rooms per /query_dp_ranks
+constexpr size_t kMaxSglangQueryRooms = 32768;   // rooms per /query_dp_ranks (fits the 1 MiB body bound)
 
 // One HTTP answer: status, body, content type.
 struct Reply {
