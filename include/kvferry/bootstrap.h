@@ -7,7 +7,10 @@
 //                               not registered (yet)                     -> 404 {"error": "..."}
 //   GET  /route?engine_id=E&dp_rank=D                                   -> 200 [PrefillRankInfo...]
 //   GET  /health                                                        -> 200 {"ok":true,"ranks":N}
-// Re-registering the same (engine_id, dp_rank, tp_rank) replaces the entry (a restarted rank).
+// Re-registering the same (engine_id, dp_rank, tp_rank) replaces the entry (a restarted rank); at
+// most 16384 ranks are kept (400 beyond).
+// The same port also serves SGLang's bootstrap routes (PUT/GET /route in SGLang's shape,
+// POST /register_dp_rank, POST /query_dp_ranks; src/bootstrap/sglang_routes.h, docs/sglang.md).
 // Thread contract: BootstrapServer runs its own threads; BootstrapClient is not thread-safe.
 #pragma once
 #include <cstdint>
@@ -53,7 +56,7 @@ class BootstrapServer {
   uint16_t port() const;
   // "host:port" clients use: the advertised host ("[v6]:port" for IPv6) and the bound port.
   std::string address() const;
-  size_t registered() const;
+  size_t registered() const;  // kvferry ranks plus SGLang-shaped ranks
 
  private:
   BootstrapServer();

@@ -109,10 +109,16 @@ class Sender {
   // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
   // after the last chunk, more pages than init said, an index out of range.
   virtual Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) = 0;
+  // Before init(): Bootstrapping until every destination's metadata arrived (or a destination's
+  // failure, or the rank has no destination), then WaitingForInput, so an engine may call init()
+  // only once the decode side is ready (SGLang's order, docs/sglang.md).
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
   // Fails the room here (code aborted, origin this rank) and tells every destination.
   virtual void abort(const std::string& reason) = 0;
+  // The same with another code: a failure this rank observed itself (e.g. the engine refused to
+  // go on with the room); the origin is this rank and the failure is local here.
+  virtual void fail(ErrorCode code, const std::string& reason) = 0;
   // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
   // recorded as from another rank, told to the destinations; no-op if the room already failed.
   virtual void fail_from_engine(const KVTransferError& e) = 0;
@@ -135,6 +141,7 @@ class Receiver {
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
   virtual void abort(const std::string& reason) = 0;
+  virtual void fail(ErrorCode code, const std::string& reason) = 0;  // as Sender::fail
   virtual void fail_from_engine(const KVTransferError& e) = 0;
   // True once no write of any prefill source can reach the room's pages, aux and state rows.
   virtual bool release_safe() const = 0;

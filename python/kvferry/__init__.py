@@ -128,7 +128,10 @@ class KVManager:
     KVFERRY_* environment variables are the defaults). log_file: optional JSON-lines log of this
     rank (as `kvferry replay` writes). transfer_shards: transfer worker shards, 1..8 (each a UCX
     worker with its own progress thread; a room's writes stay on one shard; `--transfer-shards`
-    in the CLI). Peers may use other counts.
+    in the CLI). Peers may use other counts. log_failures: False leaves logging a failed room to
+    the engine (SGLang's scheduler logs it; kvferry.sglang). control_bind / control_advertise /
+    control_port: the control socket's bind host, the host peers are told, its port (defaults:
+    loopback, any free port).
     """
 
     def __init__(self, role: str, kv_pool=None, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -137,7 +140,8 @@ class KVManager:
                  attention: str = "GQA", model_name: str = "custom", aux_slots: int = 64,
                  transport: str = "shm", tp_rank: int = 0, tp_size: int = 1,
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
-                 log_file: Optional[str] = None, transfer_shards: int = 1):
+                 log_file: Optional[str] = None, transfer_shards: int = 1, log_failures: bool = True,
+                 control_bind: str = "", control_advertise: str = "", control_port: int = 0):
         if (kv_pool is None) == (buffers is None):
             raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
@@ -147,7 +151,8 @@ class KVManager:
         descs = [d.as_tuple() for d in buffers.descs] if buffers is not None else []
         self._impl = _kvferry.Manager(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
                                       tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
-                                      os.fspath(log_file) if log_file else "", transfer_shards)
+                                      os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
+                                      control_bind, control_advertise, int(control_port))
 
     @property
     def layout(self) -> dict:
@@ -158,6 +163,11 @@ class KVManager:
     @property
     def rank(self) -> str:
         return self._impl.rank
+
+    @property
+    def control_endpoint(self) -> str:
+        """The control socket as peers are told ("tcp://host:port")."""
+        return self._impl.control_endpoint
 
     def page_offset(self, buffer: int, page: int) -> int:
         """Byte offset of `page` of layer buffer `buffer` in the pool."""
@@ -229,6 +239,11 @@ class _Room:
 
     def poll(self) -> KVPoll:
         return KVPoll(self._mgr._impl.poll(self.bootstrap_room))
+
+    def metrics(self) -> dict:
+        """bytes (prefill: written; decode: expected), latency_s (first send to done),
+        wait_metadata_s, and the CLOCK_MONOTONIC ns stamps created/metadata/first_send/done."""
+        return self._mgr._impl.metrics(self.bootstrap_room)
 
     def failure_exception(self) -> None:
         """Raises the room's KVTransferError if it failed; returns None otherwise."""

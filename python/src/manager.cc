@@ -60,13 +60,14 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
     mc.pool_bytes = c.pool_bytes;
   }
   mc.aux_rows = c.aux_slots;
+  mc.control = make_listen_address(c.control_bind, c.control_advertise, c.control_port);
   mc.bootstrap_address = c.bootstrap;
   mc.transport = c.transport;
   mc.transfer_shards = c.transfer_shards;
   mc.deadlines = c.deadlines;
   mc.progress_thread = true;
   mc.fault_injection = true;  // inject_write_failure, hold_writes
-  mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
+  if (c.log_failures) mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
   auto r = kvferry::Manager::create(mc);
   if (!r.ok()) return r.status();
   m->m_ = std::move(r).value();
@@ -75,6 +76,11 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
 }
 
 Connector::~Connector() { close(); }
+
+std::string Connector::control_endpoint() {
+  std::lock_guard lock(mu_);
+  return m_ ? m_->control_endpoint() : std::string();
+}
 
 void Connector::close() {
   std::lock_guard lock(mu_);
@@ -184,6 +190,13 @@ KVPoll Connector::poll(uint64_t room) {
   return r->sender ? r->sender->poll() : r->receiver->poll();
 }
 
+Result<TransferMetrics> Connector::metrics(uint64_t room) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  return r->sender ? r->sender->metrics() : r->receiver->metrics();
+}
+
 std::optional<KVTransferError> Connector::failure(uint64_t room) {
   std::lock_guard lock(mu_);
   Room* r = find(room);
@@ -197,6 +210,15 @@ Status Connector::abort(uint64_t room, const std::string& reason) {
   if (!r) return bad(fmt::format("room {} is not open", room));
   if (r->sender) r->sender->abort(reason);
   else r->receiver->abort(reason);
+  return Status::Ok();
+}
+
+Status Connector::fail_local(uint64_t room, ErrorCode code, const std::string& reason) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (r->sender) r->sender->fail(code, reason);
+  else r->receiver->fail(code, reason);
   return Status::Ok();
 }
 

@@ -54,6 +54,13 @@ struct ConnectorConfig {
   uint8_t* pool = nullptr;    // the engine's pool; the layout uses as many pages as fit
   uint64_t pool_bytes = 0;
   std::string log_file;       // optional JSON log file of this rank
+  // The control socket's bind host, advertised host and port (kvferry/net.h; defaults: loopback, any port).
+  std::string control_bind;
+  std::string control_advertise;
+  uint16_t control_port = 0;
+  // true: the manager logs each failed room once (manager/log_policy.h); false: the engine logs
+  // failures itself (SGLang's scheduler does, by KVTransferError.is_from_another_rank).
+  bool log_failures = true;
 };
 
 // The layout of a pool of `num_pages` pages (sizing helper for engines).
@@ -69,6 +76,7 @@ class Connector {
 
   const PoolLayout& layout() const { return layout_; }
   const RankId& self() const { return self_; }
+  std::string control_endpoint();  // advertised, "tcp://host:port"
   Role role() const { return self_.role; }
 
   // A sender/receiver exists for `room` (Bootstrapping until init). Decode: `prefill_bootstrap`
@@ -89,8 +97,12 @@ class Connector {
   // with `origin`'s failure; no-op on a room that already ended. Errors: not open.
   Status fail_from_engine(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin);
   KVPoll poll(uint64_t room);  // Failed for a room that is not open
+  // The room's Sender/Receiver::metrics(). Errors: the room is not open.
+  Result<TransferMetrics> metrics(uint64_t room);
   std::optional<KVTransferError> failure(uint64_t room);
   Status abort(uint64_t room, const std::string& reason);
+  // Sender/Receiver::fail: a local failure of this rank with `code`. Errors: not open.
+  Status fail_local(uint64_t room, ErrorCode code, const std::string& reason);
   void close_room(uint64_t room);
   // Fault injection (tests): every later write of `room` fails in the transport with `code`.
   void inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);

@@ -86,7 +86,8 @@ class PyManager {
   PyManager(const std::string& role, const py::object& pool, const py::list& buffers, const py::dict& geometry,
             uint32_t page_size, uint32_t aux_slots, const std::string& bootstrap, const std::string& transport,
             uint32_t tp_rank, uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines,
-            const std::string& log_file, uint32_t transfer_shards) {
+            const std::string& log_file, uint32_t transfer_shards, bool log_failures,
+            const std::string& control_bind, const std::string& control_advertise, uint16_t control_port) {
     ConnectorConfig c;
     c.buffers = buffer_descs(buffers);
     if (pool.is_none() == c.buffers.empty()) throw py::value_error("give a KV pool or engine buffers (one of them)");
@@ -123,6 +124,10 @@ class PyManager {
       if (!known) throw py::value_error("unknown deadline '" + key + "'");
     }
     c.log_file = log_file;
+    c.log_failures = log_failures;
+    c.control_bind = control_bind;
+    c.control_advertise = control_advertise;
+    c.control_port = control_port;
     if (pool_) {
       c.pool = pool_->data();
       c.pool_bytes = pool_->bytes();
@@ -207,14 +212,16 @@ PYBIND11_MODULE(_kvferry, mod) {
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
                     const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
-                    const std::string&, uint32_t>(),
+                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t>(),
            py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
            py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
-           py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"))
+           py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"), py::arg("log_failures") = true,
+           py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0)
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
+      .def_property_readonly("control_endpoint", [](PyManager& p) { return p.m()->control_endpoint(); })
       .def("open", [](PyManager& p, uint64_t room, const std::string& bootstrap, int64_t dp_rank) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
@@ -307,6 +314,24 @@ PYBIND11_MODULE(_kvferry, mod) {
         py::gil_scoped_release nogil;
         return static_cast<int>(m->poll(room));
       })
+      .def("metrics", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        Result<TransferMetrics> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m->metrics(room);
+        }
+        if (!r.ok()) raise_status(r.status());
+        py::dict d;
+        d["bytes"] = r->bytes;
+        d["latency_s"] = r->latency_s();
+        d["wait_metadata_s"] = r->wait_metadata_s();
+        d["created_ns"] = r->created_ns;
+        d["metadata_ns"] = r->metadata_ns;
+        d["first_send_ns"] = r->first_send_ns;
+        d["done_ns"] = r->done_ns;
+        return d;
+      })
       .def("failure", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         std::optional<KVTransferError> e;
@@ -322,6 +347,17 @@ PYBIND11_MODULE(_kvferry, mod) {
         {
           py::gil_scoped_release nogil;
           s = m->abort(room, reason);
+        }
+        check(s);
+      })
+      .def("fail_local", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
+        auto c = code_from_name(code);
+        if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
+        std::shared_ptr<Connector> m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->fail_local(room, *c, reason);
         }
         check(s);
       })

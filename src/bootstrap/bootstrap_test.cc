@@ -179,7 +179,7 @@ TEST_F(Bootstrap, RawBadPayloadsGet400) {
   expect_400(http.Get("/route?engine_id=1"), "dp_rank");
 
   // An oversized body is refused without being stored.
-  auto big = http.Put("/route", std::string(128 * 1024, ' '), "application/json");
+  auto big = http.Put("/route", std::string(2 * 1024 * 1024, ' '), "application/json");  // over the 1 MiB bound
   ASSERT_TRUE(big) << httplib::to_string(big.error());
   EXPECT_EQ(big->status, 413);
 

@@ -1,6 +1,8 @@
 // BootstrapServer (include/kvferry/bootstrap.h): cpp-httplib server on its own threads, a map of
-// registered prefill ranks behind a mutex. Every handler validates its input and answers 400 with
-// {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
+// registered prefill ranks behind a mutex (at most kMaxRegisteredRanks), and SGLang's routes on the
+// same port (bootstrap/sglang_routes.h: a PUT /route body with "rank_ip", a GET /route with
+// "prefill_dp_rank", /register_dp_rank, /query_dp_ranks). Every handler validates its input and
+// answers 400 with {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -16,12 +18,14 @@
 #include <vector>
 
 #include "bootstrap/rank_info_json.h"
+#include "bootstrap/sglang_routes.h"
 #include "kvferry/bootstrap.h"
 
 namespace kvferry {
 namespace {
 
-constexpr size_t kMaxBodyBytes = 64 * 1024;
+constexpr size_t kMaxBodyBytes = 1024 * 1024;  // a /query_dp_ranks of kMaxSglangQueryRooms rooms fits
+constexpr size_t kMaxRegisteredRanks = 16384;
 constexpr size_t kHttpThreads = 4;
 constexpr auto kStartTimeout = std::chrono::seconds(5);
 constexpr const char* kJson = "application/json";
@@ -67,20 +71,44 @@ struct BootstrapServer::Impl {
   std::string advertised;  // host clients are told (address())
   mutable std::mutex mu;
   std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
+  bootstrap::SglangRegistry sglang;       // its own lock
+
+  static void send(httplib::Response& res, const bootstrap::Reply& r) {
+    res.status = r.status;
+    res.set_content(r.body, r.content_type);
+  }
+
+  static nlohmann::json parse(const std::string& body) {
+    return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  }
 
   void handle_put(const httplib::Request& req, httplib::Response& res) {
-    auto j = nlohmann::json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    auto j = parse(req.body);
     if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
+    if (j.is_object() && j.contains("rank_ip")) return send(res, sglang.put_route(j));  // SGLang's shape
     auto info = bootstrap::rank_info_from_json(j);
     if (!info.ok()) return reply_error(res, 400, info.status().message());
     {
       std::lock_guard<std::mutex> lock(mu);
-      ranks[Key{info->engine_id, info->dp_rank, info->tp_rank}] = *info;
+      const Key key{info->engine_id, info->dp_rank, info->tp_rank};
+      if (!ranks.count(key) && ranks.size() >= kMaxRegisteredRanks)
+        return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
+      ranks[key] = *info;
     }
     reply(res, 200, {{"ok", true}});
   }
 
   void handle_get(const httplib::Request& req, httplib::Response& res) {
+    if (req.has_param("prefill_dp_rank") || req.has_param("target_tp_rank")) {  // SGLang's shape
+      auto param = [&](const char* n, std::string* out) -> const std::string* {
+        if (!req.has_param(n)) return nullptr;
+        *out = req.get_param_value(n);
+        return out;
+      };
+      std::string d, c, t, p;
+      return send(res, sglang.get_route(param("prefill_dp_rank", &d), param("prefill_cp_rank", &c),
+                                        param("target_tp_rank", &t), param("target_pp_rank", &p)));
+    }
     std::optional<uint32_t> engine, dp, tp;
     if (!query_u32(req, res, "engine_id", true, &engine) ||
         !query_u32(req, res, "dp_rank", true, &dp) || !query_u32(req, res, "tp_rank", false, &tp)) {
@@ -136,6 +164,16 @@ struct BootstrapServer::Impl {
     http.Put("/route", guarded([this](const auto& req, auto& res) { handle_put(req, res); }));
     http.Get("/route", guarded([this](const auto& req, auto& res) { handle_get(req, res); }));
     http.Get("/health", guarded([this](const auto&, auto& res) { handle_health(res); }));
+    http.Post("/register_dp_rank", guarded([this](const auto& req, auto& res) {
+      auto j = parse(req.body);
+      if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
+      send(res, sglang.register_dp_rank(j, monotonic_ns()));
+    }));
+    http.Post("/query_dp_ranks", guarded([this](const auto& req, auto& res) {
+      auto j = parse(req.body);
+      if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
+      send(res, sglang.query_dp_ranks(j, monotonic_ns()));
+    }));
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (res.body.empty()) {
         reply_error(res, res.status,
@@ -226,7 +264,7 @@ std::string BootstrapServer::address() const { return host_port(impl_->advertise
 
 size_t BootstrapServer::registered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->ranks.size();
+  return impl_->ranks.size() + impl_->sglang.registered();
 }
 
 }  // namespace kvferry

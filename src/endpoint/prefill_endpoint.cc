@@ -42,6 +42,23 @@ KVPoll PrefillEndpoint::poll(uint64_t room) const {
   return it == rooms_.end() ? KVPoll::Failed : it->second.state.get();
 }
 
+bool PrefillEndpoint::metadata_complete(uint64_t room) const {
+  if (pending_fail_.count(room)) return true;
+  const std::vector<uint32_t> dests = dests_of(plan_, core_.self().tp_rank);
+  if (dests.empty()) return true;
+  auto pm = pending_meta_.find(room);
+  if (pm == pending_meta_.end()) return false;
+  const uint32_t dp = dp_rank_for_room(room, decode_dp_);
+  for (uint32_t d : dests) {
+    const RankId want{Role::kDecode, 0, d, dp};
+    if (!peers_.count(want) || connecting_.count(want)) return false;  // as maybe_ready: connected first
+    bool found = false;
+    for (const auto& [ns, md] : pm->second) found |= (md.sender == want);
+    if (!found) return false;
+  }
+  return true;
+}
+
 void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;

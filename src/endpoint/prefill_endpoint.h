@@ -111,6 +111,10 @@ class PrefillEndpoint {
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const SenderRoom* room(uint64_t room) const;
   KVPoll poll(uint64_t room) const;
+  // A room not added yet: every destination's metadata (or a failure from one) arrived, or this
+  // rank has no destination for it. What a sender reports before init() (SGLang's prefill calls
+  // init only once its sender is WaitingForInput; docs/sglang.md).
+  bool metadata_complete(uint64_t room) const;
 
   // Writes the room's pages [first_page, first_page + src_pages.size()) from the local pages
   // `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone once the

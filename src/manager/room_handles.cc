@@ -86,7 +86,7 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
-    if (!r.initialized) return KVPoll::Bootstrapping;
+    if (!r.initialized) return m_.prefill()->metadata_complete(room_) ? KVPoll::WaitingForInput : KVPoll::Bootstrapping;
     return m_.prefill()->poll(room_);
   }
 
@@ -98,14 +98,16 @@ class SenderImpl final : public Sender {
     return m_.core().registry().get(room_);
   }
 
-  void abort(const std::string& reason) override {
+  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason); }
+
+  void fail(ErrorCode code, const std::string& reason) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const int64_t now = monotonic_ns();
     if (!r.initialized) {
-      if (!r.early_failure) r.early_failure = KVTransferError{room_, ErrorCode::kAborted, reason, m_.self(), false, now};
+      if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
-      m_.prefill()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
+      m_.prefill()->fail(room_, code, reason, m_.self(), now, true);
     }
     m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
     m_.wake();
@@ -221,14 +223,16 @@ class ReceiverImpl final : public Receiver {
     return m_.core().registry().get(room_);
   }
 
-  void abort(const std::string& reason) override {
+  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason); }
+
+  void fail(ErrorCode code, const std::string& reason) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const int64_t now = monotonic_ns();
     if (!r.initialized) {
-      if (!r.early_failure) r.early_failure = KVTransferError{room_, ErrorCode::kAborted, reason, m_.self(), false, now};
+      if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
-      m_.decode()->fail(room_, ErrorCode::kAborted, reason, m_.self(), now, true);
+      m_.decode()->fail(room_, code, reason, m_.self(), now, true);
     }
     m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
     m_.wake();

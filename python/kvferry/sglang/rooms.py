@@ -1,0 +1,297 @@
+"""KVSender (prefill) and KVReceiver (decode) of kvferry's SGLang backend, one per request.
+
+They follow SGLang's call order (docs/sglang.md "Calls"):
+
+  prefill: KVSender(mgr, bootstrap_addr, room, dest_tp_ranks, pp_rank); poll() until
+           WaitingForInput (every decode destination's metadata arrived); pop_decode_prefix_len();
+           init(num_pages, aux_index); send(pages) per chunk, the last chunk with state_indices
+           (a list, possibly of no rows; it may carry no pages); poll() until Success or Failed.
+  decode:  KVReceiver(mgr, bootstrap_addr, room); init(prefill_dp_rank) (connects the prefill
+           instance); poll() is WaitingForInput; send_metadata(pages, aux_index, state_indices);
+           poll() until Success or Failed.
+
+A chunk is the last exactly when SGLang passes state_indices (SGLang passes None for every other
+chunk). No call raises for a failed room: a refused call (an index out of range, a feature kvferry
+lacks) fails the room on this rank instead, and failure_exception() says why.
+
+failure_exception() raises KVTransferError with bootstrap_room, failure_reason,
+is_from_another_rank, code and origin. SGLang calls it on every rank of an engine once the
+engine's MIN over its ranks' polls is Failed; on a rank whose own room had not failed, the failure
+came from another rank of the engine: the room is failed here too (its peers are told) and the
+error says is_from_another_rank=True, so SGLang logs it at debug. Freeing: a room's pages, aux row
+and state rows are free to reuse only once release_safe() (decode: the manager's
+is_abort_release_safe) is True; a Failed receiver that is not yet release-safe reports
+abort_notified=True, which makes SGLang's decode defer the release (with
+SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1, which the manager requires).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Dict, List, Optional
+
+from .. import KVPoll, KVReceiver as _Receiver, KVSender as _Sender, KVTransferError
+from . import bootstrap as _bootstrap
+
+AGREEMENT_REASON = "failed on another rank of this engine (the engine's poll agreement)"
+
+
+@dataclasses.dataclass
+class KVTransferMetric:
+    """SGLang's KVTransferMetric fields."""
+    transfer_latency_s: Optional[float] = None
+    alloc_latency_s: Optional[float] = None
+    transfer_total_bytes: Optional[int] = None
+
+
+def _rows(state_indices) -> List[int]:
+    """SGLang's per-state-type index lists (one type at most, settings.check_supported) as rows."""
+    if not state_indices:
+        return []
+    comp = state_indices[0]
+    return [] if comp is None else [int(i) for i in comp]
+
+
+def _code_of(exc: Exception, default: str) -> str:
+    head = str(exc).split(":", 1)[0].strip()
+    return head if head.replace("_", "").isalpha() and head.islower() else default
+
+
+def _bootstrap_timeout_s() -> float:
+    for name, scale in (("KVFERRY_BOOTSTRAP_TIMEOUT_MS", 1e-3), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 1.0)):
+        v = os.environ.get(name)
+        if v:
+            return float(v) * scale
+    return 300.0
+
+
+class _Common:
+    """What sender and receiver share: the kvferry room, failures, release-safety."""
+
+    role = ""
+
+    def _setup(self, mgr, bootstrap_addr: str, bootstrap_room) -> None:
+        self.kv_mgr = mgr
+        self.bootstrap_room = int(bootstrap_room or 0)
+        self.bootstrap_addr = bootstrap_addr
+        self.conclude_state: Optional[KVPoll] = None
+        self.init_time: Optional[float] = None
+        self._room = None            # the kvferry sender/receiver
+        self._local: Optional[KVTransferError] = None   # a failure before the kvferry room existed
+        self._agreed: Optional[KVTransferError] = None  # the engine's agreement (failure_exception)
+        self._created = time.monotonic()
+        mgr._track(self)
+
+    def _rank(self) -> str:
+        return f"{self.role}/tp{self.kv_mgr.attn_tp_rank}"
+
+    def _fail_here(self, code: str, reason: str) -> None:
+        """Fails the room on this rank, as its own (local) failure."""
+        if self._room is not None:
+            try:
+                self._room._mgr._impl.fail_local(self.bootstrap_room, code, reason)
+                return
+            except (ValueError, RuntimeError):
+                pass
+        if self._local is None:
+            self._local = KVTransferError(self.bootstrap_room, reason, False, self._rank(), code)
+
+    def poll(self) -> KVPoll:
+        if self._local is not None or self._room is None and self.conclude_state == KVPoll.Failed:
+            return KVPoll.Failed
+        if self._room is None:
+            return KVPoll.Bootstrapping
+        return self._room.poll()
+
+    def failure_exception(self):
+        if self.conclude_state is None:
+            self.conclude_state = KVPoll.Failed
+        if self._agreed is not None:
+            raise self._agreed
+        if self._local is not None:
+            raise self._local
+        if self._room is not None:
+            f = self._room._mgr._impl.failure(self.bootstrap_room)
+            if f is not None:
+                raise KVTransferError(*f)
+        # The engine failed the room on another of its ranks: stop it here and tell the peers.
+        if self._room is not None:
+            try:
+                self._room._mgr._impl.fail_from_engine(self.bootstrap_room, "aborted", AGREEMENT_REASON,
+                                                       self._room._mgr.rank)
+            except (ValueError, RuntimeError):
+                pass
+        self._agreed = KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True, f"{self.role} engine", "aborted")
+        raise self._agreed
+
+    def release_safe(self) -> bool:
+        """No write can still reach the room's pages, aux and state rows (free them only then)."""
+        if self._room is None:
+            return True
+        try:
+            return self._room.release_safe()
+        except ValueError:  # closed: released by kvferry once safe
+            return True
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
+        if self._room is not None:
+            self._room.abort("Aborted by AbortReq.")
+        elif self._local is None:
+            self._local = KVTransferError(self.bootstrap_room, "Aborted by AbortReq.", False, self._rank(), "aborted")
+
+    def clear(self) -> None:
+        """SGLang is done with the request: kvferry releases the room once no write can reach it."""
+        if self._room is not None:
+            self._room.close()
+
+
+class KVSender(_Common):
+    role = "prefill"
+
+    def __init__(self, mgr, bootstrap_addr: str, bootstrap_room: int, dest_tp_ranks: List[int], pp_rank: int,
+                 req_has_disagg_prefill_dp_rank: bool = False):
+        self._setup(mgr, bootstrap_addr, bootstrap_room)
+        self.bootstrap_server_url = bootstrap_addr
+        self.dest_tp_ranks = list(dest_tp_ranks or [])
+        self.pp_rank = pp_rank
+        self.aux_index: Optional[int] = None
+        self.num_kv_indices: Optional[int] = None
+        self.curr_idx = 0
+        self._state_rows = 0
+        self._deadline = self._created + _bootstrap_timeout_s()
+        try:
+            self._room = _Sender(mgr.manager_for(bootstrap_addr), self.bootstrap_room)
+        except (ValueError, RuntimeError) as e:
+            self._local = KVTransferError(self.bootstrap_room, f"sender not created: {e}", False, self._rank(),
+                                          _code_of(e, "invalid_argument"))
+
+    def poll(self) -> KVPoll:
+        p = super().poll()
+        if p == KVPoll.Bootstrapping and self.num_kv_indices is None and time.monotonic() > self._deadline:
+            self._fail_here("bootstrap_timeout", f"the decode side's metadata did not arrive within "
+                                                 f"{_bootstrap_timeout_s():.0f} s")
+            p = super().poll()
+        if p == KVPoll.Bootstrapping and self.num_kv_indices is not None:
+            p = KVPoll.WaitingForInput  # after init SGLang expects no Bootstrapping (its inflight queue)
+        return p
+
+    def init(self, num_kv_indices: int, aux_index: Optional[int] = None):
+        self.num_kv_indices = int(num_kv_indices)
+        self.aux_index = aux_index
+        self.init_time = time.time()
+        if self._room is None or self.poll() == KVPoll.Failed:
+            return
+        try:
+            self._room.init(self.num_kv_indices, aux_index=0 if aux_index is None else int(aux_index))
+        except ValueError as e:
+            self._fail_here("protocol_error", f"init refused: {e}")
+
+    def send(self, kv_indices, state_indices: Optional[List] = None, num_kv_tokens: Optional[int] = None):
+        pages = [int(i) for i in kv_indices]
+        last = state_indices is not None
+        self.curr_idx += len(pages)
+        rows = _rows(state_indices) if last else []
+        self._state_rows += len(rows)
+        if self._room is None or self.num_kv_indices is None:
+            return
+        try:
+            self._room.send(pages, state_indices=rows if last else None, last=last)
+        except ValueError as e:
+            self._fail_here("protocol_error", f"send refused: {e}")
+
+    def pop_decode_prefix_len(self) -> int:
+        return 0  # decode prefixes are refused at construction (settings.check_supported)
+
+    def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
+        return num_pages > 0 or last_chunk
+
+    def get_transfer_metric(self) -> KVTransferMetric:
+        m = KVTransferMetric(transfer_total_bytes=self.curr_idx * self.kv_mgr.kv_item_lens_sum +
+                             self._state_rows * self.kv_mgr.state_item_lens_sum)
+        if self._room is not None:
+            try:
+                d = self._room.metrics()
+                m.transfer_latency_s = d["latency_s"] or None
+            except ValueError:
+                pass
+        return m
+
+
+class KVReceiver(_Common):
+    role = "decode"
+
+    def __init__(self, mgr, bootstrap_addr: str, bootstrap_room: Optional[int] = None):
+        self._setup(mgr, bootstrap_addr, bootstrap_room)
+        self.require_staging = False
+        self.abort_notified = False
+        self.bootstrap_infos: Optional[List[Dict]] = None
+        self.prefill_dp_rank: Optional[int] = None
+        self._metadata_sent = False
+        mgr.addr_to_rooms_tracker.setdefault(bootstrap_addr, set()).add(self.bootstrap_room)
+
+    def init(self, prefill_dp_rank: int):
+        info = self.kv_mgr.prefill_info_table.get(self.bootstrap_addr)
+        if info is None:
+            self.conclude_state = KVPoll.Failed
+            self._local = KVTransferError(self.bootstrap_room, f"prefill instance {self.bootstrap_addr} is not known "
+                                          "(its parallel info was never fetched)", False, self._rank(),
+                                          "peer_unreachable")
+            return
+        self.prefill_info = info
+        self.target_tp_ranks = info.target_tp_ranks
+        self.required_prefill_response_num = info.required_prefill_response_num
+        self.prefill_dp_rank = int(prefill_dp_rank)
+        self.bootstrap_infos = [{"tp_rank": t, "is_dummy": False} for t in info.target_tp_ranks]
+        try:
+            mgr = self.kv_mgr.manager_for(self.bootstrap_addr)
+            self._room = _Receiver(mgr, self.bootstrap_room, bootstrap_addr=self.bootstrap_addr)
+        except (KeyError, ValueError, RuntimeError) as e:
+            self._local = KVTransferError(self.bootstrap_room, f"receiver not created: {e}", False, self._rank(),
+                                          _code_of(e, "peer_unreachable"))
+
+    def poll(self) -> KVPoll:
+        p = super().poll()
+        if p == KVPoll.Bootstrapping and self._room is not None and not self._metadata_sent:
+            return KVPoll.WaitingForInput  # the prefill instance is connected: ready for metadata
+        if p == KVPoll.Failed and not self.release_safe():
+            self.abort_notified = True  # SGLang defers freeing the pages until is_abort_release_safe
+        return p
+
+    def send_metadata(self, kv_indices, aux_index: Optional[int] = None, state_indices: Optional[List] = None,
+                      decode_prefix_len: Optional[int] = None):
+        self._metadata_sent = True
+        self.init_time = time.time()
+        if self._room is None or super().poll() == KVPoll.Failed:
+            return
+        if decode_prefix_len:
+            self._fail_here("protocol_error", f"decode_prefix_len {decode_prefix_len}: kvferry does not carry a "
+                                              "decode prefix")
+            return
+        try:
+            self._room.send_metadata([int(i) for i in kv_indices], 0 if aux_index is None else int(aux_index),
+                                     _rows(state_indices))
+        except ValueError as e:
+            self._fail_here("protocol_error", f"send_metadata refused: {e}")
+
+    def clear(self) -> None:
+        super().clear()
+        self.kv_mgr.required_prefill_response_num_table.pop(self.bootstrap_room, None)
+        rooms = self.kv_mgr.addr_to_rooms_tracker.get(self.bootstrap_addr)
+        if rooms is not None:
+            rooms.discard(self.bootstrap_room)
+
+    @staticmethod
+    def query_prefill_dp_ranks(bootstrap_addr: str, bootstrap_rooms: List[int]) -> Dict[str, int]:
+        """The prefill DP rank of each room (the bootstrap service's /query_dp_ranks)."""
+        status, text = _bootstrap.request("POST", bootstrap_addr, "/query_dp_ranks",
+                                          {"bootstrap_rooms": [int(r) for r in bootstrap_rooms]})
+        if status != 200:
+            return {}
+        try:
+            out = json.loads(text)
+        except ValueError:
+            return {}
+        return {str(k): int(v) for k, v in out.items()} if isinstance(out, dict) else {}

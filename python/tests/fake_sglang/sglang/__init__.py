@@ -1,0 +1,1 @@
+"""STAND-IN for SGLang (kvferry tests): see ../README.md."""

@@ -1,0 +1,1 @@
+"""STAND-IN for sglang.srt (kvferry tests)."""

@@ -1,0 +1,142 @@
+"""kvferry's SGLang backend driven the way SGLang's schedulers drive it (sglang_harness_rank.py),
+every rank its own process, on loopback over the tcp transport: 2 prefill + 2 decode ranks with
+faults injected on each rank, unequal TP both ways, and MLA.
+
+For every run: each room ends the same on every rank (Success, or Failed with one code and origin);
+every byte of KV pages, aux rows and state rows of every successful room is right on every decode
+rank; each failed room is logged above debug exactly once over all ranks (SGLang's scheduler line on
+its origin rank; kvferry logs nothing above debug for it), each successful room not at all; no
+decode rank frees a room's pages before the room is release-safe.
+"""
+import json
+import multiprocessing as mp
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import kvferry.sglang as ks  # noqa: E402
+import sglang_harness_rank as harness  # noqa: E402
+
+TIMEOUT_S = 90
+ENV = {"KVFERRY_KV_MEMORY": "host", "KVFERRY_STATE_MEMORY": "host", "KVFERRY_TRANSPORT": "tcp",
+       "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1", "KVFERRY_LOOKUP_TIMEOUT_MS": "30000",
+       "KVFERRY_HEARTBEAT_TIMEOUT_MS": "10000", "KVFERRY_TOTAL_KV_HEADS": "4"}
+
+
+def req(room, pages, chunks, arrive=0):
+    assert sum(chunks) == pages
+    return {"room": room, "pages": pages, "chunks": chunks, "arrive": arrive}
+
+
+def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
+    ctx = mp.get_context("spawn")
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    width = len(requests) + 1
+    results = ctx.Queue()
+    procs, shared = [], []  # the engines' barriers and arrays live until the ranks are done
+    all_done = ctx.Barrier(prefill_tp + decode_tp, timeout=TIMEOUT_S)
+    for role, tp_size in (("prefill", prefill_tp), ("decode", decode_tp)):
+        barrier, arr = ctx.Barrier(tp_size, timeout=TIMEOUT_S), ctx.Array("q", tp_size * width, lock=False)
+        shared.append((barrier, arr))
+        for tp in range(tp_size):
+            cfg = {"role": role, "tp_rank": tp, "tp_size": tp_size, "mla": mla, "state": state, "total_heads": 4,
+                   "bootstrap_port": server.port, "requests": requests, "faults": faults,
+                   # A prefill engine is told the decode engine's TP size (docs/sglang.md); decode
+                   # learns the prefill's from the bootstrap service.
+                   "env": {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else ENV,
+                   "timeout_s": TIMEOUT_S}
+            p = ctx.Process(target=harness.main, args=(cfg, barrier, arr, width, results, all_done), daemon=True)
+            p.start()
+            procs.append(p)
+    try:
+        out = {}
+        for _ in procs:
+            r = results.get(timeout=TIMEOUT_S + 30)
+            out[r["rank"]] = r
+        for p in procs:
+            p.join(timeout=30)
+        bad = {k: v for k, v in out.items() if not v["ok"]}
+        assert not bad, "\n".join(f"{k}: {v['error']}" for k, v in bad.items())
+        return out
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+
+def check_run(out, requests, failed):
+    """`failed`: room -> (code, origin) of the rooms that must fail."""
+    decode = [k for k in out if k.startswith("decode")]
+    for room in (r["room"] for r in requests):
+        key = str(room)
+        for rank, res in out.items():
+            got = res["rooms"].get(key)
+            assert got is not None, f"{rank}: room {room} never concluded"
+            if room in failed:
+                assert got["state"] == "Failed", f"{rank}: room {room} {got}"
+                assert got["type"] == "KVTransferError" and got["bootstrap_room"] == room, (rank, got)
+            else:
+                assert got == {"state": "Success"}, f"{rank}: room {room} {got}"
+        lines = [(rank, r) for rank, res in out.items() for r in res["records"]
+                 if r["room"] == room and r["level"] > 10]
+        if room in failed:
+            assert len(lines) == 1, f"room {room}: {len(lines)} lines above debug: {json.dumps(lines, indent=1)}"
+            code, origin = failed[room]
+            rank, line = lines[0]
+            assert rank == origin, f"room {room}: logged on {rank}, its origin is {origin}: {line}"
+            assert line["name"].startswith("sglang.srt.disaggregation."), line
+            assert code in line["msg"] and ("ERROR" if origin.startswith("decode") else "WARNING") == \
+                {40: "ERROR", 30: "WARNING"}.get(line["level"]), line
+            o = out[origin]["rooms"][str(room)]
+            assert (o["code"], o["is_from_another_rank"]) == (code, False), (origin, o)
+            for r in out:
+                if r != origin:
+                    assert out[r]["rooms"][str(room)]["is_from_another_rank"] is True, (r, room)
+        else:
+            assert not lines, f"room {room} succeeded but was logged above debug: {lines}"
+            for rank in decode:
+                assert out[rank]["bytes_ok"][str(room)] == {"kv": True, "aux": True, "state": True}, (rank, room)
+    for rank in decode:
+        early = [f for f in out[rank]["frees"] if not f["release_safe"]]
+        assert not early, f"{rank} freed before release-safe: {early}"
+    # Nothing else above info from kvferry on any rank while the engines worked (at teardown a rank
+    # may notice a peer that closed first: "unreachable; 0 rooms failed").
+    noisy = [(rank, r) for rank, res in out.items() for r in res["records"][:res["work_records"]]
+             if r["name"].startswith("kvferry") and r["level"] > 20]
+    assert not noisy, noisy
+
+
+def test_two_prefill_two_decode_faults_on_every_rank():
+    reqs = [req(101, 5, [2, 3, 0]), req(102, 1, [1]), req(103, 4, [4, 0]), req(104, 6, [1, 2, 3], arrive=3),
+            req(201, 3, [1, 2]), req(202, 3, [3, 0]), req(203, 2, [1, 1, 0]), req(204, 2, [2]),
+            req(105, 2, [2, 0], arrive=40), req(106, 7, [3, 4], arrive=40)]
+    faults = {"prefill/tp0": {"201": ["write_failure"], "203": ["hold"]},
+              "prefill/tp1": {"202": ["write_failure"], "204": ["hold"]},
+              "decode/tp0": {"203": ["abort"]}, "decode/tp1": {"204": ["abort"]}}
+    out = run(2, 2, reqs, faults, state=True)
+    check_run(out, reqs, {201: ("transfer_error", "prefill/tp0"), 202: ("transfer_error", "prefill/tp1"),
+                          203: ("aborted", "decode/tp0"), 204: ("aborted", "decode/tp1")})
+    # The held rooms were failed while prefill's writes were in flight: decode deferred their release.
+    for rank, room in (("decode/tp0", 203), ("decode/tp1", 204)):
+        assert [f["how"] for f in out[rank]["frees"] if f["room"] == room] == ["deferred"], out[rank]["frees"]
+    ms = [v for r in ("decode/tp0", "decode/tp1") for k, v in out[r]["overhead_ms"].items() if k == "102"]
+    print(f"\n1-page room 102, send_metadata to Success on decode: {max(ms):.2f} ms")
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
+def test_unequal_tp(prefill_tp, decode_tp):
+    reqs = [req(301, 4, [2, 2, 0]), req(302, 3, [3]), req(303, 2, [1, 1]), req(304, 5, [5, 0], arrive=5)]
+    origin = "prefill/tp1" if prefill_tp == 2 else "decode/tp1"
+    fault = {"prefill/tp1": {"303": ["write_failure"]}} if prefill_tp == 2 else {"decode/tp1": {"303": ["abort"]}}
+    out = run(prefill_tp, decode_tp, reqs, fault)
+    check_run(out, reqs, {303: ("transfer_error" if prefill_tp == 2 else "aborted", origin)})
+
+
+def test_mla_prefill_tp2_to_decode_tp1():
+    reqs = [req(401, 4, [2, 2, 0]), req(402, 1, [1]), req(403, 3, [3])]
+    out = run(2, 1, reqs, {"prefill/tp0": {"403": ["write_failure"]}}, mla=True)
+    check_run(out, reqs, {403: ("transfer_error", "prefill/tp0")})

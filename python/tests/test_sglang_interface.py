@@ -1,0 +1,178 @@
+"""kvferry.sglang against the stand-in of SGLang's interface (fake_sglang/, written by us from
+SGLang's public code): every method the stand-in declares exists on our class with the same
+parameter names, kinds and defaults and the same declared return type, so a signature drift fails
+here; the attributes SGLang's schedulers read exist on live objects; unsupported setups fail at
+construction naming the setting; KVTransferError carries SGLang's fields and kvferry's."""
+import inspect
+import os
+import sys
+import typing
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "fake_sglang"))
+
+from sglang.srt.disaggregation.base import conn as standin  # noqa: E402  (the stand-in)
+from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+import kvferry  # noqa: E402
+import kvferry.sglang as ks  # noqa: E402
+
+PAIRS = [(ks.KVManager, standin.BaseKVManager), (ks.KVSender, standin.BaseKVSender),
+         (ks.KVReceiver, standin.BaseKVReceiver), (ks.KVBootstrapServer, standin.BaseKVBootstrapServer)]
+
+
+def _name(a):
+    if a is inspect.Signature.empty:
+        return None
+    if isinstance(a, str):
+        return a.replace("typing.", "")
+    if isinstance(a, type):
+        return a.__name__
+    return str(a).replace("typing.", "")
+
+
+def _methods(cls):
+    return {n: v for n, v in vars(cls).items() if callable(v) or isinstance(v, staticmethod)}
+
+
+@pytest.mark.parametrize("ours,theirs", PAIRS, ids=lambda c: c.__name__)
+def test_methods_match_the_interface(ours, theirs):
+    for name, fn in _methods(theirs).items():
+        assert hasattr(ours, name), f"{ours.__name__} lacks {name}"
+        is_static = isinstance(inspect.getattr_static(theirs, name), staticmethod)
+        assert isinstance(inspect.getattr_static(ours, name), staticmethod) == is_static, f"{name}: static-ness"
+        want = inspect.signature(getattr(theirs, name))
+        got = inspect.signature(getattr(ours, name))
+        assert [(p.name, p.kind) for p in got.parameters.values()] == \
+               [(p.name, p.kind) for p in want.parameters.values()], f"{ours.__name__}.{name}: {got} vs {want}"
+        for p in want.parameters.values():
+            assert got.parameters[p.name].default == p.default, f"{ours.__name__}.{name}({p.name}) default"
+        if want.return_annotation is not inspect.Signature.empty:
+            assert _name(got.return_annotation) == _name(want.return_annotation), \
+                f"{ours.__name__}.{name} returns {got.return_annotation}, the interface {want.return_annotation}"
+
+
+def test_kvargs_fields_and_enums():
+    assert typing.get_type_hints(standin.KVArgs).keys() <= set(ks.KVArgs.__annotations__)
+    for name in ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"):
+        assert int(getattr(ks.KVPoll, name)) == getattr(standin.KVPoll, name)
+    assert [f.name for f in ks.rooms.KVTransferMetric.__dataclass_fields__.values()] == \
+           [f.name for f in standin.KVTransferMetric.__dataclass_fields__.values()]
+    assert list(ks.PrefillServerInfo.__dataclass_fields__) == list(standin.PREFILL_INFO_FIELDS)
+
+
+def test_transfer_error_fields():
+    e = ks.KVTransferError(7, "why", True, "prefill/tp1", "transfer_error")
+    assert (e.bootstrap_room, e.failure_reason, e.is_from_another_rank, e.origin, e.code) == (
+        7, "why", True, "prefill/tp1", "transfer_error")
+    assert isinstance(e, Exception) and "why" in str(e)
+    # SGLang builds it positionally with three arguments.
+    assert ks.KVTransferError(7, "why", False).is_from_another_rank is False
+
+
+# -- live objects: one prefill and one decode rank in this process, host memory ------------------
+
+PAGE, PAGES, HEADS, HEAD_BYTES, LAYERS = 4, 8, 2, 32, 2
+
+
+def kv_args(tp_rank=0, decode=False):
+    a = ks.KVArgs()
+    kv = [np.zeros((PAGES, PAGE * HEADS * HEAD_BYTES), np.uint8) for _ in range(2 * LAYERS)]
+    aux = [np.zeros((4, 64), np.uint8), np.zeros((4, 8), np.uint64)]
+    a._keep = kv + aux
+    a.engine_rank, a.pp_rank, a.system_dp_rank, a.page_size = tp_rank, 0, 0, PAGE
+    a.kv_data_ptrs = [x.ctypes.data for x in kv]
+    a.kv_data_lens = [x.nbytes for x in kv]
+    a.kv_item_lens = [x.nbytes // PAGES for x in kv]
+    a.aux_data_ptrs = [x.ctypes.data for x in aux]
+    a.aux_data_lens = [x.nbytes for x in aux]
+    a.aux_item_lens = [x.nbytes // 4 for x in aux]
+    a.state_types, a.state_data_ptrs, a.state_data_lens, a.state_item_lens = [], [], [], []
+    a.kv_cache_dtype_str = "auto"
+    if not decode:  # SGLang's prefill sets the heads; its decode does not
+        a.kv_head_num, a.total_kv_head_num = HEADS, HEADS
+    return a
+
+
+@pytest.fixture
+def host_env(monkeypatch):
+    for k, v in {"KVFERRY_KV_MEMORY": "host", "KVFERRY_STATE_MEMORY": "host", "KVFERRY_TRANSPORT": "tcp",
+                 "KVFERRY_TOTAL_KV_HEADS": str(HEADS), "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1",
+                 "KVFERRY_LOOKUP_TIMEOUT_MS": "20000"}.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_live_objects_have_what_the_schedulers_read(host_env):
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
+    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
+    try:
+        for a in standin.MANAGER_ATTRS_PREFILL:
+            assert hasattr(p, a), a
+        for a in standin.MANAGER_ATTRS_DECODE:
+            assert hasattr(d, a), a
+        addr = f"127.0.0.1:{server.port}"
+        assert d.try_ensure_parallel_info(addr) is True
+        info = d.prefill_info_table[addr]
+        assert (info.attn_tp_size, info.dp_size, info.page_size, info.target_tp_ranks) == (1, 1, PAGE, [0])
+        s = ks.KVSender(p, addr, 11, [0], 0)
+        r = ks.KVReceiver(d, addr, 11)
+        for a in standin.SENDER_ATTRS:
+            assert hasattr(s, a), a
+        assert r.poll() == ks.KVPoll.Bootstrapping
+        r.init(0)
+        for a in standin.RECEIVER_ATTRS:
+            assert hasattr(r, a), a
+        assert r.poll() == ks.KVPoll.WaitingForInput and s.poll() == ks.KVPoll.Bootstrapping
+        assert s.pop_decode_prefix_len() == 0
+        assert s.should_send_kv_chunk(0, True) and not s.should_send_kv_chunk(0, False)
+        assert ks.KVReceiver.query_prefill_dp_ranks(addr, [11]) == {}
+        r.abort()
+        assert r.poll() == ks.KVPoll.Failed
+        with pytest.raises(ks.KVTransferError) as e:
+            r.failure_exception()
+        assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == ("aborted", "decode/tp0", False)
+        assert isinstance(s.get_transfer_metric(), ks.rooms.KVTransferMetric)
+        s.clear()
+        r.clear()
+    finally:
+        p.close()
+        d.close()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("dp_size", 2, "--dp-size"), ("pp_size", 2, "--pp-size"), ("attn_cp_size", 2, "context parallelism"),
+])
+def test_unsupported_parallelism_fails_at_construction(host_env, field, value, needle):
+    sargs = ServerArgs(**{field: value})
+    with pytest.raises(ks.UnsupportedConfiguration, match=needle):
+        ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+
+
+def test_decode_needs_deferred_release_and_no_decode_prefix(host_env, monkeypatch):
+    sargs = ServerArgs(disaggregation_decode_enable_radix_cache=True)
+    with pytest.raises(ks.UnsupportedConfiguration, match="decode-enable-radix-cache"):
+        ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
+    monkeypatch.delenv("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE")
+    with pytest.raises(ks.UnsupportedConfiguration, match="DEFERRED_DECODE_KV_RELEASE"):
+        ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, ServerArgs(), False)
+
+
+def test_device_memory_without_cuda_ucx_fails_at_construction(host_env, monkeypatch):
+    """KVArgs pointers said to be device memory: on a UCX build without CUDA support (Debian's)
+    construction fails naming the UCX support needed; with it, the memory registers."""
+    monkeypatch.setenv("KVFERRY_KV_MEMORY", "cuda")
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    sargs = ServerArgs(disaggregation_bootstrap_port=server.port)
+    try:
+        m = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+    except (RuntimeError, ValueError) as e:
+        assert "cuda" in str(e).lower(), str(e)
+    else:  # a CUDA-enabled UCX: host pointers registered as CUDA would be wrong, but it was accepted
+        m.close()
+        pytest.skip("this UCX build has CUDA support")
