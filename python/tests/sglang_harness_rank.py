@@ -18,8 +18,10 @@ decode, every step: new requests -> KVReceiver; try_ensure_parallel_info, init(p
   is_abort_release_safe(), else free now. Every free records whether the room was release-safe.
 
 Faults (the plan the test passes): "write_failure" (prefill: every write of the room fails),
-"hold" (prefill: writes stay in flight until the room failed here), "abort" (decode: the receiver
-is aborted once its metadata went out).
+"hold" (prefill: writes stay in flight until the room failed here and a decode rank deferred its
+release), "abort" (decode: the receiver is aborted once its metadata went out and, if a prefill
+rank holds the room, once its held writes are in flight). The ranks tell each other these events
+through marker files in the run's events directory, so the deferred release is certain, not a race.
 """
 import logging
 import os
@@ -220,8 +222,11 @@ class Rank:
                 if last:
                     running.remove(req)
                     inflight.append(req)
-            for req in inflight:  # a held room's writes go out once the room failed here
-                if req.get("held") and req["obj"]._room.poll() == ks.KVPoll.Failed:
+                    if req.get("held"):
+                        self.mark("held", req["room"])
+            for req in inflight:  # a held room's writes go out once it failed here and decode deferred it
+                if (req.get("held") and req["obj"]._room.poll() == ks.KVPoll.Failed and
+                        self.marked("deferred", req["room"])):
                     self.mgr._mgr.release_held_writes(req["room"])
                     req["held"] = False
             polls = self.group.min([r["obj"].poll() for r in inflight])
@@ -241,6 +246,17 @@ class Rank:
                     inflight.remove(req)
             step += 1
             time.sleep(STEP_S)
+
+    # Events between the ranks' processes: a file per event in the run's events directory.
+    def mark(self, what, room):
+        open(os.path.join(self.cfg["events_dir"], f"{what}_{room}"), "w").close()
+
+    def held_somewhere(self, room):
+        return any("hold" in per.get(str(room), []) for rank, per in self.cfg["faults"].items()
+                   if rank.startswith("prefill/"))
+
+    def marked(self, what, room):
+        return os.path.exists(os.path.join(self.cfg["events_dir"], f"{what}_{room}"))
 
     def fill(self, req):
         g = room_content(req["room"], req["pages"], self.total_heads, self.tensors)
@@ -282,10 +298,13 @@ class Rank:
                     req["t_meta"] = time.perf_counter()
                     req["obj"].send_metadata(np.array(req["kv_pages"], np.int32), req["aux_row"], state,
                                              decode_prefix_len=0)
-                    if "abort" in self.faults(req["room"]):
-                        req["obj"].abort()
                     prealloc.remove(req)
                     transfer.append(req)
+            for req in transfer:  # the abort, once the held prefill writes are in flight
+                if ("abort" in self.faults(req["room"]) and not req.get("aborted") and
+                        (not self.held_somewhere(req["room"]) or self.marked("held", req["room"]))):
+                    req["obj"].abort()
+                    req["aborted"] = True
             raw = []
             for req in transfer:
                 p = req["obj"].poll()
@@ -307,6 +326,7 @@ class Rank:
                     self.fail_log(req, req["obj"], "Decode transfer", logging.ERROR)
                     transfer.remove(req)
                     if req["obj"].abort_notified:
+                        self.mark("deferred", req["room"])
                         deferred.append(req)
                     else:
                         req["obj"].clear()

@@ -11,7 +11,9 @@ decode rank frees a room's pages before the room is release-safe.
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
@@ -38,6 +40,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
     width = len(requests) + 1
     results = ctx.Queue()
     procs, shared = [], []  # the engines' barriers and arrays live until the ranks are done
+    events_dir = tempfile.mkdtemp(prefix="kvf-sglang-events-")  # held/deferred markers (harness)
     all_done = ctx.Barrier(prefill_tp + decode_tp, timeout=TIMEOUT_S)
     for role, tp_size in (("prefill", prefill_tp), ("decode", decode_tp)):
         barrier, arr = ctx.Barrier(tp_size, timeout=TIMEOUT_S), ctx.Array("q", tp_size * width, lock=False)
@@ -48,7 +51,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
                    # A prefill engine is told the decode engine's TP size (docs/sglang.md); decode
                    # learns the prefill's from the bootstrap service.
                    "env": {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else ENV,
-                   "timeout_s": TIMEOUT_S}
+                   "timeout_s": TIMEOUT_S, "events_dir": events_dir}
             p = ctx.Process(target=harness.main, args=(cfg, barrier, arr, width, results, all_done), daemon=True)
             p.start()
             procs.append(p)
@@ -66,6 +69,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
         for p in procs:
             if p.is_alive():
                 p.kill()
+        shutil.rmtree(events_dir, ignore_errors=True)
 
 
 def check_run(out, requests, failed):

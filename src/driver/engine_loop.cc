@@ -163,6 +163,8 @@ int EngineLoop::run_leader(ControlSocket& engine) {
   // first step, so a hello from one of these is a new process (restarted, possibly on the same
   // endpoint, docs/failure-model.md "Incarnations"): the rooms the old one had are lost.
   std::set<uint32_t> joined;
+  std::map<uint32_t, std::string> down_reason;  // why each down follower was declared down
+  std::map<uint32_t, int64_t> told_down;        // when it was last told so (a "down" frame)
   // The follower `tp` is dead (`why`): one line above debug (this engine's detection), its rooms
   // fail with it as origin (decide() while it is down); it gets no steps until it says hello.
   auto declare_down = [&](uint32_t tp, const std::string& why) {
@@ -171,6 +173,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
               {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = dead.str(),
                .extra = {{"peer", dead.str()}, {"event", "peer_dead"}}});
     driver_.on_rank_down(dead, why);
+    down_reason[tp] = why;
     members_changed = true;
     // Its connection is dropped: the next frame to it (its rejoin, or the shutdown step) goes
     // through a new one that holds frames until it is up. The old one may still be reconnecting
@@ -210,11 +213,22 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         members_changed = true;
         RankId r{role, 0, f->tp_rank, cfg_.self.dp_rank};
         if (down.erase(f->tp_rank) != 0) {
+          down_reason.erase(f->tp_rank);
+          told_down.erase(f->tp_rank);
           driver_.on_rank_up(r);
           outbox_.push_back(encode_rank_up(r));  // the router may hold rooms until it is back
           log_event(LogLevel::kDebug, kComp, r.str() + " rejoined the engine");
         }
       } else if (f->type == "reply") {
+        auto was_down = down.find(f->tp_rank);
+        if (was_down != down.end() && !shutdown_sent && now - told_down[f->tp_rank] > 200'000'000) {
+          // Declared down, yet it answers (it had stalled, e.g. stopped or starved for longer than
+          // kHungFactor x the timeout): tell it, so it fails its rooms and rejoins now rather than
+          // after waiting out our silence.
+          told_down[f->tp_rank] = now;
+          Status s = engine.send(was_down->second, encode_down(down_reason[f->tp_rank]));
+          if (!s.ok()) log_event(LogLevel::kDebug, kComp, "down frame not queued: " + s.str());
+        }
         if (followers.count(f->tp_rank)) joined.insert(f->tp_rank);
         if (f->seq == seq && asked.count(f->tp_rank)) {
           replies[f->tp_rank] = std::move(f->rooms);
@@ -350,6 +364,29 @@ int EngineLoop::run_follower(ControlSocket& engine) {
   StallClock stall(kStallAllowanceNs);  // the leader's silence counts only while this loop ran
   int64_t step_stall = 0;               // stall.stalled_ns() at last_step
   std::set<uint64_t> orphans;  // rooms failed because the leader died, not yet released
+  // Out of the engine (its leader died, or declared this rank down): every room fails here with
+  // `origin` and is released locally once drained; then this rank says hello again and waits for
+  // a leader to take it back.
+  auto orphan_rooms = [&](const RankId& origin, const std::string& why, LogLevel level) {
+    const int64_t now = monotonic_ns();
+    log_event(level, kComp, why + "; its rooms fail",
+              {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = origin.str(),
+               .extra = {{"peer", origin.str()}, {"event", "peer_dead"}}});
+    for (const RoomReport& r : driver_.reports(now)) {
+      Decision f;
+      f.op = Decision::Op::kFail;
+      f.room = r.room;
+      f.code = ErrorCode::kPeerUnreachable;
+      f.origin = origin.str();
+      f.reason = why;
+      f.first_seen_ns = now;
+      driver_.apply(f);
+      orphans.insert(r.room);
+    }
+    engine.forget(cfg_.engine_endpoint);
+    last_step = 0;
+    last_hello = 0;
+  };
   // The fan-out goes to the other followers, and to the leader while it is alive.
   auto fan_out_targets = [&] {
     std::map<uint32_t, std::string> to = siblings_;
@@ -380,6 +417,15 @@ int EngineLoop::run_follower(ControlSocket& engine) {
         continue;
       }
       if (f->type == "hi") continue;
+      if (f->type == "down") {
+        // The leader declared this rank down (it stalled past the leader's patience): its rooms
+        // failed there with this rank as origin, and that engine's one line was the leader's.
+        if (last_step != 0) {
+          orphan_rooms(RankId{cfg_.self.role, 0, cfg_.self.tp_rank, cfg_.self.dp_rank}, f->reason, LogLevel::kDebug);
+          break;
+        }
+        continue;
+      }
       if (f->type != "step") {
         log_event(LogLevel::kWarning, kComp, "unexpected engine frame of type " + f->type);
         continue;
@@ -403,6 +449,9 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       }
     }
     now = monotonic_ns();
+    // A long step (applying decisions, pumping) is this loop's own stall: no frame of the leader's
+    // could be read meanwhile, so it does not count as the leader's silence.
+    stall.tick(now);
     // 1.5 times the leader's patience with a follower: a leader busy waiting out a dead follower is
     // not itself dead.
     const int64_t leader_silence = last_step != 0 ? stall.silence(now, last_step, step_stall) : 0;
@@ -417,23 +466,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       // One line per detecting engine: the lowest follower speaks for it.
       LogLevel level = cfg_.self.tp_rank == 1 ? failure_log_level(cfg_.self.role, false, ErrorCode::kPeerUnreachable)
                                               : LogLevel::kDebug;
-      log_event(level, kComp, why + "; its rooms fail",
-                {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = leader.str(),
-                 .extra = {{"peer", leader.str()}, {"event", "peer_dead"}}});
-      for (const RoomReport& r : driver_.reports(now)) {
-        Decision f;
-        f.op = Decision::Op::kFail;
-        f.room = r.room;
-        f.code = ErrorCode::kPeerUnreachable;
-        f.origin = leader.str();
-        f.reason = why;
-        f.first_seen_ns = now;
-        driver_.apply(f);
-        orphans.insert(r.room);
-      }
-      engine.forget(cfg_.engine_endpoint);
-      last_step = 0;
-      last_hello = 0;
+      orphan_rooms(leader, why, level);
       continue;
     }
     // Rooms of a dead leader are released here once no peer write can reach them (or the drain

@@ -22,6 +22,7 @@
 #include "driver/sync_codec.h"
 #include "endpoint/endpoint_pair_test_util.h"
 #include "kvferry/control.h"
+#include "kvferry/log.h"
 
 namespace kvferry {
 namespace {
@@ -136,6 +137,72 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
   // steps the followers it still counts) the follower waits for a leader forever.
   ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready)
       << "the follower marked down never got the shutdown step";
+  EXPECT_EQ(follower_rc.get(), 0);
+}
+
+// A follower that stalled past the leader's patience (stopped, starved) and runs again is told by
+// the leader that it was declared down ("down" frame), fails its rooms without a line of its own
+// (the leader's was the engine's one line) and rejoins at once. Naive design: it learns nothing,
+// waits out the leader's silence, then declares the live leader dead (a second line, blaming the
+// wrong rank), and the engine runs without it for that long.
+TEST(EngineLoop, StalledFollowerToldItIsDownRejoinsAtOnce) {
+  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
+  auto leader_core = testing::make_test_manager(leader_id);
+  auto follower_core = testing::make_test_manager(follower_id);
+  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
+  ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
+  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
+  cfg.idle_step_interval_us = 5000;
+  cfg.peer_timeout_ms = 200;  // the leader waits out a live, stalled follower 4 x 200 ms
+  EngineLoopConfig fcfg = cfg;
+  fcfg.self = follower_id;
+  StallingDriver leader_driver, follower_driver;
+  EngineLoop leader(cfg, **leader_core, leader_driver);
+  EngineLoop follower(fcfg, **follower_core, follower_driver);
+  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
+  auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{[&] {
+    if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
+      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
+      leader_rc.wait();
+    }
+    if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
+      stand_in_for_leader(cfg.engine_endpoint, follower_rc);
+  }};
+  bool ready = false;
+  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
+    auto f = (*router)->recv(100ms);
+    ready = f && f->find("\"ready\"") != std::string::npos;
+  }
+  ASSERT_TRUE(ready);
+  const uint64_t lines0 = lines_above_debug();
+  follower_driver.stall_ms = 2000;
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(5ms);
+  ASSERT_EQ(leader_driver.ranks_down, 1u);
+  // It runs again: told it is down, it rejoins; the leader counts it up again (a rank_up frame).
+  bool rank_up = false;
+  for (auto until = std::chrono::steady_clock::now() + 20s; !rank_up && std::chrono::steady_clock::now() < until;) {
+    auto f = (*router)->recv(100ms);
+    rank_up = f && f->find("\"rank_up\"") != std::string::npos;
+  }
+  ASSERT_TRUE(rank_up) << "the stalled follower never rejoined";
+  for (auto until = std::chrono::steady_clock::now() + 5s;
+       leader_driver.ranks_down != 0 && std::chrono::steady_clock::now() < until;)
+    std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(leader_driver.ranks_down, 0u);
+  // One line above debug for the stall: the leader's. The follower did not blame the leader.
+  EXPECT_EQ(lines_above_debug() - lines0, 1u);
+  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
+  ASSERT_EQ(leader_rc.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(leader_rc.get(), 0);
+  ASSERT_EQ(follower_rc.wait_for(10s), std::future_status::ready);
   EXPECT_EQ(follower_rc.get(), 0);
 }
 

@@ -140,6 +140,8 @@ std::string encode_fail(const SiblingFailure& f) {
 
 std::string encode_hi(uint32_t tp_rank) { return json{{"type", "hi"}, {"tp_rank", tp_rank}}.dump(); }
 
+std::string encode_down(const std::string& reason) { return json{{"type", "down"}, {"reason", reason}}.dump(); }
+
 std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
                          const RankLeakStats& stats) {
   json arr = json::array();
@@ -184,6 +186,9 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
       f.fail.wall_ns = rec.wall_ns;
     } else if (f.type == "hi") {
       f.tp_rank = j.at("tp_rank").get<uint32_t>();
+    } else if (f.type == "down") {
+      f.reason = j.at("reason").get<std::string>();
+      if (f.reason.size() > 4096) throw std::runtime_error("down reason too long");
     } else if (f.type == "abort") {
       f.room = room_of(j);
     } else if (f.type == "reply") {

@@ -11,6 +11,8 @@
 //       (decode: a quarantined room reclaimed on the rank is the short report
 //        {"room":"<u64>","tp":R,"reclaimed":true}; its kReclaim decision is {"op":5,"room":"<u64>"})
 //   {"type":"abort","room":"<u64>"}                                         router -> leader
+//   {"type":"down","reason":"..."}   leader -> a follower it declared down that still answers (it
+//       had stalled): it fails and releases its rooms, then says hello again (engine_loop.h)
 // Room ids are decimal strings. Parsing never throws: malformed frames give kProtocolError.
 #pragma once
 #include <string>
@@ -24,6 +26,7 @@ struct SyncFrame {
   std::string type;  // hello, step, reply, or a router frame type (request, shutdown, ...)
   uint32_t tp_rank = 0;
   std::string endpoint;
+  std::string reason;  // down
   uint64_t seq = 0;
   uint64_t room = 0;  // abort
   bool shutdown = false;
@@ -44,6 +47,7 @@ std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>
 // RankId, a negative first_seen_ns, a missing field or a field of the wrong type.
 std::string encode_fail(const SiblingFailure& f);
 std::string encode_hi(uint32_t tp_rank);
+std::string encode_down(const std::string& reason);
 std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomReport>& rooms,
                          const RankLeakStats& stats);
 Result<SyncFrame> decode_sync_frame(const std::string& text);

@@ -110,6 +110,15 @@ TEST(SyncCodec, HiRoundTrips) {
   EXPECT_EQ(d->tp_rank, 3u);
 }
 
+TEST(SyncCodec, DownRoundTripsAndRejectsAMissingOrHugeReason) {
+  auto d = decode_sync_frame(encode_down("prefill/tp1 stopped answering for 2400 ms"));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->type, "down");
+  EXPECT_EQ(d->reason, "prefill/tp1 stopped answering for 2400 ms");
+  EXPECT_FALSE(decode_sync_frame(R"({"type":"down"})").ok());
+  EXPECT_FALSE(decode_sync_frame(encode_down(std::string(5000, 'x'))).ok());
+}
+
 // The quarantine's end: a rank reports a reclaimed quarantined room in its reply in a short form
 // (room and rank only), beside its live rooms; the leader's kReclaim carries the room only; the
 // reply's stats carry the reclaimed pages.

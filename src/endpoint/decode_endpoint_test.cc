@@ -115,6 +115,10 @@ TEST(EndpointPair, FalseDeathKeepsPagesUntilTheLivePrefillConfirmsTheDrain) {
   ASSERT_TRUE(p);
   const uint64_t room = 0x1841;
   open_room(*p, room, 32, {0, 1}, 1);
+  // Its writes are in flight (held) when the decode rank takes it for dead.
+  p->pcore().faults()->hold_room(room);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  const uint64_t failed0 = p->pcore().transport().stats().failed_batches;
   p->dcore().monitor().mark_dead(prefill_rank0());  // as if its heartbeats had stopped
   p->decode().on_peer_dead(prefill_rank0(), "test: heartbeats not heard");
   ASSERT_EQ(p->decode().poll(room), KVPoll::Failed);
@@ -122,11 +126,17 @@ TEST(EndpointPair, FalseDeathKeepsPagesUntilTheLivePrefillConfirmsTheDrain) {
   p->decode().release(room);
   ASSERT_EQ(p->decode().quarantined_rooms(), 1u);
 
-  // The prefill never noticed: it writes the room, and hears the decode's failure once the decode
-  // hears it again and registers anew.
-  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  // The prefill never noticed: it hears the decode's failure once the decode hears it again and
+  // registers anew, the same pool: the connection is kept, so the writes in flight on it complete
+  // (replacing it would fail them here while they may still land there).
+  // Failed there by the failures the decode rank sent after its registration (one socket, in
+  // order): the registration was handled; any connect it started has ended before the release.
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 20s));
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().connecting_peers() == 0; }, 20s));
+  p->pcore().faults()->release_held(room);
   ASSERT_TRUE(p->pump_until([&] { return p->decode().reclaimed_total() == 1; }, 20s))
       << "the quarantined room was never reclaimed";
+  EXPECT_EQ(p->pcore().transport().stats().failed_batches, failed0) << "the live connection was replaced";
   EXPECT_EQ(p->decode().take_reclaimed(), std::vector<uint64_t>{room});
   EXPECT_EQ(p->decode().quarantined_pages(), 0u);
   EXPECT_TRUE(p->prefill().poll(room) == KVPoll::Failed || p->prefill().poll(room) == KVPoll::Success);

@@ -16,6 +16,21 @@ namespace {
 constexpr std::string_view kComp = "prefill.endpoint";
 }  // namespace
 
+// The same decode memory, reached the same way: a registration repeated by the same process.
+bool same_pool(const PoolRegistration& a, const PoolRegistration& b) {
+  if (a.spans.size() != b.spans.size()) return false;
+  for (size_t i = 0; i < a.spans.size(); ++i) {
+    const RegionSpan &x = a.spans[i], &y = b.spans[i];
+    if (x.offset != y.offset || x.bytes != y.bytes || x.base != y.base || x.packed_rkey != y.packed_rkey) return false;
+  }
+  return a.sender == b.sender && a.incarnation == b.incarnation && a.control_endpoint == b.control_endpoint &&
+         a.worker_address == b.worker_address && a.page_size == b.page_size && a.page_bytes == b.page_bytes &&
+         a.num_pages == b.num_pages && a.kv_offsets == b.kv_offsets && a.aux_offsets == b.aux_offsets &&
+         a.aux_item_bytes == b.aux_item_bytes && a.aux_rows == b.aux_rows && a.state_offsets == b.state_offsets &&
+         a.state_item_bytes == b.state_item_bytes && a.state_rows == b.state_rows &&
+         a.guard_offset == b.guard_offset && a.heads_per_rank == b.heads_per_rank && a.first_head == b.first_head;
+}
+
 MemoryShape shape_of(const PoolRegistration& r) {
   MemoryShape s;
   s.page_size = r.page_size;
@@ -142,6 +157,17 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
   }
   refused_.erase(r.sender);
   auto old = peers_.find(r.sender);
+  if (old != peers_.end() && !connecting_.count(r.sender) && same_pool(old->second.reg, r)) {
+    // The same process registers the same pool again (it had taken our silence for a death and
+    // heard us again): the connection is kept. Replacing it would fail the writes in flight on
+    // it, and a write failed here may still land there (it left this rank already), after its
+    // room drained and its pages went to another room.
+    dead_peers_.erase(r.sender);
+    core_.monitor().watch(r.sender, r.control_endpoint);
+    log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered again, unchanged: connection kept", r.sender.str()));
+    for (auto& [id, room] : rooms_) maybe_ready(room);
+    return;
+  }
   if (old != peers_.end()) core_.control().forget(old->second.reg.control_endpoint);  // a restarted decode rank
   start_connect(r, std::move(*info));
 }
