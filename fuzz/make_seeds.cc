@@ -1,20 +1,24 @@
 // Writes the seed corpora of fuzz/corpus/<target>/ with the real encoders (docs/testing.md,
 // "Fuzzing"): `fuzz_seeds <corpus dir>`. Small valid messages of every kind each decoder takes;
-// the fuzzers mutate from there. Re-run after a wire format change and commit the result.
+// the fuzzers mutate from there. Each is checked against its decoder: exit status 1 names any
+// seed the decoder refuses. Re-run after a wire format change and commit the result.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
+#include "bootstrap/sglang_routes.h"
 #include "driver/engine_protocol.h"
 #include "driver/sync_codec.h"
 #include "kvferry/messages.h"
+#include "kvferry/trace.h"
 #include "replay/peer_death_frames.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/shard_address.h"
@@ -25,8 +29,59 @@ using namespace kvferry;
 namespace {
 
 fs::path root;
+int refused = 0;
+
+// Whether the target's decoder accepts the seed (a seed it refuses only exercises the first check).
+bool accepted(const std::string& target, const std::string& b) {
+  if (target == "control_codec" || target == "remote_info") return decode(b).ok();
+  if (target == "shard_address") return ucx::parse_shard_address(b).ok();
+  if (target == "engine_sync") return decode_sync_frame(b).ok();
+  if (target == "router_protocol") {
+    auto pd = replay::decode_peer_death_frame(b);
+    return decode_router_frame(b).ok() || (pd.ok() && pd->has_value());
+  }
+  if (target == "rank_info_json") return bootstrap::rank_info_from_json(nlohmann::json::parse(b, nullptr, false)).ok();
+  if (target == "trace") return parse_trace(b, 0).ok();
+  if (target == "am_wire") {  // the spans of fuzz/am_wire_fuzz.cc
+    static std::vector<uint8_t> a(4096), c(8192);
+    ucx::SpanTable spans({{0, 4096, a.data()}, {16384, 8192, c.data()}});
+    const auto* p = reinterpret_cast<const uint8_t*>(b.data()) + 1;
+    const size_t n = b.size() - 1;
+    if (b[0] == 0) {
+      uint64_t payload = 0;
+      std::memcpy(&payload, p, 8);
+      ucx::AmWriteHeader h;
+      uint8_t* dst = nullptr;
+      return parse_write_header(p + 8, n - 8, payload, spans, &h, &dst).ok();
+    }
+    if (b[0] == 1) {
+      ucx::AmScatterHeader h;
+      const size_t hs = sizeof(ucx::AmScatterHeader);
+      return parse_scatter_header(p, hs, n - hs, &h).ok() && place_scatter(h, p + hs, n - hs, spans).ok();
+    }
+    ucx::AmAck ack;
+    return parse_ack(p, n, &ack);
+  }
+  if (target == "sglang_routes") {  // every request of the session answered 200
+    bootstrap::SglangRegistry reg;
+    std::string line;
+    std::istringstream lines(b);
+    while (std::getline(lines, line)) {
+      if (line.size() < 2 || line[0] == 'G') continue;  // lookups may answer 404 on purpose
+      auto j = nlohmann::json::parse(line.substr(2), nullptr, false);
+      auto r = line[0] == 'P' ? reg.put_route(j) : line[0] == 'R' ? reg.register_dp_rank(j, 1) : reg.query_dp_ranks(j, 1);
+      if (r.status != 200) return false;
+    }
+    return true;
+  }
+  return false;
+}
 
 void put(const std::string& target, const std::string& name, const std::string& bytes) {
+  if (!accepted(target, bytes)) {
+    std::fprintf(stderr, "seed %s/%s: its decoder refuses it\n", target.c_str(), name.c_str());
+    ++refused;
+  }
   fs::create_directories(root / target);
   std::ofstream(root / target / name, std::ios::binary) << bytes;
 }
@@ -221,5 +276,5 @@ int main(int argc, char** argv) {
   rank_info();
   sglang_routes();
   trace();
-  return 0;
+  return refused == 0 ? 0 : 1;
 }
