@@ -18,6 +18,7 @@
 #include "driver/engine_protocol.h"
 #include "driver/sync_codec.h"
 #include "kvferry/messages.h"
+#include "kvferry/net.h"
 #include "kvferry/trace.h"
 #include "replay/peer_death_frames.h"
 #include "transport/ucx/am_wire.h"
@@ -42,6 +43,7 @@ bool accepted(const std::string& target, const std::string& b) {
   }
   if (target == "rank_info_json") return bootstrap::rank_info_from_json(nlohmann::json::parse(b, nullptr, false)).ok();
   if (target == "trace") return parse_trace(b, 0).ok();
+  if (target == "endpoint_address") return parse_host_port(b).ok();
   if (target == "am_wire") {  // the spans of fuzz/am_wire_fuzz.cc
     static std::vector<uint8_t> a(4096), c(8192);
     ucx::SpanTable spans({{0, 4096, a.data()}, {16384, 8192, c.data()}});
@@ -261,6 +263,14 @@ void trace() {
       "2023-11-16 18:17:04.0319600,3180,8\n");
 }
 
+// Control endpoints and bootstrap addresses as peers announce them (src/core/net.cc).
+void endpoint_address() {
+  put("endpoint_address", "v4", "tcp://127.0.0.1:5601");
+  put("endpoint_address", "v6", zmq_endpoint("fd00::5", 5600));
+  put("endpoint_address", "name", "http://prefill-0.cluster.local:8998");
+  put("endpoint_address", "any_port", "10.0.0.5:*");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -276,5 +286,6 @@ int main(int argc, char** argv) {
   rank_info();
   sglang_routes();
   trace();
+  endpoint_address();
   return refused == 0 ? 0 : 1;
 }
