@@ -14,10 +14,18 @@
 #   make run-hosts  build, bring up 2 test hosts (network namespaces, tests/hosts/hosts.sh; needs
 #               root), replay the bundled trace 2+2 over tcp with prefill on one host and decode on
 #               the other (out/run-hosts/report.json), and take the hosts down again
+#   make fuzz   build the libFuzzer targets (clang, build-fuzz/) and run each for FUZZ_SECONDS
+#               (default 60) from its seed corpus fuzz/corpus/<target>/; a crash stops it with the
+#               input in build-fuzz/artifacts/<target>/ (docs/testing.md, "Fuzzing")
+#   make fuzz-smoke  the same, 30 s each (the short slot for CI)
 #   make deps   install the Debian packages the build needs (idempotent)
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := control_codec am_wire shard_address remote_info engine_sync router_protocol \
+  rank_info_json sglang_routes trace endpoint_address
 JOBS ?= $(shell nproc)
 RUN_OUT ?= out/run
 FAULTS_OUT ?= out/faults
@@ -40,9 +48,9 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := nftables build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox jq stress-ng iproute2
+  python3-numpy gnuplot-nox jq stress-ng iproute2 clang libclang-rt-14-dev
 
-.PHONY: deps build run run-hosts faults bench test test-hog test-sanitize clean
+.PHONY: deps build run run-hosts faults bench test test-hog test-sanitize fuzz fuzz-build fuzz-smoke clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -103,5 +111,26 @@ test-sanitize: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j 2 --timeout 1200
 
+# libFuzzer targets (fuzz/CMakeLists.txt): a clang build of only them and the decoders they test.
+# New inputs go to build-fuzz/corpus/<target>/ (the committed seeds in fuzz/corpus/ are read only);
+# every target runs even when one finds a crash, and the status is non-zero if any did.
+fuzz-build: deps
+	CC=clang CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -DKVFERRY_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target kvferry_fuzzers
+
+fuzz: fuzz-build
+	@failed=""; for t in $(FUZZ_TARGETS); do \
+	  mkdir -p $(FUZZ_BUILD)/corpus/$$t $(FUZZ_BUILD)/artifacts/$$t; \
+	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
+	  $(FUZZ_BUILD)/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
+	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t \
+	    > $(FUZZ_BUILD)/$$t.log 2>&1 || failed="$$failed $$t"; \
+	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/$$t.log; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: crashes in:$$failed (logs $(FUZZ_BUILD)/<target>.log)"; exit 1; fi
+
+fuzz-smoke:
+	$(MAKE) fuzz FUZZ_SECONDS=30
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) out

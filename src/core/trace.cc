@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -91,8 +92,13 @@ std::optional<int64_t> parse_azure_time(std::string_view s) {
     frac_ns = *f;
     for (size_t n = s.size() - 20; n < 9; ++n) frac_ns *= 10;
   }
-  const int64_t days = days_from_civil(*y, *mo, *d);
+  const int64_t days = days_from_civil(*y, *mo, *d);  // 4-digit years: no overflow here
   const int64_t secs = days * 86400 + int64_t(*h) * 3600 + int64_t(*mi) * 60 + *sec;
+  // Int64 ns since the epoch reach 1677-09-21 .. 2262-04-11; a time outside is refused, not
+  // overflowed (found by fuzz/trace_fuzz.cc).
+  constexpr int64_t kMaxSecs = (INT64_MAX - 999999999) / 1000000000LL;
+  constexpr int64_t kMinSecs = INT64_MIN / 1000000000LL;
+  if (secs > kMaxSecs || secs < kMinSecs) return std::nullopt;
   return secs * 1000000000LL + frac_ns;
 }
 
@@ -199,7 +205,8 @@ Result<std::vector<TraceRequest>> parse_azure(std::string_view text, size_t max_
     }
     last_ns = *ns;
     TraceRequest r;
-    r.arrival_ms = static_cast<uint64_t>((*ns - first_ns) / 1000000);
+    // *ns >= first_ns, but the difference of two int64 times may exceed INT64_MAX: unsigned.
+    r.arrival_ms = (static_cast<uint64_t>(*ns) - static_cast<uint64_t>(first_ns)) / 1000000;
     r.input_tokens = *ctx;
     r.output_tokens = *gen;
     r.line = number;

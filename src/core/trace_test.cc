@@ -151,6 +151,32 @@ TEST(Trace, AzureErrorsNameTheLine) {
   EXPECT_TRUE(contains(s, "line 3: timestamp is before")) << s.str();
 }
 
+// Found by fuzz/trace_fuzz.cc: a year whose ns since the epoch do not fit int64 overflowed
+// (undefined behaviour) instead of being refused.
+TEST(Trace, AzureTimestampOutsideTheNsRangeIsRefused) {
+  const std::string head = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
+  for (const char* ts : {"1011-11-16 18:17:03.9799600", "1677-09-21 00:12:43", "2262-04-11 23:47:17",
+                         "9999-12-31 23:59:59.999999999", "0000-01-01 00:00:00"}) {
+    Status s = parse_error(head + ts + ",4808,10\n");
+    EXPECT_TRUE(contains(s, "line 2: bad timestamp")) << ts << ": " << s.str();
+  }
+}
+
+// Arrivals relative to the first row stay exact when the two times are further apart than
+// INT64_MAX ns (the difference overflowed int64 before fuzz/trace_fuzz.cc found it).
+TEST(Trace, AzureArrivalsSpanningCenturiesDoNotOverflow) {
+  auto t = parse_trace("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                       "1700-01-01 00:00:00,1,1\n"
+                       "2200-01-01 00:00:00.5,1,1\n"
+                       "2262-04-11 23:47:15.999999999,1,1\n",
+                       0);
+  ASSERT_TRUE(t.ok()) << t.status().str();
+  ASSERT_EQ(t->size(), 3u);
+  // 500 years with 121 leap days (1700, 1800, 1900, 2100 are not leap years), plus 0.5 s.
+  EXPECT_EQ((*t)[1].arrival_ms, 182621ull * 86400000ull + 500ull);
+  EXPECT_GT((*t)[2].arrival_ms, (*t)[1].arrival_ms);
+}
+
 TEST(Trace, UnknownFormatAndEmpty) {
   Status s = parse_error("time,in,out\n1,2,3\n");
   EXPECT_TRUE(contains(s, "unknown trace format")) << s.str();
