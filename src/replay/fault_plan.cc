@@ -13,7 +13,7 @@ namespace kvferry::replay {
 namespace {
 
 constexpr const char* kKinds[] = {"transfer", "decode_fail", "prefill_fail", "timeout", "abort",
-                                  "peer_death", "restart", "link_down", "partition"};
+                                  "peer_death", "restart", "link_down", "partition", "pause"};
 constexpr int64_t kMaxNetFaultMs = 600'000;
 // Independent seeded streams (room ids use the plain seed in plan_requests).
 constexpr uint64_t kRoomFaultStream = 0x6661756c74730001ULL;
@@ -75,9 +75,13 @@ bool FaultPlan::has_net_faults() const {
   return std::any_of(items.begin(), items.end(), [](const FaultItem& i) { return i.is_net(); });
 }
 
+bool FaultPlan::has_pauses() const {
+  return std::any_of(items.begin(), items.end(), [](const FaultItem& i) { return i.kind == "pause"; });
+}
+
 double FaultPlan::total_rate() const {
   double s = 0;
-  for (const auto& i : items) s += i.once || i.is_net() ? 0 : i.rate;
+  for (const auto& i : items) s += i.once || i.is_timed() ? 0 : i.rate;
   return s;
 }
 
@@ -86,7 +90,7 @@ std::string FaultPlan::str() const {
   for (const auto& i : items) {
     if (!out.empty()) out += ',';
     out += fmt::format("{}{}{}:{}", i.kind, i.place.empty() ? "" : "@", i.place,
-                       i.is_net() ? std::to_string(i.ms) : i.once ? std::string("once") : fmt::format("{}", i.rate));
+                       i.is_timed() ? std::to_string(i.ms) : i.once ? std::string("once") : fmt::format("{}", i.rate));
   }
   return out;
 }
@@ -122,10 +126,22 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     if (std::find(std::begin(kKinds), std::end(kKinds), f.kind) == std::end(kKinds)) {
       return bad_item(item, "unknown kind '" + f.kind +
                                 "' (known: transfer, decode_fail, prefill_fail, timeout, abort, peer_death, "
-                                "restart, link_down, partition)");
+                                "restart, link_down, partition, pause)");
     }
-    if (f.is_net()) {
-      if (f.place.empty()) return bad_item(item, f.kind + " needs a host: " + f.kind + "@HOST:MS");
+    if (f.is_timed()) {
+      if (f.place.empty())
+        return bad_item(item, f.kind + (f.is_net() ? " needs a host: " : " needs a rank: ") + f.kind +
+                                  (f.is_net() ? "@HOST:MS" : "@RANK:MS"));
+      if (f.kind == "pause") {  // one rank that exists (DP group 0 unless named)
+        auto r = RankId::parse(f.place);
+        if (!r || r->engine_id != 0) return bad_item(item, "pause names one rank: pause@RANK:MS, e.g. pause@prefill/tp1:3000");
+        const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
+        const uint32_t dp = std::max(1u, r->role == Role::kPrefill ? prefill_dp : decode_dp);
+        if (r->tp_rank >= tp || r->dp_rank >= dp)
+          return bad_item(item, fmt::format("{} does not exist: the {} engine has TP {}, DP {}", f.place,
+                                            role_name(r->role), tp, dp));
+        f.place = r->str();
+      }
       char* end = nullptr;
       const long long ms = std::strtoll(amount.c_str(), &end, 10);
       if (amount.empty() || end != amount.c_str() + amount.size() || ms < 1 || ms > kMaxNetFaultMs)
@@ -218,7 +234,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
   // `once` items first, on distinct requests.
   std::set<size_t> taken;
   for (const auto& item : plan.items) {
-    if (!item.once || kills(item.kind) || item.is_net() || taken.size() >= count) continue;
+    if (!item.once || kills(item.kind) || item.is_timed() || taken.size() >= count) continue;
     size_t i = rng() % count;
     while (taken.count(i)) i = (i + 1) % count;
     taken.insert(i);
@@ -230,7 +246,7 @@ std::vector<std::optional<FaultSpec>> assign_room_faults(const FaultPlan& plan, 
     if (taken.count(i)) continue;
     double cum = 0;
     for (const auto& item : plan.items) {
-      if (item.once || item.is_net()) continue;
+      if (item.once || item.is_timed()) continue;
       cum += item.rate;
       if (u < cum) {
         out[i] = fault_from_names(item.kind, resolve(item.kind, item.place, rng, prefill_tp, decode_tp));
@@ -270,7 +286,7 @@ std::vector<PlannedNetFault> plan_net_faults(const FaultPlan& plan, size_t count
   std::vector<PlannedNetFault> out;
   std::mt19937_64 rng(seed ^ kNetFaultStream);
   for (const auto& item : plan.items) {
-    if (!item.is_net()) continue;
+    if (!item.is_timed()) continue;
     out.push_back({item.kind, item.place, item.ms, dispatch_threshold(rng, count)});
   }
   std::stable_sort(out.begin(), out.end(), [](const PlannedNetFault& a, const PlannedNetFault& b) {

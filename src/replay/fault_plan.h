@@ -19,6 +19,9 @@
 //        link_down    link_down@HOST:MS: every non-loopback link of the host goes down for MS ms
 //        partition    partition@HOST:MS: packets to and from the host are dropped for MS ms
 //                     (HOST: a key of the --hosts file; net_fault_executor.h carries them out)
+//        pause        pause@RANK:MS: the rank's process is stopped (SIGSTOP) for MS ms, then runs
+//                     on (SIGCONT): alive but silent, a false death to its peers once MS passes
+//                     their patience; needs no --hosts (net_fault_executor.h)
 // PLACE  absent (any rank the kind can act on), a role ("prefill", "decode": a rank of that role),
 //        or a rank ("prefill/tp1"). A role or absent place is resolved per fault, seeded.
 //        abort always acts at the decode leader (decode/tp0); decode_fail only on decode ranks,
@@ -27,8 +30,8 @@
 //        request draws once against their sum and gets at most one fault.
 // once   per-room kinds: exactly one request (seeded) gets it; peer_death and restart: one kill
 //        of the rank while 30-60% of the requests have been dispatched (seeded).
-// MS     link_down and partition: the fault's length in ms (1..600000), injected once while
-//        30-60% of the requests have been dispatched (seeded, plan_net_faults()).
+// MS     link_down, partition and pause: the fault's length in ms (1..600000), injected once
+//        while 30-60% of the requests have been dispatched (seeded, plan_net_faults()).
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
@@ -47,8 +50,9 @@ struct FaultItem {
   std::string place;  // "" | "prefill" | "decode" | a rank string | a host key (net kinds)
   double rate = 0;    // when !once and not a net kind
   bool once = false;
-  int64_t ms = 0;     // link_down, partition: how long
+  int64_t ms = 0;     // link_down, partition, pause: how long
   bool is_net() const { return kind == "link_down" || kind == "partition"; }
+  bool is_timed() const { return is_net() || kind == "pause"; }  // KIND@PLACE:MS
 };
 
 struct FaultPlan {
@@ -56,6 +60,7 @@ struct FaultPlan {
   bool empty() const { return items.empty(); }
   bool has_peer_death() const;  // peer_death or restart
   bool has_net_faults() const;   // link_down or partition
+  bool has_pauses() const;       // pause
   double total_rate() const;
   std::string str() const;  // canonical spec text (parses back to the same plan)
 };
@@ -96,12 +101,12 @@ std::vector<std::string> same_port_restarts(const FaultPlan& plan);
 
 // One planned network fault: injected once `after_dispatched` requests went out, healed `ms` later.
 struct PlannedNetFault {
-  std::string kind;  // link_down | partition
-  std::string host;  // a key of the --hosts file
+  std::string kind;  // link_down | partition | pause
+  std::string host;  // a key of the --hosts file; pause: the rank (RankId::str())
   int64_t ms = 0;
   uint64_t after_dispatched = 0;
 };
-// The plan's network faults for `count` requests (count >= 2), seeded (30-60% dispatched),
+// The plan's network faults and pauses for `count` requests (count >= 2), seeded (30-60% dispatched),
 // ordered by after_dispatched.
 std::vector<PlannedNetFault> plan_net_faults(const FaultPlan& plan, size_t count, uint64_t seed);
 

@@ -235,6 +235,32 @@ TEST(FaultPlan, BadRestartAndNetworkItems) {
   EXPECT_NE(error_of("link_down@h1").find("expected"), std::string::npos);
 }
 
+// pause@RANK:MS: one existing rank, a duration; planned like a network fault, no host needed.
+TEST(FaultPlan, PauseNamesOneRankAndADuration) {
+  auto p = parse_fault_plan("transfer@decode:0.1,pause@prefill/tp1:4000", 2, 2);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  ASSERT_EQ(p->items.size(), 2u);
+  EXPECT_EQ(p->items[1].kind, "pause");
+  EXPECT_EQ(p->items[1].place, "prefill/tp1");
+  EXPECT_EQ(p->items[1].ms, 4000);
+  EXPECT_TRUE(p->has_pauses());
+  EXPECT_FALSE(p->has_net_faults());
+  EXPECT_DOUBLE_EQ(p->total_rate(), 0.1);
+  EXPECT_EQ(p->str(), "transfer@decode:0.1,pause@prefill/tp1:4000");
+  auto planned = plan_net_faults(*p, 100, 7);
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned[0].kind, "pause");
+  EXPECT_EQ(planned[0].host, "prefill/tp1");
+  EXPECT_GE(planned[0].after_dispatched, 30u);
+  EXPECT_LE(planned[0].after_dispatched, 60u);
+  EXPECT_TRUE(assign_room_faults(*parse_fault_plan("pause@decode/tp0:100", 1, 1), 10, 1, 1, 1) ==
+              std::vector<std::optional<FaultSpec>>(10));  // not a room's fault
+  EXPECT_NE(error_of("pause:100").find("needs a rank"), std::string::npos);
+  EXPECT_NE(error_of("pause@decode:100").find("names one rank"), std::string::npos);
+  EXPECT_NE(error_of("pause@decode/tp5:100").find("does not exist"), std::string::npos);
+  EXPECT_NE(error_of("pause@decode/tp1:once").find("duration in ms"), std::string::npos);
+}
+
 TEST(NetFaults, SeededThresholdBetween30And60Percent) {
   auto p = parse_fault_plan("partition@h1:1000,link_down@h2:200", 1, 1);
   ASSERT_TRUE(p.ok());

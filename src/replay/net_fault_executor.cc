@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <ostream>
 #include <sstream>
@@ -100,8 +102,9 @@ Result<std::string> run_command(const std::vector<std::string>& argv, int timeou
 }
 
 NetFaultExecutor::NetFaultExecutor(std::vector<PlannedNetFault> plan, std::map<std::string, NetHost> hosts,
-                                   std::string work_dir, std::ostream& out)
-    : plan_(std::move(plan)), hosts_(std::move(hosts)), work_dir_(std::move(work_dir)), out_(out) {
+                                   std::string work_dir, std::ostream& out, PidOf pid_of)
+    : plan_(std::move(plan)), hosts_(std::move(hosts)), work_dir_(std::move(work_dir)), out_(out),
+      pid_of_(std::move(pid_of)) {
   for (const auto& p : plan_) records_.push_back({p.kind, p.host, p.ms, 0, 0, {}, ""});
 }
 
@@ -121,6 +124,18 @@ Status NetFaultExecutor::poll(uint64_t dispatched, int64_t now_ns) {
 
 Status NetFaultExecutor::inject(size_t i, int64_t now_ns) {
   NetFaultRecord& r = records_[i];
+  if (r.kind == "pause") {
+    const std::optional<int> pid = pid_of_ ? pid_of_(r.host) : std::nullopt;
+    if (!pid || ::kill(*pid, SIGSTOP) != 0) {
+      r.error = pid ? fmt::format("cannot stop {} (pid {}): {}", r.host, *pid, strerror(errno))
+                    : r.host + " has no running process";
+      return Status(ErrorCode::kInternal, r.error);
+    }
+    paused_[i] = *pid;
+    r.start_ns = now_ns;
+    out_ << fmt::format("replay: pause: {} (pid {}) stopped for {} ms\n", r.host, *pid, r.ms) << std::flush;
+    return Status::Ok();
+  }
   auto host = hosts_.find(r.host);
   if (host == hosts_.end()) {
     r.error = "no host " + r.host + " in the hosts file";
@@ -162,6 +177,16 @@ Status NetFaultExecutor::inject(size_t i, int64_t now_ns) {
 
 Status NetFaultExecutor::heal(size_t i, int64_t now_ns) {
   NetFaultRecord& r = records_[i];
+  if (r.kind == "pause") {
+    const int pid = paused_.at(i);
+    const bool ok = ::kill(pid, SIGCONT) == 0;
+    paused_.erase(i);
+    r.end_ns = now_ns;
+    if (!ok) r.error = fmt::format("heal: cannot continue {} (pid {}): {}", r.host, pid, strerror(errno));
+    out_ << fmt::format("replay: pause: {} runs again after {:.0f} ms\n", r.host, double(r.end_ns - r.start_ns) / 1e6)
+         << std::flush;
+    return ok ? Status::Ok() : Status(ErrorCode::kInternal, r.error);
+  }
   const NetHost& host = hosts_.at(r.host);
   Status first = Status::Ok();
   if (r.kind == "link_down") {

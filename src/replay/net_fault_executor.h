@@ -10,6 +10,9 @@
 //              chains that drop everything but loopback. Removing the table heals. A silent
 //              peer is what a cut cable or a dead switch looks like; a refused connection (an
 //              iptables REJECT, a closed port) would be seen at once and test nothing.
+//   pause      (not a network fault, but carried out the same way) the rank's process is sent
+//              SIGSTOP, and SIGCONT MS ms later: alive, its sockets open, but silent (a host
+//              starving it, a VM paused). The record's "host" is the rank.
 // Each fault is injected once `after_dispatched` requests went out (plan_net_faults(), 30-60%,
 // seeded) and healed `ms` later; heal_all() heals whatever is still in effect (the replay's end,
 // an error, Ctrl-C), so a host is never left cut off.
@@ -18,7 +21,9 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,8 +56,10 @@ Result<std::string> run_command(const std::vector<std::string>& argv, int timeou
 class NetFaultExecutor {
  public:
   // `work_dir`: where the nftables ruleset file goes. Progress lines go to `out`.
+  // `pid_of`: the running process of a rank (RankId::str()), for pause.
+  using PidOf = std::function<std::optional<int>(const std::string& rank)>;
   NetFaultExecutor(std::vector<PlannedNetFault> plan, std::map<std::string, NetHost> hosts, std::string work_dir,
-                   std::ostream& out);
+                   std::ostream& out, PidOf pid_of = {});
   ~NetFaultExecutor();  // heal_all()
   bool active() const { return !records_.empty(); }
   // Injects the faults due at `dispatched` requests, heals those whose time passed. Errors: a
@@ -69,6 +76,8 @@ class NetFaultExecutor {
   std::string work_dir_;
   std::ostream& out_;
   std::vector<NetFaultRecord> records_;
+  PidOf pid_of_;
+  std::map<size_t, int> paused_;  // record -> the pid stopped
 };
 
 // Every rank's host key (RankId::str() -> key), for the report's checks.

@@ -176,12 +176,19 @@ class Run {
     if (c_.metrics) {
       if (int rc = wait_metrics_ports(); rc != 0) return rc;
     }
-    if (c_.fault_plan.has_net_faults() && c_.hosts) {
-      // link_down / partition (net_fault_executor.h): planned against the trace's requests.
+    if ((c_.fault_plan.has_net_faults() && c_.hosts) || c_.fault_plan.has_pauses()) {
+      // link_down / partition / pause (net_fault_executor.h): planned against the trace's requests.
       auto trace = load_trace(c_.trace, c_.max_requests);
       if (!trace.ok()) return early_error("trace: " + trace.status().message(), true);
+      auto pid_of = [this](const std::string& rank) -> std::optional<int> {
+        auto r = RankId::parse(rank);
+        if (!r) return std::nullopt;
+        auto pid = group_.pid_of(rank_file(r->role == Role::kPrefill, r->tp_rank, r->dp_rank));
+        return pid ? std::optional<int>(*pid) : std::nullopt;
+      };
       net_ = std::make_unique<NetFaultExecutor>(plan_net_faults(c_.fault_plan, trace->size(), c_.seed),
-                                                c_.hosts->hosts, logs_dir(c_), out_);
+                                                c_.hosts ? c_.hosts->hosts : std::map<std::string, NetHost>{},
+                                                logs_dir(c_), out_, pid_of);
     }
     if (int rc = supervise(); rc != 0) return rc;
     if (net_) net_->heal_all();  // the router is done: nothing may stay cut off
@@ -485,9 +492,18 @@ class Run {
     if (!results.ok()) return early_error(results.status().str(), false);
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp,
                               c_.decode_tp);
-    if (net_ && c_.hosts) {
-      add_net_fault_checks(rep, *results, net_->records(), rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp),
-                           c_.deadlines.heartbeat_timeout_ms);
+    if (net_) {
+      // Network faults cut a host off, a pause one rank: each is checked against its own sides.
+      std::map<std::string, std::string> rank_self;  // every rank on a "host" of its own
+      for (bool prefill : {true, false})
+        for (uint32_t g = 0; g < (prefill ? c_.prefill_dp : c_.decode_dp); ++g)
+          for (uint32_t t = 0; t < (prefill ? c_.prefill_tp : c_.decode_tp); ++t) {
+            const std::string rank = RankId{prefill ? Role::kPrefill : Role::kDecode, 0, t, g}.str();
+            rank_self[rank] = rank;
+          }
+      add_net_fault_checks(rep, *results, net_->records(),
+                           c_.hosts ? rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp) : rank_self,
+                           c_.deadlines.heartbeat_timeout_ms, rank_self);
     }
     rep.process_problems = process_problems_;
     rep.process_exits = process_exits_;

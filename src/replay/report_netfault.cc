@@ -83,7 +83,12 @@ int64_t first_failed_ns(const RequestOutcome& q) {
 }  // namespace
 
 void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::vector<NetFaultRecord>& faults,
-                          const std::map<std::string, std::string>& rank_host, int64_t heartbeat_timeout_ms) {
+                          const std::map<std::string, std::string>& rank_hosts, int64_t heartbeat_timeout_ms,
+                          const std::map<std::string, std::string>& rank_self) {
+  // The sides of a fault: a pause cuts off its rank alone.
+  auto sides_of = [&](const NetFaultRecord& f) -> const std::map<std::string, std::string>& {
+    return f.kind == "pause" && !rank_self.empty() ? rank_self : rank_hosts;
+  };
   const int64_t timeout_ns = heartbeat_timeout_ms * 1'000'000;
   // Detection may take PeerMonitor::kHungFactor (4) x the timeout for a peer whose socket still
   // accepts; then the engines tell each other: the settle time after the heal.
@@ -100,12 +105,22 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     }
     const int64_t end = f.end_ns != 0 ? f.end_ns : INT64_MAX / 2;
     windows.emplace_back(f.start_ns, end + settle_ns);
+    const std::map<std::string, std::string>& rank_host = sides_of(f);
     const Sides sides{rank_host, f.host};
+    // Until the cluster is whole again (the first room dispatched after the heal that succeeds),
+    // rooms failing across the cut are the fault's: e.g. a paused rank's engine fails what it gets
+    // until that rank is back in it.
+    int64_t back_dispatch = 0;
+    if (f.end_ns != 0)
+      for (const auto& q : results.requests)
+        if (succeeded(q) && q.dispatched_ns >= f.end_ns && (back_dispatch == 0 || q.dispatched_ns < back_dispatch))
+          back_dispatch = q.dispatched_ns;
+    const int64_t explain_until = std::max(end, back_dispatch);
     bool involved = false;
     for (const auto& [rank, h] : rank_host) involved |= h == f.host;
     std::vector<double> to_failed;
     for (const auto& q : results.requests) {
-      if (!involved || q.dispatched_ns == 0 || q.dispatched_ns >= end || rejected(q)) continue;
+      if (!involved || q.dispatched_ns == 0 || q.dispatched_ns >= explain_until || rejected(q)) continue;
       const bool ok = succeeded(q);
       if (ok && q.decode->success_ns < f.start_ns) continue;
       if (!ok && first_failed_ns(q) != 0 && first_failed_ns(q) < f.start_ns) continue;
@@ -153,12 +168,10 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     }
     // After the heal.
     if (f.end_ns != 0) {
-      int64_t first_ok = 0, back_dispatch = 0;
+      int64_t first_ok = 0;
       for (const auto& q : results.requests) {
         if (!succeeded(q) || q.decode->success_ns <= f.end_ns) continue;
         if (first_ok == 0 || q.decode->success_ns < first_ok) first_ok = q.decode->success_ns;
-        if (q.dispatched_ns >= f.end_ns && (back_dispatch == 0 || q.dispatched_ns < back_dispatch))
-          back_dispatch = q.dispatched_ns;
       }
       if (first_ok != 0) e.first_success_after_ms = double(first_ok - f.end_ns) / 1e6;
       for (const auto& q : results.requests) {
@@ -180,7 +193,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     bool in_fault = false;
     for (size_t i = 0; i < faults.size() && !in_fault; ++i) {
       if (faults[i].start_ns == 0) continue;
-      const Sides sides{rank_host, faults[i].host};
+      const Sides sides{sides_of(faults[i]), faults[i].host};
       const int64_t end = (faults[i].end_ns != 0 ? faults[i].end_ns : INT64_MAX / 2) + settle_ns;
       in_fault = l.mono_ns >= faults[i].start_ns && l.mono_ns <= end && sides.cut(l.rank) != sides.cut(l.peer);
     }
