@@ -80,64 +80,94 @@ void stand_in_for_leader(const std::string& leader_endpoint, std::future<int>& f
     (void)(*stand_in)->send(endpoint, encode_step(1'000'000 + i, true, {}));
 }
 
-TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
-  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(router.ok());
-  RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
-  auto leader_core = testing::make_test_manager(leader_id);
-  auto follower_core = testing::make_test_manager(follower_id);
-  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
-  ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
-
-  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
-  cfg.idle_step_interval_us = 5000;
-  // The follower's stall (1500 ms) is far longer than the leader's patience with a follower whose
-  // engine socket still accepts (it is alive, only stalled): PeerMonitor::kHungFactor x 100 ms.
-  cfg.peer_timeout_ms = 100;
-  EngineLoopConfig fcfg = cfg;
-  fcfg.self = follower_id;
-
-  StallingDriver leader_driver, follower_driver;
-  EngineLoop leader(cfg, **leader_core, leader_driver);
-  EngineLoop follower(fcfg, **follower_core, follower_driver);
-  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
-  auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
-  // However the test ends, both loops end first (each would run on, and the futures wait for them).
-  struct Finally {
-    std::function<void()> f;
-    ~Finally() { f(); }
-  } finally{[&] {
+// A leader and a follower of one decode engine over real ZeroMQ, each loop on a thread of its
+// own, and the router's socket. However the test ends, both loops end first (each would run on,
+// and the futures wait for them). `tune` adjusts both ranks' config.
+template <class Driver>
+class TwoRanks {
+ public:
+  explicit TwoRanks(const std::function<void(EngineLoopConfig&)>& tune = {}) {
+    auto router = ControlSocket::bind("tcp://127.0.0.1:0");
+    auto lc = testing::make_test_manager(kLeader), fc = testing::make_test_manager(kFollower);
+    if (!router.ok() || !lc.ok() || !fc.ok()) {
+      error_ = !router.ok() ? router.status().str() : !lc.ok() ? lc.status().str() : fc.status().str();
+      return;
+    }
+    router_ = std::move(router).value();
+    leader_core_ = std::move(lc).value();
+    follower_core_ = std::move(fc).value();
+    cfg = EngineLoopConfig{kLeader, 2, free_endpoint(), router_->endpoint()};
+    cfg.idle_step_interval_us = 5000;
+    if (tune) tune(cfg);
+    EngineLoopConfig fcfg = cfg;
+    fcfg.self = kFollower;
+    leader_ = std::make_unique<EngineLoop>(cfg, *leader_core_, leader_driver);
+    follower_ = std::make_unique<EngineLoop>(fcfg, *follower_core_, follower_driver);
+    leader_rc = std::async(std::launch::async, [this] { return leader_->run(); });
+    follower_rc = std::async(std::launch::async, [this] { return follower_->run(); });
+  }
+  ~TwoRanks() {
     if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
-      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
+      (void)router_->send(cfg.engine_endpoint, encode_shutdown());
       leader_rc.wait();
     }
     if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
       stand_in_for_leader(cfg.engine_endpoint, follower_rc);
-  }};
-
-  // The engine is up once the leader tells the router it is ready.
-  bool ready = false;
-  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
-    auto f = (*router)->recv(100ms);
-    ready = f && f->find("\"ready\"") != std::string::npos;
   }
-  ASSERT_TRUE(ready);
+  const std::string& error() const { return error_; }
+  ControlSocket& router() { return *router_; }
+  // Whether a frame of `type` reaches the router within `within` (others are skipped).
+  bool router_gets(const std::string& type, std::chrono::milliseconds within) {
+    for (auto until = std::chrono::steady_clock::now() + within; std::chrono::steady_clock::now() < until;) {
+      auto f = router_->recv(100ms);
+      if (f && f->find("\"" + type + "\"") != std::string::npos) return true;
+    }
+    return false;
+  }
+  // The router's shutdown; both loops then end with 0.
+  void shut_down(std::chrono::milliseconds within) {
+    ASSERT_TRUE(router_->send(cfg.engine_endpoint, encode_shutdown()).ok());
+    ASSERT_EQ(leader_rc.wait_for(within), std::future_status::ready);
+    EXPECT_EQ(leader_rc.get(), 0);
+    ASSERT_EQ(follower_rc.wait_for(within), std::future_status::ready) << "the follower never ended";
+    EXPECT_EQ(follower_rc.get(), 0);
+  }
+
+  static constexpr RankId kLeader{Role::kDecode, 0, 0, 0}, kFollower{Role::kDecode, 0, 1, 0};
+  Driver leader_driver, follower_driver;
+  EngineLoopConfig cfg;
+  std::future<int> leader_rc, follower_rc;
+
+ private:
+  std::string error_;
+  std::unique_ptr<ControlSocket> router_;
+  std::unique_ptr<Manager> leader_core_, follower_core_;
+  std::unique_ptr<EngineLoop> leader_, follower_;
+};
+
+TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
+  // The follower's stall (1500 ms) is far longer than the leader's patience with a follower whose
+  // engine socket still accepts (it is alive, only stalled): PeerMonitor::kHungFactor x 100 ms.
+  TwoRanks<StallingDriver> e([](EngineLoopConfig& c) { c.peer_timeout_ms = 100; });
+  ASSERT_TRUE(e.error().empty()) << e.error();
+  // The engine is up once the leader tells the router it is ready.
+  ASSERT_TRUE(e.router_gets("ready", 10s));
   // The follower stalls; the leader marks it down after peer_timeout_ms without a reply.
-  follower_driver.stall_ms = 1500;
+  e.follower_driver.stall_ms = 1500;
   for (auto until = std::chrono::steady_clock::now() + 5s;
-       leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
+       e.leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
     std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(leader_driver.ranks_down, 1u);
+  ASSERT_EQ(e.leader_driver.ranks_down, 1u);
 
   // The router ends the run while the follower is still marked down.
-  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
-  ASSERT_EQ(leader_rc.wait_for(5s), std::future_status::ready);
-  EXPECT_EQ(leader_rc.get(), 0);
+  ASSERT_TRUE(e.router().send(e.cfg.engine_endpoint, encode_shutdown()).ok());
+  ASSERT_EQ(e.leader_rc.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(e.leader_rc.get(), 0);
   // The follower wakes up, finds the shutdown step and exits 0. Without it (the naive leader only
   // steps the followers it still counts) the follower waits for a leader forever.
-  ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready)
+  ASSERT_EQ(e.follower_rc.wait_for(5s), std::future_status::ready)
       << "the follower marked down never got the shutdown step";
-  EXPECT_EQ(follower_rc.get(), 0);
+  EXPECT_EQ(e.follower_rc.get(), 0);
 }
 
 // A follower that stalled past the leader's patience (stopped, starved) and runs again is told by
@@ -146,64 +176,25 @@ TEST(EngineLoop, LeaderSendsShutdownStepToFollowerItMarkedDown) {
 // waits out the leader's silence, then declares the live leader dead (a second line, blaming the
 // wrong rank), and the engine runs without it for that long.
 TEST(EngineLoop, StalledFollowerToldItIsDownRejoinsAtOnce) {
-  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(router.ok());
-  RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
-  auto leader_core = testing::make_test_manager(leader_id);
-  auto follower_core = testing::make_test_manager(follower_id);
-  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
-  ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
-  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
-  cfg.idle_step_interval_us = 5000;
-  cfg.peer_timeout_ms = 200;  // the leader waits out a live, stalled follower 4 x 200 ms
-  EngineLoopConfig fcfg = cfg;
-  fcfg.self = follower_id;
-  StallingDriver leader_driver, follower_driver;
-  EngineLoop leader(cfg, **leader_core, leader_driver);
-  EngineLoop follower(fcfg, **follower_core, follower_driver);
-  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
-  auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
-  struct Finally {
-    std::function<void()> f;
-    ~Finally() { f(); }
-  } finally{[&] {
-    if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
-      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
-      leader_rc.wait();
-    }
-    if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
-      stand_in_for_leader(cfg.engine_endpoint, follower_rc);
-  }};
-  bool ready = false;
-  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
-    auto f = (*router)->recv(100ms);
-    ready = f && f->find("\"ready\"") != std::string::npos;
-  }
-  ASSERT_TRUE(ready);
+  // The leader waits out a live, stalled follower 4 x 200 ms.
+  TwoRanks<StallingDriver> e([](EngineLoopConfig& c) { c.peer_timeout_ms = 200; });
+  ASSERT_TRUE(e.error().empty()) << e.error();
+  ASSERT_TRUE(e.router_gets("ready", 10s));
   const uint64_t lines0 = lines_above_debug();
-  follower_driver.stall_ms = 2000;
+  e.follower_driver.stall_ms = 2000;
   for (auto until = std::chrono::steady_clock::now() + 10s;
-       leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
+       e.leader_driver.ranks_down == 0 && std::chrono::steady_clock::now() < until;)
     std::this_thread::sleep_for(5ms);
-  ASSERT_EQ(leader_driver.ranks_down, 1u);
+  ASSERT_EQ(e.leader_driver.ranks_down, 1u);
   // It runs again: told it is down, it rejoins; the leader counts it up again (a rank_up frame).
-  bool rank_up = false;
-  for (auto until = std::chrono::steady_clock::now() + 20s; !rank_up && std::chrono::steady_clock::now() < until;) {
-    auto f = (*router)->recv(100ms);
-    rank_up = f && f->find("\"rank_up\"") != std::string::npos;
-  }
-  ASSERT_TRUE(rank_up) << "the stalled follower never rejoined";
+  ASSERT_TRUE(e.router_gets("rank_up", 20s)) << "the stalled follower never rejoined";
   for (auto until = std::chrono::steady_clock::now() + 5s;
-       leader_driver.ranks_down != 0 && std::chrono::steady_clock::now() < until;)
+       e.leader_driver.ranks_down != 0 && std::chrono::steady_clock::now() < until;)
     std::this_thread::sleep_for(5ms);
-  EXPECT_EQ(leader_driver.ranks_down, 0u);
+  EXPECT_EQ(e.leader_driver.ranks_down, 0u);
   // One line above debug for the stall: the leader's. The follower did not blame the leader.
   EXPECT_EQ(lines_above_debug() - lines0, 1u);
-  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
-  ASSERT_EQ(leader_rc.wait_for(10s), std::future_status::ready);
-  EXPECT_EQ(leader_rc.get(), 0);
-  ASSERT_EQ(follower_rc.wait_for(10s), std::future_status::ready);
-  EXPECT_EQ(follower_rc.get(), 0);
+  e.shut_down(10s);
 }
 
 // Rooms it is told about; a failure to fan out when asked to; what siblings told it, with the
@@ -397,39 +388,11 @@ class ReclaimDriver : public StallingDriver {
 };
 
 TEST(EngineLoop, ReclaimReportsReachTheLeaderAndItsReclaimReachesEveryRank) {
-  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(router.ok());
-  RankId leader_id{Role::kDecode, 0, 0, 0}, follower_id{Role::kDecode, 0, 1, 0};
-  auto leader_core = testing::make_test_manager(leader_id);
-  auto follower_core = testing::make_test_manager(follower_id);
-  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
-  ASSERT_TRUE(follower_core.ok()) << follower_core.status().str();
-  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
-  cfg.idle_step_interval_us = 2000;
-  EngineLoopConfig fcfg = cfg;
-  fcfg.self = follower_id;
-  ReclaimDriver leader_driver, follower_driver;
-  EngineLoop leader(cfg, **leader_core, leader_driver);
-  EngineLoop follower(fcfg, **follower_core, follower_driver);
-  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
-  auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
-  struct Finally {
-    std::function<void()> f;
-    ~Finally() { f(); }
-  } finally{[&] {
-    if (leader_rc.valid() && leader_rc.wait_for(0s) != std::future_status::ready) {
-      (void)(*router)->send(cfg.engine_endpoint, encode_shutdown());
-      leader_rc.wait();
-    }
-    if (follower_rc.valid() && follower_rc.wait_for(0s) != std::future_status::ready)
-      stand_in_for_leader(cfg.engine_endpoint, follower_rc);
-  }};
-  bool ready = false;
-  for (auto until = std::chrono::steady_clock::now() + 10s; !ready && std::chrono::steady_clock::now() < until;) {
-    auto f = (*router)->recv(100ms);
-    ready = f && f->find("\"ready\"") != std::string::npos;
-  }
-  ASSERT_TRUE(ready);
+  TwoRanks<ReclaimDriver> e([](EngineLoopConfig& c) { c.idle_step_interval_us = 2000; });
+  ASSERT_TRUE(e.error().empty()) << e.error();
+  ASSERT_TRUE(e.router_gets("ready", 10s));
+  ReclaimDriver& leader_driver = e.leader_driver;
+  ReclaimDriver& follower_driver = e.follower_driver;
 
   // Only the follower has reclaimed the room: the leader sees its report, and waits.
   follower_driver.reclaim(21, 1);
@@ -443,11 +406,7 @@ TEST(EngineLoop, ReclaimReportsReachTheLeaderAndItsReclaimReachesEveryRank) {
   EXPECT_EQ(leader_driver.locked([&] { return leader_driver.applied; }), std::vector<uint64_t>{21});
   EXPECT_EQ(follower_driver.locked([&] { return follower_driver.applied; }), std::vector<uint64_t>{21});
 
-  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
-  ASSERT_EQ(leader_rc.wait_for(5s), std::future_status::ready);
-  EXPECT_EQ(leader_rc.get(), 0);
-  ASSERT_EQ(follower_rc.wait_for(5s), std::future_status::ready);
-  EXPECT_EQ(follower_rc.get(), 0);
+  e.shut_down(5s);
 }
 
 }  // namespace

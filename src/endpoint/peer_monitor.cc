@@ -172,6 +172,11 @@ std::vector<RankId> PeerMonitor::take_revived() {
 std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
   std::vector<DeadPeer> out;
   std::lock_guard<std::mutex> lock(mu_);
+  // The judge's own stop counts before any verdict: a process stopped (SIGSTOP, a paused VM) runs
+  // its main thread again before its heartbeat thread has woken up and ticked, and would take
+  // everyone's silence during its own stop for theirs. Real time only (tests judge at a future
+  // `now_ns`).
+  if (options_.stall_credit) stall_.tick(monotonic_ns());
   for (auto& [rank, p] : peers_) {
     // The silence this process was scheduled for (core/stall_clock.h); reported: the whole one.
     const int64_t silent = options_.stall_credit ? stall_.silence(now_ns, p.last_heard_ns, p.stalled_at)

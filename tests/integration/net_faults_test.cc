@@ -71,15 +71,7 @@ TEST_P(Restart, SameAddressAndPortsFoundAgainByEveryPeer) {
   const fs::path logs = out() / "logs";
   EXPECT_FALSE(read_text(logs / (file + ".control.port")).empty());
   // Every failed room names the restarted rank.
-  const json res = results();  // not a temporary: the loop reads into it
-  for (const auto& q : res["requests"]) {
-    for (const char* engine : {"prefill", "decode"}) {
-      const json& e = q[engine];
-      if (!e.is_object() || e["state"] != "Failed") continue;
-      EXPECT_EQ(e["origin"], rank) << engine << " " << q.dump();
-      EXPECT_EQ(e["code"], "peer_unreachable") << engine << " " << q.dump();
-    }
-  }
+  expect_failures_name(rank);
   expect_no_leaks(r);
 }
 

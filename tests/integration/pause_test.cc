@@ -52,15 +52,7 @@ TEST_P(Pause, StoppedRankIsAFalseDeathThatCorruptsNothingAndComesBack) {
   EXPECT_TRUE(r["unexpected_failures"].empty()) << r["unexpected_failures"].dump();
   EXPECT_TRUE(r["unexplained_peer_dead"].empty()) << r["unexplained_peer_dead"].dump();
   // Every failed room names the stopped rank, with the code of a dead peer.
-  const json res = results();  // not a temporary: the loop reads into it
-  for (const auto& q : res["requests"]) {
-    for (const char* engine : {"prefill", "decode"}) {
-      const json& e = q[engine];
-      if (!e.is_object() || e["state"] != "Failed") continue;
-      EXPECT_EQ(e["origin"], rank) << engine << " " << q.dump();
-      EXPECT_EQ(e["code"], "peer_unreachable") << engine << " " << q.dump();
-    }
-  }
+  expect_failures_name(rank);
   expect_no_leaks(r);
   for (const auto& s : r["leaks"]["decode"]) EXPECT_EQ(s["quarantined_pages"], 0) << s.dump();
 }

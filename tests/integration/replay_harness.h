@@ -211,6 +211,18 @@ class ReplayDir : public ::testing::Test {
     }
     return p;
   }
+  // Every engine's failed room names `rank` as origin, with the code of a dead peer.
+  void expect_failures_name(const std::string& rank) {
+    const json res = results();  // not a temporary: the loop reads into it
+    for (const auto& q : res["requests"]) {
+      for (const char* engine : {"prefill", "decode"}) {
+        const json& e = q[engine];
+        if (!e.is_object() || e["state"] != "Failed") continue;
+        EXPECT_EQ(e["origin"], rank) << engine << " " << q.dump();
+        EXPECT_EQ(e["code"], "peer_unreachable") << engine << " " << q.dump();
+      }
+    }
+  }
   // Every rank of both engines has nothing left after the drain.
   void expect_no_leaks(const json& r) {
     for (const char* engine : {"prefill", "decode"}) {
