@@ -16,20 +16,9 @@ namespace {
 constexpr std::string_view kComp = "prefill.endpoint";
 }  // namespace
 
-// The same decode memory, reached the same way: a registration repeated by the same process.
-bool same_pool(const PoolRegistration& a, const PoolRegistration& b) {
-  if (a.spans.size() != b.spans.size()) return false;
-  for (size_t i = 0; i < a.spans.size(); ++i) {
-    const RegionSpan &x = a.spans[i], &y = b.spans[i];
-    if (x.offset != y.offset || x.bytes != y.bytes || x.base != y.base || x.packed_rkey != y.packed_rkey) return false;
-  }
-  return a.sender == b.sender && a.incarnation == b.incarnation && a.control_endpoint == b.control_endpoint &&
-         a.worker_address == b.worker_address && a.page_size == b.page_size && a.page_bytes == b.page_bytes &&
-         a.num_pages == b.num_pages && a.kv_offsets == b.kv_offsets && a.aux_offsets == b.aux_offsets &&
-         a.aux_item_bytes == b.aux_item_bytes && a.aux_rows == b.aux_rows && a.state_offsets == b.state_offsets &&
-         a.state_item_bytes == b.state_item_bytes && a.state_rows == b.state_rows &&
-         a.guard_offset == b.guard_offset && a.heads_per_rank == b.heads_per_rank && a.first_head == b.first_head;
-}
+// The same decode memory, reached the same way: a registration repeated by the same process
+// (every field alike, incarnations included: the wire form of both is the same).
+static bool same_pool(const PoolRegistration& a, const PoolRegistration& b) { return encode(Message{a}) == encode(Message{b}); }
 
 MemoryShape shape_of(const PoolRegistration& r) {
   MemoryShape s;

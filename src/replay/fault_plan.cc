@@ -39,6 +39,32 @@ std::string trim(const std::string& s) {
 
 std::string rank_str(Role role, uint32_t tp) { return RankId{role, 0, tp, 0}.str(); }
 
+// `place` as a rank of this cluster, in RankId::str() form; "" when it is not one (`*why` says
+// why). `names_dp`: the kind may name a DP group (peer_death, restart, pause).
+std::string existing_rank(const std::string& place, bool names_dp, uint32_t prefill_tp, uint32_t decode_tp,
+                          uint32_t prefill_dp, uint32_t decode_dp, std::string* why) {
+  auto r = RankId::parse(place);
+  if (!r || r->engine_id != 0) {
+    *why = "place '" + place + "' is not prefill, decode or a rank like prefill/tp1";
+    return "";
+  }
+  if (r->dp_rank != 0 && !names_dp) {
+    *why = "only peer_death names a DP group: a room's fault acts in the group that serves the room";
+    return "";
+  }
+  const uint32_t dp = std::max(1u, r->role == Role::kPrefill ? prefill_dp : decode_dp);
+  if (r->dp_rank >= dp) {
+    *why = fmt::format("{} does not exist: the {} engine has DP {}", place, role_name(r->role), dp);
+    return "";
+  }
+  const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
+  if (r->tp_rank >= tp) {
+    *why = fmt::format("{} does not exist: the {} engine has TP {}", place, role_name(r->role), tp);
+    return "";
+  }
+  return r->str();
+}
+
 // A rank for `kind` at `place`, drawn from `rng` when the place is not a rank.
 std::string resolve(const std::string& kind, const std::string& place, std::mt19937_64& rng,
                     uint32_t prefill_tp, uint32_t decode_tp) {
@@ -133,14 +159,11 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
         return bad_item(item, f.kind + (f.is_net() ? " needs a host: " : " needs a rank: ") + f.kind +
                                   (f.is_net() ? "@HOST:MS" : "@RANK:MS"));
       if (f.kind == "pause") {  // one rank that exists (DP group 0 unless named)
-        auto r = RankId::parse(f.place);
-        if (!r || r->engine_id != 0) return bad_item(item, "pause names one rank: pause@RANK:MS, e.g. pause@prefill/tp1:3000");
-        const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
-        const uint32_t dp = std::max(1u, r->role == Role::kPrefill ? prefill_dp : decode_dp);
-        if (r->tp_rank >= tp || r->dp_rank >= dp)
-          return bad_item(item, fmt::format("{} does not exist: the {} engine has TP {}, DP {}", f.place,
-                                            role_name(r->role), tp, dp));
-        f.place = r->str();
+        if (f.place == "prefill" || f.place == "decode")
+          return bad_item(item, "pause names one rank: pause@RANK:MS, e.g. pause@prefill/tp1:3000");
+        std::string why;
+        f.place = existing_rank(f.place, true, prefill_tp, decode_tp, prefill_dp, decode_dp, &why);
+        if (f.place.empty()) return bad_item(item, why);
       }
       char* end = nullptr;
       const long long ms = std::strtoll(amount.c_str(), &end, 10);
@@ -153,25 +176,9 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     if (f.kind == "restart" && (f.place.empty() || f.place == "prefill" || f.place == "decode"))
       return bad_item(item, "restart names one rank: restart@RANK, e.g. restart@decode/tp1");
     if (!f.place.empty() && f.place != "prefill" && f.place != "decode") {
-      auto r = RankId::parse(f.place);
-      if (!r || r->engine_id != 0) {
-        return bad_item(item, "place '" + f.place + "' is not prefill, decode or a rank like prefill/tp1");
-      }
-      if (r->dp_rank != 0 && !kills(f.kind)) {
-        return bad_item(item, "only peer_death names a DP group: a room's fault acts in the group "
-                              "that serves the room");
-      }
-      const uint32_t dp = r->role == Role::kPrefill ? prefill_dp : decode_dp;
-      if (r->dp_rank >= std::max(1u, dp)) {
-        return bad_item(item, fmt::format("{} does not exist: the {} engine has DP {}", f.place,
-                                          role_name(r->role), std::max(1u, dp)));
-      }
-      const uint32_t tp = r->role == Role::kPrefill ? prefill_tp : decode_tp;
-      if (r->tp_rank >= tp) {
-        return bad_item(item, fmt::format("{} does not exist: the {} engine has TP {}", f.place,
-                                          role_name(r->role), tp));
-      }
-      f.place = r->str();
+      std::string why;
+      f.place = existing_rank(f.place, kills(f.kind), prefill_tp, decode_tp, prefill_dp, decode_dp, &why);
+      if (f.place.empty()) return bad_item(item, why);
     }
     const bool on_prefill = f.place.rfind("prefill", 0) == 0;
     if (f.kind == "decode_fail" && on_prefill) return bad_item(item, "decode_fail acts on decode ranks only");

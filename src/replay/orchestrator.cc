@@ -493,17 +493,10 @@ class Run {
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp,
                               c_.decode_tp);
     if (net_) {
-      // Network faults cut a host off, a pause one rank: each is checked against its own sides.
-      std::map<std::string, std::string> rank_self;  // every rank on a "host" of its own
-      for (bool prefill : {true, false})
-        for (uint32_t g = 0; g < (prefill ? c_.prefill_dp : c_.decode_dp); ++g)
-          for (uint32_t t = 0; t < (prefill ? c_.prefill_tp : c_.decode_tp); ++t) {
-            const std::string rank = RankId{prefill ? Role::kPrefill : Role::kDecode, 0, t, g}.str();
-            rank_self[rank] = rank;
-          }
       add_net_fault_checks(rep, *results, net_->records(),
-                           c_.hosts ? rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp) : rank_self,
-                           c_.deadlines.heartbeat_timeout_ms, rank_self);
+                           c_.hosts ? rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp)
+                                    : std::map<std::string, std::string>{},
+                           c_.deadlines.heartbeat_timeout_ms);
     }
     rep.process_problems = process_problems_;
     rep.process_exits = process_exits_;

@@ -200,12 +200,10 @@ void restart_problems(const Report& rep, std::vector<std::string>& p);
 
 // The network fault checks (report_netfault.cc): one NetFaultEntry per fault; the failures and
 // peer_dead lines a fault explains are taken out of unexpected_failures and
-// unexplained_peer_dead. `rank_host`: every rank's host key (RankId::str() -> key). A pause
-// (its record's "host" is the rank) cuts off only its rank: `rank_self` maps every rank to itself
-// (empty: `rank_host` is used for every record).
+// unexplained_peer_dead. `rank_host`: every rank's host key (RankId::str() -> key; empty without
+// --hosts). A pause (its record's "host" is the rank) cuts off only its rank.
 void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::vector<NetFaultRecord>& faults,
-                          const std::map<std::string, std::string>& rank_host, int64_t heartbeat_timeout_ms,
-                          const std::map<std::string, std::string>& rank_self = {});
+                          const std::map<std::string, std::string>& rank_host, int64_t heartbeat_timeout_ms);
 void net_fault_problems(const Report& rep, std::vector<std::string>& p);
 // report.json's "net_faults" (a JSON array text) and the summary's lines about them.
 std::string net_faults_json(const Report& rep);

@@ -37,18 +37,23 @@ std::string engine_of(const std::string& rank) {
   return r ? std::string(role_name(r->role)) : rank;
 }
 
+// The ranks cut off by a fault: those on its host, or a pause's rank alone (its "host").
 struct Sides {
-  const std::map<std::string, std::string>& rank_host;
-  std::string host;
-  // Whether `rank` is on the cut host (unknown ranks: no).
-  bool cut(const std::string& rank) const {
-    auto it = rank_host.find(rank);
-    return it != rank_host.end() && it->second == host;
-  }
-  // Whether a rank of `role`'s engine is on the cut host.
-  bool engine_any(Role role) const {
+  Sides(const std::map<std::string, std::string>& rank_host, const NetFaultRecord& f) {
+    if (f.kind == "pause") {
+      cut_ranks.insert(f.host);
+      return;
+    }
     for (const auto& [rank, h] : rank_host)
-      if (h == host && engine_of(rank) == role_name(role)) return true;
+      if (h == f.host) cut_ranks.insert(rank);
+  }
+  std::set<std::string> cut_ranks;
+  // Whether `rank` is cut off (unknown ranks: no).
+  bool cut(const std::string& rank) const { return cut_ranks.count(rank) != 0; }
+  // Whether a rank of `role`'s engine is cut off.
+  bool engine_any(Role role) const {
+    for (const auto& rank : cut_ranks)
+      if (engine_of(rank) == role_name(role)) return true;
     return false;
   }
   // Whether an engine's peer_unreachable failure with `origin` is the cut's: an engine wholly off
@@ -83,12 +88,7 @@ int64_t first_failed_ns(const RequestOutcome& q) {
 }  // namespace
 
 void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::vector<NetFaultRecord>& faults,
-                          const std::map<std::string, std::string>& rank_hosts, int64_t heartbeat_timeout_ms,
-                          const std::map<std::string, std::string>& rank_self) {
-  // The sides of a fault: a pause cuts off its rank alone.
-  auto sides_of = [&](const NetFaultRecord& f) -> const std::map<std::string, std::string>& {
-    return f.kind == "pause" && !rank_self.empty() ? rank_self : rank_hosts;
-  };
+                          const std::map<std::string, std::string>& rank_host, int64_t heartbeat_timeout_ms) {
   const int64_t timeout_ns = heartbeat_timeout_ms * 1'000'000;
   // Detection may take PeerMonitor::kHungFactor (4) x the timeout for a peer whose socket still
   // accepts; then the engines tell each other: the settle time after the heal.
@@ -105,8 +105,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     }
     const int64_t end = f.end_ns != 0 ? f.end_ns : INT64_MAX / 2;
     windows.emplace_back(f.start_ns, end + settle_ns);
-    const std::map<std::string, std::string>& rank_host = sides_of(f);
-    const Sides sides{rank_host, f.host};
+    const Sides sides(rank_host, f);
     // Until the cluster is whole again (the first room dispatched after the heal that succeeds),
     // rooms failing across the cut are the fault's: e.g. a paused rank's engine fails what it gets
     // until that rank is back in it.
@@ -116,8 +115,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
         if (succeeded(q) && q.dispatched_ns >= f.end_ns && (back_dispatch == 0 || q.dispatched_ns < back_dispatch))
           back_dispatch = q.dispatched_ns;
     const int64_t explain_until = std::max(end, back_dispatch);
-    bool involved = false;
-    for (const auto& [rank, h] : rank_host) involved |= h == f.host;
+    const bool involved = !sides.cut_ranks.empty();
     std::vector<double> to_failed;
     for (const auto& q : results.requests) {
       if (!involved || q.dispatched_ns == 0 || q.dispatched_ns >= explain_until || rejected(q)) continue;
@@ -160,8 +158,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
       if (n > 1) e.repeated_detections.push_back(fmt::format("{} engine declared {} dead {} times", pair.first, pair.second, n));
     }
     if (e.beyond_timeout) {
-      for (const auto& [rank, h] : rank_host) {
-        if (h != f.host) continue;
+      for (const auto& rank : sides.cut_ranks) {
         const bool seen = std::any_of(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first.second == rank; });
         if (!seen) e.undetected.push_back(rank);
       }
@@ -185,6 +182,8 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
   // What the faults explain is not unexpected.
   std::erase_if(rep.unexpected_failures, [&](const FailureEntry& u) { return explained_rooms.count(u.room) != 0; });
   std::vector<std::string> unexplained;
+  std::vector<Sides> sides_of;
+  for (const NetFaultRecord& f : faults) sides_of.emplace_back(rank_host, f);
   for (const auto& l : rep.logs.peer_dead) {
     if (!l.above_debug) continue;
     const bool death = std::any_of(rep.peer_deaths.begin(), rep.peer_deaths.end(), [&](const PeerDeathEntry& d) {
@@ -193,7 +192,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     bool in_fault = false;
     for (size_t i = 0; i < faults.size() && !in_fault; ++i) {
       if (faults[i].start_ns == 0) continue;
-      const Sides sides{sides_of(faults[i]), faults[i].host};
+      const Sides& sides = sides_of[i];
       const int64_t end = (faults[i].end_ns != 0 ? faults[i].end_ns : INT64_MAX / 2) + settle_ns;
       in_fault = l.mono_ns >= faults[i].start_ns && l.mono_ns <= end && sides.cut(l.rank) != sides.cut(l.peer);
     }

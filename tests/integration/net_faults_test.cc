@@ -76,11 +76,7 @@ TEST_P(Restart, SameAddressAndPortsFoundAgainByEveryPeer) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Restart, ::testing::Values("prefill/tp1", "decode/tp1"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string n = i.param;
-                           n[n.find('/')] = '_';
-                           return n;
-                         });
+                         rank_param_name);
 
 }  // namespace
 }  // namespace kvferry_itest

@@ -58,11 +58,7 @@ TEST_P(Pause, StoppedRankIsAFalseDeathThatCorruptsNothingAndComesBack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Pause, ::testing::Values("prefill/tp1", "decode/tp1"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string n = i.param;
-                           n[n.find('/')] = '_';
-                           return n;
-                         });
+                         rank_param_name);
 
 }  // namespace
 }  // namespace kvferry_itest

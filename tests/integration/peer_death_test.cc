@@ -131,11 +131,7 @@ TEST_P(PeerDeath, DetectedAttributedAndRestarted) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PeerDeath,
                          ::testing::Values("prefill/tp1", "decode/tp1", "prefill/tp0", "decode/tp0"),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string n = i.param;
-                           n[n.find('/')] = '_';
-                           return n;
-                         });
+                         rank_param_name);
 
 // DeepSeek-V3 (MLA) at prefill TP 4, decode TP 2: decode ranks read the latent from prefill tp0
 // and tp1 only, so prefill/tp2 writes nothing and no decode rank talks to it. Killing it must

@@ -22,6 +22,13 @@ extern char** environ;
 
 namespace kvferry_itest {
 
+// A rank parameter ("prefill/tp1") as a test name ("prefill_tp1").
+inline std::string rank_param_name(const ::testing::TestParamInfo<std::string>& i) {
+  std::string n = i.param;
+  n[n.find('/')] = '_';
+  return n;
+}
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
