@@ -270,6 +270,17 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         }
       }
       if (got_down < expected_down && now - outstanding_since <= down_shutdown_wait_ns) continue;
+      // The shutdown step: a follower exits as soon as it answered, and its answer may be lost
+      // with it (closing drops what ZeroMQ had not written yet). One whose engine socket no longer
+      // accepts has exited: it is done, not dead (its stats are missing from the engine's).
+      if (shutdown_sent && replies.size() - got_down < expected) {
+        for (uint32_t tp : asked) {
+          auto f = followers.find(tp);
+          if (f == followers.end() || replies.count(tp) || still_alive(f->second, now)) continue;
+          replies[tp];  // counted as answered, with no rooms and no stats
+          log_event(LogLevel::kDebug, kComp, fmt::format("tp{} exited before its answer to the shutdown step arrived", tp));
+        }
+      }
       if (replies.size() - got_down < expected) {
         const int64_t silent = stall.silence(now, outstanding_since, outstanding_stall);
         const int64_t timeout_ns = cfg_.peer_timeout_ms * 1'000'000;

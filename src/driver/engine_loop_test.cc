@@ -80,6 +80,15 @@ void stand_in_for_leader(const std::string& leader_endpoint, std::future<int>& f
     (void)(*stand_in)->send(endpoint, encode_step(1'000'000 + i, true, {}));
 }
 
+// Whether a frame of `type` reaches `socket` within `within` (others are skipped).
+bool wait_for_frame(ControlSocket& socket, const std::string& type, std::chrono::milliseconds within) {
+  for (auto until = std::chrono::steady_clock::now() + within; std::chrono::steady_clock::now() < until;) {
+    auto f = socket.recv(100ms);
+    if (f && f->find("\"" + type + "\"") != std::string::npos) return true;
+  }
+  return false;
+}
+
 // A leader and a follower of one decode engine over real ZeroMQ, each loop on a thread of its
 // own, and the router's socket. However the test ends, both loops end first (each would run on,
 // and the futures wait for them). `tune` adjusts both ranks' config.
@@ -118,11 +127,7 @@ class TwoRanks {
   ControlSocket& router() { return *router_; }
   // Whether a frame of `type` reaches the router within `within` (others are skipped).
   bool router_gets(const std::string& type, std::chrono::milliseconds within) {
-    for (auto until = std::chrono::steady_clock::now() + within; std::chrono::steady_clock::now() < until;) {
-      auto f = router_->recv(100ms);
-      if (f && f->find("\"" + type + "\"") != std::string::npos) return true;
-    }
-    return false;
+    return wait_for_frame(*router_, type, within);
   }
   // The router's shutdown; both loops then end with 0.
   void shut_down(std::chrono::milliseconds within) {
@@ -195,6 +200,54 @@ TEST(EngineLoop, StalledFollowerToldItIsDownRejoinsAtOnce) {
   // One line above debug for the stall: the leader's. The follower did not blame the leader.
   EXPECT_EQ(lines_above_debug() - lines0, 1u);
   e.shut_down(10s);
+}
+
+// A follower exits as soon as it answered the shutdown step, and that answer may be lost with it.
+// Here a stand-in follower answers every step but the shutdown one and closes its socket: the
+// leader finds it gone (its socket refuses) and ends at once, without declaring it dead. Seen
+// before under load: the leader waited its whole peer timeout and logged a dead follower (and,
+// meanwhile, a dead prefill peer that had exited too) at the end of a clean run.
+TEST(EngineLoop, FollowerGoneAfterTheShutdownStepIsNotDead) {
+  auto router = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(router.ok());
+  const RankId leader_id{Role::kDecode, 0, 0, 0};
+  auto leader_core = testing::make_test_manager(leader_id);
+  ASSERT_TRUE(leader_core.ok()) << leader_core.status().str();
+  EngineLoopConfig cfg{leader_id, 2, free_endpoint(), (*router)->endpoint()};
+  cfg.idle_step_interval_us = 5000;
+  cfg.peer_timeout_ms = 60000;  // waiting it out would take a minute
+  StallingDriver leader_driver;
+  EngineLoop leader(cfg, **leader_core, leader_driver);
+  auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
+  auto follower = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(follower.ok());
+  std::atomic<bool> got_shutdown{false};
+  auto follower_rc = std::async(std::launch::async, [&] {
+    bool hello_answered = false;
+    for (auto until = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < until;) {
+      if (!hello_answered) (void)(*follower)->send(cfg.engine_endpoint, encode_hello(1, (*follower)->endpoint()));
+      auto text = (*follower)->recv(50ms);
+      if (!text) continue;
+      auto f = decode_sync_frame(*text);
+      if (!f.ok() || f->type != "step") continue;
+      hello_answered = true;
+      if (f->shutdown) {
+        got_shutdown = true;
+        (*follower).reset();  // gone without a word
+        return;
+      }
+      (void)(*follower)->send(cfg.engine_endpoint, encode_reply(f->seq, 1, {}, {}));
+    }
+  });
+  ASSERT_TRUE(wait_for_frame(**router, "ready", 10s));
+  const uint64_t lines0 = lines_above_debug();
+  ASSERT_TRUE((*router)->send(cfg.engine_endpoint, encode_shutdown()).ok());
+  follower_rc.wait();
+  ASSERT_TRUE(got_shutdown);
+  ASSERT_EQ(leader_rc.wait_for(20s), std::future_status::ready) << "the leader waited for the gone follower";
+  EXPECT_EQ(leader_rc.get(), 0);
+  EXPECT_EQ(lines_above_debug(), lines0);
+  EXPECT_EQ(leader_driver.ranks_down, 0u);
 }
 
 // Rooms it is told about; a failure to fan out when asked to; what siblings told it, with the
