@@ -88,11 +88,12 @@ PeerMonitor::~PeerMonitor() {
   const LivenessStats s = stats();
   log_event(LogLevel::kDebug, "monitor",
             fmt::format("liveness: {} gaps between frames of a peer, p50 {:.0f} ms, p99 {:.0f} ms, max {:.0f} ms; "
-                        "{} silences past {} ms, {} of them a busy peer (endpoint accepting), {} reported dead, "
+                        "{} silences past {} ms, {} of them a busy peer (endpoint accepting), {} a silent network (probe "
+                        "unanswered), {} reported dead, "
                         "{} heard again; own stalls {:.0f} ms (longest {:.0f} ms); heartbeat thread nice {}, "
                         "ZeroMQ I/O nice {}",
                         s.gaps, s.gap_p50_ms, s.gap_p99_ms, s.gap_max_ms, s.suspected,
-                        deadlines_.heartbeat_timeout_ms, s.probed_alive, s.reported, s.revived, s.stalled_ms,
+                        deadlines_.heartbeat_timeout_ms, s.probed_alive, s.probed_silent, s.reported, s.revived, s.stalled_ms,
                         s.max_stall_ms, s.heartbeat_nice, s.io_nice),
             {.extra = {{"event", "liveness"},
                        {"gaps", std::to_string(s.gaps)},
@@ -101,6 +102,7 @@ PeerMonitor::~PeerMonitor() {
                        {"gap_max_ms", fmt::format("{:.0f}", s.gap_max_ms)},
                        {"suspected", std::to_string(s.suspected)},
                        {"probed_alive", std::to_string(s.probed_alive)},
+                       {"probed_silent", std::to_string(s.probed_silent)},
                        {"reported", std::to_string(s.reported)},
                        {"revived", std::to_string(s.revived)},
                        {"stalled_ms", fmt::format("{:.0f}", s.stalled_ms)},
@@ -188,15 +190,19 @@ std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
       ++counts_.suspected;
     }
     if (silent <= kHungFactor * timeout_ns) {
-      // Suspected: confirmed unless the peer's endpoint still accepts connections.
+      // Suspected: confirmed at once if the peer's endpoint refuses; not before kHungFactor x the
+      // timeout while it accepts (busy or hung), nor before kUnreachableFactor x while the network
+      // does not answer at all.
       const int64_t real_now = monotonic_ns();
       if (p.probed_ns == 0 || real_now - p.probed_ns >= kProbeIntervalMs * 1'000'000) {
         const bool first = p.probed_ns == 0;
-        p.probe_alive = endpoint_accepts(p.endpoint, 20);
+        p.probe = probe(p.endpoint, 20);
         p.probed_ns = real_now;
-        if (first && p.probe_alive) ++counts_.probed_alive;
+        if (first && p.probe == Probe::kAccepts) ++counts_.probed_alive;
+        if (first && p.probe == Probe::kUnanswered) ++counts_.probed_silent;
       }
-      if (p.probe_alive) continue;
+      if (p.probe == Probe::kAccepts) continue;
+      if (p.probe == Probe::kUnanswered && silent <= kUnreachableFactor * timeout_ns) continue;
     }
     p.reported = true;
     ++counts_.reported;
@@ -208,45 +214,59 @@ std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
 namespace {
 
 // A non-blocking TCP connect to `addr`, waiting at most `timeout_ms` for it to complete.
-bool connects(const addrinfo& addr, int timeout_ms) {
+PeerMonitor::Probe connects(const addrinfo& addr, int timeout_ms) {
+  using Probe = PeerMonitor::Probe;
   const int fd = ::socket(addr.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  bool ok = ::connect(fd, addr.ai_addr, addr.ai_addrlen) == 0;
-  if (!ok && errno == EINPROGRESS) {
+  if (fd < 0) return Probe::kRefused;  // this host cannot probe: no evidence either way
+  int err = ::connect(fd, addr.ai_addr, addr.ai_addrlen) == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
     pollfd pfd{fd, POLLOUT, 0};
     if (::poll(&pfd, 1, timeout_ms) == 1) {
-      int err = 0;
       socklen_t len = sizeof err;
-      ok = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    } else {
+      err = ETIMEDOUT;  // no SYN-ACK and no RST within the budget
     }
   }
   ::close(fd);
-  return ok;
+  switch (err) {
+    case 0: return Probe::kAccepts;
+    case ETIMEDOUT: case ENETUNREACH: case EHOSTUNREACH: case ENETDOWN: case EHOSTDOWN: return Probe::kUnanswered;
+    default: return Probe::kRefused;
+  }
 }
 
 }  // namespace
 
-bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {
-  if (endpoint.rfind("tcp://", 0) != 0) return false;
+PeerMonitor::Probe PeerMonitor::probe(const std::string& endpoint, int timeout_ms) {
+  if (endpoint.rfind("tcp://", 0) != 0) return Probe::kRefused;
   auto hp = parse_host_port(endpoint);
-  if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return false;
+  if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return Probe::kRefused;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;  // a host name may resolve to IPv4, IPv6 or both
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_NUMERICSERV;
   addrinfo* res = nullptr;
   const std::string port = std::to_string(hp->port);
-  if (::getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &res) != 0) return false;
+  if (::getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &res) != 0) return Probe::kRefused;
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-  // Every address in the resolver's order, within one overall budget: any that accepts is enough.
+  // Every address in the resolver's order, within one overall budget: any that accepts is enough;
+  // any left unanswered (or untried for want of time) leaves the answer open.
   const int64_t deadline = monotonic_ns() + static_cast<int64_t>(timeout_ms) * 1'000'000;
   size_t tried = 0;
+  Probe answer = Probe::kRefused;
   for (const addrinfo* ai = res; ai != nullptr && tried < kMaxResolvedAddresses; ai = ai->ai_next, ++tried) {
     const int64_t left_ms = (deadline - monotonic_ns()) / 1'000'000;
-    if (left_ms <= 0) break;
-    if (connects(*ai, static_cast<int>(left_ms))) return true;
+    if (left_ms <= 0) return Probe::kUnanswered;
+    const Probe p = connects(*ai, static_cast<int>(left_ms));
+    if (p == Probe::kAccepts) return p;
+    if (p == Probe::kUnanswered) answer = p;
   }
-  return false;
+  return answer;
+}
+
+bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {
+  return probe(endpoint, timeout_ms) == Probe::kAccepts;
 }
 
 size_t PeerMonitor::watched() const {

@@ -15,6 +15,14 @@
 // it). A suspect whose endpoint still accepts is not reported until it has been silent for
 // kHungFactor x heartbeat_timeout (a hung process). So a kill -9 is still reported after
 // heartbeat_timeout, a busy peer is not. Probes go at most every kProbeIntervalMs per peer.
+// A probe that gets no answer at all (no SYN-ACK within its budget, or no route: a link down or a
+// partition) proves neither: the network is silent, not the peer. Such a suspect is reported after
+// kUnreachableFactor x heartbeat_timeout. The factor covers TCP's retransmission backoff: a link
+// that was down for less than the heartbeat timeout leaves the heartbeat stream silent for up to
+// about twice as long (the segments lost during the outage are resent only at the next doubled
+// retransmission timeout), while a new connect (the probe) is answered as soon as the link is
+// back. So a short outage loses nothing, and a partition longer than kUnreachableFactor x the
+// timeout is always reported (docs/failure-model.md, "Network faults").
 // (The kernel closes a killed process's sockets only after it has unmapped its memory: measured on
 // the 2-core test VM, about 1.1 s for a process with 128 MiB or more mapped, 50-90 ms below; until
 // then the probe still says "alive" and the report waits for the refusal, or kHungFactor.)
@@ -66,6 +74,7 @@ struct LivenessStats {
   double gap_p50_ms = 0, gap_p99_ms = 0, gap_max_ms = 0;
   uint64_t suspected = 0;     // silences longer than heartbeat_timeout (once per silence)
   uint64_t probed_alive = 0;  // of those, the peer's endpoint still accepted: busy, not reported
+  uint64_t probed_silent = 0;  // of those, the probe got no answer (a silent network), at first
   uint64_t reported = 0;      // peers reported dead by take_dead()
   uint64_t revived = 0;       // reported peers heard from again (a false death or a healed link)
   double stalled_ms = 0, max_stall_ms = 0;  // this rank's own stalls, not counted as silence
@@ -102,11 +111,19 @@ class PeerMonitor {
   void tick_stall_clock(int64_t now_ns);
 
   static constexpr int64_t kHungFactor = 4;
+  static constexpr int64_t kUnreachableFactor = 2;
   static constexpr int64_t kProbeIntervalMs = 50;
   static constexpr int kLivenessNice = -10;
-  // Whether something listens on a "tcp://HOST:PORT" endpoint (HOST: IPv4, [IPv6] or a host name;
-  // a connect to one of its addresses within `timeout_ms` in all). Unparsable or unresolvable
-  // endpoints, wildcards, port 0 and failed or timed-out connects are "no".
+  // What a TCP connect to a peer's "tcp://HOST:PORT" endpoint found (HOST: IPv4, [IPv6] or a host
+  // name; each of its addresses within `timeout_ms` in all):
+  //   kAccepts: some address accepted (the peer's process lives);
+  //   kUnanswered: none accepted and some got no answer within the budget or had no route
+  //     (ETIMEDOUT, ENETUNREACH, EHOSTUNREACH, ENETDOWN, EHOSTDOWN): the network is silent;
+  //   kRefused: every address refused (the process is gone), or the endpoint cannot be probed
+  //     (unparsable, unresolvable, a wildcard, port 0, not tcp): silence alone decides.
+  enum class Probe { kAccepts, kUnanswered, kRefused };
+  static Probe probe(const std::string& endpoint, int timeout_ms);
+  // probe(endpoint, timeout_ms) == Probe::kAccepts.
   static bool endpoint_accepts(const std::string& endpoint, int timeout_ms);
 
  private:
@@ -116,7 +133,7 @@ class PeerMonitor {
     bool reported = false;
     bool revived = false;
     int64_t probed_ns = 0;     // last connect probe (0: none since last heard)
-    bool probe_alive = false;  // its answer
+    Probe probe = Probe::kRefused;  // its answer
     bool heard_once = false;   // last_heard_ns is a frame's, not watch()'s
     bool suspected = false;    // this silence was counted in stats
     int64_t stalled_at = 0;    // stall_.stalled_ns() when last heard

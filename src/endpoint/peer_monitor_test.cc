@@ -243,6 +243,63 @@ struct RefusingPort {
   }
 };
 
+// A TCP port on 127.0.0.1 that listens but never answers a new connect: its accept queue (backlog
+// 0: one connection) is full, so the kernel drops further SYNs silently, as a partition does.
+struct SilentPort {
+  int fd = -1, queued = -1;
+  uint16_t port = 0;
+  SilentPort() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 0) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      return;
+    queued = ::socket(AF_INET, SOCK_STREAM, 0);  // fills the queue (never accepted)
+    if (queued >= 0 && ::connect(queued, reinterpret_cast<sockaddr*>(&addr), len) == 0) port = ntohs(addr.sin_port);
+  }
+  ~SilentPort() {
+    if (queued >= 0) ::close(queued);
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// The probe tells a live process, a gone one and a silent network apart.
+TEST(PeerMonitor, ProbeTellsAcceptedRefusedAndUnanswered) {
+  using P = PeerMonitor::Probe;
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok()) << sock.status().str();
+  RefusingPort refused("127.0.0.1");
+  SilentPort silent;
+  ASSERT_NE(refused.port, 0);
+  ASSERT_NE(silent.port, 0);
+  EXPECT_EQ(PeerMonitor::probe((*sock)->endpoint(), 100), P::kAccepts);
+  EXPECT_EQ(PeerMonitor::probe(zmq_endpoint("127.0.0.1", refused.port), 100), P::kRefused);
+  EXPECT_EQ(PeerMonitor::probe(zmq_endpoint("127.0.0.1", silent.port), 30), P::kUnanswered);
+  EXPECT_EQ(PeerMonitor::probe("ipc:///tmp/x", 100), P::kRefused);  // cannot be probed
+}
+
+// A peer behind a silent network (the probe is never answered) is reported after
+// kUnreachableFactor x the timeout, not at the timeout: a short link outage leaves the heartbeat
+// stream silent for longer than the outage (TCP's retransmission backoff), and must cost nothing.
+TEST(PeerMonitor, SilentNetworkIsReportedAfterTheUnreachableFactor) {
+  SilentPort silent;
+  ASSERT_NE(silent.port, 0);
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
+  m.watch(kPeer, zmq_endpoint("127.0.0.1", silent.port));
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  EXPECT_TRUE(m.take_dead(t + 100 * kMs + 1).empty());
+  EXPECT_TRUE(m.take_dead(t + PeerMonitor::kUnreachableFactor * 100 * kMs).empty());
+  auto dead = m.take_dead(t + PeerMonitor::kUnreachableFactor * 100 * kMs + 1);
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].peer, kPeer);
+  EXPECT_EQ(m.stats().probed_silent, 1u);
+  EXPECT_EQ(m.stats().probed_alive, 0u);
+}
+
 TEST(PeerMonitor, EndpointAcceptsIpv6) {
   ListenAddress v6;
   v6.bind_host = "::1";

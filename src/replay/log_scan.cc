@@ -65,6 +65,7 @@ void scan_log_text(std::string_view text, const std::string& file, LogScan& scan
       if (auto peer = o.find("peer"); peer != o.end() && peer->is_string()) d.peer = peer->get<std::string>();
       if (auto m = o.find("mono_ns"); m != o.end() && m->is_number_integer()) d.mono_ns = m->get<int64_t>();
       d.above_debug = level != "trace" && level != "debug";
+      d.msg = o["msg"].get<std::string>();
       scan.peer_dead.push_back(std::move(d));
     }
     if (auto ev = o.find("event"); ev != o.end() && ev->is_string() && *ev == "stale_refused") {

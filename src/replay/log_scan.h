@@ -25,6 +25,9 @@ struct LogScan {
     std::string peer;
     int64_t mono_ns = 0;
     bool above_debug = false;
+    std::string msg;  // the line's message (why the peer was declared dead)
+    // "<rank> declared <peer> dead", with ": <msg>" when the line had one.
+    std::string describe() const { return rank + " declared " + peer + " dead" + (msg.empty() ? "" : ": " + msg); }
   };
   std::vector<PeerDead> peer_dead;
   // Lines with "event":"stale_refused": a message refused for its incarnation (kvferry/messages.h),

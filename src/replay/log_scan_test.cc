@@ -44,7 +44,7 @@ TEST(LogScan, NumericRoomIsCountedButFlagged) {
 TEST(LogScan, CollectsPeerDeadLines) {
   LogScan scan;
   scan_log_text(
-      R"({"ts":"t","level":"error","rank":"decode/tp1","msg":"m","event":"peer_dead","peer":"prefill/tp1","mono_ns":123})"
+      R"({"ts":"t","level":"error","rank":"decode/tp1","msg":"no heartbeat for 900 ms","event":"peer_dead","peer":"prefill/tp1","mono_ns":123})"
       "\n"
       R"({"ts":"t","level":"debug","rank":"prefill/tp2","msg":"m","event":"peer_dead","peer":"prefill/tp1","mono_ns":5})"
       "\n"
@@ -56,6 +56,7 @@ TEST(LogScan, CollectsPeerDeadLines) {
   EXPECT_EQ(scan.peer_dead[0].peer, "prefill/tp1");
   EXPECT_EQ(scan.peer_dead[0].mono_ns, 123);
   EXPECT_TRUE(scan.peer_dead[0].above_debug);
+  EXPECT_EQ(scan.peer_dead[0].describe(), "decode/tp1 declared prefill/tp1 dead: no heartbeat for 900 ms");
   EXPECT_FALSE(scan.peer_dead[1].above_debug);
   EXPECT_EQ(scan.invalid_lines, 0u);
 }

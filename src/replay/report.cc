@@ -235,7 +235,7 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
     const bool explained = std::any_of(deaths.begin(), deaths.end(), [&](const PeerDeathRecord& d) {
       return d.rank == l.peer && l.mono_ns >= d.killed_ns;
     });
-    if (!explained) rep.unexplained_peer_dead.push_back(l.rank + " declared " + l.peer + " dead");
+    if (!explained) rep.unexplained_peer_dead.push_back(l.describe());
   }
   std::vector<double> latencies;
   auto lines_for = [&](const std::string& room) -> uint64_t {

@@ -138,10 +138,16 @@ struct NetFaultRecord {
 // heal and had not concluded before the start.
 struct NetFaultEntry {
   NetFaultRecord record;
-  // Longer than the heartbeat timeout: peers must be declared dead and every affected room in
-  // flight at the start must fail. Shorter: nothing may be lost (a room fails only if a write
-  // really failed, peer_unreachable across the cut) and nobody may stay blacklisted.
+  // Shorter than the heartbeat timeout: nothing may be lost (a room fails only if a write really
+  // failed, peer_unreachable across the cut) and nobody may stay blacklisted.
   bool beyond_timeout = false;
+  // The longest silence a live-looking peer is given before it is declared dead
+  // (endpoint/peer_monitor.h): a cut network's, kUnreachableFactor x the heartbeat timeout; a
+  // stopped process's (its socket still accepts), kHungFactor x. Longer than that: peers must be
+  // declared dead and every affected room in flight at the start must fail. In between, either
+  // may happen (a heal may come before the verdict).
+  int64_t detection_bound_ms = 0;
+  bool must_detect = false;
   uint64_t rooms_affected = 0;
   uint64_t rooms_failed = 0;        // affected, failed with peer_unreachable across the cut
   uint64_t rooms_misattributed = 0;  // affected, failed otherwise (first examples below)
@@ -156,7 +162,7 @@ struct NetFaultEntry {
   uint64_t peer_dead_lines = 0;
   std::vector<std::string> repeated_detections;  // "prefill engine declared decode/tp1 dead 2 times"
   std::vector<std::string> same_side_lines;      // "prefill/tp0 declared prefill/tp1 dead"
-  std::vector<std::string> undetected;  // beyond_timeout: ranks of the host no engine off it declared dead
+  std::vector<std::string> undetected;  // must_detect: ranks of the host no engine off it declared dead
   // After the heal: rooms dispatched from the heal on; how many of those dispatched after the
   // first of them that succeeded failed without a room fault; the heal to the first room that
   // succeeded after it (any room, -1: none).

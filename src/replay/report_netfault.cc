@@ -7,9 +7,12 @@
 //     the fault's, not unexpected failures;
 //   - shorter than the heartbeat timeout: that is all that may happen, and rooms after the link
 //     is back succeed (nobody stays blacklisted);
-//   - longer: every rank of the host is declared dead by an engine off the host, no (detecting
-//     engine, dead peer) pair logs more than one peer_dead line above debug, no room in flight at
-//     the start survives the timeout, and rooms after the heal succeed without any restart.
+//   - longer than the detection bound (a cut network: PeerMonitor::kUnreachableFactor x the
+//     timeout; a stopped rank: kHungFactor x): every rank of the host is declared dead by an
+//     engine off the host, no room in flight at the start survives the timeout; in between, a
+//     heal may come before the verdict;
+//   - always: no (detecting engine, dead peer) pair logs more than one peer_dead line above
+//     debug, and rooms after the heal succeed without any restart.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -18,6 +21,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "endpoint/peer_monitor.h"
 #include "replay/report.h"
 
 namespace kvferry::replay {
@@ -99,6 +103,9 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     NetFaultEntry e;
     e.record = f;
     e.beyond_timeout = f.ms > heartbeat_timeout_ms;
+    e.detection_bound_ms =
+        (f.kind == "pause" ? PeerMonitor::kHungFactor : PeerMonitor::kUnreachableFactor) * heartbeat_timeout_ms;
+    e.must_detect = f.ms > e.detection_bound_ms;
     if (f.start_ns == 0) {
       rep.net_faults.push_back(std::move(e));
       continue;
@@ -148,7 +155,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     for (const auto& l : rep.logs.peer_dead) {
       if (!l.above_debug || l.mono_ns < f.start_ns || l.mono_ns > end + settle_ns) continue;
       if (sides.cut(l.rank) == sides.cut(l.peer)) {
-        e.same_side_lines.push_back(l.rank + " declared " + l.peer + " dead");
+        e.same_side_lines.push_back(l.describe());
         continue;
       }
       ++e.peer_dead_lines;
@@ -157,7 +164,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
     for (const auto& [pair, n] : pairs) {
       if (n > 1) e.repeated_detections.push_back(fmt::format("{} engine declared {} dead {} times", pair.first, pair.second, n));
     }
-    if (e.beyond_timeout) {
+    if (e.must_detect) {
       for (const auto& rank : sides.cut_ranks) {
         const bool seen = std::any_of(pairs.begin(), pairs.end(), [&](const auto& p) { return p.first.second == rank; });
         if (!seen) e.undetected.push_back(rank);
@@ -196,7 +203,7 @@ void add_net_fault_checks(Report& rep, const ReplayResults& results, const std::
       const int64_t end = (faults[i].end_ns != 0 ? faults[i].end_ns : INT64_MAX / 2) + settle_ns;
       in_fault = l.mono_ns >= faults[i].start_ns && l.mono_ns <= end && sides.cut(l.rank) != sides.cut(l.peer);
     }
-    if (!death && !in_fault) unexplained.push_back(l.rank + " declared " + l.peer + " dead");
+    if (!death && !in_fault) unexplained.push_back(l.describe());
   }
   rep.unexplained_peer_dead = std::move(unexplained);
 }
@@ -223,7 +230,7 @@ void net_fault_problems(const Report& rep, std::vector<std::string>& p) {
                               "({})",
                               name, e.repeated_detections.front()));
     }
-    if (e.beyond_timeout) {
+    if (e.must_detect) {
       if (!e.undetected.empty())
         p.push_back(fmt::format("{}: {} was never declared dead by an engine off the host", name, e.undetected.front()));
       if (e.rooms_survived > 0)
@@ -254,6 +261,8 @@ std::string net_faults_json(const Report& rep) {
                  {"held_ms", f.start_ns != 0 && f.end_ns != 0 ? ms(double(f.end_ns - f.start_ns) / 1e6) : 0.0},
                  {"error", f.error},
                  {"beyond_heartbeat_timeout", e.beyond_timeout},
+                 {"detection_bound_ms", e.detection_bound_ms},
+                 {"must_be_detected", e.must_detect},
                  {"rooms_affected", e.rooms_affected},
                  {"rooms_failed", e.rooms_failed},
                  {"rooms_misattributed", e.rooms_misattributed},

@@ -1,6 +1,7 @@
 // The report's network fault checks (report_netfault.cc).
 #include <gtest/gtest.h>
 
+#include "endpoint/peer_monitor.h"
 #include "replay/report.h"
 
 namespace kvferry::replay {
@@ -58,6 +59,8 @@ TEST(NetFaultChecks, PartitionFailuresAcrossTheCutAreItsAndTimed) {
   ASSERT_EQ(rep.net_faults.size(), 1u);
   const NetFaultEntry& e = rep.net_faults[0];
   EXPECT_TRUE(e.beyond_timeout);
+  EXPECT_EQ(e.detection_bound_ms, PeerMonitor::kUnreachableFactor * 800);
+  EXPECT_TRUE(e.must_detect);
   EXPECT_EQ(e.rooms_affected, 2u);
   EXPECT_EQ(e.rooms_failed, 2u);
   EXPECT_EQ(e.rooms_misattributed, 0u);
@@ -117,4 +120,27 @@ TEST(NetFaultChecks, ShortLinkDownKeepsRoomsAndANeverInjectedFaultIsAProblem) {
 }
 
 }  // namespace
+// Between the heartbeat timeout and the detection bound a heal may come before the verdict: a
+// partition of 1200 ms (bound 1600 ms) or a pause of 2500 ms (bound 3200 ms: the stopped rank's
+// socket still accepts) that nobody was declared dead for is no problem; one of 3000 ms is.
+TEST(NetFaultChecks, FaultsWithinTheDetectionBoundNeedNoVerdict) {
+  ReplayResults res;
+  res.requests.push_back(room(1, 4100, true, 4300));  // after the heal
+  NetFaultRecord partition{"partition", "h2", 1200, 1000 * kMs, 2200 * kMs, {}, ""};
+  NetFaultRecord pause{"pause", "decode/tp1", 2500, 1000 * kMs, 3500 * kMs, {}, ""};
+  Report rep = build_report(res, lines({}, 0), {}, 2, 2);
+  add_net_fault_checks(rep, res, {partition, pause, partition_of_h2()}, kHosts, 800);
+  ASSERT_EQ(rep.net_faults.size(), 3u);
+  EXPECT_TRUE(rep.net_faults[0].beyond_timeout);
+  EXPECT_FALSE(rep.net_faults[0].must_detect);
+  EXPECT_EQ(rep.net_faults[1].detection_bound_ms, PeerMonitor::kHungFactor * 800);
+  EXPECT_FALSE(rep.net_faults[1].must_detect);
+  EXPECT_TRUE(rep.net_faults[2].must_detect);
+  EXPECT_EQ(rep.net_faults[2].undetected, (std::vector<std::string>{"decode/tp0", "decode/tp1"}));
+  std::vector<std::string> p;
+  net_fault_problems(rep, p);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_NE(p[0].find("partition of h2 (3000 ms): decode/tp0 was never declared dead"), std::string::npos) << p[0];
+}
+
 }  // namespace kvferry::replay

@@ -60,7 +60,7 @@ TEST_F(Observability, MetricsAndLogsAgreeWithTheReport) {
   const pid_t pid = start_cli({"replay", "--trace", kTrace, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
                                "--decode-tp", "2", "--pool-mib", "1024", "--prefill-pool-mib", "256", "--page-size",
                                "16", "--max-requests", "40", "--fault-rate", "0.1", "--seed", "3", "--metrics",
-                               "--request-timeout-s", "40", "--out", out().string()},
+                               "--out", out().string()},
                               dir_ / "output.txt");
   // While it runs: every rank answers /metrics; remember one scrape per rank taken mid-replay.
   std::map<std::string, std::map<std::string, double>> during;
@@ -168,7 +168,7 @@ TEST_F(Observability, EveryRankOfEveryDataParallelGroupHasMetrics) {
   const pid_t pid = start_cli({"replay", "--trace", trace.string(), "--model", "Llama-3.1-8B", "--prefill-tp", "1",
                                "--prefill-dp", "2", "--decode-tp", "1", "--decode-dp", "2", "--page-size", "16",
                                "--pool-mib", "384", "--prefill-pool-mib", "64", "--seed", "5", "--metrics",
-                               "--request-timeout-s", "40", "--out", out().string()},
+                               "--out", out().string()},
                               dir_ / "output.txt");
   const std::map<std::string, std::string> files = {{"prefill/tp0", "prefill-tp0"},
                                                     {"prefill/tp0/dp1", "prefill-tp0-dp1"},
