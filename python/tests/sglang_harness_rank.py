@@ -125,15 +125,19 @@ class Rank:
         a.kv_cache_dtype_str = "auto"
         if self.role == "prefill" and not self.mla:  # SGLang's prefill sets them, its decode does not
             a.kv_head_num, a.total_kv_head_num = self.heads, self.total_heads
+        # Across hosts (cfg "host": this rank's address) the bootstrap service is on the prefill's
+        # host (cfg "bootstrap_host"), as SGLang's --host of the prefill server gives it.
+        bootstrap_host = cfg.get("bootstrap_host", "127.0.0.1")
         sargs = ServerArgs(tp_size=self.tp_size, disaggregation_bootstrap_port=cfg["bootstrap_port"],
-                           disaggregation_transfer_backend="kvferry", disaggregation_mode=self.role)
+                           disaggregation_transfer_backend="kvferry", disaggregation_mode=self.role,
+                           host=bootstrap_host)
         mode = DisaggregationMode.PREFILL if self.role == "prefill" else DisaggregationMode.DECODE
         self.mgr = ks.KVManager(a, mode, sargs, self.mla)
-        self.addr = f"127.0.0.1:{cfg['bootstrap_port']}"
+        self.addr = f"{bootstrap_host}:{cfg['bootstrap_port']}"
         self.free_pages = list(range(NUM_PAGES))
         self.free_aux = list(range(AUX_ROWS))
         self.free_state = list(range(STATE_ROWS))
-        self.out = {"rooms": {}, "frees": [], "bytes_ok": {}, "overhead_ms": {}}
+        self.out = {"rooms": {}, "frees": [], "bytes_ok": {}, "overhead_ms": {}, "rank_ip": self.mgr.rank_ip}
 
     # -- helpers ---------------------------------------------------------------------------------------
     def faults(self, room):
@@ -350,7 +354,35 @@ class Rank:
         return {"kv": bool(kv), "aux": bool(aux), "state": bool(state)}
 
 
+def enter_netns(name):
+    """Moves this process (its only thread, before any socket exists) into network namespace `name`
+    (/var/run/netns/NAME, made by tests/hosts/hosts.sh): the rank then runs on that test host, as
+    `ip netns exec` would start it. Threads started later inherit it."""
+    import ctypes
+    clone_newnet = 0x40000000
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({name})")
+    finally:
+        os.close(fd)
+
+
+def bootstrap_main(netns, host, ports):
+    """The prefill engine's bootstrap service on a test host; its port goes to `ports`, then it
+    serves until the process is killed."""
+    enter_netns(netns)
+    import kvferry.sglang as ks
+    server = ks.KVBootstrapServer(host, 0)
+    ports.put(server.port)
+    while True:
+        time.sleep(1)
+
+
 def main(cfg, barrier, arr, width, results, all_done):
+    if cfg.get("netns"):
+        enter_netns(cfg["netns"])
     os.environ.update(cfg["env"])
     records = Records()
     root = logging.getLogger()

@@ -1,6 +1,6 @@
 """kvferry's SGLang backend driven the way SGLang's schedulers drive it (sglang_harness_rank.py),
-every rank its own process, on loopback over the tcp transport: 2 prefill + 2 decode ranks with
-faults injected on each rank, unequal TP both ways, and MLA.
+every rank its own process, over the tcp transport on loopback and across two test hosts (network
+namespaces): 2 prefill + 2 decode ranks with faults injected on each rank, unequal TP both ways, and MLA.
 
 For every run: each room ends the same on every rank (Success, or Failed with one code and origin);
 every byte of KV pages, aux rows and state rows of every successful room is right on every decode
@@ -12,6 +12,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -34,9 +35,19 @@ def req(room, pages, chunks, arrive=0):
     return {"room": room, "pages": pages, "chunks": chunks, "arrive": arrive}
 
 
-def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
+def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False, hosts=None):
+    """`hosts`: {"prefill": (netns, address), "decode": (netns, address)} to place each engine on a
+    test host (tests/hosts/hosts.sh); the bootstrap service then runs on the prefill's host."""
     ctx = mp.get_context("spawn")
-    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    bootstrap_proc, server = None, None
+    if hosts:
+        ports = ctx.Queue()
+        bootstrap_proc = ctx.Process(target=harness.bootstrap_main, args=(*hosts["prefill"], ports), daemon=True)
+        bootstrap_proc.start()
+        bootstrap_port, bootstrap_host = ports.get(timeout=60), hosts["prefill"][1]
+    else:
+        server = ks.KVBootstrapServer("127.0.0.1", 0)
+        bootstrap_port, bootstrap_host = server.port, "127.0.0.1"
     width = len(requests) + 1
     results = ctx.Queue()
     procs, shared = [], []  # the engines' barriers and arrays live until the ranks are done
@@ -46,11 +57,15 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
         barrier, arr = ctx.Barrier(tp_size, timeout=TIMEOUT_S), ctx.Array("q", tp_size * width, lock=False)
         shared.append((barrier, arr))
         for tp in range(tp_size):
+            env = {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else dict(ENV)
+            if hosts:  # each rank binds and advertises its host's address
+                env["KVFERRY_CONTROL_HOST"] = hosts[role][1]
             cfg = {"role": role, "tp_rank": tp, "tp_size": tp_size, "mla": mla, "state": state, "total_heads": 4,
-                   "bootstrap_port": server.port, "requests": requests, "faults": faults,
+                   "bootstrap_port": bootstrap_port, "bootstrap_host": bootstrap_host, "requests": requests,
+                   "faults": faults,
                    # A prefill engine is told the decode engine's TP size (docs/sglang.md); decode
                    # learns the prefill's from the bootstrap service.
-                   "env": {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else ENV,
+                   "env": env, "netns": hosts[role][0] if hosts else None,
                    "timeout_s": TIMEOUT_S, "events_dir": events_dir}
             p = ctx.Process(target=harness.main, args=(cfg, barrier, arr, width, results, all_done), daemon=True)
             p.start()
@@ -66,7 +81,7 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False):
         assert not bad, "\n".join(f"{k}: {v['error']}" for k, v in bad.items())
         return out
     finally:
-        for p in procs:
+        for p in procs + ([bootstrap_proc] if bootstrap_proc else []):
             if p.is_alive():
                 p.kill()
         shutil.rmtree(events_dir, ignore_errors=True)
@@ -144,3 +159,51 @@ def test_mla_prefill_tp2_to_decode_tp1():
     reqs = [req(401, 4, [2, 2, 0]), req(402, 1, [1]), req(403, 3, [3])]
     out = run(2, 1, reqs, {"prefill/tp0": {"403": ["write_failure"]}}, mla=True)
     check_run(out, reqs, {403: ("transfer_error", "prefill/tp0")})
+
+
+HOSTS_SH = os.path.join(HERE, "..", "..", "tests", "hosts", "hosts.sh")
+
+
+def no_netns_reason():
+    if os.geteuid() != 0:
+        return f"network namespaces need root (this is uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "'ip' (iproute2) is not installed"
+    return ""
+
+
+@pytest.fixture
+def two_hosts():
+    """Two test hosts (tests/hosts/hosts.sh), named from this process's pid; without root or
+    iproute2 the test fails saying so, unless KVFERRY_NO_NETNS=1 (then it is skipped)."""
+    why = no_netns_reason()
+    if why:
+        if os.environ.get("KVFERRY_NO_NETNS") == "1":
+            pytest.skip(f"KVFERRY_NO_NETNS=1: {why}")
+        pytest.fail(f"the across-hosts harness cannot run: {why} (run as root, or set KVFERRY_NO_NETNS=1)")
+    prefix, subnet = f"ks{os.getpid() % 100000}", f"10.73.{os.getpid() % 250}"
+    env = {**os.environ, "KVF_HOSTS_SUBNET": subnet}
+    with tempfile.TemporaryDirectory() as d:
+        hosts_json = os.path.join(d, "hosts.json")
+        up = subprocess.run([HOSTS_SH, "up", "2", prefix, "--json", hosts_json], env=env, capture_output=True,
+                            text=True)
+        try:
+            assert up.returncode == 0, up.stderr
+            with open(hosts_json) as f:
+                h = json.load(f)["hosts"]
+            yield {"prefill": (h["h1"]["exec"][-1], h["h1"]["address"]),
+                   "decode": (h["h2"]["exec"][-1], h["h2"]["address"])}
+        finally:
+            subprocess.run([HOSTS_SH, "down", prefix], env=env, capture_output=True)
+
+
+def test_across_two_hosts(two_hosts):
+    """The 2P2D run with a fault on each engine, prefill on one test host and decode on another:
+    every rank binds and advertises its host's address, the bootstrap service is on the prefill's."""
+    reqs = [req(501, 5, [2, 3, 0]), req(502, 1, [1]), req(503, 4, [4, 0]), req(504, 3, [1, 2]),
+            req(505, 2, [2, 0], arrive=10)]
+    faults = {"prefill/tp1": {"503": ["write_failure"]}, "decode/tp0": {"504": ["abort"]}}
+    out = run(2, 2, reqs, faults, state=True, hosts=two_hosts)
+    for rank, res in out.items():  # each rank's control socket is on its own host's address
+        assert res["rank_ip"] == two_hosts[rank.split("/")[0]][1], (rank, res["rank_ip"])
+    check_run(out, reqs, {503: ("transfer_error", "prefill/tp1"), 504: ("aborted", "decode/tp0")})
