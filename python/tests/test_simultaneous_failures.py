@@ -117,7 +117,18 @@ def test_one_origin_when_two_ranks_fail_a_room_at_once(transport, run):
                 assert mine[0]["level"] == "debug"
                 superseded += 1
     print(f"{transport} run {run}: {superseded} of {len(rooms)} rooms had a local failure that lost the race")
-    # The "two_prefill" rooms fail on both prefill ranks while decode/tp0 is stopped, so a rank's
-    # own failure lost the rule in (nearly) every one of them (seen: 5 to 12 of the 12 rooms): the
-    # races were hit. A "decode_vs_prefill" room may have had one local failure or two.
-    assert superseded > 0
+    RACES_LOST.append(superseded)
+
+
+# Rooms per run whose local failure lost the rule (test_one_origin_when_two_ranks_fail_a_room_at_once).
+RACES_LOST = []
+
+
+def test_the_races_were_hit():
+    """Over the runs above, some rank's own failure lost the rule: the races were hit. The
+    "two_prefill" rooms fail on both prefill ranks while decode/tp0 is stopped, so usually one of
+    the two loses in every one of them (seen: 3 to 12 of a run's 12 rooms); on a heavily loaded
+    machine a prefill rank may learn of the other's failure before its own (seen once: 0 of 12 in
+    one run), which is correct but hits no race, so this is judged over all runs, not per run."""
+    assert len(RACES_LOST) == 3, f"the three runs did not all complete: {RACES_LOST}"
+    assert sum(RACES_LOST) > 0, RACES_LOST

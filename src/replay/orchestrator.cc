@@ -35,6 +35,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+// How long a rank may take to stop on its own after a Ctrl-C of the replay (stopped_by_signal).
+constexpr std::chrono::milliseconds kSignalStopGrace{10000};
+
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
 
@@ -377,7 +380,9 @@ class Run {
 
   // SIGINT/SIGTERM: the router first (it writes the results so far and exits), then every rank
   // (each finishes its step, flushes its log and metrics and exits), then a partial report of the
-  // requests that finished.
+  // requests that finished. A rank gets kSignalStopGrace before it is killed: one in the middle of
+  // a transfer on a loaded host needed more than 3 s to agree the stop with its engine and write
+  // its metrics (seen on a 2-core VM whose page faults are slow); a kill loses its final metrics.
   int stopped_by_signal() {
     const int sig = g_signal;
     end_progress();
@@ -387,7 +392,7 @@ class Run {
       group_.signal("router", SIGTERM);
       group_.wait_for("router", std::chrono::milliseconds(3000));
     }
-    group_.stop_all(std::chrono::milliseconds(3000));
+    group_.stop_all(kSignalStopGrace);
     err_ << "kvferry replay: " << msg << "\n";
     bool ok = false;
     std::optional<ReplayResults> results;
