@@ -3,6 +3,8 @@
 //   no HTTP answer          -> kPeerUnreachable
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
 //   400                     -> kInvalidArgument with the server's reason
+//   401                     -> kInvalidArgument "not authorized" (no or another cluster secret,
+//                              docs/security.md)
 //   other status, bad JSON  -> kProtocolError
 #include <httplib.h>
 
