@@ -46,7 +46,7 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
   --pool-mib 2048 --prefill-pool-mib 256 --page-size 16 --seed 1 --fault-timeout-ms 500
 
 DEBIAN_PACKAGES := nftables build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
-  libcpp-httplib-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
+  libcpp-httplib-dev libsodium-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
   python3-numpy gnuplot-nox jq stress-ng iproute2 clang libclang-rt-14-dev
 

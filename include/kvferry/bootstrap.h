@@ -23,6 +23,10 @@
 
 namespace kvferry {
 
+namespace security {
+struct ClusterKeys;  // src/core/secret.h
+}
+
 struct PrefillRankInfo {
   uint32_t engine_id = 0;
   uint32_t dp_rank = 0;
@@ -52,6 +56,12 @@ class BootstrapServer {
   static Result<std::unique_ptr<BootstrapServer>> start(const std::string& host, uint16_t port);
   // The same on address.bind_host and address.port; address() then gives the advertised one.
   static Result<std::unique_ptr<BootstrapServer>> start(const ListenAddress& address);
+  // Both use the process's cluster keys (KVFERRY_SECRET_FILE / KVFERRY_SECRET, docs/security.md):
+  // with a secret set, every request without "Authorization: Bearer <token>" gets 401 before its
+  // body is read; a bad secret file fails the start. The same with explicit keys (nullptr: none),
+  // which must outlive the server:
+  static Result<std::unique_ptr<BootstrapServer>> start(const ListenAddress& address,
+                                                        const security::ClusterKeys* keys);
   ~BootstrapServer();  // stops and joins
   uint16_t port() const;
   // "host:port" clients use: the advertised host ("[v6]:port" for IPv6) and the bound port.
@@ -69,7 +79,11 @@ class BootstrapClient {
   // `address` is "host:port", "[v6]:port" or "http://host:port"; host an IPv4 or IPv6 address
   // or a host name (kvferry/net.h parse_host_port). A malformed address makes every call fail with
   // kInvalidArgument. Each call is bounded by `timeout_ms`.
+  // The client sends the process's bearer token (docs/security.md); a bad secret file makes every
+  // call fail with its reason, a 401 is kInvalidArgument "not authorized".
   BootstrapClient(std::string address, int timeout_ms = 2000);
+  // The same with explicit keys (nullptr: no token), which must outlive the client.
+  BootstrapClient(std::string address, int timeout_ms, const security::ClusterKeys* keys);
   ~BootstrapClient();
   Status register_rank(const PrefillRankInfo& info);
   // kPeerUnreachable: service not reachable; kInvalidArgument with "not registered": not yet there
@@ -79,6 +93,7 @@ class BootstrapClient {
   Result<size_t> health();
 
  private:
+  void init(std::string address, int timeout_ms, const security::ClusterKeys* keys);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -19,6 +19,10 @@
 
 namespace kvferry {
 
+namespace security {
+struct ClusterKeys;  // src/core/secret.h
+}
+
 class ControlSocket {
  public:
   // Binds a PULL socket on `address` (port 0: any free port). Errors: kInvalidArgument for a bad
@@ -29,6 +33,14 @@ class ControlSocket {
   // free port) is bind(listen_address_for(endpoint)); other ZeroMQ transports (ipc://, inproc://)
   // are bound as given. Errors as above.
   static Result<std::unique_ptr<ControlSocket>> bind(const std::string& bind_endpoint);
+  // Both use the process's cluster keys (KVFERRY_SECRET_FILE / KVFERRY_SECRET, docs/security.md):
+  // with a secret set, the PULL socket is a CURVE server that admits only the cluster's key and
+  // every PUSH socket a CURVE client; a bad secret file fails the bind with its reason. The same
+  // with explicit keys (nullptr: no CURVE), which must outlive the socket (tests holding several
+  // clusters' keys):
+  static Result<std::unique_ptr<ControlSocket>> bind(const ListenAddress& address, const security::ClusterKeys* keys);
+  static Result<std::unique_ptr<ControlSocket>> bind(const std::string& bind_endpoint,
+                                                     const security::ClusterKeys* keys);
   ~ControlSocket();
 
   // The endpoint peers connect to: the advertised host and the bound port.

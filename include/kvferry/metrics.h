@@ -78,14 +78,23 @@ class RankMetrics {
 void init_rank_metrics(const RankId& self);
 RankMetrics* rank_metrics();  // null before init_rank_metrics()
 
+namespace security {
+struct ClusterKeys;  // src/core/secret.h
+}
+
 // Serves GET /metrics (the exposition of `metrics`) on host:port with cpp-httplib.
 class MetricsServer {
  public:
   // `host`: an IPv4 or IPv6 address (brackets optional), a host name, or a wildcard ("0.0.0.0":
   // IPv4; "::", "*", "": IPv6 and IPv4), kvferry/net.h. Port 0 picks a free port (port()).
   // Errors: kInvalidArgument for a malformed host, kInternal when host:port cannot be bound.
+  // With the process's cluster secret set (docs/security.md), a scrape without
+  // "Authorization: Bearer <token>" gets 401; a bad secret file fails the start.
   static Result<std::unique_ptr<MetricsServer>> start(const RankMetrics& metrics, const std::string& host,
                                                       uint16_t port);
+  // The same with explicit keys (nullptr: none), which must outlive the server.
+  static Result<std::unique_ptr<MetricsServer>> start(const RankMetrics& metrics, const std::string& host,
+                                                      uint16_t port, const security::ClusterKeys* keys);
   ~MetricsServer();  // stops and joins
   uint16_t port() const;
 

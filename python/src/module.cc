@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/secret.h"
 #include "kvferry/bootstrap.h"
 #include "log_queue.h"
 #include "manager.h"
@@ -208,6 +209,16 @@ PYBIND11_MODULE(_kvferry, mod) {
   using namespace kvferry::python;
   mod.doc() = "kvferry's compiled core; use the `kvferry` package";
   using nogil = py::call_guard<py::gil_scoped_release>;
+
+  // The Authorization header value the cluster's HTTP endpoints require (docs/security.md), from
+  // KVFERRY_SECRET_FILE / KVFERRY_SECRET like the C++ side; None when no secret is set; ValueError
+  // for a bad secret file.
+  mod.def("authorization_header", []() -> py::object {
+    auto keys = security::cluster_keys();
+    check(keys.status());
+    if (!*keys) return py::none();
+    return py::str("Bearer " + (*keys)->bearer_token);
+  });
 
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,

@@ -3,6 +3,8 @@
 //   no HTTP answer          -> kPeerUnreachable
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
 //   400                     -> kInvalidArgument with the server's reason
+//   401                     -> kInvalidArgument "not authorized" (no or another cluster secret,
+//                              docs/security.md)
 //   other status, bad JSON  -> kProtocolError
 #include <httplib.h>
 
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
+#include "core/http_auth.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/net.h"
 
@@ -31,10 +34,12 @@ std::string server_reason(const std::string& body) {
 struct BootstrapClient::Impl {
   std::string address;
   std::unique_ptr<httplib::Client> http;  // null when `address` is not "host:port"
+  Status keys_error;                        // a bad cluster secret: every call fails with it
 
   // GET/PUT and map transport failures and non-200 statuses; on 200 returns the parsed body.
   Result<nlohmann::json> call(const char* method, const std::string& path,
                               const std::string& body) {
+    if (!keys_error.ok()) return keys_error;
     if (!http) {
       return Status(ErrorCode::kInvalidArgument,
                     "bootstrap: address '" + address +
@@ -51,6 +56,11 @@ struct BootstrapClient::Impl {
       const std::string what = std::string(method) + " " + path;
       if (res->status == 404) {
         return Status(ErrorCode::kInvalidArgument, server_reason(res->body));
+      }
+      if (res->status == 401) {
+        return Status(ErrorCode::kInvalidArgument,
+                      "bootstrap " + address + " refused " + what +
+                          ": not authorized (is KVFERRY_SECRET_FILE the cluster's secret? docs/security.md)");
       }
       if (res->status == 400) {
         return Status(ErrorCode::kInvalidArgument,
@@ -72,8 +82,22 @@ struct BootstrapClient::Impl {
   }
 };
 
-BootstrapClient::BootstrapClient(std::string address, int timeout_ms)
+BootstrapClient::BootstrapClient(std::string address, int timeout_ms) : impl_(std::make_unique<Impl>()) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) {
+    impl_->address = std::move(address);
+    impl_->keys_error = Status(keys.status().code(), "bootstrap client: " + keys.status().message());
+    return;
+  }
+  init(std::move(address), timeout_ms, *keys);
+}
+
+BootstrapClient::BootstrapClient(std::string address, int timeout_ms, const security::ClusterKeys* keys)
     : impl_(std::make_unique<Impl>()) {
+  init(std::move(address), timeout_ms, keys);
+}
+
+void BootstrapClient::init(std::string address, int timeout_ms, const security::ClusterKeys* keys) {
   impl_->address = std::move(address);
   auto hp = parse_host_port(impl_->address);
   if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return;
@@ -83,6 +107,7 @@ BootstrapClient::BootstrapClient(std::string address, int timeout_ms)
     impl_->http->set_connection_timeout(t);
     impl_->http->set_read_timeout(t);
     impl_->http->set_write_timeout(t);
+    security::send_bearer(*impl_->http, keys);
   } catch (const std::exception&) {
     impl_->http.reset();
   }

@@ -19,6 +19,7 @@
 
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/sglang_routes.h"
+#include "core/http_auth.h"
 #include "kvferry/bootstrap.h"
 
 namespace kvferry {
@@ -211,6 +212,13 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const std::strin
 }
 
 Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddress& address) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) return Status(keys.status().code(), "bootstrap: " + keys.status().message());
+  return start(address, *keys);
+}
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddress& address,
+                                                                const security::ClusterKeys* keys) {
   auto host = parse_host(address.bind_host);
   if (!host.ok()) return Status(host.status().code(), "bootstrap: bind host: " + host.status().message());
   if (!address.advertise_host.empty()) {
@@ -223,6 +231,7 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddr
   impl.advertised = address.advertised();
   try {
     impl.install();
+    security::require_bearer(impl.http, keys);
     // "*" and "" listen on IPv6 and IPv4 ("::"), or on IPv4 only where IPv6 is off.
     std::vector<std::string> hosts{bind_host_for_socket(*host)};
     if (host->empty() || *host == "*") hosts.push_back("0.0.0.0");

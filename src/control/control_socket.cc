@@ -15,6 +15,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "control/curve.h"
 #include "kvferry/control.h"
 #include "kvferry/messages.h"
 
@@ -31,12 +32,7 @@ constexpr size_t kMaxHeld = 1024;
 // The largest frame decode() can accept, plus slack: bigger frames drop the sending connection.
 constexpr int64_t kMaxFrameBytes = 8ll * kMaxKvIndices + (1ll << 20);
 
-// One context per process, never destroyed: destroying it at exit would block on any socket a
-// caller leaked (zmq_ctx_term waits for every socket to close).
-zmq::context_t& context() {
-  static zmq::context_t* ctx = new zmq::context_t(1);
-  return *ctx;
-}
+using control::context;
 
 ErrorCode code_for(const zmq::error_t& e) {
   switch (e.num()) {
@@ -75,6 +71,7 @@ struct Push {
 }  // namespace
 
 struct ControlSocket::Impl {
+  const security::ClusterKeys* keys = nullptr;  // CURVE with these; nullptr: none
   zmq::socket_t pull;
   std::string endpoint;        // advertised
   std::string bound_endpoint;  // ZeroMQ's last endpoint of the first bind
@@ -132,6 +129,19 @@ constexpr int kBindAttempts = 4;  // a free port of the first address may be tak
 }  // namespace
 
 Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) return Status(keys.status().code(), "control socket: " + keys.status().message());
+  return bind(address, *keys);
+}
+
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bind_endpoint) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) return Status(keys.status().code(), "control socket: " + keys.status().message());
+  return bind(bind_endpoint, *keys);
+}
+
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address,
+                                                           const security::ClusterKeys* keys) {
   auto host = parse_host(address.bind_host);
   if (!host.ok()) return Status(host.status().code(), "control socket: bind host: " + host.status().message());
   if (!address.advertise_host.empty()) {
@@ -145,11 +155,15 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& 
   std::string what;
   for (int attempt = 0; attempt < kBindAttempts; ++attempt) {
     std::unique_ptr<ControlSocket> s(new ControlSocket());
+    s->impl_->keys = keys;
     uint16_t port = address.port;
     try {
       zmq::socket_t pull(context(), zmq::socket_type::pull);
       pull.set(zmq::sockopt::linger, 0);
       pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
+      if (keys) {
+        if (Status st = control::make_curve_server(pull, *keys); !st.ok()) return st;
+      }
       for (size_t i = 0; i < hosts->size(); ++i) {
         const std::string& h = (*hosts)[i];
         if (needs_ipv6(h)) pull.set(zmq::sockopt::ipv6, true);
@@ -174,17 +188,22 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& 
   return Status(ErrorCode::kInternal, "control socket: cannot bind " + what);
 }
 
-Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bind_endpoint) {
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bind_endpoint,
+                                                           const security::ClusterKeys* keys) {
   if (bind_endpoint.rfind("tcp://", 0) == 0) {
     auto address = listen_address_for(bind_endpoint);
     if (!address.ok()) return Status(address.status().code(), "control socket: " + address.status().message());
-    return bind(*address);
+    return bind(*address, keys);
   }
   std::unique_ptr<ControlSocket> s(new ControlSocket());
+  s->impl_->keys = keys;
   try {
     zmq::socket_t pull(context(), zmq::socket_type::pull);
     pull.set(zmq::sockopt::linger, 0);
     pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
+    if (keys) {
+      if (Status st = control::make_curve_server(pull, *keys); !st.ok()) return st;
+    }
     pull.bind(bind_endpoint);
     s->impl_->endpoint = pull.get(zmq::sockopt::last_endpoint);
     s->impl_->bound_endpoint = s->impl_->endpoint;
@@ -206,6 +225,7 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
       push.set(zmq::sockopt::linger, 0);
       push.set(zmq::sockopt::sndhwm, kSendHighWaterMark);
       push.set(zmq::sockopt::immediate, true);
+      if (impl_->keys) control::make_curve_client(push, *impl_->keys);
       // IPv6 literals and host names (which may resolve to IPv6) need ZMQ_IPV6 to be reached.
       auto dest = parse_host_port(dest_endpoint);
       push.set(zmq::sockopt::ipv6, !dest.ok() || !is_ipv4_literal(dest->host));

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/http_auth.h"
 #include "kvferry/metrics.h"
 #include "kvferry/net.h"
 
@@ -35,6 +36,13 @@ MetricsServer::~MetricsServer() {
 
 Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const RankMetrics& metrics, const std::string& host,
                                                             uint16_t port) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) return Status(keys.status().code(), "metrics: " + keys.status().message());
+  return start(metrics, host, port, *keys);
+}
+
+Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const RankMetrics& metrics, const std::string& host,
+                                                            uint16_t port, const security::ClusterKeys* keys) {
   std::unique_ptr<MetricsServer> s(new MetricsServer());
   Impl& impl = *s->impl_;
   impl.http.new_task_queue = [] { return new httplib::ThreadPool(2); };
@@ -43,6 +51,7 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::start(const RankMetrics& m
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  security::require_bearer(impl.http, keys);
   impl.http.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -9,6 +9,8 @@ src/bootstrap/sglang_routes.h), with every input checked and every map bounded. 
 own threads, without the GIL.
 
 The client helpers use urllib (stdlib); every call is bounded by a timeout and a response size.
+With the cluster secret set (KVFERRY_SECRET_FILE or KVFERRY_SECRET, docs/security.md) the service
+answers 401 to any call without the cluster's bearer token, and these helpers send it.
 """
 from __future__ import annotations
 
@@ -50,8 +52,11 @@ def request(method: str, addr: str, path: str, body: Optional[dict] = None,
     """(status, text) of one HTTP call to the bootstrap service at `addr` ("host:port");
     (0, reason) when it cannot be reached."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(_url(addr, path), data=data, method=method,
-                                 headers={"Content-Type": "application/json"} if data else {})
+    headers = {"Content-Type": "application/json"} if data else {}
+    auth = _kvferry.authorization_header()  # None without a cluster secret
+    if auth:
+        headers["Authorization"] = auth
+    req = urllib.request.Request(_url(addr, path), data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read(MAX_RESPONSE_BYTES).decode("utf-8", "replace")
