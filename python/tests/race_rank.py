@@ -50,7 +50,9 @@ def phase(role, rooms, handles, kind):
         elif kind == "decode_vs_prefill":
             h.abort("aborted by the decode engine")
     local = wait_until(lambda: all(h.poll() == kvferry.KVPoll.Failed for h in mine), TIMEOUT)
-    emit(event="local", kind=kind, failed=local)
+    # The state of each of this kind's rooms (KVPoll names), for the test's message if one is not Failed.
+    states = {str(room): kvferry.KVPoll(handles[room].poll()).name for room, k in rooms if k == kind}
+    emit(event="local", kind=kind, failed=local, states=states)
 
 
 def main():
