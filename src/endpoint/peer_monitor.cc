@@ -281,14 +281,20 @@ void PeerMonitor::run() {
   ListenAddress address = heartbeat_;
   address.port = 0;
   auto sock = ControlSocket::bind(address);
-  int io_nice = 0;
+  // ZeroMQ names its I/O thread from inside that thread, so right after the first socket the
+  // thread may exist unnamed (seen on a loaded host): look again at every beat until it is found.
   bool io_seen = false;
-  for (int tid : threads_named("ZMQbg/IO/")) {
-    const int n = nice_ < 0 ? raise_thread_priority(tid, nice_) : thread_nice(tid);
-    io_nice = io_seen ? std::max(io_nice, n) : n;
-    io_seen = true;
-  }
+  auto raise_io_threads = [&] {
+    int io_nice = 0;
+    for (int tid : threads_named("ZMQbg/IO/")) {
+      const int n = nice_ < 0 ? raise_thread_priority(tid, nice_) : thread_nice(tid);
+      io_nice = io_seen ? std::max(io_nice, n) : n;
+      io_seen = true;
+    }
+    return io_nice;
+  };
   {
+    const int io_nice = raise_io_threads();
     std::lock_guard<std::mutex> lock(mu_);
     counts_.heartbeat_nice = hb_nice;
     counts_.io_nice = io_nice;
@@ -297,6 +303,12 @@ void PeerMonitor::run() {
   uint64_t seq = 0;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
+    if (!io_seen) {
+      lock.unlock();
+      const int io_nice = raise_io_threads();
+      lock.lock();
+      if (io_seen) counts_.io_nice = io_nice;
+    }
     std::vector<std::string> endpoints;
     for (auto& [rank, p] : peers_) endpoints.push_back(p.endpoint);
     lock.unlock();
