@@ -154,7 +154,14 @@ std::string encode_reply(uint64_t seq, uint32_t tp_rank, const std::vector<RoomR
 
 Result<SyncFrame> decode_sync_frame(const std::string& text) {
   try {
-    json j = json::parse(text);
+    // Nothing in an engine frame is a fraction: a float (e.g. an integer too large for 64 bits,
+    // which the parser keeps as a double) is refused here, since converting it to an integer
+    // field would be undefined behaviour (found by fuzz/engine_sync_fuzz.cc).
+    json j = json::parse(text, [](int, json::parse_event_t event, json& value) {
+      if (event == json::parse_event_t::value && value.is_number_float())
+        throw std::runtime_error("a number that is not an integer of at most 64 bits");
+      return true;
+    });
     SyncFrame f;
     f.type = j.at("type").get<std::string>();
     f.raw = text;

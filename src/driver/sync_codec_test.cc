@@ -110,6 +110,21 @@ TEST(SyncCodec, HiRoundTrips) {
   EXPECT_EQ(d->tp_rank, 3u);
 }
 
+// Found by fuzz/engine_sync_fuzz.cc (UBSan): an integer too large for 64 bits is kept as a double
+// by the JSON parser, and converting it to an integer field was undefined behaviour. Any
+// non-integer number is now refused as a protocol error.
+TEST(SyncCodec, NumbersThatAreNotIntegersAreRefused) {
+  const std::string found = R"({"decisions":[{"arrival_ms":7,"0ault":{"at":"prefill/tp1","kind":"transfer"},"input_tokens":19999999999999999999999999999999999999999999999999999999999999900,"op":0,"oson":"write failed","room":"43","wall_ns":20},{"op":4,"quarst_seen_nrue,firsm":"43"}],"members":[{"endpoint":"tcp://127.0.0.1:6000","tp":0},{"endpoint":"tcp://127.0.0.1:6001","tp":1}],"seq":3,"shutdown":false,"type":"step"})";
+  auto d = decode_sync_frame(found);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), ErrorCode::kProtocolError);
+  EXPECT_FALSE(decode_sync_frame(R"({"type":"hi","tp_rank":3.0})").ok());
+  EXPECT_FALSE(decode_sync_frame(R"({"type":"hi","tp_rank":1e300})").ok());
+  auto ok = decode_sync_frame(R"({"type":"hi","tp_rank":3})");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->tp_rank, 3u);
+}
+
 TEST(SyncCodec, DownRoundTripsAndRejectsAMissingOrHugeReason) {
   auto d = decode_sync_frame(encode_down("prefill/tp1 stopped answering for 2400 ms"));
   ASSERT_TRUE(d.ok());
