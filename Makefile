@@ -124,7 +124,7 @@ fuzz: fuzz-build
 	  echo "== $$t ($(FUZZ_SECONDS) s)"; \
 	  $(FUZZ_BUILD)/fuzz/$${t}_fuzz -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
 	    -artifact_prefix=$(FUZZ_BUILD)/artifacts/$$t/ $(FUZZ_BUILD)/corpus/$$t fuzz/corpus/$$t \
-	    > $(FUZZ_BUILD)/$$t.log 2>&1 || failed="$$failed $$t"; \
+	    > $(FUZZ_BUILD)/$$t.log 2>&1 || { failed="$$failed $$t"; tail -n 40 $(FUZZ_BUILD)/$$t.log; }; \
 	  grep -E '^stat::(number_of_executed_units|average_exec_per_sec)' $(FUZZ_BUILD)/$$t.log; \
 	done; \
 	if [ -n "$$failed" ]; then echo "fuzz: crashes in:$$failed (logs $(FUZZ_BUILD)/<target>.log)"; exit 1; fi

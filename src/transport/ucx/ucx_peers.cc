@@ -79,7 +79,7 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   if (mode_ == WriteMode::kPut) {
     req = ucp_ep_flush_nbx(peer.ep, &prm);
   } else {
-    ctx->ping_token = next_batch_id_++;
+    ctx->ping_token = fresh_batch_id();
     ctx->ping.batch_id = ctx->ping_token;
     pings_.emplace(ctx->ping_token, ctx);
     prm.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;

@@ -156,6 +156,7 @@ class UcxTransport final : public Transport {
   bool send_write(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops, size_t first,
                   size_t end, uint64_t length);
   void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping = false);
+  uint64_t fresh_batch_id();  // random, nonzero, not in batches_ or pings_ (ucx_write.cc)
   ucs_status_t handle_am_scatter(const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param);
   std::unique_ptr<uint8_t[]> take_bounce();
@@ -198,7 +199,7 @@ class UcxTransport final : public Transport {
   bool stop_ = false;
   bool shutting_down_ = false;
   PeerId next_peer_id_ = 1;
-  uint64_t next_batch_id_ = 1;
+  uint64_t next_batch_id_ = 1;  // only if libsodium cannot initialise (fresh_batch_id)
   std::unordered_map<PeerId, std::unique_ptr<Peer>> peers_;
   std::unordered_map<uint64_t, std::unique_ptr<Batch>> batches_;
   std::unordered_set<RecvCtx*> recvs_;

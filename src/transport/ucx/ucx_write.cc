@@ -1,5 +1,7 @@
 // UcxTransport: the write path (put + flush over shared memory, active messages + acks over
 // TCP) and the receiver-side active-message handlers. Everything here runs on the progress thread.
+#include <sodium.h>
+
 #include <memory>
 #include <cstring>
 #include <string>
@@ -39,12 +41,30 @@ void UcxTransport::write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
   }
 }
 
+// A batch or ping id is a fresh random 64-bit number (libsodium's CSPRNG), never a counter: an ack
+// settles a batch only by its id, which only the receiver of that batch's write header learns, so
+// one peer cannot predict the id of a batch meant for another and forge its ack
+// (docs/security.md, "Acknowledgements"). Nonzero and unique among this transport's open batches
+// and pings.
+uint64_t UcxTransport::fresh_batch_id() {
+  static const bool sodium_ready = sodium_init() >= 0;  // idempotent and thread-safe
+  for (;;) {
+    uint64_t id = 0;
+    if (sodium_ready) {
+      randombytes_buf(&id, sizeof id);
+    } else {
+      id = next_batch_id_++;  // libsodium could not initialise: unique, but predictable
+    }
+    if (id != 0 && batches_.count(id) == 0 && pings_.count(id) == 0) return id;
+  }
+}
+
 void UcxTransport::do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
                             std::function<void(Status)> done) {
   auto owned = std::make_unique<Batch>();
   Batch& b = *owned;
   b.owner = this;
-  b.id = next_batch_id_++;
+  b.id = fresh_batch_id();
   b.peer = id;
   b.room = room;
   b.done = std::move(done);
