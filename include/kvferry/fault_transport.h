@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -72,6 +73,11 @@ class FaultInjectingTransport : public Transport {
   // connect() calls waiting in a hold now.
   size_t held_connects() const;
 
+  // Test-only: tells the peer error handler that `peer`'s endpoint failed with `status`, as the
+  // wrapped transport does when it fails one (a spurious failure: the endpoint itself stays up).
+  // Runs the handler on the caller's thread; nothing happens before a handler is set.
+  void report_peer_error(PeerId peer, Status status);
+
   Transport& inner() { return *inner_; }
 
   // Transport: forwarded.
@@ -114,6 +120,7 @@ class FaultInjectingTransport : public Transport {
   std::unordered_set<uint64_t> held_;
   std::unordered_map<uint64_t, std::chrono::milliseconds> delays_;
   std::unordered_map<uint64_t, RoomQueue> queued_;  // rooms with queued or forwarding writes
+  std::function<void(PeerId, Status)> peer_error_handler_;  // a copy of the one set, under mu_
   bool stopping_ = false;
   bool connects_held_ = false;
   size_t connects_waiting_ = 0;

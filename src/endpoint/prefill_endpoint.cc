@@ -82,6 +82,7 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   core_.monitor().mark_dead(peer);  // keep listening: a peer that answers again is reconnected
   dead_regs_[peer] = it->second.reg;
   dead_peers_.insert(peer);
+  suspect_links_.erase(peer);
   peers_.erase(it);  // last: `peer` may be this entry's key (callers iterate peers_)
 }
 
@@ -266,15 +267,17 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   if (r) r->progress_ns = monotonic_ns();
   if (r && r->abandoned) ++abandoned_completed_;
   if (!r) on_abandoned_completion(e.room);
-  if (e.status.code() == ErrorCode::kPeerUnreachable) {  // the peer died: attribute it to the peer
+  bool deferred = false;  // the room fails by the link's verdict, attributed as it decides
+  if (e.status.code() == ErrorCode::kPeerUnreachable) {  // the peer died, or only its link did
     for (auto& [rank, p] : peers_) {
       if (p.peer == e.peer) {
-        on_peer_dead(rank, "transport: " + e.status.message());
+        on_transport_lost(rank, e.status.message(), monotonic_ns());  // may erase the entry
         break;
       }
     }
+    deferred = awaits_link_verdict(e.peer);
   }
-  if (!e.status.ok() && r) {
+  if (!e.status.ok() && r && !deferred) {
     fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns(), true);
   }
   auto aux = aux_tags_.find(e.tag);
@@ -505,13 +508,14 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   for (const PeerError& pe : core_.take_peer_errors()) {
     for (auto& [rank, p] : peers_) {
       if (p.peer == pe.peer) {
-        on_peer_dead(rank, "transport: " + pe.status.message());
+        on_transport_lost(rank, pe.status.message(), now_ns);  // may erase the entry
         break;
       }
     }
   }
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
+  judge_suspect_links(now_ns);
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);
     if (reg == dead_regs_.end() || connecting_.count(peer)) continue;  // a newer registration is connecting

@@ -166,6 +166,18 @@ class PrefillEndpoint {
   // A decode peer is dead (heartbeats stopped, or the transport failed its endpoint): every room
   // bound for it fails with origin = the peer and code peer_unreachable; one line above debug.
   void on_peer_dead(const RankId& peer, const std::string& reason);
+  // The transport failed its endpoint to `peer` (`reason`: its error). Not a death verdict by
+  // itself (docs/failure-model.md, "A transport error is only a suspicion"): UCX's tcp transport
+  // reports every socket failure as "Endpoint timeout", and a process whose control endpoint
+  // still accepts connections is alive. A probe that is refused (the process is gone) or gets no
+  // answer (a silent network) makes it on_peer_dead() at once; one that accepts makes the link a
+  // suspect for up to kLinkVerdictMs (probed again every PeerMonitor::kProbeIntervalMs): a
+  // refusal within it is still the peer's death (its sockets close a moment apart), otherwise
+  // on_link_lost(). Idempotent per peer endpoint (the batches failed with it come one by one).
+  void on_transport_lost(const RankId& peer, const std::string& reason, int64_t now_ns);
+  static constexpr int64_t kLinkVerdictMs = 200;
+  // Transport links lost to a live peer and connected again (on_link_lost), so far.
+  uint64_t links_lost() const { return links_lost_; }
 
   // Tombstone caps (oldest dropped first), also aged out after 120 s. Memory: ~80 bytes per
   // tombstone (map node, bucket, FIFO entry) plus the cause of a failed room (a few hundred bytes
@@ -205,6 +217,12 @@ class PrefillEndpoint {
     return n;
   }
   size_t connecting_peers() const { return connecting_.size(); }
+  // The transport peer of a connected decode rank (nullopt: not connected), for tests.
+  std::optional<PeerId> transport_peer(const RankId& d) const {
+    auto it = peers_.find(d);
+    if (it == peers_.end()) return std::nullopt;
+    return it->second.peer;
+  }
   // Pool registrations refused (check_registration) and the last reason, for tests and metrics.
   uint64_t refused_registrations() const { return refused_registrations_; }
   const std::string& last_refusal() const { return last_refusal_; }
@@ -277,6 +295,23 @@ class PrefillEndpoint {
   void abandon(SenderRoom& r);
   // A released abandoned room keeps what confirming its drain needs (release()).
   void remember_abandoned(const SenderRoom& r);
+  // prefill_links.cc: the suspects of on_transport_lost() judged (tick), and a link lost to a
+  // live peer: every room bound for it fails (code peer_unreachable, origin this rank: it saw the
+  // link fail, the peer did nothing wrong), one line (warning with rooms failed, info without),
+  // and the same registration is connected again at once.
+  void judge_suspect_links(int64_t now_ns);
+  void on_link_lost(const RankId& peer, const std::string& reason, int64_t now_ns);
+  // Whether a failed write batch to transport peer `pid` waits for the suspect's verdict (its
+  // room then fails by that verdict, attributed as it decides) instead of failing at once.
+  bool awaits_link_verdict(PeerId pid) const;
+  struct SuspectLink {
+    PeerId peer = 0;  // the failed transport endpoint
+    std::string reason;
+    int64_t deadline_ns = 0;
+    int64_t probed_ns = 0;
+  };
+  std::map<RankId, SuspectLink> suspect_links_;  // keys are keys of peers_ (bounded by them)
+  uint64_t links_lost_ = 0;
   // A completion of a write of a room that is no longer live.
   void on_abandoned_completion(uint64_t room);
   // `terminal` false: the early failure notice (Failed only); writes may still be in flight.

@@ -209,7 +209,20 @@ void FaultInjectingTransport::write(PeerId peer, uint64_t room, std::vector<Writ
 
 void FaultInjectingTransport::set_peer_error_handler(
     std::function<void(PeerId, Status)> handler) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    peer_error_handler_ = handler;
+  }
   inner_->set_peer_error_handler(std::move(handler));
+}
+
+void FaultInjectingTransport::report_peer_error(PeerId peer, Status status) {
+  std::function<void(PeerId, Status)> handler;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    handler = peer_error_handler_;
+  }
+  if (handler) handler(peer, std::move(status));
 }
 
 TransportStats FaultInjectingTransport::stats() const {
