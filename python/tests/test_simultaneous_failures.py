@@ -6,7 +6,9 @@ meanwhile, so both are local for certain), or decode/tp0 aborts while prefill/tp
 Whatever order the failures reach the ranks in, every room must have ONE origin: every rank's
 KVTransferError names it (is_from_another_rank exactly on the other ranks), exactly one line above
 debug across the three ranks' logs, by that origin, and a rank whose own failure lost logs it at
-debug with superseded_by naming the origin. Many rooms per run, several runs: the races are hit."""
+debug with superseded_by naming the origin. Many rooms per run, several runs: the races are hit.
+prefill/tp0 sends the "decode_vs_prefill" rooms without a fault of its own: a room whose writes all
+landed there before the failure reached it stays at Success (terminal), with no failure line."""
 import json
 import os
 import signal
@@ -94,9 +96,14 @@ def test_one_origin_when_two_ranks_fail_a_room_at_once(transport, run):
     for name, d in done.items():
         assert d["rank"] == name
         assert d["failed"] and d["release_safe"] and d["released"], name
-    superseded = 0
+    superseded = succeeded = 0
     for room, kind in rooms:
         errs = {name: done[name]["errors"][str(room)] for name in RANKS}
+        at_success = [name for name, e in errs.items() if e is None]
+        assert at_success in ([], ["prefill/tp0"]) and (not at_success or kind == "decode_vs_prefill"), \
+            f"room {room} ({kind}): not Failed on {at_success}: {errs}"
+        errs = {name: e for name, e in errs.items() if e is not None}
+        succeeded += len(at_success)
         origins = {e["origin"] for e in errs.values()}
         assert len(origins) == 1, f"room {room} ({kind}): two origins {errs}"
         origin = origins.pop()
@@ -117,12 +124,15 @@ def test_one_origin_when_two_ranks_fail_a_room_at_once(transport, run):
         # the winner first never failed on its own.
         for name, ls in lines.items():
             mine = [j for j in ls if int(j["room"]) == room]
-            assert len(mine) == 1, (room, name, mine)
+            assert len(mine) == (0 if name in at_success else 1), (room, name, mine)
+            if not mine:
+                continue
             if "superseded_by" in mine[0]:
                 assert name != origin and mine[0]["superseded_by"] == origin, (room, name, mine[0])
                 assert mine[0]["level"] == "debug"
                 superseded += 1
-    print(f"{transport} run {run}: {superseded} of {len(rooms)} rooms had a local failure that lost the race")
+    print(f"{transport} run {run}: {superseded} of {len(rooms)} rooms had a local failure that lost the race; "
+          f"prefill/tp0 reached Success in {succeeded} decode_vs_prefill rooms")
     RACES_LOST.append(superseded)
 
 

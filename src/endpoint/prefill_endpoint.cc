@@ -88,6 +88,9 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
 
 void PrefillEndpoint::on_status(const RoomStatus& st) {
   if (st.state != KVPoll::Failed) return;  // decode only ever reports failures
+  // Only a room's own destinations speak for it (docs/security.md, "Statuses bound to the room"):
+  // another decode rank, or a DP group that does not serve the room, cannot fail it here.
+  if (!from_destination("status", st.room, st.sender)) return;
   auto it = rooms_.find(st.room);
   if (it != rooms_.end()) {
     // Only decode's final answer (terminal) lets the room drain; an early notice stops the writes.

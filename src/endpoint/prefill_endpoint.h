@@ -225,6 +225,9 @@ class PrefillEndpoint {
   }
   // Pool registrations refused (check_registration) and the last reason, for tests and metrics.
   uint64_t refused_registrations() const { return refused_registrations_; }
+  // Statuses and metadata refused because their sender is not a destination of the room they
+  // name (another decode rank, another DP group): for tests and metrics.
+  uint64_t foreign_messages() const { return foreign_messages_; }
   const std::string& last_refusal() const { return last_refusal_; }
   // Why `r` cannot be used with this rank's shape and transfer plan ("" when it can): sender not a
   // decode rank, page_size, number of KV buffers, aux or state item_bytes differing from ours,
@@ -283,6 +286,10 @@ class PrefillEndpoint {
   // A released (tombstoned) room: sends `d` the status it is owed (its cause, terminal unless
   // abandoned writes may still land). False: not a released room.
   bool answer_released(uint64_t room, const RankId& d);
+  // Whether `r` is one of the decode ranks this rank writes `room` to (the plan and the room's DP
+  // group say so; no peer's claim does). from_destination() counts and logs a refusal.
+  bool is_destination(uint64_t room, const RankId& r) const;
+  bool from_destination(std::string_view kind, uint64_t room, const RankId& sender);
   void maybe_finish(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);
@@ -344,6 +351,7 @@ class PrefillEndpoint {
   PageAllocator aux_alloc_;
   uint64_t next_aux_tag_ = 1ull << 62;
   uint64_t refused_registrations_ = 0;
+  uint64_t foreign_messages_ = 0;
   std::string last_refusal_;
   std::unordered_map<uint64_t, uint64_t> aux_tags_;  // tag -> room
   // Frames for rooms not added yet (arrival ns kept for expiry).

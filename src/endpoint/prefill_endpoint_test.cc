@@ -321,4 +321,33 @@ TEST(EndpointPair, TombstonesCappedAndKeepGuarantees) {
 }
 
 }  // namespace
+// Only a room's own destinations speak for it: a Failed status or metadata naming a decode rank
+// this rank does not write the room to (another tp_rank, another DP group, a prefill rank) is
+// refused and counted; the room goes on, and its destination's status still fails it.
+TEST(EndpointPair, StatusesAndMetadataFromNonDestinationsAreRefused) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1701;
+  p->prefill().add_room(room, 32);
+  const Failure forged{ErrorCode::kAborted, decode_rank0(), "forged", monotonic_ns(), 0};
+  const RankId liars[] = {{Role::kDecode, 0, 5, 0}, {Role::kDecode, 0, 0, 3}, {Role::kPrefill, 0, 1, 0},
+                          {Role::kDecode, 7, 0, 0}};
+  for (const RankId& liar : liars) {
+    p->prefill().on_message(Message(RoomStatus{room, liar, KVPoll::Failed, forged, true}));
+    p->prefill().on_message(Message(RoomMetadata{room, liar, {1, 2}, 0, {}, 1}));
+  }
+  EXPECT_EQ(p->prefill().foreign_messages(), 2 * std::size(liars));
+  EXPECT_NE(p->prefill().poll(room), KVPoll::Failed);
+  EXPECT_FALSE(p->pcore().registry().get(room));
+  EXPECT_FALSE(p->prefill().metadata_complete(room));
+
+  p->prefill().on_message(Message(RoomStatus{room, decode_rank0(), KVPoll::Failed, forged, true}));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Failed);
+  auto e = p->pcore().registry().get(room);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_EQ(e->origin, decode_rank0());
+  EXPECT_EQ(p->prefill().foreign_messages(), 2 * std::size(liars));
+}
+
 }  // namespace kvferry

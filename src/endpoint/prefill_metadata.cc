@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 
 #include "endpoint/prefill_endpoint.h"
+#include "endpoint/topology.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 
 namespace kvferry {
 namespace {
@@ -19,7 +21,24 @@ LogFields room_fields(uint64_t room) {
 }
 }  // namespace
 
+bool PrefillEndpoint::is_destination(uint64_t room, const RankId& r) const {
+  if (r.role != Role::kDecode || r.engine_id != 0 || r.dp_rank != dp_rank_for_room(room, decode_dp_)) return false;
+  for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
+    if (d == r.tp_rank) return true;
+  return false;
+}
+
+bool PrefillEndpoint::from_destination(std::string_view kind, uint64_t room, const RankId& sender) {
+  if (is_destination(room, sender)) return true;
+  ++foreign_messages_;
+  LogFields f = room_fields(room);
+  f.extra.push_back({"event", "foreign_refused"});
+  log_event(LogLevel::kDebug, kComp, fmt::format("{} from {} refused: not a destination of the room", kind, sender.str()), f);
+  return false;
+}
+
 void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
+  if (!from_destination("metadata", md.room, md.sender)) return;
   auto it = rooms_.find(md.room);
   if (it != rooms_.end()) return apply_metadata(it->second, md);
   if (answer_released(md.room, md.sender)) {  // the room is gone: answered, not resurrected
