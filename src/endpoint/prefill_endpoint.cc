@@ -112,7 +112,7 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
   // once from pending_fail_, and the metadata kept is dropped), so the room is drained here: say
   // so, or the destination waits for its drain deadline and quarantines the room's pages
   // (decode_quarantine.cc).
-  pending_meta_.erase(st.room);
+  (void)take_pending_meta(st.room);
   if (const std::string* peer = control_endpoint_of(st.sender)) {
     RoomStatus drained{st.room, core_.self(), KVPoll::Failed, st.failure, /*terminal=*/true};
     drained.peer_incarnation = incarnation_of(st.sender);
@@ -148,16 +148,11 @@ Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::opti
   if (pf != pending_fail_.end()) {
     RoomStatus st = pf->second.second;
     pending_fail_.erase(pf);
-    pending_meta_.erase(room);
+    (void)take_pending_meta(room);
     fail(room, st.failure, false, &st.sender);
     return Status::Ok();
   }
-  auto pm = pending_meta_.find(room);
-  if (pm != pending_meta_.end()) {
-    auto list = std::move(pm->second);
-    pending_meta_.erase(pm);
-    for (auto& [ts, md] : list) apply_metadata(r, md);
-  }
+  for (auto& [ts, md] : take_pending_meta(room)) apply_metadata(r, md);
   return Status::Ok();
 }
 
@@ -546,9 +541,10 @@ void PrefillEndpoint::tick(int64_t now_ns) {
          core_.self(), now_ns, true);
   }
   std::erase_if(pending_fail_, [&](const auto& kv) { return now_ns - kv.second.first > kPendingTtlNs; });
-  std::erase_if(pending_meta_, [&](const auto& kv) {
-    return kv.second.empty() || now_ns - kv.second.front().first > kPendingTtlNs;
-  });
+  std::vector<uint64_t> stale_meta;
+  for (const auto& [room, list] : pending_meta_)
+    if (list.empty() || now_ns - list.front().first > kPendingTtlNs) stale_meta.push_back(room);
+  for (uint64_t room : stale_meta) (void)take_pending_meta(room);
   expire_tombstones(ok_fifo_, kMaxOkTombstones, now_ns);
   expire_tombstones(failed_fifo_, kMaxFailedTombstones, now_ns);
 }

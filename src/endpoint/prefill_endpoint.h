@@ -196,6 +196,16 @@ class PrefillEndpoint {
   // (at most kMaxPendingSenders) for each; more are dropped (the sender asks again).
   static constexpr size_t kMaxPendingRooms = 1u << 16;
   static constexpr size_t kMaxPendingSenders = 64;
+  // The same per sender, so that one peer's flood cannot crowd out another's metadata, and in page
+  // and state indices (8 bytes each; a metadata may carry up to kMaxKvIndices): a sender keeps at
+  // most kMaxPendingPerSender rooms and, beyond its first one, kMaxPendingIndicesPerSender
+  // indices; all senders together at most kMaxPendingIndices (128 MiB). Dropped ones are counted.
+  static constexpr size_t kMaxPendingPerSender = kMaxPendingRooms / 4;
+  static constexpr uint64_t kMaxPendingIndicesPerSender = 1u << 22;
+  static constexpr uint64_t kMaxPendingIndices = 1u << 24;
+  size_t pending_metadata() const { return pending_entries_; }    // kept for rooms not added yet
+  uint64_t pending_indices() const { return pending_indices_; }   // their page and state indices
+  uint64_t dropped_pending() const { return dropped_pending_; }   // metadata dropped by the caps
   static constexpr size_t kMaxFailedTombstones = 2048;
 
   // Rooms whose first failure cause was recorded (fail()) since the last call, in order; a room
@@ -357,6 +367,18 @@ class PrefillEndpoint {
   // Frames for rooms not added yet (arrival ns kept for expiry).
   std::unordered_map<uint64_t, std::vector<std::pair<int64_t, RoomMetadata>>> pending_meta_;
   std::unordered_map<uint64_t, std::pair<int64_t, RoomStatus>> pending_fail_;
+  // What pending_meta_ holds, per sender and in all (kMaxPending*); a sender's entry goes with
+  // its last pending metadata, so the map is bounded by pending_meta_.
+  struct PendingQuota {
+    size_t entries = 0;
+    uint64_t indices = 0;
+  };
+  std::map<RankId, PendingQuota> pending_quota_;
+  size_t pending_entries_ = 0;
+  uint64_t pending_indices_ = 0;
+  uint64_t dropped_pending_ = 0;
+  // Takes the metadata kept for `room` out of pending_meta_ (and out of the counts above).
+  std::vector<std::pair<int64_t, RoomMetadata>> take_pending_meta(uint64_t room);
   // Released rooms: late frames never resurrect a room or attach to a later one; late metadata
   // for a failed room is answered with its cause. A tombstone is the room id, a sequence number
   // and, for a failed room only, its cause. Each lives in one of two FIFOs (release order) next

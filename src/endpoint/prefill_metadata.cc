@@ -5,6 +5,8 @@
 // answered with the status it is owed, never stored.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "endpoint/prefill_endpoint.h"
 #include "endpoint/topology.h"
 #include "kvferry/log.h"
@@ -46,14 +48,51 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
     return;
   }
   auto pending = pending_meta_.find(md.room);
-  if (pending == pending_meta_.end() && pending_meta_.size() >= kMaxPendingRooms) {
-    log_event(LogLevel::kDebug, kComp, "metadata for a room not added yet dropped: too many pending", room_fields(md.room));
+  if (pending != pending_meta_.end()) {
+    for (const auto& [ns, m] : pending->second)
+      if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
+  }
+  // Bounded in rooms, senders per room, entries and indices per sender and indices in all
+  // (prefill_endpoint.h, kMaxPending*): a peer's flood for rooms that never come costs it its
+  // own quota, not another peer's metadata.
+  const uint64_t indices = md.kv_indices.size() + md.state_indices.size();
+  PendingQuota* q = nullptr;
+  if (auto it = pending_quota_.find(md.sender); it != pending_quota_.end()) q = &it->second;
+  const char* full = nullptr;
+  if (pending == pending_meta_.end() && pending_meta_.size() >= kMaxPendingRooms) full = "too many rooms pending";
+  else if (pending != pending_meta_.end() && pending->second.size() >= kMaxPendingSenders) full = "too many senders";
+  else if (q && q->entries >= kMaxPendingPerSender) full = "too many pending from this sender";
+  else if (q && q->indices + indices > kMaxPendingIndicesPerSender) full = "too many indices pending from this sender";
+  else if (pending_indices_ + indices > kMaxPendingIndices) full = "too many indices pending";
+  if (full) {
+    ++dropped_pending_;
+    log_event(LogLevel::kDebug, kComp, fmt::format("metadata from {} for a room not added yet dropped: {}", md.sender.str(), full),
+              room_fields(md.room));
     return;
   }
-  auto& kept = pending_meta_[md.room];
-  for (const auto& [ns, m] : kept)
-    if (m.sender == md.sender) return;  // asked again before the room exists: the first is kept
-  if (kept.size() < kMaxPendingSenders) kept.push_back({monotonic_ns(), md});
+  PendingQuota& quota = pending_quota_[md.sender];
+  ++quota.entries;
+  quota.indices += indices;
+  ++pending_entries_;
+  pending_indices_ += indices;
+  pending_meta_[md.room].push_back({monotonic_ns(), md});
+}
+
+std::vector<std::pair<int64_t, RoomMetadata>> PrefillEndpoint::take_pending_meta(uint64_t room) {
+  auto pm = pending_meta_.find(room);
+  if (pm == pending_meta_.end()) return {};
+  auto list = std::move(pm->second);
+  pending_meta_.erase(pm);
+  for (const auto& [ns, md] : list) {
+    const uint64_t indices = md.kv_indices.size() + md.state_indices.size();
+    --pending_entries_;
+    pending_indices_ -= indices;
+    auto q = pending_quota_.find(md.sender);
+    if (q == pending_quota_.end()) continue;
+    q->second.indices -= std::min(q->second.indices, indices);
+    if (--q->second.entries == 0) pending_quota_.erase(q);
+  }
+  return list;
 }
 
 bool PrefillEndpoint::answer_released(uint64_t room, const RankId& d) {

@@ -27,6 +27,16 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   std::vector<size_t> order;
   Status valid = check_remote_info(info, mode_ == WriteMode::kPut, &order);
   if (!valid.ok()) return reply(Result<PeerId>(valid.code(), "connect: " + valid.message()));
+  // ucp_ep_create parses the address without a length and aborts the whole process (a fatal
+  // assertion in ucp_address_unpack) on a header version it does not know: the peer's header
+  // must carry the version ours does (every rank runs the same UCX build; docs/transport.md).
+  // Found by tests/integration/hostile_peer_test.cc (GarbageWorkerAddressAndRkey).
+  const unsigned theirs = static_cast<uint8_t>(info.worker_address[0]) & 0x0fu;
+  const unsigned ours = address_.empty() ? theirs : static_cast<uint8_t>(address_[0]) & 0x0fu;
+  if (theirs != ours)
+    return reply(Result<PeerId>(ErrorCode::kProtocolError, "connect: peer worker address of UCX address version " +
+                                                               std::to_string(theirs) + ", ours is " +
+                                                               std::to_string(ours)));
   auto owned = std::make_unique<Peer>();
   Peer& peer = *owned;
   peer.owner = this;
