@@ -3,6 +3,7 @@
 #include <future>
 
 #include "transport/ucx/ucx_config.h"
+#include "transport/ucx/shm_mapping.h"
 #include "transport/ucx/ucx_transport.h"
 
 namespace kvferry::ucx {
@@ -71,6 +72,11 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
                                s));
       }
     }
+    Status mapped = check_mapped_spans(peer);
+    if (!mapped.ok()) {
+      do_disconnect(id);
+      return reply(Result<PeerId>(mapped.code(), peer_name(id) + ": " + mapped.message()));
+    }
   }
   // Wait for wire-up before answering: the peer is known reachable, and no wire-up reply is left
   // pending in the peer's worker (UCX 1.13 aborts on an assertion when it purges one, e.g. when
@@ -104,6 +110,29 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
     complete_connect(*ctx, Status::Ok());  // flushed at once
   }
   release_connect_if_idle(*ctx);
+}
+
+Status UcxTransport::check_mapped_spans(Peer& peer) {
+  std::vector<AddressRange> taken;  // our own spans and every other peer's checked ones
+  for (const LocalSpanView& own : spans_.spans()) {
+    const auto lo = reinterpret_cast<uintptr_t>(own.base);
+    taken.push_back({lo, lo + own.bytes});
+  }
+  for (const auto& [other_id, other] : peers_) {
+    if (other.get() == &peer) continue;
+    for (const Peer::Span& sp : other->spans)
+      if (sp.local != 0) taken.push_back({sp.local, sp.local + sp.bytes});
+  }
+  for (size_t j = 0; j < peer.spans.size(); ++j) {
+    Peer::Span& sp = peer.spans[j];
+    void* local = nullptr;
+    // Only a shared-memory rkey has a local address (UCX's mm transports): a put is a memcpy there.
+    if (sp.rkey == nullptr || ucp_rkey_ptr(sp.rkey, sp.base, &local) != UCS_OK) continue;
+    Status st = check_peer_mapping(local, sp.bytes, taken);
+    if (!st.ok()) return {ErrorCode::kProtocolError, "span " + std::to_string(j) + " refused: " + st.message()};
+    sp.local = reinterpret_cast<uintptr_t>(local);
+  }
+  return Status::Ok();
 }
 
 void UcxTransport::on_connect_flushed(void* request, ucs_status_t status, void* user_data) {

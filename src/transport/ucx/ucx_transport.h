@@ -134,6 +134,9 @@ class UcxTransport final : public Transport {
   void release_connect_if_idle(ConnectCtx& ctx);
   static void on_connect_flushed(void* request, ucs_status_t status, void* user_data);
   void do_disconnect(PeerId id);
+  // Put mode: every span of `peer` whose rkey is a shared-memory mapping must lie where UCX maps
+  // that peer, in no memory of ours or another peer's (shm_mapping.h). Records where they are.
+  Status check_mapped_spans(Peer& peer);
   void handle_ep_error(Peer& peer, ucs_status_t status);
   void close_peer(Peer& peer, bool force);
   void finish_close(Peer& peer);
@@ -224,6 +227,7 @@ struct UcxTransport::Peer {
     uint64_t bytes = 0;
     uint64_t base = 0;
     ucp_rkey_h rkey = nullptr;  // put mode only
+    uintptr_t local = 0;        // where a shared-memory span is mapped here, once checked (shm_mapping.h)
   };
   std::vector<Span> spans;     // the peer's spans, sorted by offset
   void destroy_rkeys();
