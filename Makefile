@@ -8,6 +8,10 @@
 #               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
 #   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
 #               docs/testing.md)
+#   make test-sanitize-ci  CI's sanitizer step (.ci/run): build-asan, every unit test and the
+#               integration subset SANITIZE_CI_TESTS (docs/testing.md, "Sanitizers in CI")
+#   make test-tsan  the unit tests only, built with ThreadSanitizer in build-tsan (not in CI;
+#               docs/testing.md, "ThreadSanitizer")
 #   make bench  build and run bench/compare.sh: kvferry bench vs ucx_perftest and memcpy, control
 #               plane, failure path, micro-benchmarks (under 10 min); raw results in out/bench/,
 #               plots by bench/plot.sh; last line: the ratios (docs/BENCHMARKS.md)
@@ -22,6 +26,7 @@
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := control_codec am_wire shard_address remote_info engine_sync router_protocol \
@@ -50,7 +55,8 @@ DEBIAN_PACKAGES := nftables build-essential cmake pkg-config libucx-dev ucx-util
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
   python3-numpy gnuplot-nox jq stress-ng iproute2 clang libclang-rt-14-dev
 
-.PHONY: deps build run run-hosts faults bench test test-hog test-sanitize fuzz fuzz-build fuzz-smoke clean
+.PHONY: deps build run run-hosts faults bench test test-hog sanitize-configure test-sanitize test-sanitize-ci \
+  test-tsan fuzz fuzz-build fuzz-smoke clean
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -106,10 +112,37 @@ test-hog: build
 	tests/hog/hog.sh sh -c 'cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600 $(CTEST_ARGS)'
 
 # Sanitizer options and suppressions are compiled into every executable (tests/sanitizers/).
-test-sanitize: deps
+sanitize-configure: deps
 	cmake -S . -B $(ASAN_BUILD) -DKVFERRY_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+test-sanitize: sanitize-configure
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ctest --output-on-failure -j 2 --timeout 1200
+
+# CI's sanitizer step: every unit test (CTest label `unit`), then the multi-process tests of
+# SANITIZE_CI_TESTS (label `integration`): failure paths across real processes whose checks wait
+# for events under deadlines, no wall-clock window. Both runs always happen; either failing fails
+# the step. Why these and not the others: docs/testing.md, "Sanitizers in CI". Only what they
+# need is built (SANITIZE_CI_TARGETS: the unit tests, the CLI the multi-process tests start, and
+# the binaries holding the subset).
+SANITIZE_CI_TESTS := ^(Replay\.(TcpOneByOneWithFaults|RankThatCannotStartStopsTheReplay|RankKilledMidRunStopsTheReplay|SigtermStopsEveryProcess)|Observability\.CtrlCStopsEveryProcessAndWritesAPartialReport|SilentRank/PrefillFail\.OnASendingAndANonSendingRankFailsTheRoomEverywhere/DeepSeek_4x2|RankSigterm\.DebugLinesAndTheStopReachTheLogFile)$$
+SANITIZE_CI_TARGETS := kvferry_unit_tests kvferry_cli replay_test observability_test hetero_tp_test \
+  rank_sigterm_test
+test-sanitize-ci: sanitize-configure
+	cmake --build $(ASAN_BUILD) -j $(JOBS) --target $(SANITIZE_CI_TARGETS)
+	@cd $(ASAN_BUILD) && rc=0; \
+	ctest --output-on-failure -j 2 --timeout 1200 --no-tests=error -L '^unit$$' || rc=1; \
+	ctest --output-on-failure --timeout 1200 --no-tests=error -L '^integration$$' -R '$(SANITIZE_CI_TESTS)' || rc=1; \
+	exit $$rc
+
+# ThreadSanitizer (not in CI): only unit test binaries are built (TSAN_TARGETS, default all of them)
+# and run (label `unit`; narrow with CTEST_ARGS="-R ..."). Options and suppressions:
+# tests/sanitizers/tsan_defaults.cc, tsan.supp. A test whose binary was not built is not run.
+TSAN_TARGETS ?= kvferry_unit_tests
+test-tsan: deps
+	cmake -S . -B $(TSAN_BUILD) -DKVFERRY_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
+	cd $(TSAN_BUILD) && ctest --output-on-failure -j 2 --timeout 1200 -L '^unit$$' $(CTEST_ARGS)
 
 # libFuzzer targets (fuzz/CMakeLists.txt): a clang build of only them and the decoders they test.
 # New inputs go to build-fuzz/corpus/<target>/ (the committed seeds in fuzz/corpus/ are read only);
@@ -133,4 +166,4 @@ fuzz-smoke:
 	$(MAKE) fuzz FUZZ_SECONDS=30
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD) out

@@ -131,7 +131,7 @@ install(FILES ${PROJECT_BINARY_DIR}/kvferry.pc DESTINATION ${CMAKE_INSTALL_LIBDI
 # The Manager consumer (tests/consumer/main.cc) needs the manager component and the engine-shaped
 # buffers (issue 11).
 option(KVFERRY_CONSUMER_MANAGER "install_consumer also builds and runs tests/consumer/main.cc" ON)
-if(NOT KVFERRY_SANITIZE)
+if(NOT KVFERRY_INSTRUMENTED)
 add_test(NAME install_consumer
   COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
           -DWORK_DIR=${PROJECT_BINARY_DIR}/install_consumer -DMANAGER_CONSUMER=${KVFERRY_CONSUMER_MANAGER}

@@ -106,9 +106,14 @@ TEST_F(Processes, ChildDoesNotInheritDescriptorsOrSignalMask) {
   ASSERT_TRUE(c.ok());
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(fd);
-  std::this_thread::sleep_for(milliseconds(300));
-  // ls's own listing: 0 1 2 and its directory fd (3); the parent's fd is gone.
-  const std::string fds = tail_file(out("c"), 1);
+  // ls's own listing: 0 1 2 and its directory fd (3); the parent's fd is gone. Waited for (the
+  // child may start late on a loaded host or under a sanitizer), not a fixed sleep.
+  std::string fds;
+  for (auto deadline = std::chrono::steady_clock::now() + milliseconds(10000);
+       fds.empty() && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(milliseconds(50));
+    fds = tail_file(out("c"), 1);
+  }
   EXPECT_EQ(fds, "0 1 2 3 ") << fds;
   g.signal("c", SIGTERM);  // not blocked in the child: it dies
   auto exits = g.wait_for("c", milliseconds(3000));
