@@ -8,7 +8,7 @@
 #               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
 #   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
 #               docs/testing.md)
-#   make test-sanitize-ci  CI's sanitizer step (.ci/run): build-asan, every unit test and the
+#   make test-sanitize-ci  the sanitizer step meant for CI (not in .ci/run yet): build-asan, every unit test and the
 #               integration subset SANITIZE_CI_TESTS (docs/testing.md, "Sanitizers in CI")
 #   make test-tsan  the unit tests only, built with ThreadSanitizer in build-tsan (not in CI;
 #               docs/testing.md, "ThreadSanitizer")
