@@ -2,20 +2,20 @@
 // kvferry/net.h): a leader and a follower agree over IPv6 loopback and over a host name, the
 // leader bound on a wildcard; the router is told the advertised engine endpoint.
 #include <gtest/gtest.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <functional>
+#include <cstdio>
 #include <future>
+#include <optional>
 #include <string>
 
 #include "driver/engine_loop.h"
 #include "endpoint/endpoint_pair_test_util.h"
 #include "kvferry/control.h"
 #include "kvferry/net.h"
+#include "kvferry/port_file.h"
 #include "driver/engine_protocol.h"
 
 namespace kvferry {
@@ -36,32 +36,15 @@ class IdleDriver : public EngineDriver {
   bool idle() const override { return true; }
 };
 
-// A port free on `host` (a numeric address): a plain socket bound to port 0, closed at once.
-uint16_t free_port(const char* host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host, "0", &hints, &res) != 0) return 0;
-  uint16_t port = 0;
-  const int fd = ::socket(res->ai_family, SOCK_STREAM, 0);
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  if (fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  return port;
-}
-
 // Runs a leader and a follower of one engine with these addresses until the router (bound on
 // `router_host`) sees the engine ready; returns the ready frame's engine endpoint and shuts both
-// down (each must exit 0).
-std::string agree(const std::string& router_host, const std::string& engine_endpoint, const std::string& leader_bind,
-                  const std::string& follower_bind, const std::string& follower_advertise = "") {
+// down (each must exit 0). The leader binds port 0 and writes the port it got to a port file
+// (kvferry/port_file.h), and only then is the follower started on endpoint_for(that port): a
+// port picked free beforehand could be taken by another test before the leader binds it (seen:
+// "Address already in use" in a fresh-clone run). *leader_endpoint: endpoint_for(bound port).
+std::string agree(const std::string& router_host, const std::function<std::string(uint16_t)>& endpoint_for,
+                  const std::string& leader_bind, const std::string& follower_bind,
+                  const std::string& follower_advertise, std::string* leader_endpoint) {
   ListenAddress ra;
   ra.bind_host = router_host;
   auto router = ControlSocket::bind(ra);
@@ -72,20 +55,39 @@ std::string agree(const std::string& router_host, const std::string& engine_endp
   auto follower_core = testing::make_test_manager(follower_id);
   EXPECT_TRUE(leader_core.ok() && follower_core.ok());
   if (!leader_core.ok() || !follower_core.ok()) return "";
-  EngineLoopConfig cfg{leader_id, 2, engine_endpoint, (*router)->endpoint()};
+  static int runs = 0;
+  const std::string port_file =
+      ::testing::TempDir() + "engine_addresses_" + std::to_string(::getpid()) + "_" + std::to_string(++runs) + ".port";
+  std::remove(port_file.c_str());
+  EngineLoopConfig cfg{leader_id, 2, endpoint_for(0), (*router)->endpoint()};
   cfg.idle_step_interval_us = 5000;
   cfg.bind_host = leader_bind;
-  EngineLoopConfig fcfg = cfg;
-  fcfg.self = follower_id;
-  fcfg.bind_host = follower_bind;
-  fcfg.advertise_host = follower_advertise;
+  cfg.port_file = port_file;
   IdleDriver leader_driver, follower_driver;
   EngineLoop leader(cfg, **leader_core, leader_driver);
-  EngineLoop follower(fcfg, **follower_core, follower_driver);
   auto leader_rc = std::async(std::launch::async, [&] { return leader.run(); });
+  std::optional<uint16_t> port;
+  for (auto until = std::chrono::steady_clock::now() + 30s; !port && std::chrono::steady_clock::now() < until;) {
+    if (leader_rc.wait_for(10ms) == std::future_status::ready) break;  // it could not start
+    port = read_port_file(port_file);
+  }
+  std::remove(port_file.c_str());
+  EXPECT_TRUE(port) << "the leader never bound its engine socket";
+  if (!port) {
+    EXPECT_EQ(leader_rc.wait_for(10s), std::future_status::ready);
+    return "";
+  }
+  *leader_endpoint = endpoint_for(*port);
+  EngineLoopConfig fcfg = cfg;
+  fcfg.self = follower_id;
+  fcfg.engine_endpoint = *leader_endpoint;
+  fcfg.port_file.clear();
+  fcfg.bind_host = follower_bind;
+  fcfg.advertise_host = follower_advertise;
+  EngineLoop follower(fcfg, **follower_core, follower_driver);
   auto follower_rc = std::async(std::launch::async, [&] { return follower.run(); });
   std::string ready_endpoint;
-  for (auto until = std::chrono::steady_clock::now() + 10s;
+  for (auto until = std::chrono::steady_clock::now() + 30s;
        ready_endpoint.empty() && std::chrono::steady_clock::now() < until;) {
     auto f = (*router)->recv(100ms);
     if (!f) continue;
@@ -95,31 +97,34 @@ std::string agree(const std::string& router_host, const std::string& engine_endp
   // The ready frame needs the follower's hello: the agreement ran over these addresses.
   EXPECT_FALSE(ready_endpoint.empty()) << "the engine never became ready";
   // Shut down through the advertised endpoint (the leader forwards it to the follower).
-  for (auto until = std::chrono::steady_clock::now() + 10s;
+  for (auto until = std::chrono::steady_clock::now() + 30s;
        leader_rc.wait_for(50ms) != std::future_status::ready && std::chrono::steady_clock::now() < until;) {
-    (void)(*router)->send(engine_endpoint, encode_shutdown());
+    (void)(*router)->send(*leader_endpoint, encode_shutdown());
     (void)(*router)->recv(0ms);
   }
-  EXPECT_EQ(leader_rc.wait_for(10s), std::future_status::ready);
-  EXPECT_EQ(follower_rc.wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(leader_rc.wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(follower_rc.wait_for(30s), std::future_status::ready);
   EXPECT_EQ(leader_rc.get(), 0);
   EXPECT_EQ(follower_rc.get(), 0);
   return ready_endpoint;
 }
 
 TEST(EngineAddresses, Ipv6LoopbackWithWildcardLeader) {
-  const uint16_t port = free_port("::1");
-  ASSERT_NE(port, 0);
-  const std::string endpoint = zmq_endpoint("::1", port);
   // The leader listens on every interface and advertises its endpoint's host; the follower binds ::1.
-  EXPECT_EQ(agree("::1", endpoint, "::", "::1"), endpoint);
+  std::string endpoint;
+  const std::string ready = agree("::1", [](uint16_t port) { return zmq_endpoint("::1", port); }, "::", "::1", "",
+                                  &endpoint);
+  EXPECT_FALSE(endpoint.empty());
+  EXPECT_EQ(ready, endpoint);
 }
 
 TEST(EngineAddresses, HostName) {
-  const uint16_t port = free_port("127.0.0.1");
-  ASSERT_NE(port, 0);
-  const std::string endpoint = "tcp://localhost:" + std::to_string(port);
-  EXPECT_EQ(agree("localhost", endpoint, "", "0.0.0.0", "localhost"), endpoint);
+  std::string endpoint;
+  const std::string ready =
+      agree("localhost", [](uint16_t port) { return "tcp://localhost:" + std::to_string(port); }, "", "0.0.0.0",
+            "localhost", &endpoint);
+  EXPECT_FALSE(endpoint.empty());
+  EXPECT_EQ(ready, endpoint);
 }
 
 TEST(EngineAddresses, BadBindHostFailsToStart) {
