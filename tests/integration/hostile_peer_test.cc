@@ -429,8 +429,10 @@ TEST_P(HostilePeer, MetadataFloodForUnknownRooms) {
     liar_send(pctl(), Message{RoomMetadata{200'001 + 2 * i, liar().self, {}, 0, {}, 1}});
   if (!secret()) {
     // The liar's quota fills and most of the rest is counted as dropped. Not "every frame
-    // counted": a fresh-clone run once saw 1024 of the 70 008 frames never reach the prefill
-    // rank (ZeroMQ, the liar's side; not understood yet), so the bound is asserted, not the sum.
+    // counted": a fresh-clone run saw 1024 of the 70 008 frames never reach the prefill rank.
+    // The liar's ControlSocket held them (kMaxHeld) while the queue was full inside its connect
+    // window and dropped them when the window ended (src/control/control_socket.cc), so the
+    // bound is asserted, not the sum.
     ASSERT_TRUE(c_.pump_until([&] {
       return c_.pe().pending_metadata() == PrefillEndpoint::kMaxPendingPerSender &&
              c_.pe().dropped_pending() >= kSmall / 2;
