@@ -31,6 +31,14 @@ uint64_t mem_available() {
   return 0;
 }
 
+// Written as soon as the engine loop returns, before the loop, driver and manager are torn
+// down: after SIGTERM the orchestrator's grace period covers the write, not the teardown.
+void write_final_metrics(const RankOptions& o) {
+  if (o.metrics_file.empty()) return;
+  Status s = write_metrics_file(*rank_metrics(), o.metrics_file);
+  if (!s.ok()) log_event(LogLevel::kWarning, kComp, "metrics file: " + s.str());
+}
+
 int fail_start(const std::string& what) {
   log_event(LogLevel::kCritical, kComp, "cannot start: " + what);
   flush_logging();
@@ -100,14 +108,12 @@ int run_rank(const RankOptions& o) {
     PrefillDriver driver(m, {std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size))});
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
+    write_final_metrics(o);
   } else {
     DecodeDriver driver(m);
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
-  }
-  if (!o.metrics_file.empty()) {
-    Status s = write_metrics_file(*rank_metrics(), o.metrics_file);
-    if (!s.ok()) log_event(LogLevel::kWarning, kComp, "metrics file: " + s.str());
+    write_final_metrics(o);
   }
   flush_logging();
   return rc;
