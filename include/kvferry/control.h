@@ -52,7 +52,8 @@ class ControlSocket {
   // kInvalidArgument for a malformed endpoint. Ok means queued, not delivered.
   // First contact: while the connection to a new destination is being set up (its first 1 s),
   // send() waits at most 20 ms once, then holds frames (in order, bounded) and later send()/recv()
-  // calls flush them; frames still held when that window ends are dropped.
+  // calls flush them. Frames held when that window ends are dropped only if the connection never
+  // came up; once it did, every frame send() accepted is kept until ZeroMQ queues it.
   Status send(const std::string& dest_endpoint, const std::string& frame);
 
   // Next received frame, waiting at most `timeout` (0: do not wait). nullopt when none arrived.

@@ -4,9 +4,12 @@
 // PUSH sockets use ZMQ_IMMEDIATE=1: ZeroMQ queues frames only on a completed connection, so a
 // send to a dead or never-started peer fails at once (kPeerUnreachable) instead of piling up.
 // A new PUSH socket has not finished its TCP connect and handshake yet, so during its first
-// kConnectWindow a frame that cannot be queued is held here (at most kMaxHeld frames) and flushed,
-// in order, by later send()/recv() calls; send() itself waits at most kConnectWait, once, for the
-// connection. When the window ends with frames still held, they are dropped and the peer is
+// kConnectWindow a frame that cannot be queued is held here (at most kMaxHeld frames and
+// kMaxHeldBytes) and flushed, in order, by later send()/recv() calls; send() itself waits at most
+// kConnectWait, once, for the connection. A frame send() accepted is not dropped once the
+// connection has come up: held frames of a connected socket whose queue is full stay held until
+// ZeroMQ takes them (later frames get kPeerUnreachable meanwhile, as a full queue does). Only when
+// the window ends before any connection did, the held frames are dropped and the peer is
 // unreachable. All sockets have ZMQ_LINGER 0: closing never blocks on unsent frames.
 #include <algorithm>
 #include <chrono>
@@ -29,6 +32,7 @@ constexpr int kSendHighWaterMark = 10000;
 constexpr auto kConnectWait = milliseconds(20);
 constexpr auto kConnectWindow = milliseconds(1000);
 constexpr size_t kMaxHeld = 1024;
+constexpr size_t kMaxHeldBytes = 64u << 20;
 // The largest frame decode() can accept, plus slack: bigger frames drop the sending connection.
 constexpr int64_t kMaxFrameBytes = 8ll * kMaxKvIndices + (1ll << 20);
 
@@ -53,17 +57,35 @@ milliseconds until(Clock::time_point t) {
 struct Push {
   zmq::socket_t socket;
   Clock::time_point created;
-  std::deque<std::string> held;  // frames waiting for the first connection, oldest first
+  std::deque<std::string> held;  // frames ZeroMQ could not take yet, oldest first
+  size_t held_bytes = 0;
+  bool connected = false;  // ZeroMQ has taken a frame: the connection came up
 
   bool in_window() const { return Clock::now() - created < kConnectWindow; }
-  bool try_send(const std::string& frame) {
-    return socket.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
+  bool can_hold(const std::string& frame) const {
+    return in_window() && held.size() < kMaxHeld && held_bytes + frame.size() <= kMaxHeldBytes;
   }
-  // Sends held frames in order while ZeroMQ accepts them; drops them once the window is over.
-  // Returns true when nothing is held any more.
+  void hold(const std::string& frame) {
+    held.push_back(frame);
+    held_bytes += frame.size();
+  }
+  void drop_held() {
+    held.clear();
+    held_bytes = 0;
+  }
+  bool try_send(const std::string& frame) {
+    const bool sent = socket.send(zmq::buffer(frame), zmq::send_flags::dontwait).has_value();
+    connected = connected || sent;
+    return sent;
+  }
+  // Sends held frames in order while ZeroMQ accepts them. A socket that never connected drops
+  // them once the window is over. Returns true when nothing is held any more.
   bool flush() {
-    while (!held.empty() && try_send(held.front())) held.pop_front();
-    if (!held.empty() && !in_window()) held.clear();
+    while (!held.empty() && try_send(held.front())) {
+      held_bytes -= held.front().size();
+      held.pop_front();
+    }
+    if (!held.empty() && !connected && !in_window()) drop_held();
     return held.empty();
   }
 };
@@ -93,11 +115,11 @@ struct ControlSocket::Impl {
         if ((item.revents & ZMQ_POLLOUT) && p.try_send(frame)) return Status::Ok();
       }
     }
-    if (p.in_window() && p.held.size() < kMaxHeld) {
-      p.held.push_back(frame);
+    if (p.can_hold(frame)) {
+      p.hold(frame);
       return Status::Ok();
     }
-    p.held.clear();
+    if (!p.connected) p.drop_held();
     return Status(ErrorCode::kPeerUnreachable,
                   "control socket: " + dest + " is not connected or its queue is full");
   }
@@ -230,7 +252,7 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
       auto dest = parse_host_port(dest_endpoint);
       push.set(zmq::sockopt::ipv6, !dest.ok() || !is_ipv4_literal(dest->host));
       push.connect(dest_endpoint);
-      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), {}}).first;
+      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), {}, 0, false}).first;
     } catch (const zmq::error_t& e) {
       return Status(code_for(e),
                     "control socket: cannot connect to " + dest_endpoint + ": " + e.what());

@@ -169,6 +169,42 @@ TEST(ControlSocket, HeldFramesFlushWhenPeerComesUp) {
   EXPECT_EQ(got, (std::vector<std::string>{"one", "two"}));
 }
 
+// A peer that does not read: frames fill ZeroMQ's queue and then the held frames of the connect
+// window. Every frame send() accepted arrives once the peer reads, also when it starts reading
+// only after the window ended (a socket that had connected does not drop what it held).
+TEST(ControlSocket, FramesAcceptedIntoAFullQueueAreNotDropped) {
+  auto a = bind_local();
+  auto b = bind_local();
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->send(b->endpoint(), "first").ok());
+  ASSERT_EQ(deliver(*a, *b), "first");  // connected
+  const std::string frame(1024, 'x');
+  size_t accepted = 1;  // "first"
+  bool refused = false;
+  // Until a send is refused (the queue and the held frames are full), or the connect window
+  // (1 s from the first send) would be over: then nothing more can be held.
+  const auto window_end = Clock::now() + 800ms;
+  while (!refused && Clock::now() < window_end && accepted < 2'000'000) {
+    if (a->send(b->endpoint(), frame).ok()) ++accepted;
+    else refused = true;
+  }
+  std::this_thread::sleep_for(1200ms);  // the window is over: held frames must still be kept
+  size_t got = 1;
+  const auto deadline = Clock::now() + 60s;
+  bool idle = false;
+  while (Clock::now() < deadline && !(idle && got == accepted)) {
+    EXPECT_EQ(a->recv(0ms), std::nullopt);  // the sender's loop flushes what it held
+    idle = true;
+    while (auto f = b->recv(5ms)) {
+      EXPECT_EQ(*f, frame);
+      ++got;
+      idle = false;
+    }
+  }
+  EXPECT_EQ(got, accepted) << (refused ? "the queue filled" : "the queue did not fill in the window");
+  EXPECT_EQ(b->recv(100ms), std::nullopt);
+}
+
 TEST(ControlSocket, InvalidDestination) {
   auto a = bind_local();
   ASSERT_TRUE(a);
