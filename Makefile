@@ -8,7 +8,7 @@
 #               included: 500 requests over shm, 150 over tcp (out/faults/{shm,tcp}/report.json)
 #   make test-sanitize  the same under ASan+LSan+UBSan in build-asan (slow; not part of `make test`;
 #               docs/testing.md)
-#   make test-sanitize-ci  the sanitizer step meant for CI (not in .ci/run yet): build-asan, every unit test and the
+#   make test-sanitize-ci  CI's sanitizer step (.ci/run, after fuzz-smoke): build-asan, every unit test and the
 #               integration subset SANITIZE_CI_TESTS (docs/testing.md, "Sanitizers in CI")
 #   make test-tsan  the unit tests only, built with ThreadSanitizer in build-tsan (not in CI;
 #               docs/testing.md, "ThreadSanitizer")
@@ -125,7 +125,7 @@ test-sanitize: sanitize-configure
 # the step. Why these and not the others: docs/testing.md, "Sanitizers in CI". Only what they
 # need is built (SANITIZE_CI_TARGETS: the unit tests, the CLI the multi-process tests start, and
 # the binaries holding the subset).
-SANITIZE_CI_TESTS := ^(Replay\.(TcpOneByOneWithFaults|RankThatCannotStartStopsTheReplay|RankKilledMidRunStopsTheReplay|SigtermStopsEveryProcess)|Observability\.CtrlCStopsEveryProcessAndWritesAPartialReport|SilentRank/PrefillFail\.OnASendingAndANonSendingRankFailsTheRoomEverywhere/DeepSeek_4x2|RankSigterm\.DebugLinesAndTheStopReachTheLogFile)$$
+SANITIZE_CI_TESTS := ^(Replay\.(TcpOneByOneWithFaults|RankThatCannotStartStopsTheReplay|RankKilledMidRunStopsTheReplay|SigtermStopsEveryProcess)|Observability\.CtrlCStopsEveryProcessAndWritesAPartialReport|RankSigterm\.DebugLinesAndTheStopReachTheLogFile)$$|^SilentRank/PrefillFail\.OnASendingAndANonSendingRankFailsTheRoomEverywhere/DeepSeek_4x2( |$$)
 SANITIZE_CI_TARGETS := kvferry_unit_tests kvferry_cli replay_test observability_test hetero_tp_test \
   rank_sigterm_test
 test-sanitize-ci: sanitize-configure
@@ -138,11 +138,13 @@ test-sanitize-ci: sanitize-configure
 # ThreadSanitizer (not in CI): only unit test binaries are built (TSAN_TARGETS, default all of them)
 # and run (label `unit`; narrow with CTEST_ARGS="-R ..."). Options and suppressions:
 # tests/sanitizers/tsan_defaults.cc, tsan.supp. A test whose binary was not built is not run.
+# UCX_MEM_EVENTS=no: UCX's memory hooks (libucm patches mmap/munmap/brk in every process that
+# links UCX) crash a TSan-built process at once (SIGSEGV before main's first test).
 TSAN_TARGETS ?= kvferry_unit_tests
 test-tsan: deps
 	cmake -S . -B $(TSAN_BUILD) -DKVFERRY_TSAN=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 	cmake --build $(TSAN_BUILD) -j $(JOBS) --target $(TSAN_TARGETS)
-	cd $(TSAN_BUILD) && ctest --output-on-failure -j 2 --timeout 1200 -L '^unit$$' $(CTEST_ARGS)
+	cd $(TSAN_BUILD) && UCX_MEM_EVENTS=no ctest --output-on-failure -j 2 --timeout 1200 -L '^unit$$' $(CTEST_ARGS)
 
 # libFuzzer targets (fuzz/CMakeLists.txt): a clang build of only them and the decoders they test.
 # New inputs go to build-fuzz/corpus/<target>/ (the committed seeds in fuzz/corpus/ are read only);

@@ -45,7 +45,7 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
     }
   }
   std::deque<RouterRequest> pending;  // prefill side's view; decode mirrors it
-  std::map<uint64_t, std::optional<FaultSpec>> prefill_faults;
+  std::map<uint64_t, std::optional<FaultSpec>> prefill_faults, decode_faults;
   size_t shutdowns = 0;
   while (!stop && shutdowns < 2) {
     for (ControlSocket* s : {&prefill, &decode}) {
@@ -66,12 +66,9 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
         if (fr->request->fault) ++f.faults_seen;
         prefill_faults[fr->request->room] = fr->request->fault;
       } else {
-        auto it = prefill_faults.find(fr->request->room);
-        const auto& pf = it == prefill_faults.end() ? std::optional<FaultSpec>() : it->second;
-        const auto& df = fr->request->fault;
-        if (pf.has_value() != df.has_value() || (pf && (pf->kind != df->kind || pf->at != df->at))) {
-          f.fault_specs_match = false;
-        }
+        // Compared once both sides' copies came (below): the router sends to both, and the
+        // decode side's copy of a room may be read before the prefill side's.
+        decode_faults[fr->request->room] = fr->request->fault;
       }
     }
     f.max_outstanding_seen = std::max(f.max_outstanding_seen, pending.size());
@@ -102,6 +99,14 @@ void run_fake(ControlSocket& prefill, ControlSocket& decode, const std::string& 
     }
   }
   f.got_shutdown = shutdowns == 2;
+  // Every room reached both engines, each with the same fault (or none).
+  auto same = [](const std::optional<FaultSpec>& a, const std::optional<FaultSpec>& b) {
+    return a.has_value() == b.has_value() && (!a || (a->kind == b->kind && a->at == b->at));
+  };
+  f.fault_specs_match =
+      prefill_faults.size() == decode_faults.size() &&
+      std::equal(prefill_faults.begin(), prefill_faults.end(), decode_faults.begin(),
+                 [&](const auto& p, const auto& d) { return p.first == d.first && same(p.second, d.second); });
 }
 
 class RouterLoop : public ::testing::Test {

@@ -48,7 +48,7 @@ struct Completion {
     };
   }
   // Status, or kInternal "timeout" when nothing came within `timeout`.
-  Status wait(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  Status wait(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
     if (future.wait_for(timeout) != std::future_status::ready) {
       return Status(ErrorCode::kInternal, "timeout");
     }
@@ -57,7 +57,7 @@ struct Completion {
 };
 
 inline Status write_and_wait(Transport& t, PeerId peer, uint64_t room, std::vector<WriteOp> ops,
-                             std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+                             std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   Completion c;
   t.write(peer, room, std::move(ops), c.callback());
   return c.wait(timeout);

@@ -54,6 +54,8 @@ struct UcxTestHooks {
   bool plain_mmap_region = false;        // register an mmap'd buffer instead of ALLOCATE
   uint32_t am_send_flags = 0;            // extra ucp_am_send flags (UCP_AM_SEND_FLAG_EAGER/RNDV)
   bool force_put = false;                // put + flush whatever the kind (measurements)
+  // sender: told each batch id as it is drawn (tests that forge an ack need the id)
+  std::function<void(uint64_t)> on_batch_id;
 };
 
 enum class WriteMode { kPut, kActiveMessage };
@@ -95,6 +97,9 @@ class UcxTransport final : public Transport {
   std::string describe_peer(PeerId peer);
   // Incoming AM writes this transport refused (header outside its region or malformed).
   uint64_t rejected_incoming() const { return rejected_incoming_.load(); }
+  // Acks for one of our pings or batches that came from another endpoint than the one it went
+  // out on, or from none (dropped; handle_am_ack in ucx_write.cc).
+  uint64_t foreign_acks() const { return foreign_acks_.load(); }
 
   static constexpr int kIdleWakeMs = 100;
   // connect() returns once wire-up with the peer completed (shm: ep flush; tcp: ping + ack round
@@ -166,7 +171,8 @@ class UcxTransport final : public Transport {
   void return_bounce(std::unique_ptr<uint8_t[]> buf);
   ucs_status_t handle_am_write(const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
-  void handle_am_ack(const void* data, size_t length);
+  void handle_am_ack(const void* data, size_t length, ucp_ep_h from);
+  bool ack_is_from(ucp_ep_h from, PeerId peer);  // false: counted in foreign_acks_
   std::string peer_name(PeerId id) const;
   static void on_flush_done(void* request, ucs_status_t status, void* user_data);
   static void on_am_sent(void* request, ucs_status_t status, void* user_data);
@@ -213,7 +219,7 @@ class UcxTransport final : public Transport {
   std::function<void(PeerId, Status)> peer_error_handler_;
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
-      live_peers_{0}, rejected_incoming_{0};
+      live_peers_{0}, rejected_incoming_{0}, foreign_acks_{0};
   std::atomic<std::thread::id> thread_id_{};
 };
 

@@ -65,6 +65,7 @@ void UcxTransport::do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
   Batch& b = *owned;
   b.owner = this;
   b.id = fresh_batch_id();
+  if (hooks_.on_batch_id) hooks_.on_batch_id(b.id);
   b.peer = id;
   b.room = room;
   b.done = std::move(done);
@@ -465,7 +466,8 @@ void UcxTransport::send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code
   ucp_request_param_t prm{};
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
                      UCP_OP_ATTR_FIELD_FLAGS;
-  prm.flags = UCP_AM_SEND_FLAG_EAGER;
+  // REPLY: the writer learns which of its endpoints the ack came back on (handle_am_ack).
+  prm.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
   prm.cb.send = &UcxTransport::on_ack_sent;
   prm.user_data = msg;
   void* req = ucp_am_send_nbx(reply_ep, kAmAckId, nullptr, 0, &msg->ack, sizeof(msg->ack), &prm);
@@ -485,8 +487,10 @@ void UcxTransport::on_ack_sent(void* request, ucs_status_t /*status*/, void* use
 
 ucs_status_t UcxTransport::am_ack_cb(void* arg, const void* /*header*/, size_t /*header_length*/,
                                      void* data, size_t length,
-                                     const ucp_am_recv_param_t* /*param*/) {
-  static_cast<UcxTransport*>(arg)->handle_am_ack(data, length);
+                                     const ucp_am_recv_param_t* param) {
+  ucp_ep_h from =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  static_cast<UcxTransport*>(arg)->handle_am_ack(data, length, from);
   return UCS_OK;
 }
 
@@ -501,11 +505,23 @@ ucs_status_t UcxTransport::am_ping_cb(void* arg, const void* /*header*/,
   return UCS_OK;
 }
 
-void UcxTransport::handle_am_ack(const void* data, size_t length) {
+// An ack settles a ping or batch only if it came back on the endpoint that ping or batch went
+// out on: the receiver answers on its reply endpoint with UCP_AM_SEND_FLAG_REPLY, so UCX hands us
+// our own endpoint to that receiver. An ack from any other endpoint (another peer that learned or
+// guessed an id), or without one, is counted and dropped (docs/security.md, "Acknowledgements").
+bool UcxTransport::ack_is_from(ucp_ep_h from, PeerId peer) {
+  auto it = peers_.find(peer);
+  if (from != nullptr && it != peers_.end() && it->second->ep == from) return true;
+  foreign_acks_.fetch_add(1);
+  return false;
+}
+
+void UcxTransport::handle_am_ack(const void* data, size_t length, ucp_ep_h from) {
   AmAck ack;
   if (!parse_ack(data, length, &ack)) return;
   if (auto ping = pings_.find(ack.batch_id); ping != pings_.end()) {
     ConnectCtx& ctx = *ping->second;  // complete_connect erases the map entry
+    if (!ack_is_from(from, ctx.id)) return;
     complete_connect(ctx, ack.code == 0 ? Status::Ok()
                                         : Status(ErrorCode::kPeerUnreachable, "ping refused"));
     return release_connect_if_idle(ctx);
@@ -513,6 +529,7 @@ void UcxTransport::handle_am_ack(const void* data, size_t length) {
   auto it = batches_.find(ack.batch_id);
   if (it == batches_.end() || it->second->finished) return;  // already failed: ignore
   Batch& b = *it->second;
+  if (!ack_is_from(from, b.peer)) return;
   if (ack.code != 0) {
     ErrorCode code = ack.code <= kMaxErrorCode ? static_cast<ErrorCode>(ack.code)
                                                : ErrorCode::kProtocolError;
