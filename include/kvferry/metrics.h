@@ -65,6 +65,9 @@ class RankMetrics {
   void set_quarantined_pages(uint64_t pages);
   // The rank's total so far (a counter: never below what was set before).
   void set_reclaimed_pages(uint64_t pages);
+  // Resident memory (docs/transport.md): this rank's registered bytes locked / not locked (gauges),
+  // and spans that could not be locked or pre-faulted so far (a counter).
+  void set_pool_residency(uint64_t locked_bytes, uint64_t unlocked_bytes, uint64_t warnings);
 
   // The whole exposition (text/plain; version=0.0.4).
   std::string exposition() const;

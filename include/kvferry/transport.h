@@ -106,6 +106,13 @@ struct TransportStats {
   uint64_t batches = 0;
   uint64_t failed_batches = 0;
   uint64_t peers = 0;        // live peers
+  // Resident memory (docs/transport.md "Resident memory"): bytes of this rank's registered host
+  // memory that are locked (mlock) / that could not be locked (RLIMIT_MEMLOCK, no CAP_IPC_LOCK:
+  // pre-faulted only, so the kernel may reclaim and fault them again), and how many spans (own,
+  // or a peer's shared memory as mapped here) could not be locked or pre-faulted.
+  uint64_t locked_bytes = 0;
+  uint64_t unlocked_bytes = 0;
+  uint64_t residency_warnings = 0;
 };
 
 // What an instance can do (queried from UCX where it matters).

@@ -97,12 +97,14 @@ class RankRun {
       window_started_ = true;
       cpu_start_ = cpu_seconds();
       rss_start_ = read_rss();
+      faults_start_ = read_faults();
       rooms_at_start_ = done_total;
     }
     if (window_started_ && !window_ended_ && now >= go_.window_end) {
       window_ended_ = true;
       cpu_end_ = cpu_seconds();
       rss_end_ = read_rss();
+      faults_end_ = read_faults();
     }
     if (o_.rss_checkpoint && !checkpoint_taken_ && done_total >= o_.rss_checkpoint) {
       checkpoint_taken_ = true;
@@ -122,6 +124,7 @@ class RankRun {
     if (!window_ended_) {  // should not happen; measure now so the file is complete
       cpu_end_ = cpu_seconds();
       rss_end_ = read_rss();
+      faults_end_ = read_faults();
     }
     nlohmann::json j;
     j["name"] = name;
@@ -136,6 +139,14 @@ class RankRun {
     j["rss_end"] = rss_end_.to_json();
     if (checkpoint_taken_) j["rss_checkpoint"] = rss_checkpoint_.to_json();
     j["pool_bytes"] = manager_.layout().total_bytes();
+    // Page faults inside the window (docs/BENCHMARKS.md "Page faults") and whether the pool is
+    // locked (docs/transport.md "Resident memory").
+    j["minor_faults"] = faults_end_.minor - faults_start_.minor;
+    j["major_faults"] = faults_end_.major - faults_start_.major;
+    const TransportStats ts = manager_.stats().transport;
+    j["locked_bytes"] = ts.locked_bytes;
+    j["unlocked_bytes"] = ts.unlocked_bytes;
+    j["residency_warnings"] = ts.residency_warnings;
     if (!samples_ || samples_failed_ || std::fflush(samples_) != 0)
       return fail_start("cannot write the room samples to " + samples_path_);
     nlohmann::json rooms = nlohmann::json::array();
@@ -157,6 +168,7 @@ class RankRun {
   bool window_started_ = false, window_ended_ = false, checkpoint_taken_ = false;
   double cpu_start_ = 0, cpu_end_ = 0;
   RssSample rss_start_, rss_end_, rss_checkpoint_;
+  FaultSample faults_start_, faults_end_;
   uint64_t rooms_at_start_ = 0;
   std::string samples_path_;
   std::FILE* samples_ = nullptr;

@@ -231,11 +231,12 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
   out << fmt::format(
       "kvferry bench: {} {}+{} {} tokens/room, page {}, concurrency {}, {}: {:.3f} GB/s, {:.1f} rooms/s, "
       "transfer latency p50 {:.3f} ms p90 {:.3f} ms p99 {:.3f} ms, {:.3f} CPU s/GB, {:.1f} CPU us/room, "
-      "{} rooms, {} failed\n",
+      "{:.2f} page faults/GB (worst rank), {} rooms, {} failed\n",
       c.model, c.prefill_tp, c.decode_tp, c.tokens, c.page_size, c.concurrency, c.transport,
       j["gb_per_s"].get<double>(), j["rooms_per_s"].get<double>(), tl["p50"].get<double>(),
       tl["p90"].get<double>(), tl["p99"].get<double>(), j["cpu_s_per_gb"].get<double>(),
-      j["cpu_us_per_room"].get<double>(), j["rooms"].get<uint64_t>(), j["failed"].get<uint64_t>());
+      j["cpu_us_per_room"].get<double>(), j["faults_per_gb"].get<double>(), j["rooms"].get<uint64_t>(),
+      j["failed"].get<uint64_t>());
   if (!c.out.empty()) {
     fs::path p(c.out);
     if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);

@@ -14,6 +14,12 @@ double cpu_seconds() {
   return s(u.ru_utime) + s(u.ru_stime);
 }
 
+FaultSample read_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return {static_cast<uint64_t>(u.ru_minflt), static_cast<uint64_t>(u.ru_majflt)};
+}
+
 RssSample read_rss() {
   RssSample r;
   std::ifstream f("/proc/self/status");

@@ -84,6 +84,8 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
                          {"rss_start", r.at("rss_start")},   {"rss_end", r.at("rss_end")},
                          {"pool_bytes", r.at("pool_bytes")}};
     if (r.contains("rss_checkpoint")) pr["rss_checkpoint"] = r["rss_checkpoint"];
+    for (const char* k : {"minor_faults", "major_faults", "locked_bytes", "unlocked_bytes", "residency_warnings"})
+      if (r.contains(k)) pr[k] = r[k];
     per_rank.push_back(std::move(pr));
   }
   std::vector<double> transfer_ms, room_ms;
@@ -113,6 +115,15 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
   j["cpu_s"] = cpu;
   j["cpu_s_per_gb"] = gb > 0 ? cpu / gb : 0.0;
   j["cpu_us_per_room"] = rooms > 0 ? cpu * 1e6 / static_cast<double>(rooms) : 0.0;
+  // Page faults per GB moved in the window, per rank and the worst rank (minor + major).
+  double worst = 0;
+  for (auto& pr : per_rank) {
+    if (!pr.contains("minor_faults")) continue;
+    const double f = pr["minor_faults"].get<double>() + pr["major_faults"].get<double>();
+    pr["faults_per_gb"] = gb > 0 ? f / gb : 0.0;
+    worst = std::max(worst, pr["faults_per_gb"].get<double>());
+  }
+  j["faults_per_gb"] = worst;
   j["ranks"] = std::move(per_rank);
   return j;
 }

@@ -161,3 +161,25 @@ TEST(Summarize, EmptyWindowIsRefused) {
 
 }  // namespace
 }  // namespace kvferry::bench
+
+namespace kvferry::bench {
+namespace {
+
+TEST(Summarize, PageFaultsPerGbPerRankAndTheWorst) {
+  // 4 GB moved inside [10 s, 20 s): prefill faulted 400 + 4 times, decode 8 times.
+  nlohmann::json p = rank("prefill-tp0", "prefill", 1.0, {{1, 12'000'000'000, 14'000'000'000, 4'000'000'000}});
+  p["minor_faults"] = 400;
+  p["major_faults"] = 4;
+  nlohmann::json d = rank("decode-tp0", "decode", 1.0, {{1, 11'000'000'000, 14'000'000'000, 4'000'000'000}});
+  d["minor_faults"] = 8;
+  d["major_faults"] = 0;
+  auto j = summarize({p, d}, 1, 1, Window{10'000'000'000, 20'000'000'000});
+  ASSERT_TRUE(j.ok()) << j.status().str();
+  EXPECT_DOUBLE_EQ((*j)["ranks"][0]["faults_per_gb"].get<double>(), 101.0);
+  EXPECT_DOUBLE_EQ((*j)["ranks"][1]["faults_per_gb"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ((*j)["faults_per_gb"].get<double>(), 101.0);
+  EXPECT_EQ((*j)["ranks"][0]["minor_faults"].get<uint64_t>(), 400u);
+}
+
+}  // namespace
+}  // namespace kvferry::bench

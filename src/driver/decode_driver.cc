@@ -370,6 +370,7 @@ RankLeakStats DecodeDriver::leak_stats() const {
   const IncarnationCounts& inc = core_.incarnation_counts();
   s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
   s.peer_restarts = inc.peer_restarts;
+  s.transport = core_.transport().stats();
   return s;
 }
 

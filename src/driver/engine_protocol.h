@@ -34,6 +34,7 @@
 
 #include "kvferry/error.h"
 #include "kvferry/poll.h"
+#include "kvferry/transport.h"
 
 namespace kvferry {
 
@@ -103,6 +104,7 @@ struct RankLeakStats {
   uint64_t peer_restarts = 0;
   uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined now (leaked, not in pages_in_use)
   uint64_t reclaimed_pages = 0;    // decode: pages and aux rows given back after a quarantine, so far
+  TransportStats transport;        // resident memory figures (kvferry/transport.h), for the metrics
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,

@@ -38,7 +38,8 @@ struct RankMetrics::Impl {
   std::string constant;  // rank="...",role="..."
   std::atomic<uint64_t> ok_rooms{0}, failed_rooms{0}, sent{0}, verified{0}, mismatched{0};
   std::array<std::atomic<uint64_t>, 5> in_flight{};
-  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0}, reclaimed{0};
+  std::atomic<uint64_t> peers{0}, live_rooms{0}, records{0}, pages{0}, quarantined{0}, reclaimed{0},
+      locked{0}, unlocked{0}, residency_warnings{0};
   std::array<std::atomic<uint64_t>, 4> stale{};  // registration, metadata, status, heartbeat
   std::atomic<uint64_t> peer_restarts{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
@@ -107,6 +108,12 @@ void RankMetrics::set_reclaimed_pages(uint64_t pages) {
   }
 }
 
+void RankMetrics::set_pool_residency(uint64_t locked_bytes, uint64_t unlocked_bytes, uint64_t warnings) {
+  impl_->locked.store(locked_bytes, std::memory_order_relaxed);
+  impl_->unlocked.store(unlocked_bytes, std::memory_order_relaxed);
+  impl_->residency_warnings.store(warnings, std::memory_order_relaxed);
+}
+
 std::string RankMetrics::exposition() const {
   const Impl& m = *impl_;
   const std::string& c = m.constant;
@@ -166,6 +173,14 @@ std::string RankMetrics::exposition() const {
   simple("kvferry_reclaimed_pages_total", "counter",
          "Pages and aux rows given back to the pool after their quarantine ended on every rank of the engine",
          m.reclaimed);
+  simple("kvferry_pool_locked_bytes", "gauge", "Registered memory of this rank locked in RAM (mlock)", m.locked);
+  simple("kvferry_pool_unlocked_bytes", "gauge",
+         "Registered memory of this rank that could not be locked (RLIMIT_MEMLOCK / CAP_IPC_LOCK): it may "
+         "be reclaimed and faulted in again during transfers",
+         m.unlocked);
+  simple("kvferry_pool_residency_warnings_total", "counter",
+         "Spans (own, or a peer's shared memory as mapped here) that could not be locked or pre-faulted",
+         m.residency_warnings);
   return out;
 }
 

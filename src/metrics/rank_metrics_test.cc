@@ -35,6 +35,7 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   m.set_leaks(7, 8, 9, 2);
   m.set_quarantined_pages(11);
   m.set_reclaimed_pages(13);
+  m.set_pool_residency(1u << 30, 4096, 2);
   m.set_reclaimed_pages(12);  // a counter: never goes back
   const std::string t = m.exposition();
   EXPECT_NE(t.find("# TYPE kvferry_rooms_total counter"), std::string::npos);
@@ -43,6 +44,9 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   EXPECT_EQ(sample(t, "kvferry_rooms_total{" + kLabels + ",outcome=\"failed\"}"), 1);
   EXPECT_EQ(sample(t, "kvferry_verified_bytes_total{" + kLabels + "}"), 1500);
   EXPECT_EQ(sample(t, "kvferry_mismatched_bytes_total{" + kLabels + "}"), 10);
+  EXPECT_EQ(sample(t, "kvferry_pool_locked_bytes{" + kLabels + "}"), 1 << 30);
+  EXPECT_EQ(sample(t, "kvferry_pool_unlocked_bytes{" + kLabels + "}"), 4096);
+  EXPECT_EQ(sample(t, "kvferry_pool_residency_warnings_total{" + kLabels + "}"), 2);
   EXPECT_EQ(sample(t, "kvferry_sent_bytes_total{" + kLabels + "}"), 0);
   EXPECT_EQ(sample(t, "kvferry_failures_total{" + kLabels + ",code=\"transfer_error\",origin_kind=\"local\"}"), 1);
   EXPECT_EQ(sample(t, "kvferry_failures_total{" + kLabels + ",code=\"transfer_error\",origin_kind=\"propagated\"}"), 2);

@@ -211,6 +211,9 @@ TransportStats ShardedTransport::stats() const {
     sum.writes += one.writes;
     sum.batches += one.batches;
     sum.failed_batches += one.failed_batches;
+    sum.locked_bytes += one.locked_bytes;
+    sum.unlocked_bytes += one.unlocked_bytes;
+    sum.residency_warnings += one.residency_warnings;
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, p] : peers_) {

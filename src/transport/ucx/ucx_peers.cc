@@ -132,6 +132,15 @@ Status UcxTransport::check_mapped_spans(Peer& peer) {
     if (!st.ok()) return {ErrorCode::kProtocolError, "span " + std::to_string(j) + " refused: " + st.message()};
     sp.local = reinterpret_cast<uintptr_t>(local);
   }
+  // The copy of every put runs in this process, into these mappings: fault them in and lock them
+  // before the peer is connected, so no transfer pays a page fault (docs/transport.md "Resident
+  // memory"). Checked above: each lies inside one shared mapping backed to its last byte.
+  for (size_t j = 0; j < peer.spans.size(); ++j) {
+    const Peer::Span& sp = peer.spans[j];
+    if (sp.local != 0)
+      keep_resident(reinterpret_cast<void*>(sp.local), sp.bytes, peer_name(peer.id) + " span " + std::to_string(j),
+                    false);
+  }
   return Status::Ok();
 }
 

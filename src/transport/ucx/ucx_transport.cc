@@ -13,6 +13,8 @@
 #include <future>
 
 #include "kvferry/log.h"
+#include "core/residency.h"
+#include "transport/ucx/shm_mapping.h"
 #include "transport/ucx/ucx_config.h"
 
 namespace kvferry::ucx {
@@ -327,6 +329,7 @@ Result<LocalRegion> UcxTransport::map_span(void* address, uint64_t bytes, Memory
   // UCX reports a registration rounded out to whole pages; caller memory starts where it said.
   region.base = address != nullptr ? static_cast<uint8_t*>(address) : static_cast<uint8_t*>(attr.address);
   region.bytes = bytes;
+  if (memory == MemoryKind::kHost) keep_resident(region.base, bytes, "registered span", true);
   region.packed_rkey.assign(static_cast<const char*>(rkey_buf), rkey_len);
   ucp_rkey_buffer_release(rkey_buf);
   return region;
@@ -392,6 +395,9 @@ TransportStats UcxTransport::stats() const {
   s.batches = batches_done_.load();
   s.failed_batches = failed_batches_.load();
   s.peers = live_peers_.load();
+  s.locked_bytes = locked_bytes_.load();
+  s.unlocked_bytes = unlocked_bytes_.load();
+  s.residency_warnings = residency_warnings_.load();
   return s;
 }
 
@@ -410,6 +416,22 @@ std::string UcxTransport::describe_peer(PeerId id) {
     return text;
   });
   return r.ok() ? r.value() : std::string();
+}
+
+void UcxTransport::keep_resident(void* base, uint64_t bytes, const std::string& what, bool own) {
+  // docs/transport.md "Resident memory": locked and faulted in before any write may use it.
+  Mapping m;
+  const bool shared = find_mapping(reinterpret_cast<uintptr_t>(base), &m) && m.shared;
+  const ResidencyResult r = make_resident(base, bytes, shared, residency_);
+  if (own) (r.locked ? locked_bytes_ : unlocked_bytes_) += bytes;
+  if (!r.note.empty() && !residency_noted_.exchange(true)) log_event(LogLevel::kInfo, "transport", r.note);
+  if (r.warning.empty()) return;
+  // Counted every time; logged at warning once per transport (then at debug): the cause is the
+  // same for every span (a limit or a system policy).
+  residency_warnings_++;
+  const bool first = !residency_warned_.exchange(true);
+  log_event(first ? LogLevel::kWarning : LogLevel::kDebug, "transport",
+            what + " of " + std::to_string(bytes) + " bytes: " + r.warning);
 }
 
 }  // namespace kvferry::ucx

@@ -40,6 +40,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/residency.h"
 #include "kvferry/transport.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/command_queue.h"
@@ -130,6 +131,9 @@ class UcxTransport final : public Transport {
   Result<std::vector<LocalRegion>> do_register_spans(const std::vector<MemorySpan>& spans);
   // ucp_mem_map of [address, +bytes) (address null: UCX allocates) and its packed rkey.
   Result<LocalRegion> map_span(void* address, uint64_t bytes, MemoryKind memory);
+  // Locks and pre-faults [base, +bytes) (core/residency.h): `own` a span this rank registered
+  // (counted in locked_bytes_/unlocked_bytes_), else a peer's span as this process maps it.
+  void keep_resident(void* base, uint64_t bytes, const std::string& what, bool own);
   void unmap_all();
 
   // Progress-thread only (ucx_peers.cc).
@@ -220,6 +224,11 @@ class UcxTransport final : public Transport {
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
       live_peers_{0}, rejected_incoming_{0}, foreign_acks_{0};
+  // Resident memory (docs/transport.md): own registered bytes locked / not locked, and spans (own
+  // or a peer's mapping) that could not be locked or pre-faulted.
+  std::atomic<uint64_t> locked_bytes_{0}, unlocked_bytes_{0}, residency_warnings_{0};
+  std::atomic<bool> residency_warned_{false}, residency_noted_{false};
+  ResidencyOptions residency_ = residency_options_from_env();
   std::atomic<std::thread::id> thread_id_{};
 };
 

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -194,6 +197,43 @@ TEST_P(UcxPairTest, DestructorCompletesOutstandingBatchesWithAnError) {
     EXPECT_EQ(st.code(), ErrorCode::kTransferError) << st.message();
   }
   EXPECT_EQ(c.calls->load(), 1);
+}
+
+// Resident memory (docs/transport.md): registered spans are locked and pre-faulted, and over shm so
+// is the writer's mapping of the peer's span, so a transfer pays no page fault. The control run,
+// with both turned off, shows the counting sees the faults a transfer pays otherwise.
+uint64_t page_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<uint64_t>(u.ru_minflt) + static_cast<uint64_t>(u.ru_majflt);
+}
+
+uint64_t faults_of_a_whole_region_write(TransportKind kind) {
+  Pair p = make_pair(kind);
+  EXPECT_NE(p.peer, 0u);
+  if (p.peer == 0) return 0;
+  const uint64_t before = page_faults();
+  EXPECT_TRUE(write_and_wait(*p.a, p.peer, 7, {{0, 0, kRegion}}).ok());
+  return page_faults() - before;
+}
+
+TEST_P(UcxPairTest, RegisteredMemoryIsLockedAndTransfersPayNoPageFaults) {
+  Pair p = make_pair(GetParam());
+  ASSERT_NE(p.peer, 0u);
+  const TransportStats s = p.b->stats();
+  EXPECT_EQ(s.locked_bytes + s.unlocked_bytes, kRegion);
+  if (geteuid() == 0) {
+    EXPECT_EQ(s.locked_bytes, kRegion);  // root has CAP_IPC_LOCK
+    EXPECT_EQ(s.residency_warnings, 0u);
+  }
+  if (GetParam() != TransportKind::kShm) return;  // over tcp the receiver's own pages are written
+  EXPECT_LT(faults_of_a_whole_region_write(GetParam()), 64u);
+  ::setenv("KVFERRY_POOL_LOCK", "0", 1);
+  ::setenv("KVFERRY_POOL_PREFAULT", "0", 1);
+  const uint64_t control = faults_of_a_whole_region_write(GetParam());
+  ::unsetenv("KVFERRY_POOL_LOCK");
+  ::unsetenv("KVFERRY_POOL_PREFAULT");
+  EXPECT_GE(control, kRegion / 4096 / 16) << "the control run should fault";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, UcxPairTest,
