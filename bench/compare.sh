@@ -3,22 +3,26 @@
 #   bench/compare.sh [BUILD_DIR [OUT_DIR]]      (defaults: build, out/bench)
 # Measures, on this machine:
 #   1. Google Benchmark micro-benchmarks of the hot pieces (BUILD/bench/kvferry_micro_*)
-#   2. `kvferry bench` 1+1 over shm and tcp (Llama-3.1-8B, 4096 tokens/room, 64-token pages),
-#      with BENCH_SHARDS transfer shards per rank and with 1
-#   3. ucx_perftest ucp_put_bw over posix shm and tcp (and ucp_am_bw over tcp; the best tcp one
-#      counts) at the size of kvferry's coalesced writes (`write_bytes` of step 2)
-#   4. a single-thread memcpy over pool-sized buffers, the same write size, the same byte volume
-#   5. a request-size sweep of 2-4 on both transports (bandwidth vs size; BENCHMARKS.md plots)
-#   6. control plane: 1 page of 1 layer per room, max rate; then at a fixed rate a run and a 10x
+#   2. ROUNDS interleaved rounds (A B A B: the machine's drift hits every contender alike), each:
+#      `kvferry bench` 1+1 over shm (Llama-3.1-8B, 4096 tokens/room, 64-token pages, BENCH_SHARDS
+#      transfer shards), the memcpy of the same pieces with as many threads (bench/memcpy_bw.cc),
+#      ucx_perftest ucp_put_bw over posix shm at kvferry's write size, `kvferry bench` over tcp,
+#      ucx_perftest ucp_am_bw (default window and kvferry's writes per batch outstanding) and
+#      ucp_put_bw over tcp; then the same kvferry runs with 1 shard
+#   3. fragmented transfers: random page order at page sizes FRAG_PAGES and unequal TP FRAG_TP,
+#      each beside the memcpy of the same pieces and ucx_perftest put at that size
+#   4. a request-size sweep of 2 on both transports (bandwidth vs size; BENCHMARKS.md plots)
+#   5. control plane: 1 page of 1 layer per room, max rate; then at a fixed rate a run and a 10x
 #      longer one (per-room CPU, RssAnon of each rank after N and after 10N... rooms)
-#   7. failure path: `kvferry replay` with per-room faults on 1+1 and 4+4 (fault -> every rank
+#   6. failure path: `kvferry replay` with per-room faults on 1+1 and 4+4 (fault -> every rank
 #      Failed, p50/p99 from report.json faults[]), and a SIGKILLed prefill rank (detection ms)
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
-#   shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X peer_death_detect_ms=Y
-# Knobs (environment): BENCH_DURATION (s, default 8), SWEEP_DURATION (s, 4; twice that from 16384
-# tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x), SWEEP_TOKENS
-# ("256 1024 4096 16384"), FAIL_REQUESTS (300), BENCH_SHARDS (transfer shards per rank of the
-# bandwidth runs, 2).
+#   shm_vs_memcpy=R shm_vs_ucx_perftest=R tcp_vs_ucx_perftest=R frag_4k_vs_memcpy=R faults_per_gb=X
+#   layerwise_tail_ratio=R propagation_p99_ms=X peer_death_detect_ms=Y
+# Knobs (environment): BENCH_ROUNDS (3), BENCH_DURATION (s, default 8), SWEEP_DURATION (s, 4; twice
+# that from 16384 tokens/room on), CP_RATE (rooms/s, 2000), CP_SHORT (s, 5; the long run is 10x),
+# SWEEP_TOKENS ("256 1024 4096 16384"), FAIL_REQUESTS (300), BENCH_SHARDS (transfer shards per rank
+# of the bandwidth runs, 2), FRAG_DURATION (s, 4), FRAG_PAGES ("1 2 16 64"), FRAG_TP ("2:1 1:2 4:2").
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -32,6 +36,10 @@ CP_RATE=${CP_RATE:-2000}
 CP_SHORT=${CP_SHORT:-5}
 SWEEP_TOKENS=${SWEEP_TOKENS:-"256 1024 4096 16384"}
 FAIL_REQUESTS=${FAIL_REQUESTS:-300}
+ROUNDS=${BENCH_ROUNDS:-3}
+FRAG_DUR=${FRAG_DURATION:-4}
+FRAG_PAGES=${FRAG_PAGES:-"1 2 16 64"}
+FRAG_TP=${FRAG_TP:-"2:1 1:2 4:2"}
 MODEL=Llama-3.1-8B
 PAGE=64
 TOKENS=4096
@@ -56,7 +64,7 @@ for exe in "$BUILD"/bench/kvferry_micro_*; do
     --benchmark_out_format=json 2>&1 | grep -v '^\*\*\*WARNING\|^Run on\|^CPU Caches\|^  L[0-9]\|^Load Average\|^[0-9-]*T[0-9:]*' || true
 done
 
-# --- 2. kvferry bench, shm and tcp ---------------------------------------------------------------
+# --- 2-4. interleaved rounds: kvferry against its references ---------------------------------------
 kv_bench() {  # OUT_NAME ARGS...
   local name=$1
   shift
@@ -64,29 +72,17 @@ kv_bench() {  # OUT_NAME ARGS...
     echo "compare.sh: kvferry bench $name exited with $? (see above)" >&2
   [ -f "$OUT/$name.json" ] || { echo "compare.sh: kvferry bench $name wrote no result" >&2; exit 1; }
 }
-step "kvferry bench 1+1 shm and tcp, $TOKENS tokens/room, concurrency $CONC, $SHARDS and 1 transfer shards, ${DUR}s each"
-# The headline runs use $SHARDS transfer shards per rank (a 1+1 pair leaves a core idle with one);
-# the same runs with one shard are kept beside them (summary.json "one_shard").
-for tr in shm tcp; do
-  kv_bench "kvferry_$tr" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport "$tr" \
-    --duration "$DUR" --transfer-shards "$SHARDS"
-  kv_bench "kvferry_${tr}_1shard" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" \
-    --transport "$tr" --duration "$DUR" --transfer-shards 1
-done
-WRITE=$(jq .write_bytes "$OUT/kvferry_shm.json")
-
-# --- 3. ucx_perftest ----------------------------------------------------------------------------
 # Server and client on loopback, peer error handling (-e) as kvferry uses it; prints MB/s (10^6).
-perftest() {  # TLS TEST SIZE ITERS
-  local tls=$1 test=$2 size=$3 iters=$4 port=$((20000 + RANDOM % 20000)) bw=""
+perftest() {  # TLS TEST SIZE ITERS [OUTSTANDING]
+  local tls=$1 test=$2 size=$3 iters=$4 outstanding=${5:-0} port=$((20000 + RANDOM % 20000)) bw=""
   local env=(UCX_TLS="$tls" UCX_POSIX_ERROR_HANDLING=y UCX_SYSV_ERROR_HANDLING=y)
-  env "${env[@]}" timeout 60 ucx_perftest -p "$port" -e -t "$test" -s "$size" -n "$iters" -w 10 \
+  env "${env[@]}" timeout 60 ucx_perftest -p "$port" -e -t "$test" -s "$size" -n "$iters" -w 10 -O "$outstanding" \
     >"$OUT/perftest_server.log" 2>&1 &
   local srv=$!
   for _ in 1 2 3 4 5; do
     sleep 0.3
-    bw=$(env "${env[@]}" timeout 60 ucx_perftest 127.0.0.1 -p "$port" -e -t "$test" -s "$size" -n "$iters" -w 10 -f 2>/dev/null |
-      awk '$1 ~ /^[0-9]+$/ && NF >= 8 { bw = $6 } END { print bw }') || true
+    bw=$(env "${env[@]}" timeout 60 ucx_perftest 127.0.0.1 -p "$port" -e -t "$test" -s "$size" -n "$iters" -w 10 \
+      -O "$outstanding" -f 2>/dev/null | awk '$1 ~ /^[0-9]+$/ && NF >= 8 { bw = $6 } END { print bw }') || true
     [ -n "$bw" ] && break
   done
   wait "$srv" 2>/dev/null || true
@@ -98,24 +94,82 @@ iters_for() {  # SIZE TOTAL_BYTES -> iterations
   [ "$n" -lt 20 ] && n=20
   echo "$n"
 }
-step "ucx_perftest at kvferry's write size ($WRITE bytes)"
-PT_POSIX=$(perftest posix,self ucp_put_bw "$WRITE" "$(iters_for "$WRITE" 4000000000)")
-PT_TCP_PUT=$(perftest tcp,self ucp_put_bw "$WRITE" "$(iters_for "$WRITE" 1000000000)")
-PT_TCP_AM=$(perftest tcp,self ucp_am_bw "$WRITE" "$(iters_for "$WRITE" 1000000000)")
-echo "posix ucp_put_bw $PT_POSIX MB/s; tcp ucp_put_bw $PT_TCP_PUT MB/s; tcp ucp_am_bw $PT_TCP_AM MB/s"
-
-# --- 4. memcpy ----------------------------------------------------------------------------------
-step "single-thread memcpy, pool-sized buffers, write size $WRITE"
-memcpy_bw() {  # BENCH_JSON -> memcpy JSON with the bench's pools, write size, volume (cap 4 GB)
+# The memcpy of the same pieces (bench/memcpy_bw.cc): the bench's pool sizes, piece (write) size,
+# KV buffers, pieces per room and buffer, page order, and as many threads as the prefill ranks'
+# transfer shards together (the threads that copy in kvferry over shm). Volume: the bytes the bench
+# moved in its window, 1-4 GB.
+memcpy_same() {  # BENCH_JSON
   local j=$1
-  local src dst w vol
-  src=$(jq '[.ranks[] | select(.name | startswith("prefill")) | .pool_bytes] | max' "$j")
-  dst=$(jq '[.ranks[] | select(.name | startswith("decode")) | .pool_bytes] | max' "$j")
-  w=$(jq .write_bytes "$j")
-  vol=$(jq '[.bytes, 4000000000] | min | if . < 1000000000 then 1000000000 else . end' "$j")
-  "$BUILD/bench/kvferry_memcpy_bw" "$src" "$dst" "$w" "$vol" 3
+  "$BUILD/bench/kvferry_memcpy_bw" \
+    --src-bytes "$(jq '[.ranks[] | select(.name | startswith("prefill")) | .pool_bytes] | max' "$j")" \
+    --dst-bytes "$(jq '[.ranks[] | select(.name | startswith("decode")) | .pool_bytes] | max' "$j")" \
+    --piece "$(jq .write_bytes "$j")" --buffers "$(jq '.buffers // 1' "$j")" \
+    --room-pages "$(jq '.pieces_per_room_buffer // 1' "$j")" \
+    --threads "$(jq '.config.transfer_shards * .config.prefill_tp' "$j")" \
+    --order "$(jq -r '.config.page_order // "sequential"' "$j")" \
+    --volume "$(jq '[.bytes, 4000000000] | min | if . < 1000000000 then 1000000000 else . end' "$j")"
 }
-memcpy_bw "$OUT/kvferry_shm.json" | tee "$OUT/memcpy.json"
+# Rounds A B A B...: each round runs every contender once, back to back, so the machine's drift
+# (this VM's memory bandwidth moves over minutes) hits them alike; summarize.py reports the median
+# ratio and its spread over the rounds. ucx_perftest runs at kvferry's write size with its default
+# outstanding window and with OUTSTANDING = the writes kvferry posts per batch (one per KV buffer);
+# the best op of all counts.
+step "$ROUNDS interleaved rounds: kvferry bench 1+1 shm and tcp ($TOKENS tokens/room, concurrency $CONC, $SHARDS shards, ${DUR}s), memcpy of the same pieces, ucx_perftest"
+echo "round,contender,gb_per_s" >"$OUT/rounds.csv"
+for r in $(seq 1 "$ROUNDS"); do
+  kv_bench "kvferry_shm_r$r" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport shm \
+    --duration "$DUR" --transfer-shards "$SHARDS"
+  WRITE=$(jq .write_bytes "$OUT/kvferry_shm_r$r.json")
+  OUTSTANDING=$(jq .buffers "$OUT/kvferry_shm_r$r.json")
+  memcpy_same "$OUT/kvferry_shm_r$r.json" >"$OUT/memcpy_r$r.json"
+  pt_posix=$(perftest posix,self ucp_put_bw "$WRITE" "$(iters_for "$WRITE" 4000000000)")
+  kv_bench "kvferry_tcp_r$r" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" --transport tcp \
+    --duration "$DUR" --transfer-shards "$SHARDS"
+  pt_am=$(perftest tcp,self ucp_am_bw "$WRITE" "$(iters_for "$WRITE" 1000000000)")
+  pt_am_o=$(perftest tcp,self ucp_am_bw "$WRITE" "$(iters_for "$WRITE" 1000000000)" "$OUTSTANDING")
+  pt_put=$(perftest tcp,self ucp_put_bw "$WRITE" "$(iters_for "$WRITE" 1000000000)")
+  {
+    echo "$r,kvferry_shm,$(jq .gb_per_s "$OUT/kvferry_shm_r$r.json")"
+    echo "$r,memcpy,$(jq .median_gb_per_s "$OUT/memcpy_r$r.json")"
+    echo "$r,perftest_posix_put,$(awk -v x="$pt_posix" 'BEGIN { print x / 1000 }')"
+    echo "$r,kvferry_tcp,$(jq .gb_per_s "$OUT/kvferry_tcp_r$r.json")"
+    echo "$r,perftest_tcp_am,$(awk -v x="$pt_am" 'BEGIN { print x / 1000 }')"
+    echo "$r,perftest_tcp_am_outstanding,$(awk -v x="$pt_am_o" 'BEGIN { print x / 1000 }')"
+    echo "$r,perftest_tcp_put,$(awk -v x="$pt_put" 'BEGIN { print x / 1000 }')"
+  } >>"$OUT/rounds.csv"
+done
+cat "$OUT/rounds.csv"
+# Round 1's runs stand for the headline figures of the plots and tables (latency CDFs).
+cp "$OUT/kvferry_shm_r1.json" "$OUT/kvferry_shm.json"
+cp "$OUT/kvferry_tcp_r1.json" "$OUT/kvferry_tcp.json"
+cp "$OUT/memcpy_r1.json" "$OUT/memcpy.json"
+step "kvferry bench 1+1 shm and tcp with 1 transfer shard, ${DUR}s each"
+for tr in shm tcp; do
+  kv_bench "kvferry_${tr}_1shard" --page-size "$PAGE" --tokens "$TOKENS" --concurrency "$CONC" \
+    --transport "$tr" --duration "$DUR" --transfer-shards 1
+done
+
+# --- 4b. fragmented transfers -------------------------------------------------------------------
+# Scattered page lists (both sides' pages in random order: one write per page per KV buffer) at
+# page sizes of 1, 2 (4 KiB pieces for Llama-3.1-8B: frag_4k), 16 and 64 tokens, and unequal TP
+# (each token's head slice its own write), over shm; each beside the memcpy of the same pieces and
+# ucx_perftest posix put at that size with many writes outstanding (docs/BENCHMARKS.md).
+step "fragmented transfers: random page order at page sizes $FRAG_PAGES; unequal TP $FRAG_TP; ${FRAG_DUR}s each"
+echo "case,page_size,prefill_tp,decode_tp,write_bytes,kvferry_gb_per_s,writes_per_s,cpu_ns_per_write,memcpy_gb_per_s,ucx_perftest_gb_per_s" >"$OUT/frag.csv"
+frag_case() {  # NAME PAGE PTP DTP ORDER
+  local name=$1 page=$2 ptp=$3 dtp=$4 order=$5
+  kv_bench "$name" --page-size "$page" --tokens "$TOKENS" --concurrency "$CONC" --transport shm \
+    --duration "$FRAG_DUR" --warmup 0.5 --transfer-shards "$SHARDS" --prefill-tp "$ptp" --decode-tp "$dtp" \
+    --page-order "$order"
+  local j="$OUT/$name.json" w mc pt
+  w=$(jq .write_bytes "$j")
+  mc=$(memcpy_same "$j" | tee "$OUT/memcpy_$name.json" | jq .median_gb_per_s)
+  pt=$(perftest posix,self ucp_put_bw "$w" "$(iters_for "$w" 1000000000)" 256)
+  echo "$name,$page,$ptp,$dtp,$w,$(jq .gb_per_s "$j"),$(jq .writes_per_s "$j"),$(jq .cpu_ns_per_write "$j"),$mc,$(awk -v x="$pt" 'BEGIN { print x / 1000 }')" >>"$OUT/frag.csv"
+}
+for page in $FRAG_PAGES; do frag_case "frag_p$page" "$page" 1 1 random; done
+for tps in $FRAG_TP; do frag_case "frag_tp${tps/:/to}" "$PAGE" "${tps%%:*}" "${tps##*:}" sequential; done
+cat "$OUT/frag.csv"
 
 # --- 5. request-size sweep ----------------------------------------------------------------------
 step "request-size sweep: tokens/room $SWEEP_TOKENS on shm and tcp, ${SWEEP_DUR}s each (twice from 16384 on)"
@@ -132,7 +186,7 @@ for tok in $SWEEP_TOKENS; do
     w=$(jq .write_bytes "$j")
     if [ "$tr" = shm ]; then
       pt=$(perftest posix,self ucp_put_bw "$w" "$(iters_for "$w" 2000000000)")
-      mc=$(memcpy_bw "$j" | jq .median_gb_per_s)
+      mc=$(memcpy_same "$j" | jq .median_gb_per_s)
     else
       pt=$(perftest tcp,self ucp_am_bw "$w" "$(iters_for "$w" 500000000)")
       mc=""
@@ -176,4 +230,4 @@ replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 60 --request-t
 
 # --- summary ------------------------------------------------------------------------------------
 step "summary"
-"$PY" "$(dirname "$0")/summarize.py" "$OUT" "$PT_POSIX" "$PT_TCP_PUT" "$PT_TCP_AM"
+"$PY" "$(dirname "$0")/summarize.py" "$OUT"

@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 """Summary of one bench/compare.sh run: reads OUT/*.json and OUT/replay/*/report.json, writes
-OUT/summary.json and OUT/latency_cdf_*.csv (for bench/plot.sh), prints the tables and, last, the
-line `shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X
-peer_death_detect_ms=Y`.
+OUT/rounds.csv and OUT/frag.csv, writes OUT/summary.json and OUT/latency_cdf_*.csv (for
+bench/plot.sh), prints the tables and, last, the line `shm_vs_memcpy=R shm_vs_ucx_perftest=R
+tcp_vs_ucx_perftest=R frag_4k_vs_memcpy=R faults_per_gb=X layerwise_tail_ratio=R
+propagation_p99_ms=X peer_death_detect_ms=Y` (ratios: the median over the interleaved rounds).
 
-usage: summarize.py OUT PERFTEST_POSIX_PUT_MBPS PERFTEST_TCP_PUT_MBPS PERFTEST_TCP_AM_MBPS
+usage: summarize.py OUT
 """
 import json
 import math
 import os
+import statistics
 import sys
 
 
@@ -32,32 +34,80 @@ def write_cdf(path, points):
             f.write(f"{ms},{(i + 1) / n if n else 0}\n")
 
 
+def read_csv(path):
+    try:
+        with open(path) as f:
+            lines = [l.strip().split(",") for l in f if l.strip()]
+    except OSError:
+        return []
+    head = lines[0] if lines else []
+    return [dict(zip(head, row)) for row in lines[1:]]
+
+
+def spread(values):
+    """median, min, max of a list of ratios (NaN for none)."""
+    v = sorted(x for x in values if x == x)
+    if not v:
+        return {"median": float("nan"), "min": float("nan"), "max": float("nan"), "rounds": []}
+    return {"median": v[(len(v) - 1) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2,
+            "min": v[0], "max": v[-1], "rounds": values}
+
+
 def main():
     out = sys.argv[1]
-    pt_posix, pt_tcp_put, pt_tcp_am = (float(x or 0) / 1000 for x in sys.argv[2:5])  # GB/s
+    ratio = lambda a, b: a / b if b > 0 else float("nan")
+    # Interleaved rounds (compare.sh): per round every contender's GB/s.
+    rounds = {}
+    for row in read_csv(os.path.join(out, "rounds.csv")):
+        rounds.setdefault(int(row["round"]), {})[row["contender"]] = float(row["gb_per_s"] or 0)
+    per_round = []
+    faults = []
+    for r in sorted(rounds):
+        g = rounds[r]
+        best_tcp = max(g.get("perftest_tcp_am", 0), g.get("perftest_tcp_am_outstanding", 0), g.get("perftest_tcp_put", 0))
+        per_round.append({"round": r, **g,
+                          "shm_vs_memcpy": ratio(g.get("kvferry_shm", 0), g.get("memcpy", 0)),
+                          "shm_vs_ucx_perftest": ratio(g.get("kvferry_shm", 0), g.get("perftest_posix_put", 0)),
+                          "tcp_vs_ucx_perftest": ratio(g.get("kvferry_tcp", 0), best_tcp)})
+        for tr in ("shm", "tcp"):
+            try:
+                faults.append(load(os.path.join(out, f"kvferry_{tr}_r{r}.json")).get("faults_per_gb", float("nan")))
+            except OSError:
+                pass
     shm = load(os.path.join(out, "kvferry_shm.json"))
     tcp = load(os.path.join(out, "kvferry_tcp.json"))
     memcpy = load(os.path.join(out, "memcpy.json"))
     cp_max = load(os.path.join(out, "cp_max.json"))
     cp_short = load(os.path.join(out, "cp_short.json"))
     cp_long = load(os.path.join(out, "cp_long.json"))
-    pt_tcp = max(pt_tcp_put, pt_tcp_am)
-    ratio = lambda a, b: a / b if b > 0 else float("nan")
+    med = lambda key: statistics.median([x[key] for x in per_round]) if per_round else float("nan")
     s = {
-        "kvferry_shm_gb_per_s": shm["gb_per_s"],
-        "kvferry_tcp_gb_per_s": tcp["gb_per_s"],
+        "rounds": per_round,
+        "kvferry_shm_gb_per_s": med("kvferry_shm"),
+        "kvferry_tcp_gb_per_s": med("kvferry_tcp"),
         "write_bytes": shm["write_bytes"],
-        "ucx_perftest_posix_put_gb_per_s": pt_posix,
-        "ucx_perftest_tcp_put_gb_per_s": pt_tcp_put,
-        "ucx_perftest_tcp_am_gb_per_s": pt_tcp_am,
-        "memcpy_gb_per_s": memcpy["median_gb_per_s"],
-        "shm_vs_ucx_perftest": ratio(shm["gb_per_s"], pt_posix),
-        "shm_vs_memcpy": ratio(shm["gb_per_s"], memcpy["median_gb_per_s"]),
-        "tcp_vs_ucx_perftest": ratio(tcp["gb_per_s"], pt_tcp),
+        "ucx_perftest_posix_put_gb_per_s": med("perftest_posix_put"),
+        "ucx_perftest_tcp_put_gb_per_s": med("perftest_tcp_put"),
+        "ucx_perftest_tcp_am_gb_per_s": med("perftest_tcp_am"),
+        "ucx_perftest_tcp_am_outstanding_gb_per_s": med("perftest_tcp_am_outstanding"),
+        "memcpy_gb_per_s": med("memcpy"),
+        "memcpy_threads": memcpy.get("threads", 1),
+        "shm_vs_ucx_perftest": spread([x["shm_vs_ucx_perftest"] for x in per_round]),
+        "shm_vs_memcpy": spread([x["shm_vs_memcpy"] for x in per_round]),
+        "tcp_vs_ucx_perftest": spread([x["tcp_vs_ucx_perftest"] for x in per_round]),
+        "faults_per_gb": max(faults) if faults else float("nan"),
         "cpu_s_per_gb": {"shm": shm["cpu_s_per_gb"], "tcp": tcp["cpu_s_per_gb"]},
         "latency_ms": {"shm": shm["transfer_latency_ms"], "tcp": tcp["transfer_latency_ms"]},
         "transfer_shards": shm["config"].get("transfer_shards", 1),
     }
+    # Fragmented transfers (compare.sh frag.csv): kvferry vs the memcpy of the same pieces.
+    frag = []
+    for row in read_csv(os.path.join(out, "frag.csv")):
+        kv, mc = float(row["kvferry_gb_per_s"] or 0), float(row["memcpy_gb_per_s"] or 0)
+        frag.append({**row, "vs_memcpy": ratio(kv, mc),
+                     "vs_ucx_perftest": ratio(kv, float(row["ucx_perftest_gb_per_s"] or 0))})
+    s["fragmented"] = frag
+    s["frag_4k_vs_memcpy"] = next((f["vs_memcpy"] for f in frag if f["case"] == "frag_p2"), float("nan"))
     # The same runs with one transfer shard per rank (absent in runs from before the shards).
     one = {}
     for tr in ("shm", "tcp"):
@@ -115,15 +165,25 @@ def main():
     write_cdf(os.path.join(out, "latency_cdf_tcp.csv"), tcp["transfer_latency_cdf_ms"])
     write_cdf(os.path.join(out, "latency_cdf_cp.csv"), cp_max["transfer_latency_cdf_ms"])
 
-    print(f"write size {s['write_bytes']} bytes")
-    print(f"{'':28}{'GB/s':>8}{'ratio':>8}")
-    print(f"{'kvferry bench shm':28}{shm['gb_per_s']:8.3f}")
-    print(f"{'ucx_perftest posix put':28}{pt_posix:8.3f}{s['shm_vs_ucx_perftest']:8.3f}")
-    print(f"{'memcpy (1 thread)':28}{memcpy['median_gb_per_s']:8.3f}{s['shm_vs_memcpy']:8.3f}")
-    print(f"{'kvferry bench tcp':28}{tcp['gb_per_s']:8.3f}")
+    print(f"write size {s['write_bytes']} bytes; {len(per_round)} interleaved rounds (GB/s)")
+    print(f"{'round':>6}{'shm':>8}{'memcpy':>8}{'perftest':>9}{'tcp':>8}{'am':>8}{'am -O':>8}{'put':>8}"
+          f"{'shm/mc':>8}{'shm/pt':>8}{'tcp/pt':>8}")
+    for x in per_round:
+        print(f"{x['round']:>6}{x.get('kvferry_shm', 0):8.3f}{x.get('memcpy', 0):8.3f}{x.get('perftest_posix_put', 0):9.3f}"
+              f"{x.get('kvferry_tcp', 0):8.3f}{x.get('perftest_tcp_am', 0):8.3f}{x.get('perftest_tcp_am_outstanding', 0):8.3f}"
+              f"{x.get('perftest_tcp_put', 0):8.3f}{x['shm_vs_memcpy']:8.3f}{x['shm_vs_ucx_perftest']:8.3f}"
+              f"{x['tcp_vs_ucx_perftest']:8.3f}")
+    for k in ("shm_vs_memcpy", "shm_vs_ucx_perftest", "tcp_vs_ucx_perftest"):
+        print(f"{k}: median {s[k]['median']:.3f} (min {s[k]['min']:.3f}, max {s[k]['max']:.3f})")
+    print(f"page faults per GB, worst rank of any round: {s['faults_per_gb']:.3f}")
     for tr, j in s.get("one_shard", {}).items():
         print(f"{'kvferry bench ' + tr + ', 1 shard':28}{j['gb_per_s']:8.3f}")
-    print(f"{'ucx_perftest tcp put / am':28}{pt_tcp_put:8.3f} / {pt_tcp_am:.3f}  ratio to best {s['tcp_vs_ucx_perftest']:.3f}")
+    if frag:
+        print(f"{'fragmented':16}{'write B':>9}{'GB/s':>8}{'writes/s':>11}{'ns/write':>9}{'memcpy':>8}{'ratio':>7}{'perftest':>9}")
+        for f in frag:
+            print(f"{f['case']:16}{int(f['write_bytes']):9d}{float(f['kvferry_gb_per_s']):8.3f}{float(f['writes_per_s']):11.0f}"
+                  f"{float(f['cpu_ns_per_write']):9.0f}{float(f['memcpy_gb_per_s'] or 0):8.3f}{f['vs_memcpy']:7.3f}"
+                  f"{float(f['ucx_perftest_gb_per_s'] or 0):9.3f}")
     for k, j in (("shm", shm), ("tcp", tcp)):
         l = j["transfer_latency_ms"]
         print(f"latency {k}: p50 {l['p50']:.2f} p90 {l['p90']:.2f} p99 {l['p99']:.2f} ms; {j['cpu_s_per_gb']:.3f} CPU s/GB")
@@ -138,10 +198,11 @@ def main():
         print(f"fault -> all ranks Failed, {name}: {f['faults']} faults, p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
     for name, d in deaths.items():
         print(f"peer death {name}: detected after {d['detections_ms']} ms")
-    print(f"shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']:.3f} shm_vs_memcpy={s['shm_vs_memcpy']:.3f} "
-          f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']:.3f} propagation_p99_ms={s['propagation_p99_ms']:.3f} "
-          f"peer_death_detect_ms={s['peer_death_detect_ms']:.3f}")
-
+    lw = s.get("layerwise_tail_ratio", float("nan"))
+    print(f"shm_vs_memcpy={s['shm_vs_memcpy']['median']:.3f} shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']['median']:.3f} "
+          f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']['median']:.3f} frag_4k_vs_memcpy={s['frag_4k_vs_memcpy']:.3f} "
+          f"faults_per_gb={s['faults_per_gb']:.3f} layerwise_tail_ratio={lw:.3f} "
+          f"propagation_p99_ms={s['propagation_p99_ms']:.3f} peer_death_detect_ms={s['peer_death_detect_ms']:.3f}")
 
 if __name__ == "__main__":
     main()

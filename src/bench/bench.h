@@ -57,6 +57,11 @@ struct BenchConfig {
   double duration_s = 5;           // measured window
   double warmup_s = -1;            // before the window; <0: min(1, duration / 5)
   uint64_t rss_checkpoint = 0;     // >0: each rank also records RssAnon after this many rooms
+  // "sequential": each side's pages of a room as its page allocator hands them out (runs of
+  // consecutive pages, coalesced into few writes); "random": both sides' page lists shuffled (seeded
+  // by the room), as a long-running engine's fragmented pool gives them: one write per page per layer
+  // buffer (docs/BENCHMARKS.md "Fragmented transfers").
+  std::string page_order = "sequential";
   std::string out;                 // JSON result path ("" : none)
   std::string work_dir;            // ready/go/rank files and rank logs; default: <out dir>/bench-work
   std::string exe;                 // kvferry executable for the ranks; default: this process's
@@ -81,6 +86,7 @@ struct BenchRankOptions {
   std::string bootstrap;           // host:port
   std::string dir;                 // work dir (ready/go files, NAME.json)
   uint64_t rss_checkpoint = 0;
+  std::string page_order = "sequential";
   double timeout_s = 120;
 };
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <random>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -34,6 +35,12 @@ int fail_start(const std::string& what) {
   log_event(LogLevel::kCritical, kComp, "cannot start: " + what);
   flush_logging();
   return 2;
+}
+
+// --page-order random: a fixed permutation per (room, chunk), so runs are repeatable.
+void shuffle_pages(std::vector<uint64_t>& pages, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::shuffle(pages.begin(), pages.end(), rng);
 }
 
 bool write_file(const std::string& path, const std::string& text) {
@@ -98,6 +105,7 @@ class RankRun {
       cpu_start_ = cpu_seconds();
       rss_start_ = read_rss();
       faults_start_ = read_faults();
+      writes_start_ = manager_.stats().transport.writes;
       rooms_at_start_ = done_total;
     }
     if (window_started_ && !window_ended_ && now >= go_.window_end) {
@@ -105,6 +113,7 @@ class RankRun {
       cpu_end_ = cpu_seconds();
       rss_end_ = read_rss();
       faults_end_ = read_faults();
+      writes_end_ = manager_.stats().transport.writes;
     }
     if (o_.rss_checkpoint && !checkpoint_taken_ && done_total >= o_.rss_checkpoint) {
       checkpoint_taken_ = true;
@@ -125,6 +134,7 @@ class RankRun {
       cpu_end_ = cpu_seconds();
       rss_end_ = read_rss();
       faults_end_ = read_faults();
+      writes_end_ = manager_.stats().transport.writes;
     }
     nlohmann::json j;
     j["name"] = name;
@@ -147,6 +157,7 @@ class RankRun {
     j["locked_bytes"] = ts.locked_bytes;
     j["unlocked_bytes"] = ts.unlocked_bytes;
     j["residency_warnings"] = ts.residency_warnings;
+    j["writes"] = writes_end_ - writes_start_;  // transport operations (puts / messages) in the window
     if (!samples_ || samples_failed_ || std::fflush(samples_) != 0)
       return fail_start("cannot write the room samples to " + samples_path_);
     nlohmann::json rooms = nlohmann::json::array();
@@ -169,6 +180,7 @@ class RankRun {
   double cpu_start_ = 0, cpu_end_ = 0;
   RssSample rss_start_, rss_end_, rss_checkpoint_;
   FaultSample faults_start_, faults_end_;
+  uint64_t writes_start_ = 0, writes_end_ = 0;
   uint64_t rooms_at_start_ = 0;
   std::string samples_path_;
   std::FILE* samples_ = nullptr;
@@ -251,6 +263,7 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
           uint64_t n = std::min({chunk_pages, room_pages - r.next_page, staging.free_pages()});
           if (n == 0) break;
           std::vector<uint64_t> pages = std::move(*staging.alloc(n));
+          if (o.page_order == "random") shuffle_pages(pages, id * 7919 + r.next_page);
           uint64_t tag = next_tag++;
           if (r.first_send == 0) r.first_send = monotonic_ns();
           Status st = ep.send(id, r.next_page, pages, tag);
@@ -337,6 +350,7 @@ int run_decode(const BenchRankOptions& o, Manager& m, const std::string& name) {
       ep.add_room(id, o.tokens);
       Open& r = open[id];
       r.kv = std::move(*kv);
+      if (o.page_order == "random") shuffle_pages(r.kv, id);
       r.aux = (*slot)[0];
       r.init_ns = monotonic_ns();
       Status st = ep.init(id, r.kv, static_cast<uint32_t>(r.aux));

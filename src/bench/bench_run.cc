@@ -67,6 +67,7 @@ std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uin
           "--bootstrap", bootstrap,
           "--dir", dir,
           "--rss-checkpoint", std::to_string(c.rss_checkpoint),
+          "--page-order", c.page_order,
           "--timeout-s", num(c.timeout_s)};
 }
 
@@ -74,6 +75,8 @@ Status validate(BenchConfig& c) {
   if (c.prefill_tp < 1 || c.prefill_tp > 16) return invalid("--prefill-tp must be in 1..16");
   if (c.decode_tp < 1 || c.decode_tp > 16) return invalid("--decode-tp must be in 1..16");
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
+  if (c.page_order != "sequential" && c.page_order != "random")
+    return invalid("--page-order must be sequential or random");
   if (c.tokens == 0) return invalid("--tokens must be > 0");
   if (c.chunk_tokens < c.page_size) return invalid("--chunk-tokens must be at least one page");
   if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
@@ -216,9 +219,14 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
     auto pl = make_layout(*m, c.prefill_tp, t.prefill_rank, c.page_size, 1ull << 30, 1);
     auto dl = make_layout(*m, c.decode_tp, t.decode_rank, c.page_size, 1ull << 30, 1);
     const bool whole_rows = pl.ok() && dl.ok() && slice == pl->token_bytes() && slice == dl->token_bytes();
-    write_bytes = whole_rows ? chunk_pages * c.page_size * slice : slice;
+    // Random page order: no two consecutive pages of a list are consecutive in the pool, so a
+    // run is one page (a chance neighbour aside).
+    const uint64_t run_pages = c.page_order == "random" ? 1 : chunk_pages;
+    write_bytes = whole_rows ? run_pages * c.page_size * slice : slice;
+    j["pieces_per_room_buffer"] = whole_rows ? room_pages / run_pages : room_pages * c.page_size;
   }
   j["write_bytes"] = write_bytes;
+  j["buffers"] = m->num_layers * m->tensors_per_layer;  // KV buffers per rank (one per layer tensor)
   j["config"] = {{"model", c.model},         {"layers", m->num_layers},
                  {"prefill_tp", c.prefill_tp}, {"decode_tp", c.decode_tp},
                  {"tokens", c.tokens},       {"page_size", c.page_size},
@@ -226,16 +234,17 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
                  {"rate", c.rate},           {"transport", c.transport},
                  {"transfer_shards", c.transfer_shards},
                  {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
-                 {"rss_checkpoint", c.rss_checkpoint}};
+                 {"rss_checkpoint", c.rss_checkpoint}, {"page_order", c.page_order}};
   const auto& tl = j["transfer_latency_ms"];
   out << fmt::format(
       "kvferry bench: {} {}+{} {} tokens/room, page {}, concurrency {}, {}: {:.3f} GB/s, {:.1f} rooms/s, "
       "transfer latency p50 {:.3f} ms p90 {:.3f} ms p99 {:.3f} ms, {:.3f} CPU s/GB, {:.1f} CPU us/room, "
-      "{:.2f} page faults/GB (worst rank), {} rooms, {} failed\n",
+      "{:.0f} writes/s, {:.0f} CPU ns/write, {:.2f} page faults/GB (worst rank), {} rooms, {} failed\n",
       c.model, c.prefill_tp, c.decode_tp, c.tokens, c.page_size, c.concurrency, c.transport,
       j["gb_per_s"].get<double>(), j["rooms_per_s"].get<double>(), tl["p50"].get<double>(),
       tl["p90"].get<double>(), tl["p99"].get<double>(), j["cpu_s_per_gb"].get<double>(),
-      j["cpu_us_per_room"].get<double>(), j["faults_per_gb"].get<double>(), j["rooms"].get<uint64_t>(),
+      j["cpu_us_per_room"].get<double>(), j["writes_per_s"].get<double>(), j["cpu_ns_per_write"].get<double>(),
+      j["faults_per_gb"].get<double>(), j["rooms"].get<uint64_t>(),
       j["failed"].get<uint64_t>());
   if (!c.out.empty()) {
     fs::path p(c.out);

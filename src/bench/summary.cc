@@ -84,7 +84,7 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
                          {"rss_start", r.at("rss_start")},   {"rss_end", r.at("rss_end")},
                          {"pool_bytes", r.at("pool_bytes")}};
     if (r.contains("rss_checkpoint")) pr["rss_checkpoint"] = r["rss_checkpoint"];
-    for (const char* k : {"minor_faults", "major_faults", "locked_bytes", "unlocked_bytes", "residency_warnings"})
+    for (const char* k : {"minor_faults", "major_faults", "locked_bytes", "unlocked_bytes", "residency_warnings", "writes"})
       if (r.contains(k)) pr[k] = r[k];
     per_rank.push_back(std::move(pr));
   }
@@ -124,6 +124,14 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
     worst = std::max(worst, pr["faults_per_gb"].get<double>());
   }
   j["faults_per_gb"] = worst;
+  // Transport operations (puts over shm, messages over tcp) in the window, over all ranks, and the
+  // CPU each cost (all ranks' CPU over the window / writes).
+  uint64_t writes = 0;
+  for (const auto& r : ranks)
+    if (r.contains("writes")) writes += r["writes"].get<uint64_t>();
+  j["writes"] = writes;
+  j["writes_per_s"] = static_cast<double>(writes) / window_s;
+  j["cpu_ns_per_write"] = writes > 0 ? cpu * 1e9 / static_cast<double>(writes) : 0.0;
   j["ranks"] = std::move(per_rank);
   return j;
 }

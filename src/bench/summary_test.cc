@@ -183,3 +183,21 @@ TEST(Summarize, PageFaultsPerGbPerRankAndTheWorst) {
 
 }  // namespace
 }  // namespace kvferry::bench
+
+namespace kvferry::bench {
+namespace {
+
+TEST(Summarize, WritesPerSecondAndCpuPerWrite) {
+  nlohmann::json p = rank("prefill-tp0", "prefill", 3.0, {{1, 12'000'000'000, 14'000'000'000, 1'000'000'000}});
+  p["writes"] = 1'000'000;
+  nlohmann::json d = rank("decode-tp0", "decode", 1.0, {{1, 11'000'000'000, 14'000'000'000, 1'000'000'000}});
+  d["writes"] = 0;
+  auto j = summarize({p, d}, 1, 1, Window{10'000'000'000, 20'000'000'000});
+  ASSERT_TRUE(j.ok()) << j.status().str();
+  EXPECT_EQ((*j)["writes"].get<uint64_t>(), 1'000'000u);
+  EXPECT_DOUBLE_EQ((*j)["writes_per_s"].get<double>(), 100'000.0);
+  EXPECT_DOUBLE_EQ((*j)["cpu_ns_per_write"].get<double>(), 4000.0);  // 4 CPU s / 10^6 writes
+}
+
+}  // namespace
+}  // namespace kvferry::bench

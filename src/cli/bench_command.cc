@@ -37,6 +37,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--rss-checkpoint", cfg->rss_checkpoint,
                   "also record each rank's RssAnon after this many rooms (0: off)")
       ->capture_default_str();
+  cmd->add_option("--page-order", cfg->page_order,
+                  "sequential, or random: both sides' page lists shuffled (fragmented pools: one write per page)")
+      ->check(CLI::IsMember({"sequential", "random"}))
+      ->capture_default_str();
   cmd->add_option("--out", cfg->out, "result JSON path");
   cmd->add_option("--work-dir", cfg->work_dir, "rank files and logs (default: <out dir>/bench-work)");
   cmd->add_option("--timeout-s", cfg->timeout_s, "ranks ready within, and done this long after the window")
@@ -67,6 +71,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--bootstrap", o->bootstrap)->required();
   r->add_option("--dir", o->dir)->required();
   r->add_option("--rss-checkpoint", o->rss_checkpoint);
+  r->add_option("--page-order", o->page_order)->check(CLI::IsMember({"sequential", "random"}));
   r->add_option("--timeout-s", o->timeout_s);
   r->callback([o, role] {
     o->prefill = *role == "prefill";
