@@ -171,6 +171,15 @@ class Transport {
   virtual TransportStats stats() const = 0;
 };
 
+// Recycled op lists (src/core/write_ops_pool.cc). A chunk of a fragmented room is one op per page
+// (or token head slice) per KV buffer: hundreds of thousands of ops, several MiB, which the
+// allocator maps fresh and unmaps again for every chunk, so each chunk paid a page fault per 4 KiB
+// of its op list. A writer takes an empty list (with the capacity an earlier batch left) and a
+// transport gives the list back once it has issued the ops. Process-wide, thread-safe; keeps at
+// most 16 lists of 64 KiB to 64 MiB each (smaller ones come from the heap cheaply).
+std::vector<WriteOp> take_write_ops();
+void recycle_write_ops(std::vector<WriteOp>&& ops);
+
 // The UCX implementation of options.kind (options.shards workers). Errors: kInvalidArgument if
 // options.shards is outside 1..kMaxTransportShards, kInternal if UCX cannot be initialised.
 Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportOptions& options);

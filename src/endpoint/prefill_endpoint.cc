@@ -225,7 +225,7 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     auto runs = coalesce_pages(std::span<const uint64_t>(src_pages), dst);
     PoolOffsets local{ours.page_bytes, ours.kv_offsets};
     PoolOffsets remote{peer.shape.page_bytes, peer.shape.kv_offsets};
-    std::vector<WriteOp> ops;
+    std::vector<WriteOp> ops = take_write_ops();  // a recycled list: no fresh MiBs per chunk
     for (const HeadTransfer& t : plan_) {
       if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != d.tp_rank) continue;
       SliceGeometry g;

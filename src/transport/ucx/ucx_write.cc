@@ -83,6 +83,7 @@ void UcxTransport::do_write(PeerId id, uint64_t room, std::vector<WriteOp> ops,
   } else {
     issue_am_writes(p, b, ops);
   }
+  recycle_write_ops(std::move(ops));  // issued: nothing refers to the list any more
 }
 
 Status UcxTransport::validate_ops(const Peer& peer, const std::vector<WriteOp>& ops) const {
@@ -109,17 +110,35 @@ Status UcxTransport::validate_ops(const Peer& peer, const std::vector<WriteOp>& 
 
 void UcxTransport::issue_puts(Peer& p, Batch& b, const std::vector<WriteOp>& ops) {
   ucp_request_param_t prm{};  // no callback: the flush below completes after every put
+  bool posted = false;        // a put went through UCX (else there is nothing to flush)
+  uint64_t copied = 0;        // ops written (copied here or put)
   for (const WriteOp& op : ops) {
     if (op.length == 0) continue;
     const Peer::Span* rs = find_span(p.spans, op.remote_offset, op.length);  // validated
+    if (rs->local != 0) {
+      // A shared-memory span mapped here, checked and made resident at connect (shm_mapping.h,
+      // docs/transport.md "Resident memory"): UCX's put would be this memcpy behind a request and
+      // a protocol lookup per op. Copying here costs one memcpy per piece (docs/transport.md
+      // "Direct copies"). The op lies inside the span (validate_ops), the span inside the mapping.
+      std::memcpy(reinterpret_cast<uint8_t*>(rs->local) + (op.remote_offset - rs->offset),
+                  local_ptr(op.local_offset, op.length), op.length);
+      ++copied;  // counted once per batch: a locked add per piece would wait for its stores
+      b.bytes += op.length;
+      continue;
+    }
+    posted = true;
     void* req = ucp_put_nbx(p.ep, local_ptr(op.local_offset, op.length), op.length,
                             rs->base + (op.remote_offset - rs->offset), rs->rkey, &prm);
-    writes_++;
-    if (UCS_PTR_IS_ERR(req)) return finish(b, ucx_failure("put", UCS_PTR_STATUS(req)));
+    ++copied;
+    if (UCS_PTR_IS_ERR(req)) {
+      writes_ += copied;
+      return finish(b, ucx_failure("put", UCS_PTR_STATUS(req)));
+    }
     if (req != nullptr) ucp_request_free(req);  // completes in the background
     b.bytes += op.length;
   }
-  if (b.bytes == 0) return finish(b, Status::Ok());
+  writes_ += copied;
+  if (b.bytes == 0 || !posted) return finish(b, Status::Ok());
   prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   prm.cb.send = &UcxTransport::on_flush_done;
   prm.user_data = &b;
