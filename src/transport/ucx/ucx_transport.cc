@@ -424,7 +424,8 @@ void UcxTransport::keep_resident(void* base, uint64_t bytes, const std::string& 
   const bool shared = find_mapping(reinterpret_cast<uintptr_t>(base), &m) && m.shared;
   const ResidencyResult r = make_resident(base, bytes, shared, residency_);
   if (own) (r.locked ? locked_bytes_ : unlocked_bytes_) += bytes;
-  if (!r.note.empty() && !residency_noted_.exchange(true)) log_event(LogLevel::kInfo, "transport", r.note);
+  // A system policy, the same for every span: at debug, once per transport (docs/transport.md).
+  if (!r.note.empty() && !residency_noted_.exchange(true)) log_event(LogLevel::kDebug, "transport", r.note);
   if (r.warning.empty()) return;
   // Counted every time; logged at warning once per transport (then at debug): the cause is the
   // same for every span (a limit or a system policy).
