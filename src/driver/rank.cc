@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "core/stop_request.h"
+#include "core/thread_priority.h"
 #include "driver/decode_driver.h"
 #include "driver/engine_loop.h"
 #include "driver/prefill_driver.h"
@@ -37,6 +39,20 @@ void write_final_metrics(const RankOptions& o) {
   if (o.metrics_file.empty()) return;
   Status s = write_metrics_file(*rank_metrics(), o.metrics_file);
   if (!s.ok()) log_event(LogLevel::kWarning, kComp, "metrics file: " + s.str());
+}
+
+// The engine loop's niceness (KVFERRY_LOOP_NICE, -20..0; 0 leaves it alone; default kLoopNice).
+// The loop thread relays failures (fan-out frames, statuses) and otherwise sleeps in poll; raised,
+// it runs as soon as a frame wakes it instead of queueing behind the copies (transport threads,
+// nice 5) and page filling (job workers, nice 10) of every rank on the host (docs/BENCHMARKS.md,
+// "Failure path"). Only where the process may (root / CAP_SYS_NICE; core/thread_priority.h).
+constexpr int kLoopNice = -5;
+int loop_nice() {
+  const char* v = std::getenv("KVFERRY_LOOP_NICE");
+  if (v == nullptr || *v == '\0') return kLoopNice;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return (*end == '\0' && n >= -20 && n <= 0) ? static_cast<int>(n) : kLoopNice;
 }
 
 int fail_start(const std::string& what) {
@@ -104,6 +120,8 @@ int run_rank(const RankOptions& o) {
   lc.bind_host = o.bind_host;
   lc.advertise_host = o.advertise_host;
   int rc = 0;
+  // After the manager's threads started (they inherit the creator's niceness; each sets its own).
+  if (const int n = loop_nice(); n < 0) (void)raise_thread_priority(0, n);
   if (o.role == Role::kPrefill) {
     PrefillDriver driver(m, {std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size))});
     EngineLoop loop(lc, m, driver);
