@@ -54,6 +54,8 @@ class ShardedTransport final : public Transport {
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
+  // Every shard checks incoming writes against the same fence.
+  void set_write_fence(std::shared_ptr<WriteFence> fence) override;
   TransportStats stats() const override;
 
   size_t shard_count() const { return shards_.size(); }
