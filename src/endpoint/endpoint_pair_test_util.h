@@ -104,7 +104,9 @@ struct PairConfig {
   // decode engine whose other rank is another pair's.
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
-  std::string transport = "shm";  // both ranks' (a registered transport name)
+  // Both ranks' transport (a registered name). Not a std::string: GCC 12 then warns falsely
+  // (maybe-uninitialized) about every defaulted PairConfig argument.
+  const char* transport = "shm";
 };
 
 class EndpointPair {
