@@ -239,9 +239,10 @@ class UcxTransport final : public Transport {
   std::shared_ptr<WriteFence> fence_;  // null: no room fence (span checks only)
   int64_t fence_logged_ns_ = 0;        // last fence log line (monotonic ns)
   uint64_t fence_unlogged_ = 0;        // refusals since that line
+  std::atomic<uint64_t> fence_refusals_{0};
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
-      live_peers_{0}, rejected_incoming_{0}, foreign_acks_{0}, fence_refusals_{0};
+      live_peers_{0}, rejected_incoming_{0}, foreign_acks_{0};
   std::atomic<std::thread::id> thread_id_{};
 };
 
