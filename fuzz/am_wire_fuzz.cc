@@ -111,7 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (kind == 3) {  // the fence's own range math: a room of fuzzed ranges, one write
     if (size < 16) return 0;
     std::vector<FenceRange> ranges((size - 16) / 16);
-    std::memcpy(ranges.data(), data, ranges.size() * 16);
+    if (!ranges.empty()) std::memcpy(ranges.data(), data, ranges.size() * 16);
     uint64_t offset = 0, bytes = 0;
     std::memcpy(&offset, data + size - 16, 8);
     std::memcpy(&bytes, data + size - 8, 8);
