@@ -10,8 +10,9 @@
 // A WriteOp's local_offset is in our offset space, its remote_offset in the peer's. An op must lie
 // inside ONE span on each side; the sender checks both (against the spans the peer announced in
 // RemoteRegionInfo) before anything is posted, and where the receiver copies (TCP) the receiver
-// checks again against its OWN spans, never the sender's claim. Anything else is refused with
-// kProtocolError, overflow-safe. Zero-length ops are checked the same way and write nothing.
+// checks again against its OWN spans, never the sender's claim, and against its room fence if one
+// is installed (set_write_fence). Anything else is refused with kProtocolError, overflow-safe.
+// Zero-length ops are checked the same way and write nothing.
 //
 // Thread contract: every method may be called from any thread. Completion callbacks run on the
 // transport's own progress thread(s): they must be short and must not call back into the
