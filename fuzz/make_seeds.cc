@@ -61,6 +61,12 @@ bool accepted(const std::string& target, const std::string& b) {
       const size_t hs = sizeof(ucx::AmScatterHeader);
       return parse_scatter_header(p, hs, n - hs, &h).ok() && place_scatter(h, p + hs, n - hs, spans).ok();
     }
+    if (b[0] == 3) {  // a room's ranges and one write: the fence opens them
+      std::vector<FenceRange> ranges((n - 16) / 16);
+      if (!ranges.empty()) std::memcpy(ranges.data(), p, ranges.size() * 16);
+      WriteFence f;
+      return f.open(7, ranges).ok();
+    }
     ucx::AmAck ack;
     return parse_ack(p, n, &ack);
   }
@@ -137,6 +143,7 @@ void control() {
 void am_wire() {
   ucx::AmWriteHeader w;
   w.batch_id = 9;
+  w.room = 1;  // open in fuzz/am_wire_fuzz.cc, [16448, 20544) among its ranges
   w.offset = 16384 + 128;
   w.length = 256;
   uint64_t payload = 256;
@@ -144,12 +151,17 @@ void am_wire() {
   ucx::AmScatterHeader s;
   s.count = 2;
   s.batch_id = 9;
+  s.room = 1;
   s.data_bytes = 24;
-  ucx::AmScatterEntry e1{64, 8}, e2{16384, 16};
+  ucx::AmScatterEntry e1{64, 8}, e2{16448, 16};
   put("am_wire", "scatter", std::string(1, '\1') + pod(s) + pod(e1) + pod(e2) + std::string(24, 'x'));
   ucx::AmAck ack;
   ack.batch_id = 9;
+  ack.room = 1;
   put("am_wire", "ack", std::string(1, '\2') + pod(ack));
+  // The fence: three ranges (two touching), then a write over their seam.
+  FenceRange r1{4096, 64}, r2{4160, 64}, r3{0, 16}, write{4150, 20};
+  put("am_wire", "fence", std::string(1, '\3') + pod(r1) + pod(r2) + pod(r3) + pod(write));
 }
 
 void shard_address() {

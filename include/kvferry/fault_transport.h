@@ -90,6 +90,7 @@ class FaultInjectingTransport : public Transport {
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
+  void set_write_fence(std::shared_ptr<WriteFence> fence) override;
   // The inner transport's stats; injected failures count as batches and failed_batches.
   TransportStats stats() const override;
 

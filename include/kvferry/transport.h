@@ -10,8 +10,9 @@
 // A WriteOp's local_offset is in our offset space, its remote_offset in the peer's. An op must lie
 // inside ONE span on each side; the sender checks both (against the spans the peer announced in
 // RemoteRegionInfo) before anything is posted, and where the receiver copies (TCP) the receiver
-// checks again against its OWN spans, never the sender's claim. Anything else is refused with
-// kProtocolError, overflow-safe. Zero-length ops are checked the same way and write nothing.
+// checks again against its OWN spans, never the sender's claim, and against its room fence if one
+// is installed (set_write_fence). Anything else is refused with kProtocolError, overflow-safe.
+// Zero-length ops are checked the same way and write nothing.
 //
 // Thread contract: every method may be called from any thread. Completion callbacks run on the
 // transport's own progress thread(s): they must be short and must not call back into the
@@ -28,6 +29,7 @@
 
 #include "kvferry/buffers.h"
 #include "kvferry/error.h"
+#include "kvferry/write_fence.h"
 
 namespace kvferry {
 
@@ -167,6 +169,15 @@ class Transport {
 
   // Called (on the progress thread) when a peer's endpoint fails; the peer id is then dead.
   virtual void set_peer_error_handler(std::function<void(PeerId, Status)> handler) = 0;
+
+  // Installs the receiver-side room fence (kvferry/write_fence.h): where this transport copies
+  // incoming writes itself (tcp), it places a write only into the ranges of the open room the
+  // write names, and refuses anything else (the writer's batch fails: kTransferError for a room
+  // that is not open, kProtocolError for bytes outside the room). Without a fence only the span
+  // checks apply. Over shm a put is the writer's own memcpy into our mapping: nothing here sees
+  // it, so the fence cannot apply (docs/security.md "The room fence"). Call before peers connect;
+  // the default does nothing (transports that never copy on the receiver's side).
+  virtual void set_write_fence(std::shared_ptr<WriteFence> fence) { (void)fence; }
 
   virtual TransportStats stats() const = 0;
 };

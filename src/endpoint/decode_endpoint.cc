@@ -18,7 +18,9 @@ constexpr std::string_view kComp = "decode.endpoint";
 DecodeEndpoint::DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
                                uint32_t prefill_dp)
     : core_(core), plan_(std::move(plan)), prefill_dp_(std::max<uint32_t>(1, prefill_dp)),
-      bootstrap_address_(std::move(bootstrap_address)) {}
+      bootstrap_address_(std::move(bootstrap_address)) {
+  core_.transport().set_write_fence(fence_);  // before any peer connects (decode_fence.cc)
+}
 
 DecodeEndpoint::~DecodeEndpoint() {
   for (auto& [rank, r] : rediscovery_) {
@@ -277,7 +279,8 @@ void DecodeEndpoint::on_message(const Message& m) {
   if (auto* st = std::get_if<RoomStatus>(&m)) {
     if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
     core_.monitor().heard(st->sender, now);
-    return on_status(*st);
+    on_status(*st);
+    return close_fence_if_drained(st->room);
   }
   if (auto* rf = std::get_if<RegistrationRefusal>(&m)) {
     if (!accept_incarnation(rf->sender, rf->incarnation, rf->peer_incarnation, "RegistrationRefusal")) return;
@@ -394,6 +397,7 @@ Status DecodeEndpoint::init(uint64_t room, const std::vector<uint64_t>& kv_indic
   r.state_indices.assign(state_indices.begin(), state_indices.end());
   r.init_called = true;
   if (failed_before) return Status::Ok();  // it failed first (e.g. a refusing source): nothing goes out
+  open_fence(r);  // from now on the room's pages take writes naming it
   std::memset(core_.guard_row(aux_index), 0, kAuxSlotBytes);
   for (const RankId& src : r.sources) {
     auto peer = peers_.find(src);
@@ -493,7 +497,7 @@ bool DecodeEndpoint::drained(uint64_t room, int64_t now_ns) const {
   if (!r.state.terminal()) return false;
   for (const RankId& src : r.metadata_sent)
     if (!r.terminal.count(src)) return r.failed_ns != 0 && now_ns - r.failed_ns > core_.config().deadlines.drain_timeout_ms * 1'000'000;
-  return true;
+  return fence_done(r);  // every source is terminal: the room's fence closed, its last placement done
 }
 
 void DecodeEndpoint::set_waiting_deadline(uint64_t room, int64_t deadline_ns) {
@@ -538,6 +542,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     it = rediscovery_.erase(it);
   }
   if (!dead_peers_.empty()) expire_dead_sources(now_ns);
+  tick_fences();
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
   reask(now_ns);
@@ -562,7 +567,10 @@ void DecodeEndpoint::release(uint64_t room) {
   if (it->second.state.get() == KVPoll::Failed && !it->second.final_told) {
     answer_sources(it->second, monotonic_ns(), /*force=*/true);  // released: the answer is owed now
   }
-  if (it->second.state.get() == KVPoll::Failed) quarantine(it->second);  // if a source is unconfirmed
+  // Released or quarantined: the fence refuses the room's writes from now on; placements still
+  // running keep the pages quarantined until they are done (decode_fence.cc).
+  const bool placements = close_fence(it->second) > 0;
+  if (it->second.state.get() == KVPoll::Failed || placements) quarantine(it->second, placements);
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);

@@ -39,6 +39,7 @@
 #include "kvferry/state.h"
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
+#include "kvferry/write_fence.h"
 
 namespace kvferry {
 
@@ -65,6 +66,7 @@ struct ReceiverRoom {
   bool failure_told = false;  // an early notice of the failure went to the sources
   bool final_told = false;    // the final answer (terminal, the root cause) went to the sources
   bool init_called = false;  // kv_indices, aux_index, state_indices set; sources still down get them later
+  bool fence_open = false;   // the transport's room fence takes writes naming this room (decode_fence.cc)
   int64_t init_ns = 0;
   int64_t waiting_deadline_ns = 0;  // WaitingForInput past this fails with waiting_timeout
   int64_t success_ns = 0;
@@ -155,7 +157,24 @@ class DecodeEndpoint {
   uint64_t status_asks() const { return status_asks_; }
   static constexpr uint32_t kMaxAsks = 8;
 
+  // The receiver-side room fence installed into this rank's transport (kvferry/write_fence.h,
+  // decode_fence.cc): a room is open for writes naming it, into its pages, aux row, guard row and
+  // state rows only, from init() until every source it sent metadata to is terminal (then no
+  // honest write of it can come) or it is released. Refusals are counted there.
+  const WriteFence& fence() const { return *fence_; }
+
  private:
+  // decode_fence.cc.
+  std::vector<FenceRange> fence_ranges(const ReceiverRoom& r) const;
+  void open_fence(ReceiverRoom& r);
+  // Closes the room's fence once the room is terminal and every source it sent metadata to is.
+  void close_fence_if_drained(uint64_t room);
+  // Closes it in any case (release); returns the placements of the room still running.
+  uint64_t close_fence(ReceiverRoom& r);
+  // The fence is closed and none of the room's placements runs any more.
+  bool fence_done(const ReceiverRoom& r) const;
+  // Closes drained rooms' fences; ends the quarantine of rooms that waited only for placements.
+  void tick_fences();
   void on_status(const RoomStatus& st);
   // Tells every source that has not succeeded the room's failure (once; `update`: again, the root
   // cause moved).
@@ -169,7 +188,9 @@ class DecodeEndpoint {
   // fails at once (true then).
   void on_refusal(const RegistrationRefusal& rf);
   // decode_quarantine.cc.
-  void quarantine(const ReceiverRoom& r);
+  // `placements`: writes of the room were still being placed when its fence closed.
+  void quarantine(const ReceiverRoom& r, bool placements = false);
+  void end_quarantine(uint64_t room, const std::string& why);
   void drain_confirmed(uint64_t room, const RankId& src);
   void source_gone(const RankId& src);
   // `src`'s process is gone (restarted): every room it feeds is drained of it, quarantined ones
@@ -221,6 +242,7 @@ class DecodeEndpoint {
   std::map<RankId, Failure> refused_;
   struct Quarantine {
     std::set<RankId> pending;  // sources that have not confirmed the drain
+    bool placements = false;   // the fence still had placements of the room running
     uint64_t pages = 0;        // pages and rows held
   };
   std::unordered_map<uint64_t, Quarantine> quarantined_;
@@ -235,6 +257,7 @@ class DecodeEndpoint {
   std::map<RankId, std::vector<RoomStatus>> owed_;
   std::map<RankId, std::unique_ptr<Rediscovery>> rediscovery_;
   std::unordered_map<uint64_t, ReceiverRoom> rooms_;
+  std::shared_ptr<WriteFence> fence_ = std::make_shared<WriteFence>();
 };
 
 }  // namespace kvferry

@@ -16,11 +16,12 @@ namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 }  // namespace
 
-void DecodeEndpoint::quarantine(const ReceiverRoom& r) {
+void DecodeEndpoint::quarantine(const ReceiverRoom& r, bool placements) {
   Quarantine q;
   for (const RankId& src : r.metadata_sent)
     if (!r.terminal.count(src)) q.pending.insert(src);
-  if (q.pending.empty()) return;
+  q.placements = placements;
+  if (q.pending.empty() && !placements) return;
   q.pages = r.kv_indices.size() + 1 + r.state_indices.size();  // pages, the aux row, state rows
   quarantined_pages_ += q.pages;
   ++quarantined_total_;
@@ -31,20 +32,27 @@ void DecodeEndpoint::quarantine(const ReceiverRoom& r) {
     quarantined_order_.pop_front();
   }
   log_event(LogLevel::kDebug, kComp,
-            fmt::format("released quarantined: {} pages and rows wait for {} source(s) to confirm the drain",
-                        quarantined_.at(r.room).pages, quarantined_.at(r.room).pending.size()),
+            fmt::format("released quarantined: {} pages and rows wait for {} source(s) to confirm the drain{}",
+                        quarantined_.at(r.room).pages, quarantined_.at(r.room).pending.size(),
+                        placements ? " and for writes still being placed" : ""),
             {.room = r.room});
 }
 
 void DecodeEndpoint::drain_confirmed(uint64_t room, const RankId& src) {
   auto it = quarantined_.find(room);
   if (it == quarantined_.end() || !it->second.pending.erase(src) || !it->second.pending.empty()) return;
+  if (it->second.placements) return;  // the fence's last placements end it (tick_fences)
+  end_quarantine(room, src.str() + " confirmed the drain");
+}
+
+void DecodeEndpoint::end_quarantine(uint64_t room, const std::string& why) {
+  auto it = quarantined_.find(room);
+  if (it == quarantined_.end()) return;
   quarantined_pages_ -= it->second.pages;
   ++reclaimed_total_;
   if (reclaimed_.size() < kMaxQuarantined) reclaimed_.push_back(room);
   log_event(LogLevel::kDebug, kComp,
-            fmt::format("quarantine ends: {} confirmed the drain, {} pages and rows reclaimed", src.str(),
-                        it->second.pages),
+            fmt::format("quarantine ends: {}, {} pages and rows reclaimed", why, it->second.pages),
             {.room = room});
   quarantined_.erase(it);
   std::erase(quarantined_order_, room);

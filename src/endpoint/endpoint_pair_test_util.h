@@ -104,6 +104,9 @@ struct PairConfig {
   // decode engine whose other rank is another pair's.
   uint32_t tp_rank = 0;
   uint32_t tp_size = 1;
+  // Both ranks' transport (a registered name). Not a std::string: GCC 12 then warns falsely
+  // (maybe-uninitialized) about every defaulted PairConfig argument.
+  const char* transport = "shm";
 };
 
 class EndpointPair {
@@ -164,6 +167,7 @@ class EndpointPair {
     auto c = test_manager_config({Role::kPrefill, 0, cfg_.tp_rank, 0}, cfg_.prefill_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->tp_size = cfg_.tp_size;
+    c->transport = cfg_.transport;
     c->bootstrap_address = bootstrap_address_;
     c->control.port = control_port;
     auto m = Manager::create(*c);
@@ -192,6 +196,7 @@ class EndpointPair {
     auto c = test_manager_config({Role::kDecode, 0, cfg_.tp_rank, 0}, cfg_.decode_deadlines, cfg_.layout);
     if (!c.ok()) return c.status();
     c->tp_size = cfg_.tp_size;
+    c->transport = cfg_.transport;
     c->bootstrap_address = bootstrap_address_;
     c->control.port = control_port;
     auto m = Manager::create(*c);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <future>
 #include <random>
 #include <sstream>
 
@@ -485,6 +486,55 @@ TEST_P(HostilePeer, BootstrapPutOverwritingAnotherRank) {
     EXPECT_TRUE(put.ok()) << put.str();
     EXPECT_EQ(after->control_endpoint, liar().control->endpoint());
   }
+  expect_unharmed(bystander);
+}
+
+// The liar learned the decode rank's data address (worker address and spans: its pool
+// registration; here taken from the prefill rank's message hook) and connects a UCX tcp transport
+// of its own to it. UCX's data path has no secret (docs/security.md), so its writes reach the
+// decode rank with and without the secret; the room fence (docs/security.md "The room fence")
+// refuses every write naming a room that is not open there or touching another room's pages:
+// an earlier honest room, finished and released (a late write for a released room), a room id
+// the decode rank never saw, another live room's name on the bystander's pages, and the
+// bystander's name on the other room's pages. Nothing lands: both live rooms complete byte-exact.
+TEST_P(HostilePeer, ForgedWriteNamingAnotherRoom) {
+  HOSTILE_START();
+  {
+    HonestRoom done = start_honest(30);
+    finish_honest(done);
+  }  // its handles dropped: released at the next pump
+  c_.pump_for(50ms);
+  HonestRoom bystander = start_honest(32);
+  HonestRoom other = start_honest(34);
+  ASSERT_TRUE(liar().make_region(1 << 16).ok());
+  std::memset(liar().region.base, 0x5a, liar().region.bytes);
+  const PoolRegistration& reg = *c_.honest_registration;
+  RemoteRegionInfo info;
+  info.worker_address = reg.worker_address;
+  for (const RegionSpan& sp : reg.spans) info.spans.push_back({sp.offset, sp.bytes, sp.base, sp.packed_rkey});
+  auto peer = liar().transport->connect(info);
+  ASSERT_TRUE(peer.ok()) << peer.status().str();
+  auto page = [&](uint64_t p) { return reg.kv_offsets.at(0) + p * reg.page_bytes; };
+  auto forge = [&](uint64_t room, uint64_t remote) {
+    auto done = std::make_shared<std::promise<Status>>();
+    auto f = done->get_future();
+    liar().transport->write(*peer, room, {{0, remote, kPageBytes}}, [done](Status st) { done->set_value(st); });
+    for (auto end = std::chrono::steady_clock::now() + 60s;
+         f.wait_for(0s) != std::future_status::ready && std::chrono::steady_clock::now() < end;)
+      c_.pump();
+    EXPECT_EQ(f.wait_for(0s), std::future_status::ready) << "room " << room;
+    return f.wait_for(0s) == std::future_status::ready ? f.get() : Status(ErrorCode::kInternal, "no answer");
+  };
+  const uint64_t before = c_.de().fence().refused();
+  EXPECT_EQ(forge(30, page(bystander.dst[0])).code(), ErrorCode::kTransferError);     // released room
+  EXPECT_EQ(forge(0x7777, page(bystander.dst[1])).code(), ErrorCode::kTransferError); // never seen
+  EXPECT_EQ(forge(other.id, page(bystander.dst[2])).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(forge(bystander.id, page(other.dst[0])).code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(c_.de().fence().refused() - before, 4u);
+  EXPECT_EQ(c_.de().fence().refused_outside(), 2u);
+  EXPECT_GE(logs_.count("room fence refused"), 1u) << logs_.matching("transport.fence");
+  liar().transport->disconnect(*peer);
+  finish_honest(other);
   expect_unharmed(bystander);
 }
 

@@ -216,6 +216,10 @@ void FaultInjectingTransport::set_peer_error_handler(
   inner_->set_peer_error_handler(std::move(handler));
 }
 
+void FaultInjectingTransport::set_write_fence(std::shared_ptr<WriteFence> fence) {
+  inner_->set_write_fence(std::move(fence));
+}
+
 void FaultInjectingTransport::report_peer_error(PeerId peer, Status status) {
   std::function<void(PeerId, Status)> handler;
   {

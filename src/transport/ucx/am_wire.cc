@@ -4,6 +4,24 @@
 #include <string>
 
 namespace kvferry::ucx {
+namespace {
+
+// A header of the wrong size or magic; names a version-1 peer ("kvf1": no room in its headers).
+Status bad_header(const char* what, const void* header, size_t header_length, size_t want) {
+  uint32_t magic = 0;
+  if (header != nullptr && header_length >= sizeof(magic)) std::memcpy(&magic, header, sizeof(magic));
+  std::string msg = what;
+  if (magic == kAmMagicV1) {
+    msg += ": wire version 1 (kvf1) from an older peer, this rank speaks version 2 (kvf2)";
+  } else if (header_length != want) {
+    msg += " of " + std::to_string(header_length) + " bytes, expected " + std::to_string(want);
+  } else {
+    msg += ": bad magic";
+  }
+  return {ErrorCode::kProtocolError, msg};
+}
+
+}  // namespace
 
 Status parse_write_header(const void* header, size_t header_length, size_t payload_length,
                           const SpanTable& spans, AmWriteHeader* out, uint8_t** dst) {
@@ -11,12 +29,12 @@ Status parse_write_header(const void* header, size_t header_length, size_t paylo
   *dst = nullptr;
   out->magic = 0;
   if (header == nullptr || header_length != sizeof(AmWriteHeader)) {
-    return {ErrorCode::kProtocolError,
-            "write header of " + std::to_string(header_length) + " bytes, expected " +
-                std::to_string(sizeof(AmWriteHeader))};
+    return bad_header("write header", header, header_length, sizeof(AmWriteHeader));
   }
   std::memcpy(out, header, sizeof(AmWriteHeader));
-  if (out->magic != kAmMagic) return {ErrorCode::kProtocolError, "write header: bad magic"};
+  if (out->magic != kAmMagic) {
+    return bad_header("write header", header, header_length, sizeof(AmWriteHeader));
+  }
   if (out->length != payload_length) {
     return {ErrorCode::kProtocolError, "write header length " + std::to_string(out->length) +
                                            " != payload " + std::to_string(payload_length)};
@@ -40,12 +58,12 @@ Status parse_scatter_header(const void* header, size_t header_length, size_t pay
   *out = AmScatterHeader{};
   out->magic = 0;
   if (header == nullptr || header_length != sizeof(AmScatterHeader)) {
-    return {ErrorCode::kProtocolError,
-            "scatter header of " + std::to_string(header_length) + " bytes, expected " +
-                std::to_string(sizeof(AmScatterHeader))};
+    return bad_header("scatter header", header, header_length, sizeof(AmScatterHeader));
   }
   std::memcpy(out, header, sizeof(AmScatterHeader));
-  if (out->magic != kAmMagic) return {ErrorCode::kProtocolError, "scatter header: bad magic"};
+  if (out->magic != kAmMagic) {
+    return bad_header("scatter header", header, header_length, sizeof(AmScatterHeader));
+  }
   if (out->count == 0 || out->count > kScatterMaxEntries) {
     return {ErrorCode::kProtocolError,
             "scatter of " + std::to_string(out->count) + " entries (1.." +
@@ -66,7 +84,10 @@ Status parse_scatter_header(const void* header, size_t header_length, size_t pay
 }
 
 Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t payload_length,
-                     const SpanTable& spans) {
+                     const SpanTable& spans, const WriteFence::Pin* room, AmRefusal* refusal) {
+  AmRefusal ignored;
+  if (refusal == nullptr) refusal = &ignored;
+  *refusal = AmRefusal::kSpan;
   const uint64_t table = uint64_t(h.count) * sizeof(AmScatterEntry);
   if (payload == nullptr || spans.empty() || h.count == 0 || h.count > kScatterMaxEntries ||
       payload_length != table + h.data_bytes) {
@@ -88,6 +109,18 @@ Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t pa
       msg += ')';
       return {ErrorCode::kProtocolError, msg};
     }
+    if (room != nullptr && !room->contains(e.offset, e.length)) {
+      *refusal = AmRefusal::kOutsideRoom;
+      std::string msg = "scatter entry ";
+      msg += std::to_string(i);
+      msg += " [";
+      msg += std::to_string(e.offset);
+      msg += ", +";
+      msg += std::to_string(e.length);
+      msg += ") is not inside the pages of room ";
+      msg += std::to_string(h.room);
+      return {ErrorCode::kProtocolError, msg};
+    }
     if (e.length > h.data_bytes - sum) {  // overflow-safe: sum <= data_bytes holds here
       return {ErrorCode::kProtocolError,
               "scatter entries exceed the " + std::to_string(h.data_bytes) + " data bytes"};
@@ -98,6 +131,7 @@ Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t pa
     return {ErrorCode::kProtocolError, "scatter entries cover " + std::to_string(sum) + " of " +
                                            std::to_string(h.data_bytes) + " data bytes"};
   }
+  *refusal = AmRefusal::kNone;
   const uint8_t* src = payload + table;
   for (uint32_t i = 0; i < h.count; ++i) {
     AmScatterEntry e;
@@ -111,7 +145,7 @@ Status place_scatter(const AmScatterHeader& h, const uint8_t* payload, size_t pa
 bool parse_ack(const void* data, size_t length, AmAck* out) {
   if (data == nullptr || length != sizeof(AmAck)) return false;
   std::memcpy(out, data, sizeof(AmAck));
-  return out->magic == kAmMagic;
+  return out->magic == kAmMagic && out->refusal <= kMaxAmRefusal;
 }
 
 }  // namespace kvferry::ucx

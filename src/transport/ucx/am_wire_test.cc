@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -226,6 +228,113 @@ TEST(AmWireTest, ScatterHeaderIsCheckedBeforeAnyDataIsReceived) {
   h.data_bytes = kScatterMaxDataBytes;  // the limits themselves are fine
   EXPECT_TRUE(
       parse_scatter_header(&h, sizeof(h), sizeof(AmScatterEntry) + h.data_bytes, &out).ok());
+}
+
+// Wire version 2: every header and ack names its room, and a version-1 peer is refused by size
+// and magic (its headers had no room), with an error that says so, never misread.
+TEST(AmWireTest, HeadersAndAcksCarryTheRoom) {
+  AmWriteHeader h = header(64, 8);
+  h.room = 0xfeedfacecafef00dull;
+  AmWriteHeader out;
+  ASSERT_TRUE(check(h, 8, 4096, &out).ok());
+  EXPECT_EQ(out.room, 0xfeedfacecafef00dull);
+  h.offset = 5000;  // refused by the span check: the room still comes back for the ack
+  EXPECT_FALSE(check(h, 8, 4096, &out).ok());
+  EXPECT_EQ(out.room, 0xfeedfacecafef00dull);
+
+  Scatter s = scatter({{0, 4}});
+  s.h.room = 12345;
+  AmScatterHeader sh;
+  ASSERT_TRUE(parse_scatter_header(&s.h, sizeof(s.h), s.payload.size(), &sh).ok());
+  EXPECT_EQ(sh.room, 12345u);
+  ASSERT_FALSE(parse_scatter_header(&s.h, sizeof(s.h), s.payload.size() + 1, &sh).ok());
+  EXPECT_EQ(sh.room, 12345u);
+
+  AmAck ack;
+  ack.batch_id = 9;
+  ack.room = 777;
+  ack.code = static_cast<uint16_t>(ErrorCode::kTransferError);
+  ack.refusal = static_cast<uint16_t>(AmRefusal::kRoomClosed);
+  AmAck a;
+  ASSERT_TRUE(parse_ack(&ack, sizeof(ack), &a));
+  EXPECT_EQ(a.room, 777u);
+  EXPECT_EQ(a.refusal, static_cast<uint16_t>(AmRefusal::kRoomClosed));
+  ack.refusal = kMaxAmRefusal + 1;  // an unknown refusal code: malformed
+  EXPECT_FALSE(parse_ack(&ack, sizeof(ack), &a));
+}
+
+TEST(AmWireTest, RefusesVersionOneHeadersAndAcks) {
+  // Version 1 layouts: no room field.
+  struct V1Write {
+    uint32_t magic = kAmMagicV1;
+    uint32_t op_index = 0;
+    uint64_t batch_id = 3;
+    uint64_t offset = 0;
+    uint64_t length = 8;
+  } w1;
+  struct V1Scatter {
+    uint32_t magic = kAmMagicV1;
+    uint32_t count = 1;
+    uint64_t batch_id = 3;
+    uint64_t data_bytes = 8;
+  } s1;
+  struct V1Ack {
+    uint32_t magic = kAmMagicV1;
+    uint16_t code = 0;
+    uint16_t reserved = 0;
+    uint64_t batch_id = 3;
+  } a1;
+  static_assert(sizeof(V1Write) == 32 && sizeof(V1Scatter) == 24 && sizeof(V1Ack) == 16);
+  AmWriteHeader out;
+  uint8_t* dst = nullptr;
+  Status st = parse_write_header(&w1, sizeof(w1), 8, one_span(4096), &out, &dst);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("wire version 1"), std::string::npos) << st.message();
+  EXPECT_EQ(dst, nullptr);
+  AmScatterHeader sh;
+  st = parse_scatter_header(&s1, sizeof(s1), sizeof(AmScatterEntry) + 8, &sh);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("wire version 1"), std::string::npos) << st.message();
+  AmAck a;
+  EXPECT_FALSE(parse_ack(&a1, sizeof(a1), &a));
+  // The version-1 magic in a header of today's size is refused too (never read as version 2).
+  AmWriteHeader h = header(0, 8);
+  h.magic = kAmMagicV1;
+  st = check(h, 8, 4096, &out);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("wire version 1"), std::string::npos) << st.message();
+  AmAck ack;
+  ack.magic = kAmMagicV1;
+  EXPECT_FALSE(parse_ack(&ack, sizeof(ack), &a));
+}
+
+// place_scatter with a pin of the room's fence: every entry must lie inside the room's ranges
+// (checked before anything is copied); one entry outside refuses the whole message.
+TEST(AmWireTest, ScatterChecksEveryEntryAgainstTheRoom) {
+  std::vector<uint8_t> region(256, 0xEE);
+  SpanTable spans({{0, 256, region.data()}});
+  WriteFence fence;
+  ASSERT_TRUE(fence.open(5, {{0, 16}, {200, 56}}).ok());
+  WriteFence::Pin pin = fence.pin(5);
+  Scatter ok = scatter({{200, 3}, {0, 16}});
+  ok.h.room = 5;
+  AmRefusal refusal = AmRefusal::kSpan;
+  ASSERT_TRUE(place_scatter(ok.h, ok.payload.data(), ok.payload.size(), spans, &pin, &refusal).ok());
+  EXPECT_EQ(refusal, AmRefusal::kNone);
+  EXPECT_EQ(region[200], 1);
+  std::fill(region.begin(), region.end(), 0xEE);
+  Scatter bad = scatter({{200, 3}, {10, 8}});  // [10, 18) straddles the room's first range
+  bad.h.room = 5;
+  Status st = place_scatter(bad.h, bad.payload.data(), bad.payload.size(), spans, &pin, &refusal);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_EQ(refusal, AmRefusal::kOutsideRoom);
+  EXPECT_EQ(region, std::vector<uint8_t>(256, 0xEE));  // nothing written, not even entry 0
+  Scatter span = scatter({{250, 10}});  // outside the spans: the span check says so first
+  span.h.room = 5;
+  st = place_scatter(span.h, span.payload.data(), span.payload.size(), spans, &pin, &refusal);
+  EXPECT_EQ(refusal, AmRefusal::kSpan);
+  // Without a pin (no fence installed) only the spans count.
+  EXPECT_TRUE(place_scatter(bad.h, bad.payload.data(), bad.payload.size(), spans).ok());
 }
 
 }  // namespace

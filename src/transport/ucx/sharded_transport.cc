@@ -72,6 +72,10 @@ Result<std::vector<LocalRegion>> ShardedTransport::register_spans(const std::vec
   return regions;
 }
 
+void ShardedTransport::set_write_fence(std::shared_ptr<WriteFence> fence) {
+  for (auto& shard : shards_) shard->set_write_fence(fence);
+}
+
 Status ShardedTransport::share(const std::vector<LocalRegion>& regions) {
   std::vector<LocalSpanView> views;
   views.reserve(regions.size());

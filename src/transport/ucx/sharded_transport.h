@@ -6,7 +6,7 @@
 // shard 0 maps them, the others write from and receive into the same memory (share_spans), so a
 // peer sees one set of spans, one remote key each. Over shm a put is a memcpy done by the sending
 // shard's thread, over tcp each shard's worker sends its rooms' AMs and receives (and checks
-// against the spans, as a single worker does) what peers' shards send to it.
+// against the spans and the room fence, as a single worker does) what peers' shards send to it.
 //
 // Routing: room -> shard room % N, so the batches of one room go through one shard's command
 // queue and stay in order; no thread per room. A peer is one PeerId for N shard endpoints: local
@@ -54,6 +54,8 @@ class ShardedTransport final : public Transport {
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
+  // Every shard checks incoming writes against the same fence.
+  void set_write_fence(std::shared_ptr<WriteFence> fence) override;
   TransportStats stats() const override;
 
   size_t shard_count() const { return shards_.size(); }

@@ -285,4 +285,8 @@ void UcxTransport::set_peer_error_handler(std::function<void(PeerId, Status)> ha
   post([this, handler = std::move(handler)] { peer_error_handler_ = handler; });
 }
 
+void UcxTransport::set_write_fence(std::shared_ptr<WriteFence> fence) {
+  post([this, fence = std::move(fence)] { fence_ = fence; });
+}
+
 }  // namespace kvferry::ucx

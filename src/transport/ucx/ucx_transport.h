@@ -24,8 +24,10 @@
 //         (header = AmScatterHeader, payload = entry table + data, also sent as an IOV straight
 //         from our spans, up to kScatterMaxEntries / kScatterMaxDataBytes each). Ranges are
 //         gathered only inside one remote span. The receiver checks every header and every
-//         scatter entry against its OWN spans before it writes anything, places the data and
-//         replies with one AmAck per message; done after all acks.
+//         scatter entry against its OWN spans before it writes anything (and, with a room fence
+//         installed, against the ranges of the open room the message names: write_fence.h),
+//         places the data and replies with one AmAck per message (naming the room); done after
+//         all acks.
 #pragma once
 #include <ucp/api/ucp.h>
 
@@ -85,6 +87,7 @@ class UcxTransport final : public Transport {
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;
   void set_peer_error_handler(std::function<void(PeerId, Status)> handler) override;
+  void set_write_fence(std::shared_ptr<WriteFence> fence) override;
   TransportStats stats() const override;
 
   // Shards of one context: this transport writes from and receives into `spans`, which another
@@ -101,6 +104,11 @@ class UcxTransport final : public Transport {
   // Acks for one of our pings or batches that came from another endpoint than the one it went
   // out on, or from none (dropped; handle_am_ack in ucx_write.cc).
   uint64_t foreign_acks() const { return foreign_acks_.load(); }
+  // Incoming AM writes the room fence refused (room not open, or bytes outside the room; nothing
+  // placed, the writer told with the refusal). 0 without a fence.
+  uint64_t fence_refusals() const { return fence_refusals_.load(); }
+  // At most one log line per this interval about fence refusals (the count since the last line).
+  static constexpr int64_t kFenceLogIntervalNs = 1'000'000'000;
 
   static constexpr int kIdleWakeMs = 100;
   // connect() returns once wire-up with the peer completed (shm: ep flush; tcp: ping + ack round
@@ -167,16 +175,27 @@ class UcxTransport final : public Transport {
                     uint32_t count, uint64_t data_bytes);
   bool send_write(Peer& peer, Batch& batch, const std::vector<WriteOp>& ops, size_t first,
                   size_t end, uint64_t length);
-  void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping = false);
+  void send_ack(ucp_ep_h reply_ep, uint64_t batch_id, uint64_t room, ErrorCode code,
+                AmRefusal refusal = AmRefusal::kNone, bool ping = false);
+  // The room fence (receiver side; write_fence.h): a Pin on `room` for [offset, +length), or an
+  // empty Pin with *verdict saying why (counted and logged, rate-limited). Without a fence: an
+  // empty Pin and kAdmitted.
+  WriteFence::Pin fence_pin(uint64_t room, uint64_t offset, uint64_t length, bool check_range,
+                            FenceVerdict* verdict);
+  void count_fence_refusal(FenceVerdict v, uint64_t room, uint64_t offset, uint64_t length);
   uint64_t fresh_batch_id();  // random, nonzero, not in batches_ or pings_ (ucx_write.cc)
   ucs_status_t handle_am_scatter(const void* header, size_t header_length, void* data,
                                  size_t length, const ucp_am_recv_param_t* param);
+  // Fence, span checks and copy of a scatter payload (ucx_receive.cc); the ack's code.
+  ErrorCode place_scatter_payload(const AmScatterHeader& h, const uint8_t* payload, size_t length,
+                                  AmRefusal* refusal);
   std::unique_ptr<uint8_t[]> take_bounce();
   void return_bounce(std::unique_ptr<uint8_t[]> buf);
   ucs_status_t handle_am_write(const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
   void handle_am_ack(const void* data, size_t length, ucp_ep_h from);
-  bool ack_is_from(ucp_ep_h from, PeerId peer);  // false: counted in foreign_acks_
+  // false: counted in foreign_acks_ (another endpoint, none, or another room)
+  bool ack_is_from(ucp_ep_h from, PeerId peer, uint64_t ack_room, uint64_t room);
   std::string peer_name(PeerId id) const;
   static void on_flush_done(void* request, ucs_status_t status, void* user_data);
   static void on_am_sent(void* request, ucs_status_t status, void* user_data);
@@ -221,6 +240,10 @@ class UcxTransport final : public Transport {
   std::unordered_set<ConnectCtx*> connects_;               // connect() calls in progress
   std::unordered_map<uint64_t, ConnectCtx*> pings_;        // AM mode: ping token -> connect
   std::function<void(PeerId, Status)> peer_error_handler_;
+  std::shared_ptr<WriteFence> fence_;  // null: no room fence (span checks only)
+  int64_t fence_logged_ns_ = 0;        // last fence log line (monotonic ns)
+  uint64_t fence_unlogged_ = 0;        // refusals since that line
+  std::atomic<uint64_t> fence_refusals_{0};
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
       live_peers_{0}, rejected_incoming_{0}, foreign_acks_{0};
@@ -279,6 +302,8 @@ struct UcxTransport::RecvCtx {
   UcxTransport* owner = nullptr;
   ucp_ep_h reply_ep = nullptr;
   uint64_t batch_id = 0;
+  uint64_t room = 0;
+  WriteFence::Pin pin;                  // a write received straight into the room's pages
   bool scatter = false;                 // a scatter message received into `bounce`
   AmScatterHeader scatter_header;
   size_t length = 0;

@@ -1,5 +1,6 @@
 // UcxTransport: the write path (put + flush over shared memory, active messages + acks over
-// TCP) and the receiver-side active-message handlers. Everything here runs on the progress thread.
+// TCP) and the writer's handling of acks (the receiver side is ucx_receive.cc). Everything here
+// runs on the progress thread.
 #include <sodium.h>
 
 #include <memory>
@@ -19,6 +20,22 @@ std::string range_text(uint64_t offset, uint64_t length) {
   s += std::to_string(length);
   s += ')';
   return s;
+}
+
+// What the writer says when a receiver refused a message of a batch (AmAck::refusal).
+std::string refusal_text(AmRefusal r, uint64_t room) {
+  switch (r) {
+    case AmRefusal::kRoomClosed:
+      return "the receiver's room fence refused the write: room " + std::to_string(room) +
+             " is not open there (released, quarantined or never given pages)";
+    case AmRefusal::kOutsideRoom:
+      return "the receiver's room fence refused the write: it touches bytes outside room " +
+             std::to_string(room) + "'s pages there";
+    case AmRefusal::kSpan:
+    case AmRefusal::kNone:
+      break;
+  }
+  return "peer refused the write (its span check failed)";
 }
 
 }  // namespace
@@ -219,6 +236,7 @@ bool UcxTransport::send_write(Peer& p, Batch& b, const std::vector<WriteOp>& ops
   AmWriteHeader& h = b.headers.emplace_back();
   h.op_index = static_cast<uint32_t>(first);
   h.batch_id = b.id;
+  h.room = b.room;
   h.offset = ops[first].remote_offset;
   h.length = length;
   ucp_request_param_t prm{};
@@ -255,6 +273,7 @@ bool UcxTransport::send_scatter(Peer& p, Batch& b, size_t first_iov, size_t firs
   AmScatterHeader& h = b.scatter_headers.emplace_back();
   h.count = count;
   h.batch_id = b.id;
+  h.room = b.room;
   h.data_bytes = data_bytes;
   b.iovs[first_iov] = {&b.entries[first_entry], count * sizeof(AmScatterEntry)};
   ucp_request_param_t prm{};
@@ -326,211 +345,16 @@ void UcxTransport::fail_peer_batches(Peer& peer, const Status& status) {
   }
 }
 
-// ---- receiver side -------------------------------------------------------------------------
-
-Status UcxTransport::register_am_handlers() {
-  struct Handler {
-    unsigned id;
-    ucp_am_recv_callback_t cb;
-  };
-  for (Handler h : {Handler{kAmWriteId, &UcxTransport::am_write_cb},
-                    Handler{kAmScatterId, &UcxTransport::am_scatter_cb},
-                    Handler{kAmAckId, &UcxTransport::am_ack_cb},
-                    Handler{kAmPingId, &UcxTransport::am_ping_cb}}) {
-    ucp_am_handler_param_t hp{};
-    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
-                    UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    hp.id = h.id;
-    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
-    hp.cb = h.cb;
-    hp.arg = this;
-    ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &hp);
-    if (s != UCS_OK) {
-      return {ErrorCode::kInternal,
-              std::string("ucp_worker_set_am_recv_handler: ") + ucs_status_string(s)};
-    }
-  }
-  return Status::Ok();
-}
-
-ucs_status_t UcxTransport::am_write_cb(void* arg, const void* header, size_t header_length,
-                                       void* data, size_t length,
-                                       const ucp_am_recv_param_t* param) {
-  return static_cast<UcxTransport*>(arg)->handle_am_write(header, header_length, data, length,
-                                                          param);
-}
-
-ucs_status_t UcxTransport::handle_am_write(const void* header, size_t header_length, void* data,
-                                           size_t length, const ucp_am_recv_param_t* param) {
-  ucp_ep_h reply_ep =
-      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-  AmWriteHeader h;
-  uint8_t* dst = nullptr;
-  // The one check that keeps a remote peer inside our registered spans (our table, not its claim).
-  Status st = parse_write_header(header, header_length, length, spans_, &h, &dst);
-  if (!st.ok()) {
-    rejected_incoming_++;
-    send_ack(reply_ep, h.batch_id, ErrorCode::kProtocolError);
-    return UCS_OK;  // drops the data (eager) or the rendezvous descriptor
-  }
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    if (length > 0) std::memcpy(dst, data, length);
-    send_ack(reply_ep, h.batch_id, ErrorCode::kOk);
-    return UCS_OK;
-  }
-  auto* ctx = new RecvCtx{this, reply_ep, h.batch_id};
-  ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  prm.cb.recv_am = &UcxTransport::on_recv_done;
-  prm.user_data = ctx;
-  void* req = ucp_am_recv_data_nbx(worker_, data, dst, length, &prm);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    send_ack(reply_ep, h.batch_id, req == nullptr ? ErrorCode::kOk : ErrorCode::kTransferError);
-    delete ctx;
-  } else {
-    recvs_.insert(ctx);
-  }
-  return UCS_OK;
-}
-
-ucs_status_t UcxTransport::am_scatter_cb(void* arg, const void* header, size_t header_length,
-                                         void* data, size_t length,
-                                         const ucp_am_recv_param_t* param) {
-  return static_cast<UcxTransport*>(arg)->handle_am_scatter(header, header_length, data, length,
-                                                            param);
-}
-
-std::unique_ptr<uint8_t[]> UcxTransport::take_bounce() {
-  if (bounce_free_.empty()) return std::make_unique_for_overwrite<uint8_t[]>(kScatterMaxPayload);
-  auto buf = std::move(bounce_free_.back());
-  bounce_free_.pop_back();
-  return buf;
-}
-
-void UcxTransport::return_bounce(std::unique_ptr<uint8_t[]> buf) {
-  constexpr size_t kKeep = 8;  // enough for the rendezvous receives one peer keeps in flight
-  if (buf && bounce_free_.size() < kKeep) bounce_free_.push_back(std::move(buf));
-}
-
-ucs_status_t UcxTransport::handle_am_scatter(const void* header, size_t header_length,
-                                             void* data, size_t length,
-                                             const ucp_am_recv_param_t* param) {
-  ucp_ep_h reply_ep =
-      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-  AmScatterHeader h;
-  // Header first (bounds the bounce buffer), then every entry inside place_scatter: together
-  // they keep a remote peer inside our registered spans.
-  Status st = parse_scatter_header(header, header_length, length, &h);
-  if (!st.ok() || spans_.empty()) {
-    rejected_incoming_++;
-    send_ack(reply_ep, h.batch_id, ErrorCode::kProtocolError);
-    return UCS_OK;
-  }
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    st = place_scatter(h, static_cast<const uint8_t*>(data), length, spans_);
-    if (!st.ok()) rejected_incoming_++;
-    send_ack(reply_ep, h.batch_id, st.ok() ? ErrorCode::kOk : ErrorCode::kProtocolError);
-    return UCS_OK;
-  }
-  auto* ctx = new RecvCtx{this, reply_ep, h.batch_id};
-  ctx->scatter = true;
-  ctx->scatter_header = h;
-  ctx->length = length;
-  ctx->bounce = take_bounce();
-  ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  prm.cb.recv_am = &UcxTransport::on_recv_done;
-  prm.user_data = ctx;
-  void* req = ucp_am_recv_data_nbx(worker_, data, ctx->bounce.get(), length, &prm);
-  if (req == nullptr) {  // received at once
-    on_recv_done(nullptr, UCS_OK, length, ctx);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    send_ack(reply_ep, h.batch_id, ErrorCode::kTransferError);
-    return_bounce(std::move(ctx->bounce));
-    delete ctx;
-  } else {
-    recvs_.insert(ctx);
-  }
-  return UCS_OK;
-}
-
-void UcxTransport::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
-                                void* user_data) {
-  if (request != nullptr) ucp_request_free(request);
-  auto* ctx = static_cast<RecvCtx*>(user_data);
-  UcxTransport* self = ctx->owner;
-  self->recvs_.erase(ctx);
-  // On failure the sender is usually gone (its reply ep with it); its own error fails the batch.
-  if (status == UCS_OK) {
-    ErrorCode code = ErrorCode::kOk;
-    if (ctx->scatter) {
-      Status st = place_scatter(ctx->scatter_header, ctx->bounce.get(), ctx->length, self->spans_);
-      if (!st.ok()) {
-        self->rejected_incoming_++;
-        code = ErrorCode::kProtocolError;
-      }
-    }
-    self->send_ack(ctx->reply_ep, ctx->batch_id, code);
-  }
-  self->return_bounce(std::move(ctx->bounce));
-  delete ctx;
-}
-
-void UcxTransport::send_ack(ucp_ep_h reply_ep, uint64_t batch_id, ErrorCode code, bool ping) {
-  if (reply_ep == nullptr || (hooks_.suppress_acks && !ping) || shutting_down_) return;
-  auto* msg = new AckMsg{};
-  msg->owner = this;
-  msg->ack.batch_id = batch_id;
-  msg->ack.code = static_cast<uint16_t>(code);
-  ucp_request_param_t prm{};
-  prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                     UCP_OP_ATTR_FIELD_FLAGS;
-  // REPLY: the writer learns which of its endpoints the ack came back on (handle_am_ack).
-  prm.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  prm.cb.send = &UcxTransport::on_ack_sent;
-  prm.user_data = msg;
-  void* req = ucp_am_send_nbx(reply_ep, kAmAckId, nullptr, 0, &msg->ack, sizeof(msg->ack), &prm);
-  if (req == nullptr || UCS_PTR_IS_ERR(req)) {
-    delete msg;  // sent at once, or the sender is gone (its ep error fails the batch there)
-  } else {
-    acks_in_flight_.insert(msg);
-  }
-}
-
-void UcxTransport::on_ack_sent(void* request, ucs_status_t /*status*/, void* user_data) {
-  ucp_request_free(request);
-  auto* msg = static_cast<AckMsg*>(user_data);
-  msg->owner->acks_in_flight_.erase(msg);
-  delete msg;
-}
-
-ucs_status_t UcxTransport::am_ack_cb(void* arg, const void* /*header*/, size_t /*header_length*/,
-                                     void* data, size_t length,
-                                     const ucp_am_recv_param_t* param) {
-  ucp_ep_h from =
-      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
-  static_cast<UcxTransport*>(arg)->handle_am_ack(data, length, from);
-  return UCS_OK;
-}
-
-ucs_status_t UcxTransport::am_ping_cb(void* arg, const void* /*header*/,
-                                      size_t /*header_length*/, void* data, size_t length,
-                                      const ucp_am_recv_param_t* param) {
-  AmAck ping;
-  if (parse_ack(data, length, &ping) && (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-    static_cast<UcxTransport*>(arg)->send_ack(param->reply_ep, ping.batch_id, ErrorCode::kOk,
-                                                    /*ping=*/true);
-  }
-  return UCS_OK;
-}
-
 // An ack settles a ping or batch only if it came back on the endpoint that ping or batch went
 // out on: the receiver answers on its reply endpoint with UCP_AM_SEND_FLAG_REPLY, so UCX hands us
 // our own endpoint to that receiver. An ack from any other endpoint (another peer that learned or
-// guessed an id), or without one, is counted and dropped (docs/security.md, "Acknowledgements").
-bool UcxTransport::ack_is_from(ucp_ep_h from, PeerId peer) {
+// guessed an id), or without one, or naming another room than the batch's, is counted and
+// dropped (docs/security.md, "Acknowledgements").
+bool UcxTransport::ack_is_from(ucp_ep_h from, PeerId peer, uint64_t ack_room, uint64_t room) {
   auto it = peers_.find(peer);
-  if (from != nullptr && it != peers_.end() && it->second->ep == from) return true;
+  if (from != nullptr && it != peers_.end() && it->second->ep == from && ack_room == room) {
+    return true;
+  }
   foreign_acks_.fetch_add(1);
   return false;
 }
@@ -540,7 +364,7 @@ void UcxTransport::handle_am_ack(const void* data, size_t length, ucp_ep_h from)
   if (!parse_ack(data, length, &ack)) return;
   if (auto ping = pings_.find(ack.batch_id); ping != pings_.end()) {
     ConnectCtx& ctx = *ping->second;  // complete_connect erases the map entry
-    if (!ack_is_from(from, ctx.id)) return;
+    if (!ack_is_from(from, ctx.id, ack.room, 0)) return;
     complete_connect(ctx, ack.code == 0 ? Status::Ok()
                                         : Status(ErrorCode::kPeerUnreachable, "ping refused"));
     return release_connect_if_idle(ctx);
@@ -548,11 +372,11 @@ void UcxTransport::handle_am_ack(const void* data, size_t length, ucp_ep_h from)
   auto it = batches_.find(ack.batch_id);
   if (it == batches_.end() || it->second->finished) return;  // already failed: ignore
   Batch& b = *it->second;
-  if (!ack_is_from(from, b.peer)) return;
+  if (!ack_is_from(from, b.peer, ack.room, b.room)) return;
   if (ack.code != 0) {
     ErrorCode code = ack.code <= kMaxErrorCode ? static_cast<ErrorCode>(ack.code)
                                                : ErrorCode::kProtocolError;
-    return finish(b, {code, "peer refused the write (its span check failed)"});
+    return finish(b, {code, refusal_text(static_cast<AmRefusal>(ack.refusal), b.room)});
   }
   if (--b.acks == 0) finish(b, Status::Ok());
 }
