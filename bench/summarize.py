@@ -2,7 +2,7 @@
 """Summary of one bench/compare.sh run: reads OUT/*.json and OUT/replay/*/report.json, writes
 OUT/summary.json and OUT/latency_cdf_*.csv (for bench/plot.sh), prints the tables and, last, the
 line `shm_vs_ucx_perftest=R shm_vs_memcpy=R tcp_vs_ucx_perftest=R propagation_p99_ms=X
-peer_death_detect_ms=Y`.
+peer_death_detect_ms=Y layerwise_tail_ratio=R`.
 
 usage: summarize.py OUT PERFTEST_POSIX_PUT_MBPS PERFTEST_TCP_PUT_MBPS PERFTEST_TCP_AM_MBPS
 """
@@ -109,6 +109,17 @@ def main():
     s["peer_death"] = deaths
     s["propagation_p99_ms"] = fails["tp4"]["p99_ms"]
     s["peer_death_detect_ms"] = max(d["max_ms"] for d in deaths.values())
+    # --- layer-wise streaming (issue 15): transfer tail (last layer's compute -> decode Success),
+    # p50/p99 with and without --layerwise; layerwise_tail_ratio = p50 with / p50 without.
+    try:
+        lw = {k: load(os.path.join(out, f"layerwise_{k}.json")) for k in ("off", "on")}
+        s["layerwise"] = {"ms_per_layer": lw["on"]["config"]["prefill_ms_per_layer"],
+                          "tail_ms": {k: j["transfer_tail_ms"] for k, j in lw.items()},
+                          "rooms_per_s": {k: j["rooms_per_s"] for k, j in lw.items()}}
+        s["layerwise_tail_ratio"] = ratio(lw["on"]["transfer_tail_ms"]["p50"], lw["off"]["transfer_tail_ms"]["p50"])
+    except (OSError, KeyError, ValueError):
+        print("summarize.py: no layer-wise pair (layerwise_off/on.json)", file=sys.stderr)
+        s["layerwise_tail_ratio"] = float("nan")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     write_cdf(os.path.join(out, "latency_cdf_shm.csv"), shm["transfer_latency_cdf_ms"])
@@ -138,9 +149,14 @@ def main():
         print(f"fault -> all ranks Failed, {name}: {f['faults']} faults, p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
     for name, d in deaths.items():
         print(f"peer death {name}: detected after {d['detections_ms']} ms")
+    if "layerwise" in s:  # layer-wise streaming (issue 15)
+        t = s["layerwise"]["tail_ms"]
+        print(f"layer-wise ({s['layerwise']['ms_per_layer']} ms/layer): transfer tail p50/p99 "
+              f"{t['on']['p50']:.2f}/{t['on']['p99']:.2f} ms, without {t['off']['p50']:.2f}/{t['off']['p99']:.2f} ms")
     print(f"shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']:.3f} shm_vs_memcpy={s['shm_vs_memcpy']:.3f} "
           f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']:.3f} propagation_p99_ms={s['propagation_p99_ms']:.3f} "
-          f"peer_death_detect_ms={s['peer_death_detect_ms']:.3f}")
+          f"peer_death_detect_ms={s['peer_death_detect_ms']:.3f}"
+          f" layerwise_tail_ratio={s['layerwise_tail_ratio']:.3f}")  # layer-wise streaming (issue 15)
 
 
 if __name__ == "__main__":
