@@ -181,13 +181,14 @@ replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 60 --request-t
 # One pair with the same options, with and without --layerwise: 1+1 shm, Llama-3.1-8B, $TOKENS
 # tokens/room, one room in flight, LW_MS_PER_LAYER (default 3) ms of simulated compute per layer:
 # 32 layers take about as long as one room's transfer on this machine (docs/BENCHMARKS.md,
-# "Layer-wise streaming"). summarize.py: layerwise_tail_ratio = p50 transfer tail with / without.
+# "Layer-wise streaming"); a 2 s warm-up keeps the first rooms (2-3x slower in both modes)
+# out of the window. summarize.py: layerwise_tail_ratio = p50 transfer tail with / without.
 LW_MS=${LW_MS_PER_LAYER:-3}
 step "layer-wise streaming: $LW_MS ms/layer of compute, 1+1 shm, $TOKENS tokens/room, without and with --layerwise"
 kv_bench layerwise_off --page-size "$PAGE" --tokens "$TOKENS" --concurrency 1 --transport shm \
-  --transfer-shards "$SHARDS" --duration "$DUR" --prefill-ms-per-layer "$LW_MS"
+  --transfer-shards "$SHARDS" --duration "$DUR" --warmup 2 --prefill-ms-per-layer "$LW_MS"
 kv_bench layerwise_on --page-size "$PAGE" --tokens "$TOKENS" --concurrency 1 --transport shm \
-  --transfer-shards "$SHARDS" --duration "$DUR" --prefill-ms-per-layer "$LW_MS" --layerwise
+  --transfer-shards "$SHARDS" --duration "$DUR" --warmup 2 --prefill-ms-per-layer "$LW_MS" --layerwise
 
 # --- summary ------------------------------------------------------------------------------------
 step "summary"
