@@ -18,8 +18,9 @@ request (``bootstrap_room``), each with ``init``, ``send`` (sender), ``poll``,
 * Page indices are integer sequences (lists, numpy integer arrays) of pages of this rank's
   memory. Out-of-range or duplicate indices raise ``ValueError`` and nothing is sent.
 * Prefill: ``KVSender.init(num_kv_indices, aux_index)``, then ``send(kv_indices,
-  state_indices=None, last=None)`` per chunk; ``last`` is inferred (the chunk that reaches the
-  room's page count) unless given; a last chunk may carry no pages (only its state rows).
+  state_indices=None, last=None, layers=None)`` per chunk; ``last`` is inferred (the chunk after
+  which every layer reached the room's page count) unless given; a last chunk may carry no pages
+  (only its state rows); ``layers=(begin, end)`` sends only those layers (layer-wise streaming).
   Decode: ``KVReceiver(mgr, room, bootstrap_addr=None, prefill_dp_rank=None)``, then
   ``init(kv_indices, aux_index, state_indices=None)`` (also named ``send_metadata``).
 * Freeing a room's pages and rows: ``release_safe()`` (sender and receiver) is True once no write
