@@ -198,11 +198,14 @@ TEST_P(ManagerLayers, FailureInTheMiddleOfALayerWiseRoomFailsItCleanly) {
   ASSERT_TRUE(tx->send(src, {10, 11}, {}, false).ok());
   ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed && rx->poll() == KVPoll::Failed; }))
       << "prefill " << to_string(tx->poll()) << ", decode " << to_string(rx->poll());
-  // Later layers of a failed room are not an error and send nothing.
-  const uint64_t written = pre.stats().transport.bytes_written;
-  for (uint32_t l = 11; l < 28; ++l) EXPECT_TRUE(tx->send(src, {l, l + 1}, {}, l == 27).ok());
   ASSERT_TRUE(r->until([&] { return tx->release_safe() && rx->release_safe(); }));
   EXPECT_FALSE(rx->quarantined());
+  // Later layers of a failed room are not an error and send nothing: no chunk goes out (the
+  // sender stays release-safe) and, once every earlier write settled, no byte is written.
+  const uint64_t written = pre.stats().transport.bytes_written;
+  for (uint32_t l = 11; l < 28; ++l) EXPECT_TRUE(tx->send(src, {l, l + 1}, {}, l == 27).ok());
+  EXPECT_TRUE(tx->release_safe());
+  ASSERT_TRUE(r->until([&] { return tx->release_safe(); }));
   EXPECT_EQ(pre.stats().transport.bytes_written, written);
   auto pe = tx->failure(), de = rx->failure();
   ASSERT_TRUE(pe && de);
