@@ -16,6 +16,8 @@
 #      longer one (per-room CPU, RssAnon of each rank after N and after 10N... rooms)
 #   6. failure path: `kvferry replay` with per-room faults on 1+1 and 4+4 (fault -> every rank
 #      Failed, p50/p99 from report.json faults[]), and a SIGKILLed prefill rank (detection ms)
+#   8. layer-wise streaming: the same 1+1 shm run with a per-layer compute model, without and
+#      with --layerwise (transfer tail after the last layer's compute)
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
 #   shm_vs_memcpy=R shm_vs_ucx_perftest=R tcp_vs_ucx_perftest=R frag_4k_vs_memcpy=R faults_per_gb=X
 #   layerwise_tail_ratio=R propagation_p99_ms=X peer_death_detect_ms=Y
@@ -227,6 +229,19 @@ step "peer death: SIGKILL of prefill/tp0 on 1+1 shm and tcp"
 # a regression shows as "router: no result within 20 s" instead of a long stall.
 replay death_shm 1 peer_death@prefill/tp0:once shm --max-requests 60 --request-timeout-s 20 || true
 replay death_tcp 1 peer_death@prefill/tp0:once tcp --max-requests 60 --request-timeout-s 20 || true
+
+# --- layer-wise streaming (issue 15) -------------------------------------------------------------
+# One pair with the same options, with and without --layerwise: 1+1 shm, Llama-3.1-8B, $TOKENS
+# tokens/room, one room in flight, LW_MS_PER_LAYER (default 3) ms of simulated compute per layer:
+# 32 layers take about as long as one room's transfer on this machine (docs/BENCHMARKS.md,
+# "Layer-wise streaming"); a 2 s warm-up keeps the first rooms (2-3x slower in both modes)
+# out of the window. summarize.py: layerwise_tail_ratio = p50 transfer tail with / without.
+LW_MS=${LW_MS_PER_LAYER:-3}
+step "layer-wise streaming: $LW_MS ms/layer of compute, 1+1 shm, $TOKENS tokens/room, without and with --layerwise"
+kv_bench layerwise_off --page-size "$PAGE" --tokens "$TOKENS" --concurrency 1 --transport shm \
+  --transfer-shards "$SHARDS" --duration "$DUR" --warmup 2 --prefill-ms-per-layer "$LW_MS"
+kv_bench layerwise_on --page-size "$PAGE" --tokens "$TOKENS" --concurrency 1 --transport shm \
+  --transfer-shards "$SHARDS" --duration "$DUR" --warmup 2 --prefill-ms-per-layer "$LW_MS" --layerwise
 
 # --- summary ------------------------------------------------------------------------------------
 step "summary"

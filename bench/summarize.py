@@ -163,6 +163,17 @@ def main():
     s["peer_death"] = deaths
     s["propagation_p99_ms"] = fails["tp4"]["p99_ms"]
     s["peer_death_detect_ms"] = max(d["max_ms"] for d in deaths.values())
+    # --- layer-wise streaming (issue 15): transfer tail (last layer's compute -> decode Success),
+    # p50/p99 with and without --layerwise; layerwise_tail_ratio = p50 with / p50 without.
+    try:
+        lw = {k: load(os.path.join(out, f"layerwise_{k}.json")) for k in ("off", "on")}
+        s["layerwise"] = {"ms_per_layer": lw["on"]["config"]["prefill_ms_per_layer"],
+                          "tail_ms": {k: j["transfer_tail_ms"] for k, j in lw.items()},
+                          "rooms_per_s": {k: j["rooms_per_s"] for k, j in lw.items()}}
+        s["layerwise_tail_ratio"] = ratio(lw["on"]["transfer_tail_ms"]["p50"], lw["off"]["transfer_tail_ms"]["p50"])
+    except (OSError, KeyError, ValueError):
+        print("summarize.py: no layer-wise pair (layerwise_off/on.json)", file=sys.stderr)
+        s["layerwise_tail_ratio"] = float("nan")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     write_cdf(os.path.join(out, "latency_cdf_shm.csv"), shm["transfer_latency_cdf_ms"])
@@ -202,6 +213,10 @@ def main():
         print(f"fault -> all ranks Failed, {name}: {f['faults']} faults, p50 {f['p50_ms']:.2f} ms, p99 {f['p99_ms']:.2f} ms")
     for name, d in deaths.items():
         print(f"peer death {name}: detected after {d['detections_ms']} ms")
+    if "layerwise" in s:  # layer-wise streaming (issue 15)
+        t = s["layerwise"]["tail_ms"]
+        print(f"layer-wise ({s['layerwise']['ms_per_layer']} ms/layer): transfer tail p50/p99 "
+              f"{t['on']['p50']:.2f}/{t['on']['p99']:.2f} ms, without {t['off']['p50']:.2f}/{t['off']['p99']:.2f} ms")
     lw = s.get("layerwise_tail_ratio", float("nan"))
     print(f"shm_vs_memcpy={s['shm_vs_memcpy']['median']:.3f} shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']['median']:.3f} "
           f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']['median']:.3f} frag_4k_vs_memcpy={s['frag_4k_vs_memcpy']:.3f} "

@@ -4,8 +4,9 @@
 // entry naming its public source). Layout of one rank's pool, a single registered region:
 //
 //   [buffer 0][buffer 1]...[buffer B-1][aux slot 0]...[aux slot A-1]
-//   buffer b = layer (b / tensors_per_layer), tensor (b % tensors_per_layer: 0 = K, 1 = V; MLA has
-//   one latent tensor), each buffer = num_pages pages, page = page_size tokens,
+//   buffer b = layer (b % num_layers), tensor (b / num_layers: 0 = K, 1 = V; MLA has one latent
+//   tensor), the order of an engine's buffer list (kvferry/buffers.h: every layer's K, then every
+//   layer's V); each buffer = num_pages pages, page = page_size tokens,
 //   token = heads_per_rank x head_dim x dtype_bytes bytes (this rank's head slice).
 //
 // Units: bytes unless named otherwise; page_size in tokens.
@@ -41,6 +42,20 @@ Result<ModelGeometry> find_model(const std::vector<ModelGeometry>& models, const
 // Reads the models file at `path` and finds `name` in it. Errors: kInvalidArgument when the file
 // cannot be read or parsed (the message names the file) or the model is unknown (lists the names).
 Result<ModelGeometry> load_model_file(const std::string& path, const std::string& name);
+
+// A range of the model's layers [begin, end), 0-based (layer-wise sends, kvferry/manager.h).
+// Layer l is KV buffers l + t * num_layers for every tensor t < tensors_per_layer (its K and V;
+// MLA: buffer l alone), in an engine's buffer list and in kvferry's pool alike. The default is
+// every layer.
+struct LayerRange {
+  static constexpr uint32_t kToLastLayer = 0xFFFFFFFFu;
+  uint32_t begin = 0;
+  uint32_t end = kToLastLayer;  // exclusive; kToLastLayer: up to and including the model's last layer
+  bool operator==(const LayerRange&) const = default;
+};
+// `r` with kToLastLayer resolved against `num_layers`. Errors (kInvalidArgument, naming the
+// values): an empty range (begin >= end) or one past the model's last layer.
+Result<LayerRange> resolve_layers(LayerRange r, uint32_t num_layers);
 
 // Bytes of one aux slot (an AuxRecord padded to a cache line).
 constexpr uint64_t kAuxSlotBytes = 64;

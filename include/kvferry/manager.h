@@ -6,6 +6,7 @@
 //
 //   prefill: s = mgr.sender(room); s->init(num_pages, aux_index);
 //            s->send(pages, {}, false) ... s->send(last_pages_or_none, state_indices, true);
+//            (layer-wise: s->send(pages, LayerRange{l, l + 1}, {}, false) per layer as computed)
 //            poll() every step until Success or Failed; failure(); abort(); metrics().
 //   decode:  r = mgr.receiver(room, prefill_bootstrap_address); r->init(prefill_dp_rank);
 //            r->send_metadata(pages, aux_index, state_indices); poll(); failure(); abort();
@@ -109,6 +110,26 @@ class Sender {
   // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
   // after the last chunk, more pages than init said, an index out of range.
   virtual Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) = 0;
+  // Layer-wise: the same for the KV buffers of `layers` only (kvferry/geometry.h LayerRange:
+  // [begin, end) of the model's layers, 0-based; layer l is KV buffers l + t x num_layers, its K
+  // and V; the default range is every layer, which is the form above). An engine sends each
+  // layer (or group of layers) as its forward pass produces it, so the transfer overlaps compute:
+  //   for l in 0..num_layers-1: s->send(pages, {l, l + 1}, {}, false);   then
+  //   s->send({}, {}, state_indices, true);   // or the last layer's call with last = true
+  // Each layer sends the room's pages in token order, chunk after chunk, as the form above does
+  // for the whole room: a call writes the next pages.size() pages of every layer of the range,
+  // which must all stand at the same page (otherwise send the layers separately). Page chunks and
+  // layer ranges mix freely (e.g. chunked prefill: every chunk's pages once per layer).
+  // `last` is the room's final call: after it every page of every layer has been sent (this call
+  // included); it may carry zero pages; state_indices go with it only. The aux row, state rows and
+  // guard row are written after every KV write of the room completed, so decode reaches Success
+  // (and the prefill Success) only once every layer of every page landed; decode needs nothing
+  // layer-wise. Units: pages as above, layers 0-based. Thread contract: as every Sender call.
+  // Errors (kInvalidArgument, nothing is sent): those of the form above, and a range that is
+  // empty or past the model's layers, layers of the range at different pages, a layer given more
+  // pages than the room has, a `last` call that leaves a page of some layer unsent (named).
+  virtual Status send(std::span<const uint64_t> pages, LayerRange layers, std::span<const uint64_t> state_indices,
+                      bool last) = 0;
   // Before init(): Bootstrapping until every destination's metadata arrived (or a destination's
   // failure, or the rank has no destination), then WaitingForInput, so an engine may call init()
   // only once the decode side is ready (SGLang's order, docs/sglang.md).

@@ -18,8 +18,9 @@ request (``bootstrap_room``), each with ``init``, ``send`` (sender), ``poll``,
 * Page indices are integer sequences (lists, numpy integer arrays) of pages of this rank's
   memory. Out-of-range or duplicate indices raise ``ValueError`` and nothing is sent.
 * Prefill: ``KVSender.init(num_kv_indices, aux_index)``, then ``send(kv_indices,
-  state_indices=None, last=None)`` per chunk; ``last`` is inferred (the chunk that reaches the
-  room's page count) unless given; a last chunk may carry no pages (only its state rows).
+  state_indices=None, last=None, layers=None)`` per chunk; ``last`` is inferred (the chunk after
+  which every layer reached the room's page count) unless given; a last chunk may carry no pages
+  (only its state rows); ``layers=(begin, end)`` sends only those layers (layer-wise streaming).
   Decode: ``KVReceiver(mgr, room, bootstrap_addr=None, prefill_dp_rank=None)``, then
   ``init(kv_indices, aux_index, state_indices=None)`` (also named ``send_metadata``).
 * Freeing a room's pages and rows: ``release_safe()`` (sender and receiver) is True once no write
@@ -42,7 +43,7 @@ from __future__ import annotations
 
 import enum
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Tuple
 
 from . import _kvferry
 from .buffers import BufferDesc, EngineBuffers, from_kv_args
@@ -293,12 +294,21 @@ class KVSender(_Room):
                                     int(num_tokens or 0))
 
     def send(self, kv_indices: Iterable[int], state_indices: Optional[Iterable[int]] = None,
-             last: Optional[bool] = None) -> None:
+             last: Optional[bool] = None, layers: Optional[Tuple[int, int]] = None) -> None:
         """Writes the room's next len(kv_indices) pages from these local pages to every decode rank.
-        last: None infers it (this chunk reaches init's page count); False keeps the room open for
-        a further (possibly empty) last chunk. state_indices (local state rows) go with the last
-        chunk only. The aux row follows the last page; poll() is Success once all of it is at decode."""
-        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last)
+        last: None infers it (after this chunk every layer reached init's page count); False keeps
+        the room open for a further (possibly empty) last chunk. state_indices (local state rows) go
+        with the last chunk only. The aux row follows the last page; poll() is Success once all of
+        it is at decode.
+        layers: None sends every layer; (begin, end) only the KV buffers of layers [begin, end)
+        (0-based; layer l is KV buffers l and num_layers + l: its K and V), so a forward pass can
+        send each layer as it computes it. Each layer sends its pages in order: a call writes the
+        next len(kv_indices) pages of each layer of the range, which must all stand at the same
+        page. Raises ValueError for an empty range or one past the model, layers at different
+        pages, a layer given more pages than the room has, or a last chunk that leaves pages of
+        some layer unsent."""
+        rng = None if layers is None else (int(layers[0]), int(layers[1]))
+        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last, rng)
 
 
 class KVReceiver(_Room):

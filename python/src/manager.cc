@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <cstring>
 #include <utility>
 
@@ -119,12 +121,15 @@ Status Connector::sender_init(uint64_t room, uint64_t num_pages, int64_t aux_ind
   if (!r) return bad(fmt::format("room {} is not open", room));
   if (aux_index < 0) return bad(fmt::format("aux_index {} is negative", aux_index));
   Status s = r->sender->init(num_pages, static_cast<uint64_t>(aux_index), num_tokens);
-  if (s.ok()) r->total_pages = num_pages;
+  if (s.ok()) {
+    r->total_pages = num_pages;
+    r->next_page.assign(layout_.model.num_layers, 0);
+  }
   return s;
 }
 
 Status Connector::sender_send(uint64_t room, const std::vector<int64_t>& pages, const std::vector<int64_t>& state,
-                              std::optional<bool> last) {
+                              std::optional<bool> last, std::optional<std::pair<int64_t, int64_t>> layers) {
   std::lock_guard lock(mu_);
   if (self_.role != Role::kPrefill) return bad("send(kv_indices) is a prefill (sender) call");
   Room* r = find(room);
@@ -133,9 +138,23 @@ Status Connector::sender_send(uint64_t room, const std::vector<int64_t>& pages, 
   if (!src.ok()) return src.status();
   auto rows = indices(state, "state_indices");
   if (!rows.ok()) return rows.status();
-  const bool is_last = last.value_or(r->next_page + src->size() == r->total_pages);
-  Status s = r->sender->send(*src, *rows, is_last);
-  if (s.ok()) r->next_page += src->size();
+  const uint32_t num_layers = static_cast<uint32_t>(r->next_page.size());
+  LayerRange range;  // every layer
+  if (layers) {
+    const auto [b, e] = *layers;
+    if (b < 0 || e < 0 || b >= e || e > static_cast<int64_t>(num_layers))
+      return bad(fmt::format("room {}: layers ({}, {}) is not a range [begin, end) of the model's {} layers", room, b, e,
+                             num_layers));
+    range = {static_cast<uint32_t>(b), static_cast<uint32_t>(e)};
+  }
+  const uint32_t end = std::min(range.end, num_layers);
+  bool complete = true;  // after this chunk, every page of every layer was sent
+  for (uint32_t l = 0; l < num_layers; ++l)
+    complete &= r->next_page[l] + (l >= range.begin && l < end ? src->size() : 0) == r->total_pages;
+  const bool is_last = last.value_or(complete);
+  Status s = r->sender->send(*src, range, *rows, is_last);
+  if (s.ok())
+    for (uint32_t l = range.begin; l < end; ++l) r->next_page[l] += src->size();
   return s;
 }
 

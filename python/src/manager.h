@@ -26,6 +26,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvferry/buffers.h"
@@ -84,9 +85,12 @@ class Connector {
   // side. Errors: already open, a bad DP rank, the lookup failing.
   Status open(uint64_t room, const std::string& prefill_bootstrap = "", int64_t prefill_dp_rank = -1);
   Status sender_init(uint64_t room, uint64_t num_pages, int64_t aux_index, uint64_t num_tokens);
-  // `last`: nullopt infers it (the chunk reaches init's page count); an empty chunk must be last.
+  // `last`: nullopt infers it (after this chunk every layer reached init's page count); an empty
+  // chunk must be last. `layers`: [begin, end) of the model's layers (Sender::send with a
+  // LayerRange, kvferry/manager.h); nullopt: every layer. Errors: a negative or empty range, and
+  // those of Sender::send.
   Status sender_send(uint64_t room, const std::vector<int64_t>& pages, const std::vector<int64_t>& state_indices,
-                     std::optional<bool> last);
+                     std::optional<bool> last, std::optional<std::pair<int64_t, int64_t>> layers = std::nullopt);
   Status receiver_init(uint64_t room, const std::vector<int64_t>& kv_indices, int64_t aux_slot,
                        const std::vector<int64_t>& state_indices, uint64_t num_tokens);
   // The room's Sender/Receiver::release_safe() (kvferry/manager.h). Errors: the room is not open.
@@ -122,7 +126,7 @@ class Connector {
     std::unique_ptr<Sender> sender;
     std::unique_ptr<Receiver> receiver;
     uint64_t total_pages = 0;  // sender: from init
-    uint64_t next_page = 0;    // sender: pages sent so far
+    std::vector<uint64_t> next_page;  // sender: per layer, pages sent so far
   };
   Connector() = default;
   Room* find(uint64_t room);

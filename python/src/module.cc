@@ -252,15 +252,16 @@ PYBIND11_MODULE(_kvferry, mod) {
         check(s);
       })
       .def("sender_send", [](PyManager& p, uint64_t room, const std::vector<int64_t>& pages,
-                             const std::vector<int64_t>& state, std::optional<bool> last) {
+                             const std::vector<int64_t>& state, std::optional<bool> last,
+                             std::optional<std::pair<int64_t, int64_t>> layers) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
           py::gil_scoped_release nogil;
-          s = m->sender_send(room, pages, state, last);
+          s = m->sender_send(room, pages, state, last, layers);
         }
         check(s);
-      })
+      }, py::arg("room"), py::arg("pages"), py::arg("state"), py::arg("last"), py::arg("layers") = py::none())
       .def("receiver_init", [](PyManager& p, uint64_t room, const std::vector<int64_t>& kv, int64_t aux,
                                const std::vector<int64_t>& state, uint64_t tokens) {
         std::shared_ptr<Connector> m = p.m();

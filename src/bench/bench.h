@@ -27,6 +27,12 @@
 // transfer latency (over those rooms) = last prefill rank's Success - first prefill rank's first
 // send() (ms); room latency (over rooms whose last decode Success is inside the window) = last
 // decode rank's Success - first decode rank's init() (metadata out; ms).
+// Compute model (--prefill-ms-per-layer X, --layerwise): a prefill rank computes one room at a
+// time, X ms per layer (a timed wait, not a spin), from when decode's metadata is there; without
+// --layerwise it sends the whole room after the last layer, with it each layer as its compute
+// ends (Sender::send with a LayerRange, kvferry/manager.h). transfer tail (per room, over rooms
+// every decode rank finished inside the window) = last decode rank's Success - the end of the
+// last layer's compute on the last prefill rank: what the user waits for after the forward pass.
 // Every finished room's sample goes to a scratch file (DIR/NAME.samples, removed at exit) as it
 // comes, so a rank's memory does not grow with the rooms it served; NAME.json lists them.
 // Units: bytes, ns internally; JSON in ms, s, GB (10^9 bytes), KiB for RSS.
@@ -62,6 +68,11 @@ struct BenchConfig {
   // by the room), as a long-running engine's fragmented pool gives them: one write per page per layer
   // buffer (docs/BENCHMARKS.md "Fragmented transfers").
   std::string page_order = "sequential";
+  // The compute model (prefill_compute.h): each prefill rank "computes" a room's layers one after
+  // the other, this long each (a timed wait), one room at a time; 0: no compute, rooms are sent
+  // as soon as decode is ready.
+  double prefill_ms_per_layer = 0;
+  bool layerwise = false;          // send each layer as its compute ends, not the room after the last
   std::string out;                 // JSON result path ("" : none)
   std::string work_dir;            // ready/go/rank files and rank logs; default: <out dir>/bench-work
   std::string exe;                 // kvferry executable for the ranks; default: this process's
@@ -87,6 +98,8 @@ struct BenchRankOptions {
   std::string dir;                 // work dir (ready/go files, NAME.json)
   uint64_t rss_checkpoint = 0;
   std::string page_order = "sequential";
+  double prefill_ms_per_layer = 0;
+  bool layerwise = false;
   double timeout_s = 120;
 };
 

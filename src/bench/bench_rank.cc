@@ -2,6 +2,7 @@
 // Manager (kvferry/manager.h); the loops drive its endpoint through manager/manager_internal.h
 // (the staging ring frees a chunk's pages when its writes completed, which the public Sender does
 // not expose).
+#include <poll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -18,6 +19,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "bench/prefill_compute.h"
 #include "bench/proc_stats.h"
 #include "endpoint/page_allocator.h"
 #include "endpoint/topology.h"
@@ -71,6 +73,7 @@ struct Sample {
   int64_t start_ns = 0;  // prefill: first send(); decode: init()
   int64_t end_ns = 0;    // Success
   uint64_t bytes = 0;    // prefill: bytes written
+  int64_t compute_end_ns = 0;  // prefill with the compute model: its last layer's compute ended
 };
 
 // What both roles share: the loop plumbing and the measurements.
@@ -96,6 +99,17 @@ class RankRun {
   void pump(int timeout_ms) {
     std::vector<int> fds = manager_.wait_fds();
     wait_readable(fds.data(), static_cast<int>(fds.size()), timeout_ms);
+    manager_.progress();
+  }
+  // The same, waiting at most until `deadline_ns` (ns precision: the compute model's layer ends)
+  // and never longer than 1 ms.
+  void pump_until(int64_t deadline_ns) {
+    const int64_t wait = std::clamp<int64_t>(deadline_ns - monotonic_ns(), 0, 1'000'000);
+    std::vector<pollfd> p;
+    for (int fd : manager_.wait_fds())
+      if (fd >= 0) p.push_back({fd, POLLIN, 0});
+    const timespec ts{0, static_cast<long>(wait)};
+    ::ppoll(p.data(), p.size(), &ts, nullptr);
     manager_.progress();
   }
 
@@ -163,7 +177,7 @@ class RankRun {
     nlohmann::json rooms = nlohmann::json::array();
     std::rewind(samples_);
     for (Sample s; std::fread(&s, sizeof s, 1, samples_) == 1;)
-      rooms.push_back({s.room, s.start_ns, s.end_ns, s.bytes});
+      rooms.push_back({s.room, s.start_ns, s.end_ns, s.bytes, s.compute_end_ns});
     j["rooms"] = std::move(rooms);
     if (!write_file(o_.dir + "/" + name + ".json", j.dump())) return fail_start("cannot write result file");
     flush_logging();
@@ -207,10 +221,17 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
   PageAllocator staging(c.layout().num_pages);
   const uint64_t room_pages = c.layout().pages_for(o.tokens);
   const uint64_t chunk_pages = std::max<uint64_t>(1, o.chunk_tokens / o.page_size);
+  // The compute model (prefill_compute.h): a room's pages stay staged from its forward pass until
+  // it ends; without it a chunk's staging pages return when its writes completed.
+  const bool compute_model = o.prefill_ms_per_layer > 0 || o.layerwise;
+  PrefillCompute compute(c.layout().model.num_layers, static_cast<int64_t>(o.prefill_ms_per_layer * 1e6));
   struct Open {
     int64_t first_send = 0;
     uint64_t next_page = 0;
     uint32_t chunks_out = 0;
+    bool queued = false;            // compute model: in the forward-pass queue
+    std::vector<uint64_t> pages;    // compute model: the room's staged pages
+    int64_t compute_end = 0;        // compute model: its last layer's compute ended
   };
   std::map<uint64_t, Open> open;
   std::unordered_map<uint64_t, std::vector<uint64_t>> chunk_pages_of;  // tag -> staging pages
@@ -227,6 +248,25 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
     auto r = open.find(done->room);
     if (r != open.end() && r->second.chunks_out > 0) --r->second.chunks_out;
   });
+  // Compute model: the room's pages [0, room_pages) of layers `layers` from its staged pages, in
+  // chunks; `last` on the final chunk. False: the room failed here (send refused).
+  auto send_staged = [&](uint64_t id, Open& r, LayerRange layers, bool last) {
+    for (uint64_t first = 0; first < room_pages; first += chunk_pages) {
+      const uint64_t n = std::min(chunk_pages, room_pages - first);
+      std::vector<uint64_t> chunk(r.pages.begin() + static_cast<std::ptrdiff_t>(first),
+                                  r.pages.begin() + static_cast<std::ptrdiff_t>(first + n));
+      const uint64_t tag = next_tag++;
+      if (r.first_send == 0) r.first_send = monotonic_ns();
+      Status st = ep.send(id, first, chunk, tag, {}, last && first + n == room_pages, layers);
+      if (!st.ok()) {
+        ep.fail(id, ErrorCode::kInternal, "send() refused: " + st.str(), c.self(), monotonic_ns(), true);
+        return false;
+      }
+      chunk_pages_of[tag] = {};  // the pages go back with the room
+      ++r.chunks_out;
+    }
+    return true;
+  };
   auto idle_pump = [&] { run.pump(5); };
   // Every destination's pool registration must be here before rooms start.
   for (int64_t deadline = monotonic_ns() + static_cast<int64_t>(o.timeout_s * 1e9); ep.peers() < want_peers;) {
@@ -239,7 +279,8 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
   run.go_ = *go;
   int64_t idle_since = 0;
   for (;;) {
-    run.pump(1);
+    if (compute_model) run.pump_until(compute.next_event_ns());
+    else run.pump(1);
     int64_t now = monotonic_ns();
     run.window_tick(now, run.done_total_);
     const bool after = now >= go->window_end;
@@ -248,6 +289,17 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
       ep.add_room(next_room, o.tokens);
       open[next_room] = {};
       ++next_room;
+    }
+    // The forward pass: layers that ended are sent (each one with --layerwise, else the whole
+    // room after its last), unless the room failed or was released meanwhile.
+    for (const LayerDone& l : compute.advance(now)) {
+      auto it = open.find(l.room);
+      if (it == open.end()) continue;
+      Open& r = it->second;
+      if (l.last) r.compute_end = l.end_ns;
+      if (ep.poll(l.room) != KVPoll::Transferring && ep.poll(l.room) != KVPoll::WaitingForInput) continue;
+      if (o.layerwise) (void)send_staged(l.room, r, {l.layer, l.layer + 1}, l.last);
+      else if (l.last) (void)send_staged(l.room, r, {}, true);
     }
     for (auto it = open.begin(); it != open.end();) {
       const uint64_t id = it->first;
@@ -259,7 +311,15 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
           r.first_send = now;
           (void)ep.conclude_without_writing(id);
         }
-        while (s && !s->dests.empty() && r.next_page < room_pages) {
+        if (compute_model) {
+          // Ready to compute once decode's metadata is here and its pages can be staged.
+          if (s && !s->dests.empty() && !r.queued && staging.free_pages() >= room_pages) {
+            r.pages = std::move(*staging.alloc(room_pages));
+            r.queued = true;
+            compute.enqueue(id, now);
+          }
+        }
+        while (!compute_model && s && !s->dests.empty() && r.next_page < room_pages) {
           uint64_t n = std::min({chunk_pages, room_pages - r.next_page, staging.free_pages()});
           if (n == 0) break;
           std::vector<uint64_t> pages = std::move(*staging.alloc(n));
@@ -280,8 +340,9 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
       }
       if (p == KVPoll::Success) {
         const SenderRoom* s = ep.room(id);
-        run.record({id, r.first_send, monotonic_ns(), s ? s->bytes : 0});
+        run.record({id, r.first_send, monotonic_ns(), s ? s->bytes : 0, r.compute_end});
         ep.release(id);
+        staging.free(r.pages);
         it = open.erase(it);
         continue;
       }
@@ -289,6 +350,7 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
         // A room no decode rank asked for fails when decode exits after the window: not a failure.
         if (id <= max_meta_room) ++failed;
         ep.release(id);
+        staging.free(r.pages);
         it = open.erase(it);
         continue;
       }

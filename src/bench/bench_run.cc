@@ -68,6 +68,8 @@ std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uin
           "--dir", dir,
           "--rss-checkpoint", std::to_string(c.rss_checkpoint),
           "--page-order", c.page_order,
+          "--prefill-ms-per-layer", num(c.prefill_ms_per_layer),
+          "--layerwise", c.layerwise ? "true" : "false",
           "--timeout-s", num(c.timeout_s)};
 }
 
@@ -87,6 +89,8 @@ Status validate(BenchConfig& c) {
   if (!(c.duration_s > 0) || c.duration_s > 3600) return invalid("--duration must be in (0, 3600] s");
   if (c.warmup_s < 0) c.warmup_s = std::min(1.0, c.duration_s / 5);
   if (!(c.timeout_s > 0)) return invalid("--timeout-s must be > 0");
+  if (!(c.prefill_ms_per_layer >= 0) || c.prefill_ms_per_layer > 10'000)
+    return invalid("--prefill-ms-per-layer must be in [0, 10000] ms");
   if (c.models_file.empty()) c.models_file = default_models_file();
   auto m = load_model(c);
   if (!m.ok()) return m.status();
@@ -234,7 +238,8 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
                  {"rate", c.rate},           {"transport", c.transport},
                  {"transfer_shards", c.transfer_shards},
                  {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
-                 {"rss_checkpoint", c.rss_checkpoint}, {"page_order", c.page_order}};
+                 {"rss_checkpoint", c.rss_checkpoint}, {"page_order", c.page_order},
+                 {"prefill_ms_per_layer", c.prefill_ms_per_layer}, {"layerwise", c.layerwise}};
   const auto& tl = j["transfer_latency_ms"];
   out << fmt::format(
       "kvferry bench: {} {}+{} {} tokens/room, page {}, concurrency {}, {}: {:.3f} GB/s, {:.1f} rooms/s, "
@@ -246,6 +251,12 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
       j["cpu_us_per_room"].get<double>(), j["writes_per_s"].get<double>(), j["cpu_ns_per_write"].get<double>(),
       j["faults_per_gb"].get<double>(), j["rooms"].get<uint64_t>(),
       j["failed"].get<uint64_t>());
+  if (j.contains("transfer_tail_ms"))
+    out << fmt::format("kvferry bench: {} ms/layer of compute, {}: transfer tail (last layer's compute -> decode "
+                       "Success) p50 {:.3f} ms p99 {:.3f} ms over {} rooms\n",
+                       c.prefill_ms_per_layer, c.layerwise ? "layer-wise" : "whole room after the last layer",
+                       j["transfer_tail_ms"]["p50"].get<double>(), j["transfer_tail_ms"]["p99"].get<double>(),
+                       j["transfer_tail_ms"]["count"].get<uint64_t>());
   if (!c.out.empty()) {
     fs::path p(c.out);
     if (p.has_parent_path()) fs::create_directories(p.parent_path(), ec);

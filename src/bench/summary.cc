@@ -45,6 +45,7 @@ struct Merged {
   int64_t start = 0, end = 0;
   uint64_t bytes = 0;
   uint32_t ranks = 0;
+  int64_t compute_end = 0;  // prefill with the compute model: the latest end of the last layer's compute
 };
 
 void merge(std::map<uint64_t, Merged>& into, const nlohmann::json& rooms) {
@@ -54,6 +55,7 @@ void merge(std::map<uint64_t, Merged>& into, const nlohmann::json& rooms) {
     m.start = m.ranks == 0 ? s : std::min(m.start, s);
     m.end = m.ranks == 0 ? e : std::max(m.end, e);
     m.bytes += r[3].get<uint64_t>();
+    if (r.size() > 4) m.compute_end = std::max(m.compute_end, r[4].get<int64_t>());
     ++m.ranks;
   }
 }
@@ -96,8 +98,16 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
     completed_bytes += m.bytes;
     transfer_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
   }
-  for (const auto& [id, m] : received)
-    if (m.ranks == decode_tp && inside(m.end, window)) room_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
+  std::vector<double> tail_ms;  // the compute model's transfer tail: last layer's compute -> decode Success
+  bool compute_model = false;
+  for (const auto& [id, m] : sent) compute_model |= m.compute_end != 0;
+  for (const auto& [id, m] : received) {
+    if (m.ranks != decode_tp || !inside(m.end, window)) continue;
+    room_ms.push_back(static_cast<double>(m.end - m.start) / 1e6);
+    auto s = sent.find(id);
+    if (s != sent.end() && s->second.ranks == prefill_tp && s->second.compute_end != 0)
+      tail_ms.push_back(static_cast<double>(m.end - s->second.compute_end) / 1e6);
+  }
   const uint64_t bytes = static_cast<uint64_t>(std::llround(window_bytes));
   const double gb = static_cast<double>(bytes) / 1e9;
   nlohmann::json j;
@@ -112,6 +122,10 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
   j["transfer_latency_ms"] = latency_json(transfer_ms);
   j["transfer_latency_cdf_ms"] = cdf_points(transfer_ms, 500);
   j["room_latency_ms"] = latency_json(room_ms);
+  if (compute_model) {
+    j["transfer_tail_ms"] = latency_json(tail_ms);
+    j["transfer_tail_cdf_ms"] = cdf_points(tail_ms, 500);
+  }
   j["cpu_s"] = cpu;
   j["cpu_s_per_gb"] = gb > 0 ? cpu / gb : 0.0;
   j["cpu_us_per_room"] = rooms > 0 ? cpu * 1e6 / static_cast<double>(rooms) : 0.0;

@@ -30,8 +30,8 @@ struct Window {
 // zero-length interval (end_ns <= start_ns) counts whole when end_ns is in [w.start_ns, w.end_ns).
 double bytes_in_window(uint64_t bytes, int64_t start_ns, int64_t end_ns, Window w);
 
-// `ranks`: each rank's NAME.json (bench_rank.cc), whose "rooms" are [room, start_ns, end_ns, bytes]
-// rows of every room the rank finished (Success), window or not.
+// `ranks`: each rank's NAME.json (bench_rank.cc), whose "rooms" are [room, start_ns, end_ns, bytes,
+// compute_end_ns (0: no compute model; absent in older files)] rows of every room the rank finished (Success), window or not.
 // Returns window_s, gb_per_s, bytes, rooms, completed_bytes, rooms_per_s, failed, open_at_exit,
 // transfer_latency_ms, transfer_latency_cdf_ms, room_latency_ms, cpu_s, cpu_s_per_gb,
 // cpu_us_per_room, and per-rank cpu/rss:
@@ -42,7 +42,10 @@ double bytes_in_window(uint64_t bytes, int64_t start_ns, int64_t end_ns, Window 
 //   Success is inside the window; completed_bytes are their whole KV bytes and transfer latency
 //   (last Success - first send over the prefill ranks) covers them; room latency covers the rooms
 //   every decode rank finished whose last decode Success is inside the window;
-// - cpu_s_per_gb: cpu_s over the window per GB of `bytes`.
+// - cpu_s_per_gb: cpu_s over the window per GB of `bytes`;
+// - transfer_tail_ms (and transfer_tail_cdf_ms), only when prefill rows carry a fifth column, the
+//   end of the room's last layer's compute (the compute model, bench.h): over the rooms of the
+//   room latency that every prefill rank computed, last decode Success - latest compute end.
 // kInvalidArgument when the window is empty (end_ns <= start_ns).
 Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint32_t prefill_tp, uint32_t decode_tp,
                                  Window window);

@@ -150,6 +150,37 @@ TEST(Summarize, NothingFinishedIsZeroNotNan) {
   EXPECT_EQ(j["transfer_latency_ms"]["p99"].get<double>(), 0.0);
 }
 
+TEST(Summarize, TransferTailRunsFromTheLastLayersComputeToTheLastDecodeSuccess) {
+  // Two prefill ranks with the compute model (fifth column: end of the last layer's compute), two
+  // decode ranks. Room 1: compute ends at 4 ms (tp0) and 5 ms (tp1), decode Success at 6 ms and
+  // 7 ms: tail 2 ms. Room 2: 10 ms / 10 ms, decode 13 ms / 11 ms: tail 3 ms. Room 3 only one
+  // decode rank finished: no tail.
+  std::vector<nlohmann::json> ranks = {
+      rank("prefill-tp0", "prefill", 0.1,
+           {{1, 1'000'000, 5'500'000, 10, 4'000'000}, {2, 8'000'000, 10'500'000, 10, 10'000'000},
+            {3, 12'000'000, 15'000'000, 10, 14'000'000}}),
+      rank("prefill-tp1", "prefill", 0.1,
+           {{1, 1'000'000, 5'600'000, 10, 5'000'000}, {2, 8'000'000, 10'600'000, 10, 10'000'000},
+            {3, 12'000'000, 15'000'000, 10, 14'000'000}}),
+      rank("decode-tp0", "decode", 0.1, {{1, 0, 6'000'000, 0}, {2, 0, 13'000'000, 0}, {3, 0, 16'000'000, 0}}),
+      rank("decode-tp1", "decode", 0.1, {{1, 0, 7'000'000, 0}, {2, 0, 11'000'000, 0}}),
+  };
+  auto s = summarize(ranks, 2, 2, Window{0, 1'000'000'000});
+  ASSERT_TRUE(s.ok()) << s.status().str();
+  const nlohmann::json& j = *s;
+  ASSERT_TRUE(j.contains("transfer_tail_ms"));
+  EXPECT_EQ(j["transfer_tail_ms"]["count"], 2);
+  EXPECT_DOUBLE_EQ(j["transfer_tail_ms"]["p50"].get<double>(), 2.0);
+  EXPECT_DOUBLE_EQ(j["transfer_tail_ms"]["max"].get<double>(), 3.0);
+  EXPECT_EQ(j["transfer_tail_cdf_ms"].size(), 2u);
+  // Without the compute model (four columns, or a zero fifth) there is no tail.
+  auto plain = summarize({rank("prefill-tp0", "prefill", 0.1, {{1, 0, 10, 100, 0}}),
+                          rank("decode-tp0", "decode", 0.1, {{1, 0, 20, 0}})},
+                         1, 1, Window{0, 1'000});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->contains("transfer_tail_ms"));
+}
+
 TEST(Summarize, EmptyWindowIsRefused) {
   std::vector<nlohmann::json> ranks = {rank("prefill-tp0", "prefill", 0.1, {{1, 0, 10, 100}})};
   for (Window w : {Window{5, 5}, Window{6, 5}}) {

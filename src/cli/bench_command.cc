@@ -41,6 +41,12 @@ void add_bench_command(CLI::App& app) {
                   "sequential, or random: both sides' page lists shuffled (fragmented pools: one write per page)")
       ->check(CLI::IsMember({"sequential", "random"}))
       ->capture_default_str();
+  cmd->add_option("--prefill-ms-per-layer", cfg->prefill_ms_per_layer,
+                  "compute model: each prefill rank computes a room's layers this long each, one room at a "
+                  "time, before they can be sent (0: no compute)")
+      ->capture_default_str();
+  cmd->add_flag("--layerwise", cfg->layerwise,
+                "send each layer as its compute ends (default: the whole room after the last layer)");
   cmd->add_option("--out", cfg->out, "result JSON path");
   cmd->add_option("--work-dir", cfg->work_dir, "rank files and logs (default: <out dir>/bench-work)");
   cmd->add_option("--timeout-s", cfg->timeout_s, "ranks ready within, and done this long after the window")
@@ -72,6 +78,8 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--dir", o->dir)->required();
   r->add_option("--rss-checkpoint", o->rss_checkpoint);
   r->add_option("--page-order", o->page_order)->check(CLI::IsMember({"sequential", "random"}));
+  r->add_option("--prefill-ms-per-layer", o->prefill_ms_per_layer);
+  r->add_option("--layerwise", o->layerwise);
   r->add_option("--timeout-s", o->timeout_s);
   r->callback([o, role] {
     o->prefill = *role == "prefill";

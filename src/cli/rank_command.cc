@@ -73,6 +73,9 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--page-size", opts->page_size, "tokens per page");
   cmd->add_option("--pool-mib", opts->pool_mib, "this rank's KV pool in MiB");
   cmd->add_option("--chunk-tokens", opts->chunk_tokens, "prefill: tokens per send()");
+  cmd->add_option("--prefill-ms-per-layer", opts->prefill_ms_per_layer,
+                  "prefill: every layer of every chunk takes this long to compute (0: no compute model)");
+  cmd->add_flag("--layerwise", opts->layerwise, "prefill: send each layer as its compute ends");
   cmd->add_option("--bootstrap", opts->bootstrap, "bootstrap service host:port");
   cmd->add_option("--engine-endpoint", opts->engine_endpoint, "the engine leader's endpoint")->required();
   cmd->add_option("--router-endpoint", opts->router_endpoint, "the router's endpoint")->required();

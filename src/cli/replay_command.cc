@@ -39,6 +39,11 @@ void add_replay_command(CLI::App& app) {
                   "prefill staging) / decode ranks))");
   cmd->add_option("--prefill-pool-mib", cfg->prefill_pool_mib, "prefill staging pool per rank in MiB")
       ->capture_default_str();
+  cmd->add_option("--prefill-ms-per-layer", cfg->prefill_ms_per_layer,
+                  "prefill compute model: every layer of every prefill chunk takes this long (0: none)")
+      ->capture_default_str();
+  cmd->add_flag("--layerwise", cfg->layerwise,
+                "prefill sends each layer as its compute ends (default: a chunk after its last layer)");
   cmd->add_option("--chunk-tokens", cfg->chunk_tokens, "tokens per prefill send() chunk")
       ->capture_default_str();
   cmd->add_option("--max-requests", cfg->max_requests, "first N requests of the trace (0: all)")

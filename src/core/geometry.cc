@@ -165,3 +165,19 @@ Result<ModelGeometry> load_model_file(const std::string& path, const std::string
 }
 
 }  // namespace kvferry
+
+namespace kvferry {
+
+Result<LayerRange> resolve_layers(LayerRange r, uint32_t num_layers) {
+  if (r.end == LayerRange::kToLastLayer) r.end = num_layers;
+  if (r.begin >= r.end)
+    return Status(ErrorCode::kInvalidArgument, "layer range [" + std::to_string(r.begin) + ", " +
+                                                   std::to_string(r.end) + ") is empty");
+  if (r.end > num_layers)
+    return Status(ErrorCode::kInvalidArgument, "layer range [" + std::to_string(r.begin) + ", " +
+                                                   std::to_string(r.end) + ") is past the model's " +
+                                                   std::to_string(num_layers) + " layers");
+  return r;
+}
+
+}  // namespace kvferry

@@ -178,5 +178,22 @@ TEST(LoadModelFile, ReadsTheVendoredFileAndNamesWhatIsWrong) {
   EXPECT_EQ(missing.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("/nonexistent/models.json"), std::string::npos);
 }
+
+TEST(LayerRange, ResolvesTheDefaultAndRefusesEmptyOrPastTheModel) {
+  auto all = resolve_layers({}, 32);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->begin, 0u);
+  EXPECT_EQ(all->end, 32u);
+  auto one = resolve_layers({31, 32}, 32);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(*one, (LayerRange{31, 32}));
+  auto empty = resolve_layers({4, 4}, 32);
+  EXPECT_EQ(empty.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(empty.status().message().find("[4, 4) is empty"), std::string::npos) << empty.status().message();
+  auto past = resolve_layers({30, 33}, 32);
+  EXPECT_EQ(past.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find("past the model's 32 layers"), std::string::npos);
+  EXPECT_FALSE(resolve_layers({32, LayerRange::kToLastLayer}, 32).ok());
+}
 }  // namespace
 }  // namespace kvferry

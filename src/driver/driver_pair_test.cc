@@ -28,11 +28,11 @@ std::map<uint64_t, std::vector<RoomReport>> by_room(std::vector<RoomReport> reps
 
 class DriverPairTest : public ::testing::Test {
  protected:
-  void make(PairConfig cfg = {}) {
+  void make(PairConfig cfg = {}, PrefillDriverConfig pc = {4}) {
     auto p = EndpointPair::create(cfg);
     ASSERT_TRUE(p.ok()) << p.status().str();
     pair_ = std::move(p).value();
-    prefill_ = std::make_unique<PrefillDriver>(pair_->pmanager(), PrefillDriverConfig{4});
+    prefill_ = std::make_unique<PrefillDriver>(pair_->pmanager(), pc);
     decode_ = std::make_unique<DecodeDriver>(pair_->dmanager());
     pair_->on_chunk_done = [this](const ChunkDone& d) { prefill_->on_chunk_done(d); };
   }
@@ -119,6 +119,57 @@ TEST_F(DriverPairTest, RequestsSucceedWithBackPressureAndNothingLeaks) {
   }
   expect_no_leaks();
   EXPECT_EQ(lines_above_debug(), lines0);
+}
+
+// The compute model (prefill_driver.h): chunks of 4 pages filled layer by layer, 0.2 ms a layer;
+// with and without layer-wise sends every request arrives verified, and the prefill result carries
+// the end of its last layer's compute, which decode's Success follows (the transfer tail).
+TEST_F(DriverPairTest, ComputeModelRequestsArriveVerifiedLayerwiseOrNot) {
+  for (bool layerwise : {false, true}) {
+    SCOPED_TRACE(layerwise ? "layer-wise" : "whole chunks");
+    PrefillDriverConfig pc{4};
+    pc.ms_per_layer = 0.2;
+    pc.layerwise = layerwise;
+    make({}, pc);
+    const uint64_t lines0 = lines_above_debug();
+    const PoolLayout& l = pair_->layout();
+    std::vector<RouterRequest> reqs = {req(0x4101, 100), req(0x4102, 16)};  // 7 pages (2 chunks), 1 page
+    step(reqs);
+    ASSERT_TRUE(run_until_results(2, 20s)) << presults_.size() << " prefill / " << dresults_.size() << " decode";
+    for (const RouterRequest& q : reqs) {
+      const RoomResult* pr = result(presults_, q.room);
+      const RoomResult* dr = result(dresults_, q.room);
+      ASSERT_TRUE(pr && dr);
+      const uint64_t pages = l.pages_for(q.input_tokens);
+      EXPECT_EQ(pr->state, KVPoll::Success);
+      EXPECT_EQ(pr->bytes_transferred, l.bytes_for_pages(pages) + sizeof(AuxRecord)) << "each layer once";
+      EXPECT_EQ(dr->state, KVPoll::Success);
+      EXPECT_EQ(dr->bytes_verified, l.bytes_for_pages(pages));
+      EXPECT_EQ(dr->bytes_mismatched, 0u);
+      EXPECT_GT(pr->compute_end_ns, 0);
+      EXPECT_GE(dr->success_ns, pr->compute_end_ns) << "the last layer goes out after its compute";
+    }
+    expect_no_leaks();
+    EXPECT_EQ(lines_above_debug(), lines0);
+    TearDown();
+    presults_.clear();
+    dresults_.clear();
+  }
+}
+
+TEST_F(DriverPairTest, LayerwiseTransferFaultFailsTheRoomCleanly) {
+  PrefillDriverConfig pc{4};
+  pc.ms_per_layer = 0.1;
+  pc.layerwise = true;
+  make({}, pc);
+  const uint64_t lines0 = lines_above_debug();
+  step({req(0x4111, 100, "transfer", "prefill/tp0"), req(0x4112, 64)});
+  ASSERT_TRUE(run_until_results(2, 20s)) << presults_.size() << " prefill / " << dresults_.size() << " decode";
+  expect_failed(0x4111, ErrorCode::kTransferError, "prefill/tp0");
+  EXPECT_EQ(result(dresults_, 0x4112)->state, KVPoll::Success);
+  EXPECT_EQ(result(dresults_, 0x4112)->bytes_mismatched, 0u);
+  expect_no_leaks();
+  EXPECT_EQ(lines_above_debug() - lines0, 1u);
 }
 
 TEST_F(DriverPairTest, TransferFaultAttributedToPrefillWithOneLine) {

@@ -28,6 +28,7 @@ struct RoomReduction {
   uint32_t ranks_failed = 0;
   int64_t max_failed_ns = 0;
   int64_t min_send_ns = 0;
+  int64_t max_compute_end_ns = 0;
   int64_t max_success_ns = 0;
   uint64_t bytes = 0;
   uint64_t verified = 0;

@@ -164,6 +164,7 @@ Result<RoomResult> decode_result(const json& j) {
   res.origin = r.str("origin");
   res.reason = r.str("reason");
   res.first_send_ns = r.i64("first_send_ns");
+  if (j.contains("compute_end_ns")) res.compute_end_ns = r.i64("compute_end_ns");
   res.success_ns = r.i64("success_ns");
   res.failed_all_ns = r.i64("failed_all_ns");
   res.first_failed_ns = r.i64("first_failed_ns");
@@ -303,6 +304,7 @@ std::string encode_result(const RoomResult& r) {
             {"bytes_mismatched", r.bytes_mismatched},
             {"ranks_failed", r.ranks_failed},
             {"ranks_lost", r.ranks_lost}};
+  if (r.compute_end_ns != 0) j["compute_end_ns"] = r.compute_end_ns;  // the compute model only
   return dump(j);
 }
 

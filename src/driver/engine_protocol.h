@@ -80,6 +80,8 @@ struct RoomResult {
   std::string origin;             // rank string of the failure's origin ("" on success)
   std::string reason;
   int64_t first_send_ns = 0;      // prefill: first send() of the room on any rank
+  int64_t compute_end_ns = 0;     // prefill with the compute model: its last layer's compute
+                                  // ended on the last rank (0: no compute model)
   int64_t success_ns = 0;         // decode: when the last rank saw Success (before verify)
   int64_t failed_all_ns = 0;      // when the last rank of this engine reached Failed
   int64_t first_failed_ns = 0;    // failure's first_seen_ns
@@ -125,6 +127,7 @@ struct RoomReport {
   int64_t wall_ns = 0;      // the failure's wall clock (Failure::wall_ns)
   int64_t failed_ns = 0;    // when this rank reached Failed
   int64_t send_ns = 0;      // prefill: first send()
+  int64_t compute_end_ns = 0;  // prefill: the room's last layer's compute ended (compute model; 0: not yet, or none)
   int64_t success_ns = 0;   // decode: every source reported Success
   uint64_t bytes = 0;       // prefill: bytes written
   uint64_t verified = 0;    // decode: bytes verified

@@ -121,6 +121,12 @@ TEST(RouterProtocol, ResultRoundTrip) {
   EXPECT_EQ(d.bytes_verified, 3u);
   EXPECT_EQ(d.bytes_mismatched, 2u);
   EXPECT_EQ(d.ranks_failed, 2u);
+  EXPECT_EQ(d.compute_end_ns, 0) << "no compute model";
+  EXPECT_EQ(encode_result(r).find("compute_end_ns"), std::string::npos) << "absent unless set";
+  r.compute_end_ns = 987654321;  // the prefill compute model's last layer end
+  auto g = decode_router_frame(encode_result(r));
+  ASSERT_TRUE(g.ok()) << g.status().str();
+  EXPECT_EQ(g->result->compute_end_ns, 987654321);
 }
 
 TEST(RouterProtocol, RankUp) {

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "manager/log_policy.h"
@@ -108,12 +110,84 @@ void PrefillDriver::log_release(uint64_t room, const Room& r, const Decision& re
 }
 
 void PrefillDriver::on_chunk_done(const ChunkDone& done) {
-  auto it = chunks_.find(done.tag);
-  if (it == chunks_.end()) return;
+  auto it = send_tags_.find(done.tag);
+  if (it == send_tags_.end()) return;
+  const uint64_t id = it->second;
+  send_tags_.erase(it);
+  chunk_send_done(id);
+}
+
+void PrefillDriver::chunk_send_done(uint64_t id) {
+  auto it = chunks_.find(id);
+  if (it == chunks_.end() || --it->second.pending > 0) return;
   staging_.free(it->second.pages);
   auto room = rooms_.find(it->second.room);
   if (room != rooms_.end() && room->second.chunks_out > 0) --room->second.chunks_out;
   chunks_.erase(it);
+}
+
+void PrefillDriver::send_chunk(uint64_t id, LayerRange layers, bool last_of_chunk) {
+  auto c = chunks_.find(id);
+  if (c == chunks_.end()) return;
+  const Chunk& ch = c->second;
+  const uint64_t tag = next_tag_++;
+  Status s = core_.registry().get(ch.room)
+                 ? Status(ErrorCode::kAborted, "room failed")
+                 : ep_.send(ch.room, ch.first_page, ch.pages, tag, {}, ch.last && last_of_chunk, layers);
+  if (!s.ok()) {
+    if (s.code() != ErrorCode::kAborted)
+      ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns(), true);
+    chunk_send_done(id);
+    return;
+  }
+  send_tags_[tag] = id;
+}
+
+void PrefillDriver::submit_fill(uint64_t id) {
+  const Chunk& ch = chunks_.at(id);
+  const PoolLayout* layout = &core_.layout();
+  uint8_t* base = core_.base();
+  const uint64_t room = ch.room, first_page = ch.first_page;
+  const std::vector<uint64_t> pages = ch.pages;
+  auto on_error = [this, room, id](const std::string& what) {
+    ep_.fail(room, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns(), true);
+    chunk_send_done(id);
+  };
+  const uint32_t nb = layout->num_buffers();
+  if (cfg_.ms_per_layer <= 0 && !cfg_.layerwise) {  // no compute model: fill the chunk, send it
+    filler_.submit([this, layout, base, room, first_page, pages, nb, id]() -> JobWorker::Completion {
+      for (size_t i = 0; i < pages.size(); ++i)
+        for (uint32_t b = 0; b < nb; ++b)
+          fill_page(*layout, room, b, (first_page + i) * layout->page_size, base + layout->page_offset(b, pages[i]));
+      return [this, id] { send_chunk(id, {}, true); };
+    }, on_error);
+    return;
+  }
+  // The compute model: layer l of the chunk (its K and V buffers: l + t x num_layers) takes at
+  // least ms_per_layer on the worker, the rank's one "accelerator" (jobs run one at a time).
+  const uint32_t layers = layout->model.num_layers;
+  const auto per_layer = std::chrono::nanoseconds(static_cast<int64_t>(cfg_.ms_per_layer * 1e6));
+  const bool last_chunk = ch.last;
+  for (uint32_t l = 0; l < layers; ++l) {
+    filler_.submit([this, layout, base, room, first_page, pages, nb, layers, l, per_layer, id,
+                    last_chunk]() -> JobWorker::Completion {
+      const auto start = std::chrono::steady_clock::now();
+      for (size_t i = 0; i < pages.size(); ++i)
+        for (uint32_t b = l; b < nb; b += layers)
+          fill_page(*layout, room, b, (first_page + i) * layout->page_size, base + layout->page_offset(b, pages[i]));
+      std::this_thread::sleep_until(start + per_layer);
+      const int64_t end_ns = monotonic_ns();
+      const bool last_layer = l + 1 == layers;
+      return [this, room, id, l, last_layer, last_chunk, end_ns] {
+        if (last_layer && last_chunk) {
+          auto r = rooms_.find(room);
+          if (r != rooms_.end()) r->second.compute_end_ns = end_ns;
+        }
+        if (cfg_.layerwise) send_chunk(id, {l, l + 1}, last_layer);
+        else if (last_layer) send_chunk(id, {}, true);
+      };
+    }, on_error);
+  }
 }
 
 void PrefillDriver::schedule_chunks() {
@@ -128,35 +202,15 @@ void PrefillDriver::schedule_chunks() {
       uint64_t n = std::min(want, staging_.free_pages());
       if (n == 0) return;  // staging pool full: later rooms wait too (FIFO)
       std::vector<uint64_t> pages = std::move(*staging_.alloc(n));
-      uint64_t tag = next_tag_++;
-      chunks_[tag] = {id, r.next_page, pages};
+      const uint64_t chunk = next_tag_++;  // chunk ids and send tags share one counter
+      Chunk& ch = chunks_[chunk];
+      ch = {id, r.next_page, std::move(pages)};
       r.next_page += n;
+      ch.last = r.next_page == s->total_pages;
+      // Layer-wise: one send per layer, each counted down by its completion.
+      ch.pending = (cfg_.layerwise ? core_.layout().model.num_layers : 1);
       ++r.chunks_out;
-      const PoolLayout* layout = &core_.layout();
-      uint8_t* base = core_.base();
-      uint64_t first_page = chunks_[tag].first_page;
-      filler_.submit([this, layout, base, id, first_page, pages, tag]() -> JobWorker::Completion {
-        const uint32_t nb = layout->num_buffers();
-        for (size_t i = 0; i < pages.size(); ++i) {
-          uint64_t first_token = (first_page + i) * layout->page_size;
-          for (uint32_t b = 0; b < nb; ++b) fill_page(*layout, id, b, first_token, base + layout->page_offset(b, pages[i]));
-        }
-        return [this, tag] {
-          auto c = chunks_.find(tag);
-          if (c == chunks_.end()) return;
-          const Chunk& ch = c->second;
-          Status s = core_.registry().get(ch.room) ? Status(ErrorCode::kAborted, "room failed")
-                                                   : ep_.send(ch.room, ch.first_page, ch.pages, tag);
-          if (!s.ok()) {
-            if (s.code() != ErrorCode::kAborted)
-              ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns(), true);
-            on_chunk_done({ch.room, tag, false});
-          }
-        };
-      }, [this, id, tag](const std::string& what) {
-        ep_.fail(id, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns(), true);
-        on_chunk_done({id, tag, false});
-      });
+      submit_fill(chunk);
     }
   }
 }
@@ -189,6 +243,7 @@ std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
     }
     if (s) {
       rep.send_ns = s->first_send_ns;
+      rep.compute_end_ns = r.compute_end_ns;
       rep.bytes = s->bytes;
     }
     out.push_back(std::move(rep));
@@ -220,6 +275,7 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
     if (!done_ok && !done_failed) continue;
     RoomResult& res = release_room(id, Role::kPrefill, done_ok, red, &out, results);
     res.first_send_ns = red.min_send_ns;
+    res.compute_end_ns = red.max_compute_end_ns;
     res.bytes_transferred = red.bytes;
   }
   return out;

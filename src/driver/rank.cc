@@ -123,7 +123,11 @@ int run_rank(const RankOptions& o) {
   // After the manager's threads started (they inherit the creator's niceness; each sets its own).
   if (const int n = loop_nice(); n < 0) (void)raise_thread_priority(0, n);
   if (o.role == Role::kPrefill) {
-    PrefillDriver driver(m, {std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size))});
+    PrefillDriverConfig pc;
+    pc.chunk_pages = std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size));
+    pc.ms_per_layer = o.prefill_ms_per_layer;
+    pc.layerwise = o.layerwise;
+    PrefillDriver driver(m, pc);
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
     write_final_metrics(o);

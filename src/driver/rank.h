@@ -26,6 +26,8 @@ struct RankOptions {
   uint64_t pool_mib = 1024;      // this rank's pool, MiB
   uint32_t aux_slots = 1024;
   uint64_t chunk_tokens = 8192;  // prefill: tokens per send()
+  double prefill_ms_per_layer = 0;  // prefill: the compute model (driver/prefill_driver.h)
+  bool layerwise = false;           // prefill: send each layer as its compute ends
   std::string bootstrap = "127.0.0.1:8998";
   std::string engine_endpoint;   // the engine leader's endpoint
   std::string router_endpoint;

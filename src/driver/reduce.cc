@@ -129,6 +129,7 @@ RoomReduction reduce_room(const std::vector<RoomReport>& reports) {
     }
     if (r.send_ns != 0 && (out.min_send_ns == 0 || r.send_ns < out.min_send_ns)) out.min_send_ns = r.send_ns;
     out.max_success_ns = std::max(out.max_success_ns, r.success_ns);
+    out.max_compute_end_ns = std::max(out.max_compute_end_ns, r.compute_end_ns);
     out.bytes += r.bytes;
     out.verified += r.verified;
     out.mismatched += r.mismatched;

@@ -74,6 +74,7 @@ json to_json(const RoomReport& r) {
   json j{{"room", room_str(r.room)}, {"tp", r.tp_rank}, {"poll", static_cast<int>(r.poll)},
          {"drained", r.drained}, {"q", r.quarantine}, {"failed_ns", r.failed_ns}, {"send_ns", r.send_ns},
          {"success_ns", r.success_ns}, {"bytes", r.bytes}, {"verified", r.verified}, {"mismatched", r.mismatched}};
+  if (r.compute_end_ns != 0) j["compute_end_ns"] = r.compute_end_ns;  // the compute model only
   if (r.has_failure) put_failure(j, failure_of(r));
   return j;
 }
@@ -98,6 +99,7 @@ RoomReport report_from(const json& j) {
   r.bytes = j.at("bytes").get<uint64_t>();
   r.verified = j.at("verified").get<uint64_t>();
   r.mismatched = j.at("mismatched").get<uint64_t>();
+  if (j.contains("compute_end_ns")) r.compute_end_ns = j.at("compute_end_ns").get<int64_t>();
   if (j.contains("code")) {
     const Failure f = failure_from(j, "report");
     r.has_failure = true;

@@ -164,6 +164,11 @@ TEST(SyncCodec, ReclaimReportsAndDecisionsRoundTrip) {
   EXPECT_EQ(f->rooms[1].verified, 0u);
   EXPECT_EQ(f->stats.quarantined_pages, 4u);
   EXPECT_EQ(f->stats.reclaimed_pages, 9u);
+  EXPECT_EQ(f->rooms[0].compute_end_ns, 0);
+  live.compute_end_ns = 4242;  // a prefill room's last layer's compute (the compute model)
+  auto lf = decode_sync_frame(encode_reply(7, 1, {live}, st));
+  ASSERT_TRUE(lf.ok()) << lf.status().str();
+  EXPECT_EQ(lf->rooms[0].compute_end_ns, 4242);
 
   Decision rc;
   rc.op = Decision::Op::kReclaim;

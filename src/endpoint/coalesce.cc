@@ -23,6 +23,17 @@ std::vector<PageRun> coalesce_pages(const std::vector<uint64_t>& src, const std:
   return coalesce_pages(std::span<const uint64_t>(src), std::span<const uint64_t>(dst));
 }
 
+std::vector<uint64_t> layer_buffer_offsets(std::span<const uint64_t> offsets, uint32_t num_layers, uint32_t begin,
+                                           uint32_t end) {
+  std::vector<uint64_t> out;
+  if (num_layers == 0) return out;
+  for (size_t b = 0; b < offsets.size(); ++b) {
+    const uint32_t layer = static_cast<uint32_t>(b % num_layers);
+    if (layer >= begin && layer < end) out.push_back(offsets[b]);
+  }
+  return out;
+}
+
 namespace {
 size_t buffers_of(const PoolOffsets& a, const PoolOffsets& b) {
   return std::min(a.buffer_offsets.size(), b.buffer_offsets.size());

@@ -30,6 +30,11 @@ struct PoolOffsets {
   std::span<const uint64_t> buffer_offsets;
 };
 
+// The offsets of the KV buffers of layers [begin, end) (kvferry/geometry.h LayerRange: buffer b
+// holds layer b % num_layers), in buffer order; `offsets` has num_layers x tensors entries.
+std::vector<uint64_t> layer_buffer_offsets(std::span<const uint64_t> offsets, uint32_t num_layers, uint32_t begin,
+                                           uint32_t end);
+
 // One WriteOp per run per KV buffer, for the buffers both sides have (the caller checked they
 // have the same number). The append_ forms add to `out` (one batch for every layer and every head
 // transfer of a chunk, no temporary vectors).

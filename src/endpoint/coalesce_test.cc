@@ -104,5 +104,15 @@ TEST(Coalesce, SeparateBuffersUseTheirOwnOffsets) {
   EXPECT_EQ(sl[4].remote_offset, 123456u + 128);
 }
 
+TEST(Coalesce, LayerBuffersAreEveryTensorOfTheLayer) {
+  // 3 layers x 2 tensors: K0 K1 K2 V0 V1 V2 (every layer's K, then every layer's V).
+  const std::vector<uint64_t> offsets{100, 200, 300, 400, 500, 600};
+  EXPECT_EQ(layer_buffer_offsets(offsets, 3, 1, 2), (std::vector<uint64_t>{200, 500}));
+  EXPECT_EQ(layer_buffer_offsets(offsets, 3, 0, 2), (std::vector<uint64_t>{100, 200, 400, 500}));
+  EXPECT_EQ(layer_buffer_offsets(offsets, 3, 0, 3), offsets);
+  // MLA: one latent buffer per layer.
+  EXPECT_EQ(layer_buffer_offsets(std::vector<uint64_t>{7, 8}, 2, 1, 2), (std::vector<uint64_t>{8}));
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -62,7 +62,7 @@ TEST(EndpointPair, FullRoomInTwoChunksArrivesByteExact) {
   EXPECT_TRUE(p->chunks_done[0].ok && p->chunks_done[1].ok);
   const SenderRoom* s = p->prefill().room(room);
   ASSERT_NE(s, nullptr);
-  EXPECT_EQ(s->pages_done, 7u);
+  EXPECT_EQ(s->units_done, 7u * p->layout().model.num_layers);  // every page of every layer
   EXPECT_EQ(s->bytes, p->layout().bytes_for_pages(7) + sizeof(AuxRecord));
   EXPECT_FALSE(p->pcore().registry().get(room));
   EXPECT_FALSE(p->dcore().registry().get(room));

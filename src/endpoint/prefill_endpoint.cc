@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <span>
@@ -131,6 +132,7 @@ Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::opti
   r.input_tokens = input_tokens;
   r.aux_index = aux_index;
   r.total_pages = core_.layout().pages_for(input_tokens);
+  r.layer_pages.assign(core_.layout().model.num_layers, 0);
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
@@ -164,7 +166,7 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
 }
 
 Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages,
-                             uint64_t tag, std::span<const uint64_t> state_indices, bool last) {
+                             uint64_t tag, std::span<const uint64_t> state_indices, bool last, LayerRange layers) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return {ErrorCode::kInvalidArgument, "send() for an unknown room"};
   SenderRoom& r = it->second;
@@ -185,10 +187,27 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
   for (uint64_t i : state_indices)
     if (i >= ours.state_rows)
       return {ErrorCode::kInvalidArgument, fmt::format("state index {} out of range ({} rows)", i, ours.state_rows)};
-  if (last && r.pages_submitted + src_pages.size() != r.total_pages)
-    return {ErrorCode::kInvalidArgument,
-            fmt::format("the last chunk leaves {} of the room's {} pages unsent",
-                        r.total_pages - r.pages_submitted - src_pages.size(), r.total_pages)};
+  const uint32_t num_layers = static_cast<uint32_t>(r.layer_pages.size());
+  auto range = resolve_layers(layers, num_layers);
+  if (!range.ok()) return range.status();
+  const uint64_t n = src_pages.size();
+  for (uint32_t l = range->begin; l < range->end; ++l)
+    if (r.layer_pages[l] + n > r.total_pages)
+      return {ErrorCode::kInvalidArgument, fmt::format("send() past the room's last page: layer {} has {} of {} pages "
+                                                       "sent, {} more",
+                                                       l, r.layer_pages[l], r.total_pages, n)};
+  for (uint32_t l = 0; last && l < num_layers; ++l) {
+    const uint64_t sent = r.layer_pages[l] + (l >= range->begin && l < range->end ? n : 0);
+    if (sent == r.total_pages) continue;
+    if (std::all_of(r.layer_pages.begin(), r.layer_pages.end(), [&](uint64_t x) { return x == r.layer_pages[0]; }) &&
+        range->begin == 0 && range->end == num_layers)
+      return {ErrorCode::kInvalidArgument, fmt::format("the last chunk leaves {} of the room's {} pages unsent",
+                                                       r.total_pages - sent, r.total_pages)};
+    return {ErrorCode::kInvalidArgument, fmt::format("the last chunk leaves {} of the room's {} pages of layer {} unsent",
+                                                     r.total_pages - sent, r.total_pages, l)};
+  }
+  const bool all_layers = range->begin == 0 && range->end == num_layers;
+  const uint64_t units = n * (range->end - range->begin);
   if (!ours.aux_offsets.empty() && !r.aux_index)
     return {ErrorCode::kInvalidArgument, "this rank has aux buffers but the sender has no aux_index"};
   if (r.first_send_ns == 0) r.first_send_ns = monotonic_ns();
@@ -198,10 +217,10 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     r.last_received = true;
     r.state_indices.assign(state_indices.begin(), state_indices.end());
   }
-  r.pages_submitted += src_pages.size();
+  for (uint32_t l = range->begin; l < range->end; ++l) r.layer_pages[l] += n;
   if (r.dests.empty()) {  // nothing to write (replicated heads, MLA non-source)
     if (!src_pages.empty()) {  // the chunk completes at once: its ChunkDone comes as for a write
-      chunks_[tag] = {room, 1, true, src_pages.size()};
+      chunks_[tag] = {room, 1, true, units};
       ++r.inflight;
       core_.post({room, tag, Status::Ok(), 0, 0});
     }
@@ -214,8 +233,11 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
   }
   const PoolLayout& l = core_.layout();
   ChunkState& cs = chunks_[tag];
-  cs = {room, 0, true, src_pages.size()};
+  cs = {room, 0, true, units};
   const uint64_t head_bytes = uint64_t(l.model.head_dim) * l.model.dtype_bytes;
+  // A layer range writes only its layers' KV buffers (the same ones on both sides).
+  std::vector<uint64_t> local_sel;
+  if (!all_layers) local_sel = layer_buffer_offsets(ours.kv_offsets, num_layers, range->begin, range->end);
   for (const RankId& d : r.dests) {
     const DecodePeer& peer = peers_.at(d);
     const RoomMetadata& md = r.meta.at(d);
@@ -225,6 +247,12 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     auto runs = coalesce_pages(std::span<const uint64_t>(src_pages), dst);
     PoolOffsets local{ours.page_bytes, ours.kv_offsets};
     PoolOffsets remote{peer.shape.page_bytes, peer.shape.kv_offsets};
+    std::vector<uint64_t> remote_sel;
+    if (!all_layers) {
+      remote_sel = layer_buffer_offsets(peer.shape.kv_offsets, num_layers, range->begin, range->end);
+      local.buffer_offsets = local_sel;
+      remote.buffer_offsets = remote_sel;
+    }
     std::vector<WriteOp> ops = take_write_ops();  // a recycled list: no fresh MiBs per chunk
     for (const HeadTransfer& t : plan_) {
       if (t.prefill_rank != core_.self().tp_rank || t.decode_rank != d.tp_rank) continue;
@@ -297,11 +325,11 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   if (r && e.status.ok()) r->bytes += e.bytes;
   if (--cs.remaining > 0) return std::nullopt;
   ChunkDone done{cs.room, e.tag, cs.ok};
-  uint64_t chunk_pages = cs.pages;
+  uint64_t chunk_units = cs.units;
   chunks_.erase(ch);
   if (r) {
     if (done.ok) {
-      r->pages_done += chunk_pages;  // once every destination has them
+      r->units_done += chunk_units;  // once every destination has them
       maybe_finish(*r);
     }
     maybe_send_terminal(*r);
@@ -336,7 +364,7 @@ std::string PrefillEndpoint::final_ops(const SenderRoom& r, const RankId& d, uin
 
 void PrefillEndpoint::maybe_finish(SenderRoom& r) {
   if (r.state.get() != KVPoll::Transferring || r.aux_submitted || r.inflight != 0 || !r.last_received ||
-      r.pages_done != r.total_pages)
+      r.units_done != r.total_pages * r.layer_pages.size())
     return;
   if (r.dests.empty()) return conclude_room(r);
   uint64_t guard = 0;

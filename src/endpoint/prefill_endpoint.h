@@ -54,8 +54,10 @@ struct SenderRoom {
   RoomState state;
   std::vector<RankId> dests;
   std::map<RankId, RoomMetadata> meta;
-  uint64_t pages_submitted = 0;  // pages handed to send()
-  uint64_t pages_done = 0;       // pages whose writes completed
+  // Per layer, pages handed to send() (layer-wise sends: kvferry/geometry.h LayerRange); a page
+  // of a layer counts as one unit, so the room's KV is total_pages x num_layers units.
+  std::vector<uint64_t> layer_pages;
+  uint64_t units_done = 0;       // units (page x layer) whose writes completed at every destination
   uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
   bool aux_submitted = false;      // the final batch (aux rows, state rows, guard row) went out
   bool last_received = false;      // send() with last: no more chunks
@@ -128,8 +130,12 @@ class PrefillEndpoint {
   // the last, pages past the room's page count, a local page or state row out of range, state
   // indices before the last chunk, a last chunk that leaves pages unsent, aux buffers but no
   // aux_index.
+  // `layers`: only the KV buffers of these layers (default: every layer). A room's pages may go
+  // as several layer ranges and page chunks; each layer counts its own pages, and `last` needs
+  // every page of every layer sent (this call included). Errors besides the above: a layer range
+  // empty or past the model, a layer given more pages than the room has.
   Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag,
-              std::span<const uint64_t> state_indices, bool last);
+              std::span<const uint64_t> state_indices, bool last, LayerRange layers = {});
   // The form before chunks carried `last`: the chunk holding the room's final page is the last.
   Status send(uint64_t room, uint64_t first_page, const std::vector<uint64_t>& src_pages, uint64_t tag);
 
@@ -251,7 +257,7 @@ class PrefillEndpoint {
     uint64_t room;
     uint32_t remaining;
     bool ok;
-    uint64_t pages;
+    uint64_t units;  // pages x layers of the chunk
   };
   void on_registration(const PoolRegistration& r);
   // Incarnations (kvferry/messages.h; prefill_registration.cc): whether a `kind` message from

@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <atomic>
+#include <vector>
 
 #include "endpoint/core.h"
 #include "endpoint/decode_endpoint.h"
@@ -62,7 +63,7 @@ class ManagerImpl final : public Manager {
     bool dropped = false;      // the handle is gone: released once release-safe
     bool logged = false;       // the failure was logged (failure_log_component)
     uint64_t total_pages = 0;
-    uint64_t next_page = 0;    // sender: pages handed to send()
+    std::vector<uint64_t> next_page;  // sender: per layer, the room's next page to send()
     bool last_sent = false;    // sender: the last chunk came
     uint32_t chunks_out = 0;   // sender: chunks whose writes have not completed
     int64_t prefill_dp_rank = -1;  // receiver: init()

@@ -3,6 +3,7 @@
 // nothing. A call on a room that already failed is not an error: it does nothing.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -45,11 +46,17 @@ class SenderImpl final : public Sender {
     if (!st.ok()) return st;
     r.initialized = true;
     r.total_pages = num_pages;
+    r.next_page.assign(l.model.num_layers, 0);
     m_.wake();
     return Status::Ok();
   }
 
   Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) override {
+    return send(pages, LayerRange{}, state_indices, last);
+  }
+
+  Status send(std::span<const uint64_t> pages, LayerRange layers, std::span<const uint64_t> state_indices,
+              bool last) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return Status::Ok();
@@ -60,23 +67,44 @@ class SenderImpl final : public Sender {
     if (!state_indices.empty() && !last)
       return bad(fmt::format("room {}: state indices go with the last chunk only", room_));
     if (pages.empty() && !last) return bad(fmt::format("room {}: send() of no pages that is not the last chunk", room_));
-    if (r.next_page + pages.size() > r.total_pages)
-      return bad(fmt::format("room {}: {} pages sent plus {} more exceed its {} pages", room_, r.next_page,
+    const uint32_t num_layers = static_cast<uint32_t>(r.next_page.size());
+    auto range = resolve_layers(layers, num_layers);
+    if (!range.ok()) return bad(fmt::format("room {}: {}", room_, range.status().message()));
+    const bool all_layers = range->begin == 0 && range->end == num_layers;
+    // Each layer sends its pages in token order; a range's layers must stand at the same page
+    // (they are written as one chunk), so no layer of a page is ever sent twice.
+    const uint64_t first = r.next_page[range->begin];
+    for (uint32_t l = range->begin + 1; l < range->end && !pages.empty(); ++l)
+      if (r.next_page[l] != first)
+        return bad(fmt::format("room {}: layers {} and {} of the range [{}, {}) stand at pages {} and {}: send "
+                               "the layers separately",
+                               room_, range->begin, l, range->begin, range->end, first, r.next_page[l]));
+    const std::string which = all_layers ? "" : fmt::format(" of layers [{}, {})", range->begin, range->end);
+    if (first + pages.size() > r.total_pages)
+      return bad(fmt::format("room {}: {} pages sent{} plus {} more exceed its {} pages", room_, first, which,
                              pages.size(), r.total_pages));
-    if (last && r.next_page + pages.size() != r.total_pages)
-      return bad(fmt::format("room {}: the last chunk leaves {} of its {} pages unsent", room_,
-                             r.total_pages - r.next_page - pages.size(), r.total_pages));
+    // `last`: after this call every page of every layer has been sent.
+    for (uint32_t l = 0; last && l < num_layers; ++l) {
+      const uint64_t sent = r.next_page[l] + (l >= range->begin && l < range->end ? pages.size() : 0);
+      if (sent == r.total_pages) continue;
+      const bool uniform = std::all_of(r.next_page.begin(), r.next_page.end(), [&](uint64_t x) { return x == first; });
+      if (all_layers && uniform)
+        return bad(fmt::format("room {}: the last chunk leaves {} of its {} pages unsent", room_,
+                               r.total_pages - sent, r.total_pages));
+      return bad(fmt::format("room {}: the last chunk leaves {} of its {} pages of layer {} unsent", room_,
+                             r.total_pages - sent, r.total_pages, l));
+    }
     const uint64_t num_pages = m_.layout().num_pages;
     std::vector<uint64_t> src(pages.begin(), pages.end());
     for (size_t i = 0; i < src.size(); ++i)
       if (src[i] >= num_pages)
         return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, src[i], num_pages));
     // A room whose heads go to no decode rank (replicated heads) concludes on the last chunk.
-    Status st = ep.send(room_, r.next_page, src, m_.next_tag(), state_indices, last);
+    Status st = ep.send(room_, first, src, m_.next_tag(), state_indices, last, *range);
     if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? Status::Ok() : st;
     if (!src.empty()) ++r.chunks_out;
     if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
-    r.next_page += src.size();
+    for (uint32_t l = range->begin; l < range->end; ++l) r.next_page[l] += src.size();
     r.last_sent = last;
     m_.wake();
     return Status::Ok();

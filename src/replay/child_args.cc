@@ -164,6 +164,11 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
     args.push_back("--bind-host");
     args.push_back(rank_address(c, prefill, tp_rank, dp_rank));
   }
+  if (prefill && c.prefill_ms_per_layer > 0) {  // the compute model (prefill ranks only)
+    args.push_back("--prefill-ms-per-layer");
+    args.push_back(fmt::format("{}", c.prefill_ms_per_layer));
+  }
+  if (prefill && c.layerwise) args.push_back("--layerwise");
   if (c.transfer_shards != 1) {  // the rank's default is 1
     args.push_back("--transfer-shards");
     args.push_back(std::to_string(c.transfer_shards));

@@ -54,6 +54,15 @@ TEST(ChildArgs, RankRouterBootstrap) {
     }
   }
   c.transfer_shards = 1;
+  // The compute model goes to the prefill ranks only.
+  EXPECT_EQ(join(rank_args(c, p, true, 0)).find("--prefill-ms-per-layer"), std::string::npos);
+  c.prefill_ms_per_layer = 2.5;
+  c.layerwise = true;
+  EXPECT_NE(join(rank_args(c, p, true, 1)).find(" --prefill-ms-per-layer 2.5 --layerwise"), std::string::npos);
+  EXPECT_EQ(join(rank_args(c, p, false, 1)).find("--prefill-ms-per-layer"), std::string::npos);
+  EXPECT_EQ(join(rank_args(c, p, false, 1)).find("--layerwise"), std::string::npos);
+  c.prefill_ms_per_layer = 0;
+  c.layerwise = false;
   c.break_rank = "decode/tp1";
   EXPECT_NE(join(rank_args(c, p, false, 1)).find("--page-size 0 "), std::string::npos);
   EXPECT_NE(join(rank_args(c, p, false, 0)).find("--page-size 16 "), std::string::npos);

@@ -75,6 +75,8 @@ std::string ReplayConfig::to_json() const {
                       {"pool_mib_auto", pool_mib_auto},
                       {"prefill_pool_mib", prefill_pool_mib},
                       {"chunk_tokens", chunk_tokens},
+                      {"prefill_ms_per_layer", prefill_ms_per_layer},
+                      {"layerwise", layerwise},
                       {"max_requests", max_requests},
                       {"time_scale", time_scale},
                       {"fault_rate", fault_rate},
@@ -123,6 +125,8 @@ Status validate(ReplayConfig& c) {
   const uint32_t decode_ranks = c.decode_tp * c.decode_dp;
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
+  if (!(c.prefill_ms_per_layer >= 0) || c.prefill_ms_per_layer > 10'000)
+    return invalid("--prefill-ms-per-layer must be in [0, 10000] ms");
   if (c.prefill_pool_mib == 0) return invalid("--prefill-pool-mib must be > 0");
   if (!(c.time_scale >= 0)) return invalid("--time-scale must be >= 0");
   if (!(c.fault_rate >= 0 && c.fault_rate <= 1)) return invalid("--fault-rate must be in [0, 1]");

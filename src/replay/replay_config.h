@@ -27,6 +27,12 @@ struct ReplayConfig {
   bool pool_mib_auto = false;      // set by validate() when pool_mib was chosen automatically
   uint64_t prefill_pool_mib = 1024;  // prefill staging per rank
   uint64_t chunk_tokens = 8192;
+  // Prefill compute model (driver/prefill_driver.h): each layer of each prefill chunk takes this
+  // many ms (0: none, pages are sent as soon as they are filled); with `layerwise` each layer is
+  // sent as its compute ends, otherwise the chunk after its last layer. The report then gives
+  // every request's transfer tail (docs/report.md "transfer_tail_ms").
+  double prefill_ms_per_layer = 0;
+  bool layerwise = false;
   uint64_t max_requests = 0;       // 0: whole trace
   double time_scale = 0;
   double fault_rate = 0;            // shorthand: fault_rate_plan() (fault_plan.h)

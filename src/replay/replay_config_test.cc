@@ -106,6 +106,9 @@ TEST_F(Validate, RejectsBadOptions) {
   c.decode_tp = 0;
   EXPECT_NE(error_of(c).find("--decode-tp"), std::string::npos);
   c = good();
+  c.prefill_ms_per_layer = -0.5;
+  EXPECT_NE(error_of(c).find("--prefill-ms-per-layer must be in [0, 10000] ms"), std::string::npos);
+  c = good();
   c.trace = (dir_ / "missing.csv").string();
   EXPECT_NE(error_of(c).find("missing.csv"), std::string::npos);
   c = good();

@@ -264,6 +264,9 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
       if (q.prefill->first_send_ns > 0 && q.decode->success_ns >= q.prefill->first_send_ns) {
         latencies.push_back(double(q.decode->success_ns - q.prefill->first_send_ns) / 1e6);
       }
+      if (q.prefill->compute_end_ns > 0 && q.decode->success_ns > 0)  // the compute model's tail
+        rep.transfer_tails.push_back(
+            {room, q.input_tokens, double(q.decode->success_ns - q.prefill->compute_end_ns) / 1e6});
     } else {
       ++rep.failed;
       outcome = "failed";
@@ -327,6 +330,9 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
     }
   }
   rep.transfer_latency_ms = percentiles(std::move(latencies));
+  std::vector<double> tails;
+  for (const TailEntry& t : rep.transfer_tails) tails.push_back(t.ms);
+  rep.transfer_tail_ms = percentiles(std::move(tails));
   add_restart_checks(rep, results, logs);
   if (results.last_result_ns > results.dispatch_start_ns && results.dispatch_start_ns > 0) {
     rep.transfer_seconds = double(results.last_result_ns - results.dispatch_start_ns) / 1e9;

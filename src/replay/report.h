@@ -177,12 +177,24 @@ struct RejectedEntry {
   std::string reason;
 };
 
+// The prefill compute model's transfer tail of one succeeded request (replay --prefill-ms-per-layer):
+// from the end of its last layer's compute (last prefill rank) to decode's Success (last rank).
+struct TailEntry {
+  std::string room;
+  uint64_t input_tokens = 0;
+  double ms = 0;
+};
+
 struct Report {
   uint64_t total = 0, succeeded = 0, failed = 0, rejected = 0;
   uint64_t bytes_transferred = 0, bytes_verified = 0, bytes_mismatched = 0;
   double transfer_seconds = 0;   // first dispatch to last result
   double throughput_gb_per_s = 0;  // bytes_transferred / transfer_seconds / 1e9
   Percentiles transfer_latency_ms;
+  // With the compute model only (empty, count 0 without): every succeeded request's tail, in
+  // request order, and their percentiles.
+  std::vector<TailEntry> transfer_tails;
+  Percentiles transfer_tail_ms;
   std::vector<RejectedEntry> rejected_requests;
   std::vector<FaultEntry> faults;
   std::vector<FaultEntry> faults_not_applied;

@@ -82,6 +82,9 @@ std::string dump(const json& j) { return j.dump(2, ' ', false, json::error_handl
 
 std::string report_json(const Report& r, const ReplayResults& results,
                         const std::string& config_json, double wall_s, const std::string& error) {
+  json tails = json::array();
+  for (const TailEntry& t : r.transfer_tails)
+    tails.push_back({{"room", t.room}, {"input_tokens", t.input_tokens}, {"ms", round_to(t.ms, 3)}});
   json rejected = json::array();
   for (const auto& e : r.rejected_requests) {
     rejected.push_back({{"room", e.room}, {"input_tokens", e.input_tokens}, {"reason", e.reason}});
@@ -172,6 +175,13 @@ std::string report_json(const Report& r, const ReplayResults& results,
         {"p99", round_to(r.transfer_latency_ms.p99, 3)},
         {"max", round_to(r.transfer_latency_ms.max, 3)},
         {"count", r.transfer_latency_ms.count}}},
+      {"transfer_tail_ms",  // the prefill compute model (docs/report.md); count 0 without it
+       {{"p50", round_to(r.transfer_tail_ms.p50, 3)},
+        {"p90", round_to(r.transfer_tail_ms.p90, 3)},
+        {"p99", round_to(r.transfer_tail_ms.p99, 3)},
+        {"max", round_to(r.transfer_tail_ms.max, 3)},
+        {"count", r.transfer_tail_ms.count}}},
+      {"transfer_tails", tails},
       {"wall_s", round_to(wall_s, 3)},
       {"faults", faults},
       {"faults_not_applied", not_applied},
@@ -219,6 +229,9 @@ std::string summary_text(const Report& r, double wall_s) {
                    wall_s);
   s += fmt::format("transfer latency p50 {:.1f} ms, p99 {:.1f} ms\n", r.transfer_latency_ms.p50,
                    r.transfer_latency_ms.p99);
+  if (r.transfer_tail_ms.count > 0)
+    s += fmt::format("transfer tail (last layer's compute -> decode Success) p50 {:.1f} ms, p99 {:.1f} ms\n",
+                     r.transfer_tail_ms.p50, r.transfer_tail_ms.p99);
   s += fmt::format("faults attributed correctly {}/{} ({} not applied)\n",
                    r.faults.size() - r.faults_misattributed(), r.faults.size(),
                    r.faults_not_applied.size());

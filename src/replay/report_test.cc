@@ -337,6 +337,33 @@ TEST(BuildReport, PeerDeathRoomsDetectionsAndLines) {
   EXPECT_FALSE(build_report(ReplayResults{}, logs, {silent}, 4, 2).problems().empty());
 }
 
+// The prefill compute model: each succeeded request's transfer tail (last layer's compute ->
+// decode Success), listed and summarised; requests without a compute end have none.
+TEST(BuildReport, TransferTailPerRequestAndPercentiles) {
+  ReplayResults res;
+  for (uint64_t room = 1; room <= 4; ++room) {
+    res.requests.push_back(success(room, 100, 1'000'000 * int64_t(10 + room), 8));
+    res.requests.back().prefill->compute_end_ns = 10'000'000;  // tails 1, 2, 3, 4 ms
+  }
+  res.requests.push_back(success(5, 100, 50'000'000, 8));  // no compute end: no tail
+  Report r = build_report(res, LogScan{});
+  ASSERT_EQ(r.transfer_tails.size(), 4u);
+  EXPECT_EQ(r.transfer_tails[0].room, "1");
+  EXPECT_EQ(r.transfer_tails[0].input_tokens, 100u);
+  EXPECT_DOUBLE_EQ(r.transfer_tails[0].ms, 1.0);
+  EXPECT_EQ(r.transfer_tail_ms.count, 4u);
+  EXPECT_DOUBLE_EQ(r.transfer_tail_ms.p50, 2.0);
+  EXPECT_DOUBLE_EQ(r.transfer_tail_ms.max, 4.0);
+  const auto j = nlohmann::json::parse(report_json(r, res, "{}", 1, ""));
+  EXPECT_EQ(j["transfer_tail_ms"]["count"], 4);
+  EXPECT_DOUBLE_EQ(j["transfer_tail_ms"]["p99"].get<double>(), 4.0);
+  ASSERT_EQ(j["transfer_tails"].size(), 4u);
+  EXPECT_EQ(j["transfer_tails"][3]["room"], "4");
+  EXPECT_DOUBLE_EQ(j["transfer_tails"][3]["ms"].get<double>(), 4.0);
+  EXPECT_NE(summary_text(r, 1).find("transfer tail (last layer's compute -> decode Success) p50 2.0 ms"),
+            std::string::npos);
+}
+
 TEST(ReportJson, HasEveryDocumentedField) {
   ReplayResults res;
   res.dispatch_start_ns = 1;
@@ -393,6 +420,8 @@ TEST(ReportJson, HasEveryDocumentedField) {
   EXPECT_TRUE(j["unexplained_peer_dead"].empty());
   EXPECT_TRUE(j["unexpected_failures"].empty());
   EXPECT_TRUE(j["rejected_requests"].empty());
+  EXPECT_EQ(j["transfer_tail_ms"]["count"], 0) << "no compute model";
+  EXPECT_TRUE(j["transfer_tails"].empty());
   EXPECT_TRUE(j["leaks"]["prefill"].is_null());
   EXPECT_EQ(j["leaks"]["decode"][0]["rank"], "decode/tp0");
   EXPECT_EQ(j["logs"]["files"], 2);

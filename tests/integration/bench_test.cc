@@ -69,6 +69,7 @@ TEST_F(BenchTest, ShortShmRunReportsConsistentFigures) {
   EXPECT_GT(j.at("cpu_s_per_gb").get<double>(), 0.0);
   // 128 tokens at 64 per page is 2 pages; one chunk: a write is 2 pages x 64 tokens x 8 heads x 256 B.
   EXPECT_EQ(j.at("write_bytes").get<uint64_t>(), 2u * 64 * 8 * 128 * 2);
+  EXPECT_FALSE(j.contains("transfer_tail_ms")) << "no compute model, no transfer tail";
   ASSERT_EQ(j.at("ranks").size(), 2u);
   for (const json& rank : j.at("ranks")) {
     EXPECT_GT(rank.at("rss_end").at("rss_kib").get<uint64_t>(), 0u) << rank.dump();
@@ -78,6 +79,31 @@ TEST_F(BenchTest, ShortShmRunReportsConsistentFigures) {
         << rank.dump();
     EXPECT_GE(rank.at("rooms_total").get<uint64_t>(), rooms) << rank.dump();
   }
+}
+
+TEST_F(BenchTest, ComputeModelLayerwiseReportsTheTransferTail) {
+  // 1 ms of simulated compute per layer (32 ms a room), each layer sent as its compute ends.
+  const fs::path out = dir_ / "lw.json";
+  CliRun r = run_cli({"bench", "--model", "Llama-3.1-8B", "--tokens", "128", "--page-size", "64", "--concurrency",
+                      "1", "--transport", "shm", "--duration", "1.5", "--warmup", "1", "--prefill-ms-per-layer", "1",
+                      "--layerwise", "--out", out.string()},
+                     dir_ / "cli.txt");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("layer-wise: transfer tail"), std::string::npos) << r.output;
+  json j = json::parse(slurp(out));
+  EXPECT_EQ(j.at("failed").get<uint64_t>(), 0u);
+  EXPECT_EQ(j.at("config").at("prefill_ms_per_layer").get<double>(), 1.0);
+  EXPECT_TRUE(j.at("config").at("layerwise").get<bool>());
+  const json& tail = j.at("transfer_tail_ms");
+  ASSERT_GT(tail.at("count").get<uint64_t>(), 0u) << j.dump();
+  EXPECT_EQ(tail.at("count"), j.at("room_latency_ms").at("count"));
+  // The last layer is sent only once its compute ended, so decode's Success comes after it.
+  EXPECT_GE(j.at("transfer_tail_cdf_ms").at(0).get<double>(), 0.0);
+  EXPECT_LE(tail.at("p50").get<double>(), tail.at("max").get<double>());
+  // Every counted room still moved its whole KV once: 128 tokens x 131072 bytes (+ the aux record).
+  const uint64_t rooms = j.at("rooms").get<uint64_t>();
+  EXPECT_GE(j.at("completed_bytes").get<uint64_t>(), rooms * 128 * 131072);
+  EXPECT_LE(j.at("completed_bytes").get<uint64_t>(), rooms * (128 * 131072 + 64));
 }
 
 TEST_F(BenchTest, BadOptionsAreRefusedBeforeAnyRankStarts) {
@@ -92,6 +118,9 @@ TEST_F(BenchTest, BadOptionsAreRefusedBeforeAnyRankStarts) {
   r = run_cli({"bench", "--transfer-shards", "9", "--duration", "1"}, dir_ / "cli3.txt");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--transfer-shards must be in 1..8"), std::string::npos) << r.output;
+  r = run_cli({"bench", "--prefill-ms-per-layer", "-1", "--duration", "1"}, dir_ / "cli4.txt");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--prefill-ms-per-layer must be in [0, 10000] ms"), std::string::npos) << r.output;
 }
 
 }  // namespace

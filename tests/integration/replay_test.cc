@@ -105,6 +105,27 @@ TEST_F(Replay, TcpOneByTwoWithThreeTransferShards) {
   EXPECT_EQ(report()["config"]["transfer_shards"], 3);
 }
 
+// The prefill compute model, layer-wise, with unequal TP (prefill 2 -> decode 1: head slices),
+// chunked sends and faults: every byte verified, faults attributed as without it, and every
+// succeeded request's transfer tail in the report, none before its last layer's compute ended.
+TEST_F(Replay, LayerwiseComputeModelTwoByOneChunkedWithFaults) {
+  const CliRun run = replay({"--trace", kAzure, "--model", "Qwen2.5-7B", "--prefill-tp", "2",
+                          "--decode-tp", "1", "--max-requests", "20", "--pool-mib", "512",
+                          "--prefill-pool-mib", "64", "--page-size", "16", "--chunk-tokens", "1024",
+                          "--fault-rate", "0.2", "--seed", "11", "--transport", "shm",
+                          "--prefill-ms-per-layer", "0.2", "--layerwise"});
+  expect_clean(run, 20);
+  const json r = report();
+  EXPECT_EQ(r["config"]["prefill_ms_per_layer"].get<double>(), 0.2);
+  EXPECT_TRUE(r["config"]["layerwise"].get<bool>());
+  const uint64_t succeeded = r["requests"]["succeeded"].get<uint64_t>();
+  EXPECT_EQ(r["transfer_tail_ms"]["count"].get<uint64_t>(), succeeded);
+  ASSERT_EQ(r["transfer_tails"].size(), succeeded);
+  for (const auto& t : r["transfer_tails"]) EXPECT_GE(t["ms"].get<double>(), 0.0) << t.dump();
+  EXPECT_NE(run.output.find("transfer tail (last layer's compute -> decode Success)"), std::string::npos)
+      << run.output;
+}
+
 TEST_F(Replay, RequestLargerThanTheDecodePoolIsRejected) {
   // Qwen2.5-7B at TP 1: 56 KiB of KV per token; a 32 MiB pool holds 585 tokens.
   const fs::path trace = dir_ / "trace.jsonl";
