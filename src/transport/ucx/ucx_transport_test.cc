@@ -227,13 +227,20 @@ TEST_P(UcxPairTest, RegisteredMemoryIsLockedAndTransfersPayNoPageFaults) {
     EXPECT_EQ(s.residency_warnings, 0u);
   }
   if (GetParam() != TransportKind::kShm) return;  // over tcp the receiver's own pages are written
-  EXPECT_LT(faults_of_a_whole_region_write(GetParam()), 64u);
+  // Under AddressSanitizer the copy also faults in the shadow of the destination (1 byte per 8):
+  // those are the sanitizer's, not the region's.
+#if defined(__SANITIZE_ADDRESS__)
+  constexpr uint64_t kShadowFaults = kRegion / 8 / 4096 + 64;
+#else
+  constexpr uint64_t kShadowFaults = 0;
+#endif
+  EXPECT_LT(faults_of_a_whole_region_write(GetParam()), 64u + kShadowFaults);
   ::setenv("KVFERRY_POOL_LOCK", "0", 1);
   ::setenv("KVFERRY_POOL_PREFAULT", "0", 1);
   const uint64_t control = faults_of_a_whole_region_write(GetParam());
   ::unsetenv("KVFERRY_POOL_LOCK");
   ::unsetenv("KVFERRY_POOL_PREFAULT");
-  EXPECT_GE(control, kRegion / 4096 / 16) << "the control run should fault";
+  EXPECT_GE(control, kRegion / 4096 / 2 + kShadowFaults) << "the control run should fault";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, UcxPairTest,
