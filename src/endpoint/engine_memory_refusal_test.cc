@@ -19,11 +19,7 @@ using testing::EnginePair;
 using testing::EnginePairConfig;
 using testing::EngineRank;
 
-std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) {
-  auto p = EnginePair::create(cfg);
-  EXPECT_TRUE(p.ok()) << p.status().str();
-  return p.ok() ? std::move(p).value() : nullptr;
-}
+std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) { return testing::make_engine_pair(cfg); }
 
 // Tampers with decode rank `d`'s real registration and hands it to prefill rank 0: it must be
 // refused, with a reason that mentions `why`, and the peer it had stays as it was.

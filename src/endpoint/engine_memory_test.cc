@@ -16,11 +16,7 @@ using testing::EnginePair;
 using testing::EnginePairConfig;
 using testing::EngineRank;
 
-std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) {
-  auto p = EnginePair::create(cfg);
-  EXPECT_TRUE(p.ok()) << p.status().str();
-  return p.ok() ? std::move(p).value() : nullptr;
-}
+std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) { return testing::make_engine_pair(cfg); }
 
 AuxRecord guard_of(const EngineRank& r, uint64_t row) {
   AuxRecord rec;

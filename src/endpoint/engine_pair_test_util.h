@@ -7,6 +7,8 @@
 // Header-only, next to endpoint_pair_test_util.h (the contiguous-pool pair).
 // Thread contract: the test thread only.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -294,5 +296,12 @@ class EnginePair {
   std::vector<std::unique_ptr<EngineRank>> prefill_;
   std::vector<std::unique_ptr<EngineRank>> decode_;
 };
+
+// An EnginePair, or null with the reason recorded as a test failure (a test then ASSERTs non-null).
+inline std::unique_ptr<EnginePair> make_engine_pair(const EnginePairConfig& cfg = {}) {
+  auto p = EnginePair::create(cfg);
+  EXPECT_TRUE(p.ok()) << p.status().str();
+  return p.ok() ? std::move(p).value() : nullptr;
+}
 
 }  // namespace kvferry::testing

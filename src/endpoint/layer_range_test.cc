@@ -18,11 +18,7 @@ using testing::EnginePair;
 using testing::EnginePairConfig;
 using testing::EngineRank;
 
-std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) {
-  auto p = EnginePair::create(cfg);
-  EXPECT_TRUE(p.ok()) << p.status().str();
-  return p.ok() ? std::move(p).value() : nullptr;
-}
+std::unique_ptr<EnginePair> make(const EnginePairConfig& cfg = {}) { return testing::make_engine_pair(cfg); }
 
 // Mismatched bytes of layer `layer`'s buffers (every tensor) of the room's pages at `kv`.
 uint64_t verify_layer(const EngineRank& r, uint64_t room, const std::vector<uint64_t>& kv, uint32_t layer) {
