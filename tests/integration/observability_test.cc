@@ -241,17 +241,22 @@ TEST_F(Observability, CtrlCStopsEveryProcessAndWritesAPartialReport) {
                                "16", "--max-requests", "300", "--progress-interval-s", "1", "--metrics",
                                "--out", out().string()},
                               dir_ / "output.txt");
-  // Interrupt once some requests finished (the router's progress file says so).
+  // Interrupt once some requests finished (the router's progress file says so) and the first
+  // plain progress line was printed (it comes once per --progress-interval-s, so a fast machine
+  // can finish three requests before it: wait for the event, not for a time).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   size_t finished = 0;
-  while (finished < 3 && std::chrono::steady_clock::now() < deadline) {
+  bool progress_printed = false;
+  while ((finished < 3 || !progress_printed) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    progress_printed = slurp(dir_ / "output.txt").find("requests done") != std::string::npos;
     json p = json::parse(slurp(out() / "results.json.progress"), nullptr, false);
     if (p.is_discarded()) continue;
     finished = 0;
     for (const auto& q : p["requests"]) finished += !q["decode"].is_null() && !q["prefill"].is_null();
   }
   ASSERT_GE(finished, 3u);
+  ASSERT_TRUE(progress_printed) << slurp(dir_ / "output.txt");
   ASSERT_EQ(kill(pid, SIGINT), 0);
   const int rc = wait_exit(pid, std::chrono::seconds(30));
   const std::string output = slurp(dir_ / "output.txt");
