@@ -74,6 +74,9 @@ struct ManagerConfig {
   // Transport name ("shm", "tcp") and its worker shards (1..kMaxTransportShards).
   std::string transport = "shm";
   uint32_t transfer_shards = 1;
+  // TCP congestion control of the tcp transport's data sockets (TransportOptions::tcp_congestion;
+  // empty: the host's default).
+  std::string tcp_congestion = "cubic";
   Deadlines deadlines;
   // true: a progress thread pumps the rank. false: the caller pumps (wait_fds(), progress()).
   bool progress_thread = true;

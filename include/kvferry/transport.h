@@ -54,6 +54,12 @@ struct TransportOptions {
   // registered spans. Peers with different shard counts interoperate (local shard i talks to the
   // peer's shard i % its shards); shards = 1 is one worker and one thread, as before sharding.
   uint32_t shards = 1;
+  // The TCP congestion control of the sockets UCX opens for this transport (tcp lane only;
+  // docs/transport.md "TCP congestion control"): a name of the kernel's
+  // tcp_available_congestion_control (without privileges, of tcp_allowed_congestion_control),
+  // or empty to leave the host's default. Where the kernel refuses it, the sockets keep the
+  // host's default: a warning (once) and TransportStats::tcp_congestion_failures.
+  std::string tcp_congestion = "cubic";
 };
 
 // Caller-owned memory to register: [base, base + bytes) placed at [offset, offset + bytes) of
@@ -115,6 +121,10 @@ struct TransportStats {
   uint64_t locked_bytes = 0;
   uint64_t unlocked_bytes = 0;
   uint64_t residency_warnings = 0;
+  // TCP congestion control (TransportOptions::tcp_congestion): UCX sockets switched to it, and
+  // sockets where the kernel refused it.
+  uint64_t tcp_sockets_tuned = 0;
+  uint64_t tcp_congestion_failures = 0;
 };
 
 // What an instance can do (queried from UCX where it matters).

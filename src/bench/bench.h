@@ -60,6 +60,8 @@ struct BenchConfig {
   double rate = 0;                 // rooms/s opened by decode; 0: as fast as rooms complete
   std::string transport = "shm";   // shm | tcp
   uint32_t transfer_shards = 1;    // per rank (TransportOptions::shards)
+  // TransportOptions::tcp_congestion of every rank; "default": the host's (docs/transport.md).
+  std::string tcp_congestion = "cubic";
   double duration_s = 5;           // measured window
   double warmup_s = -1;            // before the window; <0: min(1, duration / 5)
   uint64_t rss_checkpoint = 0;     // >0: each rank also records RssAnon after this many rooms
@@ -94,6 +96,7 @@ struct BenchRankOptions {
   double rate = 0;
   std::string transport = "shm";
   uint32_t transfer_shards = 1;
+  std::string tcp_congestion = "cubic";  // "default": the host's
   std::string bootstrap;           // host:port
   std::string dir;                 // work dir (ready/go files, NAME.json)
   uint64_t rss_checkpoint = 0;

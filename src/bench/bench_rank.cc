@@ -171,6 +171,8 @@ class RankRun {
     j["locked_bytes"] = ts.locked_bytes;
     j["unlocked_bytes"] = ts.unlocked_bytes;
     j["residency_warnings"] = ts.residency_warnings;
+    j["tcp_sockets_tuned"] = ts.tcp_sockets_tuned;
+    j["tcp_congestion_failures"] = ts.tcp_congestion_failures;
     j["writes"] = writes_end_ - writes_start_;  // transport operations (puts / messages) in the window
     if (!samples_ || samples_failed_ || std::fflush(samples_) != 0)
       return fail_start("cannot write the room samples to " + samples_path_);
@@ -482,6 +484,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   mc.bootstrap_address = o.bootstrap;
   mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
+  mc.tcp_congestion = o.tcp_congestion == "default" ? "" : o.tcp_congestion;
   mc.deadlines.lookup_timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
   mc.progress_thread = false;
   auto manager = Manager::create(mc);

@@ -64,6 +64,7 @@ std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uin
           "--rate", num(c.rate),
           "--transport", c.transport,
           "--transfer-shards", std::to_string(c.transfer_shards),
+          "--tcp-congestion", c.tcp_congestion,
           "--bootstrap", bootstrap,
           "--dir", dir,
           "--rss-checkpoint", std::to_string(c.rss_checkpoint),
@@ -236,7 +237,7 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
                  {"tokens", c.tokens},       {"page_size", c.page_size},
                  {"chunk_tokens", c.chunk_tokens}, {"concurrency", c.concurrency},
                  {"rate", c.rate},           {"transport", c.transport},
-                 {"transfer_shards", c.transfer_shards},
+                 {"transfer_shards", c.transfer_shards}, {"tcp_congestion", c.tcp_congestion},
                  {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
                  {"rss_checkpoint", c.rss_checkpoint}, {"page_order", c.page_order},
                  {"prefill_ms_per_layer", c.prefill_ms_per_layer}, {"layerwise", c.layerwise}};

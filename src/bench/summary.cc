@@ -86,7 +86,8 @@ Result<nlohmann::json> summarize(const std::vector<nlohmann::json>& ranks, uint3
                          {"rss_start", r.at("rss_start")},   {"rss_end", r.at("rss_end")},
                          {"pool_bytes", r.at("pool_bytes")}};
     if (r.contains("rss_checkpoint")) pr["rss_checkpoint"] = r["rss_checkpoint"];
-    for (const char* k : {"minor_faults", "major_faults", "locked_bytes", "unlocked_bytes", "residency_warnings", "writes"})
+    for (const char* k : {"minor_faults", "major_faults", "locked_bytes", "unlocked_bytes", "residency_warnings", "writes",
+                          "tcp_sockets_tuned", "tcp_congestion_failures"})
       if (r.contains(k)) pr[k] = r[k];
     per_rank.push_back(std::move(pr));
   }

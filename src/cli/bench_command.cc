@@ -32,6 +32,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
+  cmd->add_option("--tcp-congestion", cfg->tcp_congestion,
+                  "TCP congestion control of the tcp lane's sockets (a name the kernel allows; default: the "
+                  "host's own)")
+      ->capture_default_str();
   cmd->add_option("--duration", cfg->duration_s, "measured window in seconds")->capture_default_str();
   cmd->add_option("--warmup", cfg->warmup_s, "seconds before the window (default min(1, duration/5))");
   cmd->add_option("--rss-checkpoint", cfg->rss_checkpoint,
@@ -74,6 +78,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--rate", o->rate);
   r->add_option("--transport", o->transport)->check(CLI::IsMember(transport_names()));
   r->add_option("--transfer-shards", o->transfer_shards)->check(CLI::Range(1u, kMaxTransportShards));
+  r->add_option("--tcp-congestion", o->tcp_congestion);
   r->add_option("--bootstrap", o->bootstrap)->required();
   r->add_option("--dir", o->dir)->required();
   r->add_option("--rss-checkpoint", o->rss_checkpoint);

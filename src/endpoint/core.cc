@@ -48,6 +48,7 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   std::unique_ptr<EndpointCore> core(new EndpointCore(config));
   TransportOptions topt;
   topt.shards = config.transfer_shards;
+  topt.tcp_congestion = config.tcp_congestion;
   auto t = make_transport(config.transport, topt);
   if (!t.ok()) return t.status();
   if (config.fault_injection) {

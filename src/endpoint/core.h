@@ -37,6 +37,7 @@ struct EndpointConfig {
   PoolLayout layout;
   std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // TransportOptions::shards (1..kMaxTransportShards)
+  std::string tcp_congestion = "cubic";  // TransportOptions::tcp_congestion
   ListenAddress control;  // control and heartbeat sockets' bind/advertised host (kvferry/net.h)
   // Wrap the transport in the fault-injecting decorator (faults() non-null).
   bool fault_injection = true;

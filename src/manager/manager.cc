@@ -53,6 +53,7 @@ Status ManagerImpl::start() {
   ec.layout = *layout;
   ec.transport = c.transport;
   ec.transfer_shards = c.transfer_shards;
+  ec.tcp_congestion = c.tcp_congestion;
   ec.control = c.control;
   ec.deadlines = c.deadlines;
   ec.external_base = c.pool_base;

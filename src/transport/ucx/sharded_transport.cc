@@ -218,6 +218,8 @@ TransportStats ShardedTransport::stats() const {
     sum.locked_bytes += one.locked_bytes;
     sum.unlocked_bytes += one.unlocked_bytes;
     sum.residency_warnings += one.residency_warnings;
+    sum.tcp_sockets_tuned += one.tcp_sockets_tuned;
+    sum.tcp_congestion_failures += one.tcp_congestion_failures;
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, p] : peers_) {

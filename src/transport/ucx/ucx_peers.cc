@@ -85,6 +85,7 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   ctx->owner = this;
   ctx->id = id;
   ctx->deadline = std::chrono::steady_clock::now() + kConnectTimeout;
+  ctx->peer_address = info.worker_address;
   ctx->reply = std::move(reply);
   connects_.insert(ctx);
   ucp_request_param_t prm{};
@@ -173,6 +174,7 @@ void UcxTransport::complete_connect(ConnectCtx& ctx, const Status& status) {
   if (peer != nullptr) peer->connecting = false;
   if (status.ok() && peer != nullptr && peer->state == Peer::State::kLive) {
     peer->wired = true;
+    tune_tcp_sockets(ctx.peer_address);  // wired up: UCX's sockets to this peer exist
     return reply(ctx.id);
   }
   Status why = !status.ok() ? status : peer != nullptr ? peer->error : Status();

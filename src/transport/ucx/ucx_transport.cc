@@ -13,6 +13,7 @@
 #include <future>
 
 #include "kvferry/log.h"
+#include "transport/ucx/tcp_congestion.h"
 #include "core/residency.h"
 #include "transport/ucx/shm_mapping.h"
 #include "transport/ucx/ucx_config.h"
@@ -172,6 +173,7 @@ Status UcxTransport::init_ucx() {
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_worker_get_address", s);
   address_.assign(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
+  tune_tcp_sockets({});  // the listeners: sockets UCX accepts inherit their algorithm
   return mode_ == WriteMode::kActiveMessage ? register_am_handlers() : Status::Ok();
 }
 
@@ -398,6 +400,8 @@ TransportStats UcxTransport::stats() const {
   s.locked_bytes = locked_bytes_.load();
   s.unlocked_bytes = unlocked_bytes_.load();
   s.residency_warnings = residency_warnings_.load();
+  s.tcp_sockets_tuned = tcp_sockets_tuned_.load();
+  s.tcp_congestion_failures = tcp_congestion_failures_.load();
   return s;
 }
 
@@ -433,6 +437,18 @@ void UcxTransport::keep_resident(void* base, uint64_t bytes, const std::string& 
   const bool first = !residency_warned_.exchange(true);
   log_event(first ? LogLevel::kWarning : LogLevel::kDebug, "transport",
             what + " of " + std::to_string(bytes) + " bytes: " + r.warning);
+}
+
+void UcxTransport::tune_tcp_sockets(std::string_view peer_address) {
+  // docs/transport.md "TCP congestion control".
+  if (options_.tcp_congestion.empty() || tls_.find("tcp") == std::string::npos) return;
+  const CongestionOutcome r = set_ucx_congestion(options_.tcp_congestion, address_, peer_address);
+  tcp_sockets_tuned_ += r.tuned;
+  if (r.failed == 0) return;
+  tcp_congestion_failures_ += r.failed;
+  const bool first = !congestion_warned_.exchange(true);
+  log_event(first ? LogLevel::kWarning : LogLevel::kDebug, "transport",
+            r.error + ": the tcp lane keeps the host's congestion control (TransportOptions::tcp_congestion)");
 }
 
 }  // namespace kvferry::ucx

@@ -142,6 +142,9 @@ class UcxTransport final : public Transport {
   // Locks and pre-faults [base, +bytes) (core/residency.h): `own` a span this rank registered
   // (counted in locked_bytes_/unlocked_bytes_), else a peer's span as this process maps it.
   void keep_resident(void* base, uint64_t bytes, const std::string& what, bool own);
+  // Sets options_.tcp_congestion on UCX's tcp sockets: our listeners and the sockets of the peer
+  // whose worker address is `peer_address` (empty: listeners and accepted ones only).
+  void tune_tcp_sockets(std::string_view peer_address);
   void unmap_all();
 
   // Progress-thread only (ucx_peers.cc).
@@ -250,6 +253,10 @@ class UcxTransport final : public Transport {
   // Resident memory (docs/transport.md): own registered bytes locked / not locked, and spans (own
   // or a peer's mapping) that could not be locked or pre-faulted.
   std::atomic<uint64_t> locked_bytes_{0}, unlocked_bytes_{0}, residency_warnings_{0};
+  // TCP congestion control of UCX's sockets (tcp_congestion.h): counted; a refusal logged at
+  // warning once per transport.
+  std::atomic<uint64_t> tcp_sockets_tuned_{0}, tcp_congestion_failures_{0};
+  std::atomic<bool> congestion_warned_{false};
   std::atomic<bool> residency_warned_{false}, residency_noted_{false};
   ResidencyOptions residency_ = residency_options_from_env();
   std::atomic<std::thread::id> thread_id_{};
@@ -321,6 +328,7 @@ struct UcxTransport::ConnectCtx {
   uint32_t requests = 0;                      // flush or ping send outstanding
   uint64_t ping_token = 0;                    // AM mode
   AmAck ping;                                 // AM mode: the ping payload
+  std::string peer_address;                   // the peer's worker address (tune_tcp_sockets)
 };
 
 // An ack being sent (receiver side); freed when the send completes.
