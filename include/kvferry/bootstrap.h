@@ -46,6 +46,10 @@ struct PrefillRankInfo {
   // registers a new one, which is how decode ranks tell it from its previous incarnation.
   // Optional in JSON ("incarnation", absent: 0, not known).
   uint64_t incarnation = 0;
+  // The rank's transport address (Transport::address(), raw bytes; JSON: "transport_address",
+  // standard base64, optional): a decode rank opens the connection to it before registering
+  // (Transport::connect_reverse; docs/transport.md "TCP congestion control"). Empty: unknown.
+  std::string transport_address;
 };
 
 class BootstrapServer {

@@ -86,6 +86,7 @@ class FaultInjectingTransport : public Transport {
   TransportCaps caps() const override;
   std::string address() const override;
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
+  Status connect_reverse(const std::string& peer_address) override;
   void disconnect(PeerId peer) override;
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;

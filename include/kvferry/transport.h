@@ -125,6 +125,7 @@ struct TransportStats {
   // sockets where the kernel refused it.
   uint64_t tcp_sockets_tuned = 0;
   uint64_t tcp_congestion_failures = 0;
+  uint64_t reverse_peers = 0;  // connect_reverse endpoints open (tcp)
 };
 
 // What an instance can do (queried from UCX where it matters).
@@ -170,6 +171,20 @@ class Transport {
   virtual Result<PeerId> connect(const RemoteRegionInfo& peer) = 0;
   // Closes the endpoint; in-flight writes complete with an error.
   virtual void disconnect(PeerId peer) = 0;
+  // A peer that is about to connect() to us and write: open the connection from this side first,
+  // so that the peer's connect finds it and writes over it (docs/transport.md "TCP congestion
+  // control": over tcp the peer's sending socket is then one its own listener accepted, born with
+  // kvferry's congestion control, instead of one it connected and switched later). `peer_address`:
+  // the peer's address(). Nothing is written to the peer, but its acknowledgements may travel back
+  // over this endpoint: it stays open until this transport is destroyed or the peer's side fails or
+  // closes. Blocks until the connection is wired up (at most the connect timeout). Optional: the
+  // default does nothing, and a failure only costs the peer's connect its reuse. Errors:
+  // kProtocolError (an address that fails the checks of connect()), kPeerUnreachable,
+  // kResourceExhausted (a bounded number of such endpoints is open).
+  virtual Status connect_reverse(const std::string& peer_address) {
+    (void)peer_address;
+    return Status::Ok();
+  }
 
   // Writes every op then flushes; `done` runs exactly once, with ok only when all data is at the
   // peer. `room` tags the batch (logging, sharding and fault injection). Asynchronous. An op

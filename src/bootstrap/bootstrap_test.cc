@@ -26,6 +26,7 @@ PrefillRankInfo rank(uint32_t tp, const std::string& endpoint) {
   r.heads_per_rank = 4;
   r.first_head = 4 * tp;
   r.incarnation = 1'764'000'000'000'000'000ull + tp;  // above 2^53: kept exactly in JSON
+  r.transport_address = std::string("\x00\x01binary\xff\xfe", 10) + std::to_string(tp);  // any bytes
   return r;
 }
 
@@ -43,6 +44,7 @@ void expect_same(const PrefillRankInfo& a, const PrefillRankInfo& b) {
   EXPECT_EQ(a.heads_per_rank, b.heads_per_rank);
   EXPECT_EQ(a.first_head, b.first_head);
   EXPECT_EQ(a.incarnation, b.incarnation);
+  EXPECT_EQ(a.transport_address, b.transport_address);
 }
 
 class Bootstrap : public ::testing::Test {
@@ -171,6 +173,15 @@ TEST_F(Bootstrap, RawBadPayloadsGet400) {
   wrong = good;
   wrong["host"] = 7;
   expect_400(http.Put("/route", wrong.dump(), "application/json"), "host");
+  wrong = good;
+  wrong["transport_address"] = "not base64!";
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "transport_address");
+  wrong = good;
+  wrong["transport_address"] = 12;
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "transport_address");
+  wrong = good;
+  wrong["transport_address"] = std::string(90000, 'A');  // decodes to more than a worker address may be
+  expect_400(http.Put("/route", wrong.dump(), "application/json"), "transport_address");
 
   expect_400(http.Get("/route?engine_id=abc&dp_rank=0"), "engine_id");
   expect_400(http.Get("/route?engine_id=1&dp_rank=0&tp_rank=1x"), "tp_rank");
@@ -195,6 +206,20 @@ TEST_F(Bootstrap, RawBadPayloadsGet400) {
   auto none = http.Get("/route?engine_id=1&dp_rank=0&tp_rank=1");
   ASSERT_TRUE(none);
   EXPECT_EQ(none->status, 404);
+}
+
+TEST_F(Bootstrap, TransportAddressIsOptional) {
+  // A registration without one (an older kvferry) is taken; the lookup gives it empty.
+  httplib::Client http("127.0.0.1", server_->port());
+  nlohmann::json without = bootstrap::rank_info_to_json(rank(0, "tcp://127.0.0.1:5600"));
+  ASSERT_TRUE(without.contains("transport_address"));
+  without.erase("transport_address");
+  auto put = http.Put("/route", without.dump(), "application/json");
+  ASSERT_TRUE(put);
+  EXPECT_EQ(put->status, 200) << put->body;
+  auto back = BootstrapClient(address_).lookup(1, 0, 0);
+  ASSERT_TRUE(back.ok()) << back.status().str();
+  EXPECT_EQ(back->transport_address, "");
 }
 
 // --- Addresses (kvferry/net.h): IPv6 loopback, host names, a wildcard advertising a given host. ---

@@ -1,10 +1,14 @@
 #include "bootstrap/rank_info_json.h"
 
+#include <sodium.h>
+
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kvferry/net.h"
+#include "kvferry/transport.h"
 
 namespace kvferry::bootstrap {
 namespace {
@@ -38,6 +42,31 @@ Status get_string(const nlohmann::json& j, const char* name, std::string* out) {
 
 }  // namespace
 
+namespace {
+
+std::string to_base64(const std::string& bytes) {
+  std::string out(sodium_base64_encoded_len(bytes.size(), sodium_base64_VARIANT_ORIGINAL), '\0');
+  sodium_bin2base64(out.data(), out.size(), reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+                    sodium_base64_VARIANT_ORIGINAL);
+  out.resize(std::strlen(out.c_str()));
+  return out;
+}
+
+// At most kMaxWorkerAddressBytes decoded bytes (a worker address of every shard, checked again by
+// the transport before use).
+Result<std::string> from_base64(const std::string& text) {
+  if (text.size() > (kMaxWorkerAddressBytes / 3 + 1) * 4) return Status(ErrorCode::kInvalidArgument, "too long");
+  std::string out(text.size() / 4 * 3 + 3, '\0');
+  size_t len = 0;
+  if (sodium_base642bin(reinterpret_cast<unsigned char*>(out.data()), out.size(), text.data(), text.size(), nullptr,
+                        &len, nullptr, sodium_base64_VARIANT_ORIGINAL) != 0)
+    return Status(ErrorCode::kInvalidArgument, "not standard base64");
+  out.resize(len);
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json rank_info_to_json(const PrefillRankInfo& info) {
   return nlohmann::json{
       {"engine_id", info.engine_id},
@@ -53,6 +82,7 @@ nlohmann::json rank_info_to_json(const PrefillRankInfo& info) {
       {"heads_per_rank", info.heads_per_rank},
       {"first_head", info.first_head},
       {"incarnation", info.incarnation},
+      {"transport_address", to_base64(info.transport_address)},
   };
 }
 
@@ -80,6 +110,12 @@ Result<PrefillRankInfo> rank_info_from_json(const nlohmann::json& j) {
   if (auto it = j.find("incarnation"); it != j.end()) {
     if (!it->is_number_unsigned()) return field_error("incarnation", "expected an unsigned 64-bit integer");
     info.incarnation = it->get<uint64_t>();
+  }
+  if (auto it = j.find("transport_address"); it != j.end()) {
+    if (!it->is_string()) return field_error("transport_address", "expected a base64 string");
+    auto bytes = from_base64(it->get_ref<const std::string&>());
+    if (!bytes.ok()) return field_error("transport_address", bytes.status().message());
+    info.transport_address = std::move(bytes).value();
   }
   if (info.tp_size == 0) return field_error("tp_size", "must be at least 1");
   if (info.tp_rank >= info.tp_size) {

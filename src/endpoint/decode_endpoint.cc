@@ -264,6 +264,14 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
                           info->model, info->page_size, info->num_layers, l.model.name, l.page_size,
                           l.model.num_layers)};
     RankId pr{Role::kPrefill, 0, tp, dp};
+    // Open the data connection from this side before the prefill rank connects to us: its connect
+    // then reuses it, and its sending socket is one its own listener accepted (docs/transport.md
+    // "TCP congestion control"). A failure only costs that reuse.
+    if (!info->transport_address.empty()) {
+      Status r = core_.transport().connect_reverse(info->transport_address);
+      if (!r.ok())
+        log_event(LogLevel::kDebug, kComp, fmt::format("reverse connection to {}: {}", pr.str(), r.str()));
+    }
     Status s = send_registration(pr, info->control_endpoint, info->incarnation);
     if (!s.ok()) return s;
   }

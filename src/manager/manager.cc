@@ -86,6 +86,7 @@ Status ManagerImpl::start() {
       info.heads_per_rank = layout->heads_per_rank;
       info.first_head = layout->first_head;
       info.incarnation = core_->incarnation();
+      info.transport_address = core_->transport().address();
       BootstrapClient bootstrap(c.bootstrap_address, 2000);
       Status s = bootstrap.register_rank(info);
       for (int64_t deadline = monotonic_ns() + c.deadlines.lookup_timeout_ms * 1'000'000;

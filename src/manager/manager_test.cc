@@ -154,6 +154,10 @@ TEST_P(ManagerPair, RoomEndToEndInChunksWithAnEmptyLastChunk) {
   rx->reset();
   EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }));
   EXPECT_GT(r->prefill->stats().transport.bytes_written, 0u);
+  // Over tcp the decode rank opened the data connection (the prefill's bootstrap entry names its
+  // transport), so the prefill writes over a socket its own listener accepted (docs/transport.md).
+  EXPECT_EQ(r->decode->stats().transport.reverse_peers, transport == "tcp" ? 1u : 0u);
+  EXPECT_EQ(r->prefill->stats().transport.reverse_peers, 0u);
 }
 
 TEST_P(ManagerPair, PrefillAbortIsReportedOnBothSidesWithItsOrigin) {

@@ -161,6 +161,10 @@ size_t FaultInjectingTransport::held_connects() const {
   return connects_waiting_;
 }
 
+Status FaultInjectingTransport::connect_reverse(const std::string& peer_address) {
+  return inner_->connect_reverse(peer_address);
+}
+
 Result<PeerId> FaultInjectingTransport::connect(const RemoteRegionInfo& peer) {
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -87,6 +87,21 @@ Status ShardedTransport::share(const std::vector<LocalRegion>& regions) {
   return Status::Ok();
 }
 
+Status ShardedTransport::connect_reverse(const std::string& peer_address) {
+  if (peer_address.size() > kMaxWorkerAddressBytes) {  // before parsing it
+    return Status(ErrorCode::kProtocolError, "peer worker address of " + std::to_string(peer_address.size()) +
+                                                 " bytes (at most " + std::to_string(kMaxWorkerAddressBytes) + ")");
+  }
+  auto remote = parse_shard_address(peer_address);
+  if (!remote.ok()) return remote.status();
+  Status first;
+  for (size_t i = 0; i < remote->size(); ++i) {
+    Status s = shards_[i % shards_.size()]->connect_reverse((*remote)[i]);
+    if (!s.ok() && first.ok()) first = s;
+  }
+  return first;
+}
+
 Result<PeerId> ShardedTransport::connect(const RemoteRegionInfo& info) {
   if (info.worker_address.size() > kMaxWorkerAddressBytes) {  // before parsing it
     return Status(ErrorCode::kProtocolError,
@@ -220,6 +235,7 @@ TransportStats ShardedTransport::stats() const {
     sum.residency_warnings += one.residency_warnings;
     sum.tcp_sockets_tuned += one.tcp_sockets_tuned;
     sum.tcp_congestion_failures += one.tcp_congestion_failures;
+    sum.reverse_peers += one.reverse_peers;
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, p] : peers_) {

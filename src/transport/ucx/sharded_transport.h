@@ -50,6 +50,9 @@ class ShardedTransport final : public Transport {
   std::string address() const override { return address_; }
   // Errors: kProtocolError (malformed address), else as UcxTransport::connect per shard.
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
+  // The peer's shard i connects to our shard i % shards (connect() on its side): that shard opens
+  // the reverse endpoint to it. Returns the first failure (the others are still tried).
+  Status connect_reverse(const std::string& peer_address) override;
   void disconnect(PeerId peer) override;
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;

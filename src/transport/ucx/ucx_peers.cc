@@ -2,6 +2,7 @@
 // errors (peer error-handling mode) and endpoint close. Progress thread except the public entries.
 #include <future>
 
+#include "kvferry/log.h"
 #include "transport/ucx/ucx_config.h"
 #include "transport/ucx/shm_mapping.h"
 #include "transport/ucx/ucx_transport.h"
@@ -21,6 +22,35 @@ Result<PeerId> UcxTransport::connect(const RemoteRegionInfo& info) {
   return result.get();
 }
 
+Status UcxTransport::connect_reverse(const std::string& peer_address) {
+  if (on_progress_thread()) return {ErrorCode::kInternal, "connect_reverse called from a completion callback"};
+  auto answer = std::make_shared<std::promise<Result<PeerId>>>();
+  auto result = answer->get_future();
+  bool posted = post([this, peer_address, answer] {
+    start_reverse(peer_address, [answer](Result<PeerId> r) { answer->set_value(std::move(r)); });
+  });
+  if (!posted) return {ErrorCode::kInternal, "transport is shut down"};
+  Result<PeerId> r = result.get();
+  return r.ok() ? Status::Ok() : r.status();
+}
+
+namespace {
+
+// ucp_ep_create parses the address without a length and aborts the whole process (a fatal
+// assertion in ucp_address_unpack) on a header version it does not know: the peer's header
+// must carry the version ours does (every rank runs the same UCX build; docs/transport.md).
+// Found by tests/integration/hostile_peer_test.cc (GarbageWorkerAddressAndRkey).
+Status check_address_version(const std::string& theirs_address, const std::string& ours_address) {
+  if (theirs_address.empty()) return {ErrorCode::kProtocolError, "empty peer worker address"};
+  const unsigned theirs = static_cast<uint8_t>(theirs_address[0]) & 0x0fu;
+  const unsigned ours = ours_address.empty() ? theirs : static_cast<uint8_t>(ours_address[0]) & 0x0fu;
+  if (theirs == ours) return Status::Ok();
+  return {ErrorCode::kProtocolError, "peer worker address of UCX address version " + std::to_string(theirs) +
+                                         ", ours is " + std::to_string(ours)};
+}
+
+}  // namespace
+
 void UcxTransport::start_connect(const RemoteRegionInfo& info,
                                  std::function<void(Result<PeerId>)> reply) {
   if (shutting_down_) return reply(Result<PeerId>(ErrorCode::kInternal, "shutting down"));
@@ -28,28 +58,52 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   std::vector<size_t> order;
   Status valid = check_remote_info(info, mode_ == WriteMode::kPut, &order);
   if (!valid.ok()) return reply(Result<PeerId>(valid.code(), "connect: " + valid.message()));
-  // ucp_ep_create parses the address without a length and aborts the whole process (a fatal
-  // assertion in ucp_address_unpack) on a header version it does not know: the peer's header
-  // must carry the version ours does (every rank runs the same UCX build; docs/transport.md).
-  // Found by tests/integration/hostile_peer_test.cc (GarbageWorkerAddressAndRkey).
-  const unsigned theirs = static_cast<uint8_t>(info.worker_address[0]) & 0x0fu;
-  const unsigned ours = address_.empty() ? theirs : static_cast<uint8_t>(address_[0]) & 0x0fu;
-  if (theirs != ours)
-    return reply(Result<PeerId>(ErrorCode::kProtocolError, "connect: peer worker address of UCX address version " +
-                                                               std::to_string(theirs) + ", ours is " +
-                                                               std::to_string(ours)));
+  Status version = check_address_version(info.worker_address, address_);
+  if (!version.ok()) return reply(Result<PeerId>(version.code(), "connect: " + version.message()));
   auto owned = std::make_unique<Peer>();
+  owned->spans.reserve(order.size());
+  for (size_t k : order) {
+    owned->spans.push_back({info.spans[k].offset, info.spans[k].bytes, info.spans[k].base, nullptr});
+  }
+  create_and_wire(std::move(owned), info.worker_address, order, &info, std::move(reply));
+}
+
+void UcxTransport::start_reverse(const std::string& address, std::function<void(Result<PeerId>)> reply) {
+  if (shutting_down_) return reply(Result<PeerId>(ErrorCode::kInternal, "shutting down"));
+  // Only the tcp lane has a connection whose direction matters (docs/transport.md).
+  if (mode_ != WriteMode::kActiveMessage || tls_.find("tcp") == std::string::npos) return reply(PeerId{0});
+  if (address.size() > kMaxWorkerAddressBytes)
+    return reply(Result<PeerId>(ErrorCode::kProtocolError, "connect_reverse: peer worker address of " +
+                                                                std::to_string(address.size()) + " bytes"));
+  Status version = check_address_version(address, address_);
+  if (!version.ok()) return reply(Result<PeerId>(version.code(), "connect_reverse: " + version.message()));
+  // The peer's connect pairs with this endpoint and answers (acks) travel back over it, so a live
+  // one is never closed to make room: beyond the bound the peer simply connects its own way.
+  size_t live_reverse = 0;
+  for (const auto& [id, p] : peers_) {
+    if (!p->reverse || p->state != Peer::State::kLive) continue;
+    if (p->address == address) return reply(id);  // one is enough
+    ++live_reverse;
+  }
+  if (live_reverse >= kMaxReversePeers)
+    return reply(Result<PeerId>(ErrorCode::kResourceExhausted,
+                                "connect_reverse: " + std::to_string(live_reverse) + " reverse endpoints open"));
+  auto owned = std::make_unique<Peer>();
+  owned->reverse = true;
+  owned->address = address;
+  create_and_wire(std::move(owned), address, {}, nullptr, std::move(reply));
+}
+
+void UcxTransport::create_and_wire(std::unique_ptr<Peer> owned, const std::string& address,
+                                   const std::vector<size_t>& order, const RemoteRegionInfo* info,
+                                   std::function<void(Result<PeerId>)> reply) {
   Peer& peer = *owned;
   peer.owner = this;
   peer.id = next_peer_id_++;
-  peer.spans.reserve(order.size());
-  for (size_t k : order) {
-    peer.spans.push_back({info.spans[k].offset, info.spans[k].bytes, info.spans[k].base, nullptr});
-  }
   ucp_ep_params_t ep{};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(info.worker_address.data());
+  ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
   ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   ep.err_handler.cb = &UcxTransport::on_ep_error;
   ep.err_handler.arg = &peer;
@@ -59,10 +113,10 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   }
   PeerId id = peer.id;
   peers_.emplace(id, std::move(owned));
-  live_peers_++;
-  if (mode_ == WriteMode::kPut) {
+  (peer.reverse ? reverse_peers_ : live_peers_)++;
+  if (mode_ == WriteMode::kPut && info != nullptr) {
     for (size_t j = 0; j < order.size(); ++j) {
-      s = ucp_ep_rkey_unpack(peer.ep, info.spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
+      s = ucp_ep_rkey_unpack(peer.ep, info->spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
       if (s != UCS_OK) {
         peer.spans[j].rkey = nullptr;
         do_disconnect(id);
@@ -85,7 +139,7 @@ void UcxTransport::start_connect(const RemoteRegionInfo& info,
   ctx->owner = this;
   ctx->id = id;
   ctx->deadline = std::chrono::steady_clock::now() + kConnectTimeout;
-  ctx->peer_address = info.worker_address;
+  ctx->peer_address = address;
   ctx->reply = std::move(reply);
   connects_.insert(ctx);
   ucp_request_param_t prm{};
@@ -208,7 +262,7 @@ void UcxTransport::do_disconnect(PeerId id) {
   if (it == peers_.end()) return;
   Peer& p = *it->second;
   bool failed = p.state == Peer::State::kFailed;
-  if (p.state == Peer::State::kLive) live_peers_--;
+  if (p.state == Peer::State::kLive) (p.reverse ? reverse_peers_ : live_peers_)--;
   if (!failed) p.error = Status(ErrorCode::kPeerUnreachable, "disconnected");
   p.state = Peer::State::kDisconnected;
   fail_peer_batches(p, {ErrorCode::kTransferError, "disconnected with the write in flight"});
@@ -231,6 +285,24 @@ void UcxTransport::on_ep_error(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
 void UcxTransport::handle_ep_error(Peer& peer, ucs_status_t status) {
   if (peer.state != Peer::State::kLive || shutting_down_) return;
   peer.state = Peer::State::kFailed;
+  if (peer.reverse) {
+    reverse_peers_--;
+    // Nothing was written to it and nobody holds its id: close and forget it.
+    log_event(LogLevel::kDebug, "transport", peer_name(peer.id) + " (reverse) endpoint failed: " +
+                                                 std::string(ucs_status_string(status)));
+    peer.erase_when_closed = true;
+    PeerId id = peer.id;
+    post([this, id] {
+      auto it = peers_.find(id);
+      if (it == peers_.end()) return;
+      if (it->second->ep == nullptr) {
+        peers_.erase(it);
+      } else if (!it->second->closing) {
+        close_peer(*it->second, /*force=*/true);  // may erase it
+      }
+    });
+    return;
+  }
   live_peers_--;
   peer.error = ucx_error(ErrorCode::kPeerUnreachable, "endpoint failed", status);
   fail_peer_batches(peer, peer.error);

@@ -232,6 +232,7 @@ void UcxTransport::teardown() {
   if (context_ != nullptr && owns_context_ && !abandon) ucp_cleanup(context_);
   context_ = nullptr;
   live_peers_ = 0;
+  reverse_peers_ = 0;
 }
 
 Result<LocalRegion> UcxTransport::create_region(uint64_t bytes) {
@@ -402,6 +403,7 @@ TransportStats UcxTransport::stats() const {
   s.residency_warnings = residency_warnings_.load();
   s.tcp_sockets_tuned = tcp_sockets_tuned_.load();
   s.tcp_congestion_failures = tcp_congestion_failures_.load();
+  s.reverse_peers = reverse_peers_.load();
   return s;
 }
 

@@ -83,6 +83,11 @@ class UcxTransport final : public Transport {
   TransportCaps caps() const override;
   std::string address() const override { return address_; }
   Result<PeerId> connect(const RemoteRegionInfo& peer) override;
+  // tcp (active-message mode) only; elsewhere Ok without doing anything.
+  Status connect_reverse(const std::string& peer_address) override;
+  // Live reverse endpoints per transport; beyond it connect_reverse answers kResourceExhausted
+  // (a decode rank opens one per prefill rank it receives from, per shard).
+  static constexpr size_t kMaxReversePeers = 1024;
   void disconnect(PeerId peer) override;
   void write(PeerId peer, uint64_t room, std::vector<WriteOp> ops,
              std::function<void(Status)> done) override;
@@ -149,6 +154,12 @@ class UcxTransport final : public Transport {
 
   // Progress-thread only (ucx_peers.cc).
   void start_connect(const RemoteRegionInfo& info, std::function<void(Result<PeerId>)> reply);
+  // connect_reverse on the progress thread: a Peer without spans, flagged reverse.
+  void start_reverse(const std::string& address, std::function<void(Result<PeerId>)> reply);
+  // The endpoint creation and wire-up of start_connect and start_reverse; `peer` is new, with
+  // its spans set (none for a reverse one).
+  void create_and_wire(std::unique_ptr<Peer> peer, const std::string& address, const std::vector<size_t>& order,
+                       const RemoteRegionInfo* info, std::function<void(Result<PeerId>)> reply);
   void complete_connect(ConnectCtx& ctx, const Status& status);
   void check_connect_deadlines();
   void release_connect_if_idle(ConnectCtx& ctx);
@@ -256,6 +267,7 @@ class UcxTransport final : public Transport {
   // TCP congestion control of UCX's sockets (tcp_congestion.h): counted; a refusal logged at
   // warning once per transport.
   std::atomic<uint64_t> tcp_sockets_tuned_{0}, tcp_congestion_failures_{0};
+  std::atomic<uint64_t> reverse_peers_{0};  // live reverse peers (TransportStats::reverse_peers)
   std::atomic<bool> congestion_warned_{false};
   std::atomic<bool> residency_warned_{false}, residency_noted_{false};
   ResidencyOptions residency_ = residency_options_from_env();
@@ -282,6 +294,10 @@ struct UcxTransport::Peer {
   bool erase_when_closed = false;
   bool connecting = true;      // until the wire-up flush completed (or failed)
   bool wired = false;          // the wire-up completed: a graceful close can flush
+  // connect_reverse: never written to, not counted in TransportStats::peers, its failure not
+  // reported to the peer error handler; `address` is the peer's (one reverse peer per address).
+  bool reverse = false;
+  std::string address;
   std::unordered_set<uint64_t> batches;  // unfinished batch ids
 };
 
