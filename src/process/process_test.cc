@@ -62,10 +62,14 @@ TEST_F(Processes, KillAfterGraceAndDestructorCleansUp) {
   pid_t plain = 0;
   {
     ProcessGroup g;
-    auto s = g.spawn("stubborn", "/bin/sh", {"sh", "-c", "trap '' TERM; sleep 30"}, out("s"));
+    auto s = g.spawn("stubborn", "/bin/sh", {"sh", "-c", "trap '' TERM; echo ready; sleep 30"}, out("s"));
     ASSERT_TRUE(s.ok());
     stubborn = *s;
-    std::this_thread::sleep_for(milliseconds(200));  // let the trap be installed
+    // The trap is installed once "ready" is out (a loaded machine may take long to get there).
+    const auto ready_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (tail_file(out("s"), 1) != "ready" && std::chrono::steady_clock::now() < ready_by)
+      std::this_thread::sleep_for(milliseconds(10));
+    ASSERT_EQ(tail_file(out("s"), 1), "ready");
     auto exits = g.stop_all(milliseconds(300));
     ASSERT_EQ(exits.size(), 1u);
     EXPECT_EQ(exits[0].signal, SIGKILL);
@@ -126,7 +130,10 @@ TEST_F(Processes, RestartAfterKillAppendsOutput) {
   auto a = g.spawn("a", "/bin/sh", {"sh", "-c", "echo first; sleep 30"}, out("a"));
   ASSERT_TRUE(a.ok());
   EXPECT_FALSE(g.spawn("a", "/bin/sh", {"sh", "-c", "true"}, out("a"), true).ok());  // running
-  for (int i = 0; i < 200 && tail_file(out("a"), 1) != "first"; ++i) std::this_thread::sleep_for(milliseconds(10));
+  const auto first_by = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (tail_file(out("a"), 1) != "first" && std::chrono::steady_clock::now() < first_by)
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_EQ(tail_file(out("a"), 1), "first");
   g.signal("a", SIGKILL);
   auto exits = g.wait_for("a", milliseconds(5000));
   ASSERT_EQ(exits.size(), 1u);

@@ -164,9 +164,12 @@ TEST_F(Observability, MetricsAndLogsAgreeWithTheReport) {
 // Data parallelism: every rank of every DP group serves metrics on the port it bound itself, under
 // its own name, and writes a final file named like its log file; the totals agree with the report.
 TEST_F(Observability, EveryRankOfEveryDataParallelGroupHasMetrics) {
-  const fs::path trace = write_trace(8, 5, {600, 1500, 900, 1200});
-  const pid_t pid = start_cli({"replay", "--trace", trace.string(), "--model", "Llama-3.1-8B", "--prefill-tp", "1",
-                               "--prefill-dp", "2", "--decode-tp", "1", "--decode-dp", "2", "--page-size", "16",
+  // The last request arrives 3 s after the others (real time): the ranks serve metrics at least that
+  // long, however fast the machine runs the rest.
+  const fs::path trace = write_trace(8, 5, {600, 1500, 900, 1200}, 7, 3000);
+  const pid_t pid = start_cli({"replay", "--trace", trace.string(), "--time-scale", "1", "--model", "Llama-3.1-8B",
+                               "--prefill-tp", "1", "--prefill-dp", "2", "--decode-tp", "1", "--decode-dp", "2",
+                               "--page-size", "16",
                                "--pool-mib", "384", "--prefill-pool-mib", "64", "--seed", "5", "--metrics",
                                "--out", out().string()},
                               dir_ / "output.txt");
