@@ -29,7 +29,7 @@ set key top left
 set grid
 plot "$OUT/bw_shm.dat" using 3:4 with linespoints lw 2 pt 7 title "kvferry bench shm", \
      "$OUT/bw_shm.dat" using 3:5 with linespoints lw 2 pt 5 title "ucx\\\\_perftest posix ucp\\\\_put\\\\_bw", \
-     "$OUT/bw_shm.dat" using 3:6 with linespoints lw 2 pt 9 title "memcpy, 1 thread, pool-sized buffers", \
+     "$OUT/bw_shm.dat" using 3:6 with linespoints lw 2 pt 9 title "memcpy of the same pieces, as many threads as shards", \
      "$OUT/bw_tcp.dat" using 3:4 with linespoints lw 2 pt 7 dt 2 title "kvferry bench tcp", \
      "$OUT/bw_tcp.dat" using 3:5 with linespoints lw 2 pt 5 dt 2 title "ucx\\\\_perftest tcp ucp\\\\_am\\\\_bw"
 
