@@ -177,6 +177,16 @@ class EnginePair {
   }
 
   ~EnginePair() {
+    // A prefill rank connects to a decode rank off its engine thread: let connects under way
+    // finish before the ranks go, so none attaches to a peer already destroyed (UCX's shm
+    // transport leaks on that path; seen once under ASan). Bounded: a test may hold a connect.
+    pump_until(
+        [&] {
+          for (auto& r : prefill_)
+            if (r->prefill && r->prefill->connecting_peers() != 0) return false;
+          return true;
+        },
+        std::chrono::seconds(5));
     decode_.clear();
     prefill_.clear();
   }
