@@ -87,12 +87,21 @@ Status ShardedTransport::share(const std::vector<LocalRegion>& regions) {
   return Status::Ok();
 }
 
-Status ShardedTransport::connect_reverse(const std::string& peer_address) {
-  if (peer_address.size() > kMaxWorkerAddressBytes) {  // before parsing it
-    return Status(ErrorCode::kProtocolError, "peer worker address of " + std::to_string(peer_address.size()) +
+namespace {
+
+// A peer's (sharded) worker address, its size checked before it is parsed.
+Result<std::vector<std::string>> parse_peer_address(const std::string& address) {
+  if (address.size() > kMaxWorkerAddressBytes) {
+    return Status(ErrorCode::kProtocolError, "peer worker address of " + std::to_string(address.size()) +
                                                  " bytes (at most " + std::to_string(kMaxWorkerAddressBytes) + ")");
   }
-  auto remote = parse_shard_address(peer_address);
+  return parse_shard_address(address);
+}
+
+}  // namespace
+
+Status ShardedTransport::connect_reverse(const std::string& peer_address) {
+  auto remote = parse_peer_address(peer_address);
   if (!remote.ok()) return remote.status();
   Status first;
   for (size_t i = 0; i < remote->size(); ++i) {
@@ -103,12 +112,7 @@ Status ShardedTransport::connect_reverse(const std::string& peer_address) {
 }
 
 Result<PeerId> ShardedTransport::connect(const RemoteRegionInfo& info) {
-  if (info.worker_address.size() > kMaxWorkerAddressBytes) {  // before parsing it
-    return Status(ErrorCode::kProtocolError,
-                  "peer worker address of " + std::to_string(info.worker_address.size()) +
-                      " bytes (at most " + std::to_string(kMaxWorkerAddressBytes) + ")");
-  }
-  auto remote = parse_shard_address(info.worker_address);
+  auto remote = parse_peer_address(info.worker_address);
   if (!remote.ok()) return remote.status();
   PeerId id = 0;
   {

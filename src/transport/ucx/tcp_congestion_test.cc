@@ -103,21 +103,18 @@ TEST(TcpCongestion, ListenerAcceptedAndConnectedSocketsNamedByTheAddressesAreSwi
   EXPECT_EQ(again.already, 3u);
 }
 
-sockaddr_storage v4(const char* ip, uint16_t port) {
+// An IPv4 or IPv6 socket address (the family from the text).
+sockaddr_storage at(const char* ip, uint16_t port) {
   sockaddr_storage ss{};
-  auto& a = reinterpret_cast<sockaddr_in&>(ss);
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  inet_pton(AF_INET, ip, &a.sin_addr);
-  return ss;
-}
-
-sockaddr_storage v6(const char* ip, uint16_t port) {
-  sockaddr_storage ss{};
-  auto& a = reinterpret_cast<sockaddr_in6&>(ss);
-  a.sin6_family = AF_INET6;
-  a.sin6_port = htons(port);
-  inet_pton(AF_INET6, ip, &a.sin6_addr);
+  auto& a4 = reinterpret_cast<sockaddr_in&>(ss);
+  auto& a6 = reinterpret_cast<sockaddr_in6&>(ss);
+  if (inet_pton(AF_INET, ip, &a4.sin_addr) == 1) {
+    a4.sin_family = AF_INET;
+    a4.sin_port = htons(port);
+  } else if (inet_pton(AF_INET6, ip, &a6.sin6_addr) == 1) {
+    a6.sin6_family = AF_INET6;
+    a6.sin6_port = htons(port);
+  }
   return ss;
 }
 
@@ -139,21 +136,21 @@ std::string blob_of(const sockaddr_storage& ss, bool with_addr, bool with_port) 
 }
 
 TEST(TcpCongestion, AnAddressIsNamedByItsAddressAndPortBytesTogether) {
-  for (const sockaddr_storage& ss : {v4("10.1.2.3", 40001), v6("2001:db8::7", 40001)}) {
+  for (const sockaddr_storage& ss : {at("10.1.2.3", 40001), at("2001:db8::7", 40001)}) {
     EXPECT_TRUE(names_socket_address(ss, blob_of(ss, true, true)));
     EXPECT_FALSE(names_socket_address(ss, blob_of(ss, true, false)));
     EXPECT_FALSE(names_socket_address(ss, blob_of(ss, false, true)));
     EXPECT_FALSE(names_socket_address(ss, ""));
   }
   // A loopback interface is named by the port (UCX does not pack 127.0.0.1 or ::1).
-  for (const sockaddr_storage& ss : {v4("127.0.0.1", 40001), v4("127.1.2.3", 40001), v6("::1", 40001)}) {
+  for (const sockaddr_storage& ss : {at("127.0.0.1", 40001), at("127.1.2.3", 40001), at("::1", 40001)}) {
     EXPECT_TRUE(names_socket_address(ss, blob_of(ss, false, true)));
     EXPECT_FALSE(names_socket_address(ss, blob_of(ss, true, false)));
   }
   // Wildcards and port 0 never match, whatever the bytes.
-  EXPECT_FALSE(names_socket_address(v4("0.0.0.0", 40001), blob_of(v4("0.0.0.0", 40001), true, true)));
-  EXPECT_FALSE(names_socket_address(v4("10.1.2.3", 0), blob_of(v4("10.1.2.3", 0), true, true)));
-  EXPECT_FALSE(names_socket_address(v6("::", 40001), blob_of(v6("::", 40001), true, true)));
+  EXPECT_FALSE(names_socket_address(at("0.0.0.0", 40001), blob_of(at("0.0.0.0", 40001), true, true)));
+  EXPECT_FALSE(names_socket_address(at("10.1.2.3", 0), blob_of(at("10.1.2.3", 0), true, true)));
+  EXPECT_FALSE(names_socket_address(at("::", 40001), blob_of(at("::", 40001), true, true)));
 }
 
 TEST(TcpCongestion, ALoopbackSocketWhosePortIsNotNamedIsLeftAlone) {
