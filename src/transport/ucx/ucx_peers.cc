@@ -34,38 +34,37 @@ Status UcxTransport::connect_reverse(const std::string& peer_address) {
   return r.ok() ? Status::Ok() : r.status();
 }
 
-namespace {
-
-// ucp_ep_create parses the address without a length and aborts the whole process (a fatal
-// assertion in ucp_address_unpack) on a header version it does not know: the peer's header
-// must carry the version ours does (every rank runs the same UCX build; docs/transport.md).
-// Found by tests/integration/hostile_peer_test.cc (GarbageWorkerAddressAndRkey).
-Status check_address_version(const std::string& theirs_address, const std::string& ours_address) {
-  if (theirs_address.empty()) return {ErrorCode::kProtocolError, "empty peer worker address"};
-  const unsigned theirs = static_cast<uint8_t>(theirs_address[0]) & 0x0fu;
-  const unsigned ours = ours_address.empty() ? theirs : static_cast<uint8_t>(ours_address[0]) & 0x0fu;
-  if (theirs == ours) return Status::Ok();
-  return {ErrorCode::kProtocolError, "peer worker address of UCX address version " + std::to_string(theirs) +
-                                         ", ours is " + std::to_string(ours)};
-}
-
-}  // namespace
 
 void UcxTransport::start_connect(const RemoteRegionInfo& info,
                                  std::function<void(Result<PeerId>)> reply) {
   if (shutting_down_) return reply(Result<PeerId>(ErrorCode::kInternal, "shutting down"));
-  // Every byte of the peer's announcement is checked before UCX parses any of it.
+  // Every byte of the peer's announcement is checked before UCX parses any of it (ucx_layout.h).
   std::vector<size_t> order;
   Status valid = check_remote_info(info, mode_ == WriteMode::kPut, &order);
+  std::vector<SegmentHold> holds;
+  if (valid.ok()) valid = check_peer_keys(info, order, &holds);
   if (!valid.ok()) return reply(Result<PeerId>(valid.code(), "connect: " + valid.message()));
-  Status version = check_address_version(info.worker_address, address_);
-  if (!version.ok()) return reply(Result<PeerId>(version.code(), "connect: " + version.message()));
   auto owned = std::make_unique<Peer>();
   owned->spans.reserve(order.size());
   for (size_t k : order) {
     owned->spans.push_back({info.spans[k].offset, info.spans[k].bytes, info.spans[k].base, nullptr});
   }
-  create_and_wire(std::move(owned), info.worker_address, order, &info, std::move(reply));
+  create_and_wire(std::move(owned), info.worker_address, order, &info, &holds, std::move(reply));
+}
+
+Status UcxTransport::check_peer_keys(const RemoteRegionInfo& info, const std::vector<size_t>& order,
+                                     std::vector<SegmentHold>* holds) {
+  WorkerAddressLayout peer;
+  Status st = check_peer_address(layout_, info.worker_address, &peer);
+  if (!st.ok() || mode_ != WriteMode::kPut) return st;
+  holds->resize(order.size());
+  for (size_t j = 0; j < order.size(); ++j) {
+    SegmentClaim claim;
+    st = check_peer_rkey(layout_, peer, info.spans[order[j]].packed_rkey, &claim);
+    if (st.ok()) st = (*holds)[j].acquire(claim);
+    if (!st.ok()) return {st.code(), "span " + std::to_string(order[j]) + ": " + st.message()};
+  }
+  return Status::Ok();
 }
 
 void UcxTransport::start_reverse(const std::string& address, std::function<void(Result<PeerId>)> reply) {
@@ -75,8 +74,9 @@ void UcxTransport::start_reverse(const std::string& address, std::function<void(
   if (address.size() > kMaxWorkerAddressBytes)
     return reply(Result<PeerId>(ErrorCode::kProtocolError, "connect_reverse: peer worker address of " +
                                                                 std::to_string(address.size()) + " bytes"));
-  Status version = check_address_version(address, address_);
-  if (!version.ok()) return reply(Result<PeerId>(version.code(), "connect_reverse: " + version.message()));
+  WorkerAddressLayout parsed;
+  Status valid = check_peer_address(layout_, address, &parsed);  // before UCX parses it (ucx_layout.h)
+  if (!valid.ok()) return reply(Result<PeerId>(valid.code(), "connect_reverse: " + valid.message()));
   // The peer's connect pairs with this endpoint and answers (acks) travel back over it, so a live
   // one is never closed to make room: beyond the bound the peer simply connects its own way.
   size_t live_reverse = 0;
@@ -91,12 +91,12 @@ void UcxTransport::start_reverse(const std::string& address, std::function<void(
   auto owned = std::make_unique<Peer>();
   owned->reverse = true;
   owned->address = address;
-  create_and_wire(std::move(owned), address, {}, nullptr, std::move(reply));
+  create_and_wire(std::move(owned), address, {}, nullptr, nullptr, std::move(reply));
 }
 
 void UcxTransport::create_and_wire(std::unique_ptr<Peer> owned, const std::string& address,
                                    const std::vector<size_t>& order, const RemoteRegionInfo* info,
-                                   std::function<void(Result<PeerId>)> reply) {
+                                   std::vector<SegmentHold>* holds, std::function<void(Result<PeerId>)> reply) {
   Peer& peer = *owned;
   peer.owner = this;
   peer.id = next_peer_id_++;
@@ -116,7 +116,16 @@ void UcxTransport::create_and_wire(std::unique_ptr<Peer> owned, const std::strin
   (peer.reverse ? reverse_peers_ : live_peers_)++;
   if (mode_ == WriteMode::kPut && info != nullptr) {
     for (size_t j = 0; j < order.size(); ++j) {
+      // Which mapping this very unpack creates (shm_mapping.h): its segment's, new since now.
+      SegmentHold* hold = holds != nullptr && j < holds->size() ? &(*holds)[j] : nullptr;
+      const bool segment = hold != nullptr && hold->holds_segment();
+      std::vector<Mapping> before = segment ? read_mappings() : std::vector<Mapping>();
       s = ucp_ep_rkey_unpack(peer.ep, info->spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
+      if (s == UCS_OK && segment) {
+        peer.spans[j].segment = true;
+        peer.spans[j].fresh = new_mappings(before, read_mappings(), hold->inode(), hold->check_device(), hold->device());
+      }
+      if (hold != nullptr) hold->release();
       if (s != UCS_OK) {
         peer.spans[j].rkey = nullptr;
         do_disconnect(id);
@@ -183,7 +192,10 @@ Status UcxTransport::check_mapped_spans(Peer& peer) {
     void* local = nullptr;
     // Only a shared-memory rkey has a local address (UCX's mm transports): a put is a memcpy there.
     if (sp.rkey == nullptr || ucp_rkey_ptr(sp.rkey, sp.base, &local) != UCS_OK) continue;
-    Status st = check_peer_mapping(local, sp.bytes, taken);
+    // Only the mapping this span's own unpack created (shm_mapping.h).
+    if (!sp.segment)
+      return {ErrorCode::kProtocolError, "span " + std::to_string(j) + " refused: mapped, but its remote key names no segment"};
+    Status st = check_peer_mapping(local, sp.bytes, taken, &sp.fresh);
     if (!st.ok()) return {ErrorCode::kProtocolError, "span " + std::to_string(j) + " refused: " + st.message()};
     sp.local = reinterpret_cast<uintptr_t>(local);
   }

@@ -148,6 +148,7 @@ Result<ucp_context_h> UcxTransport::create_context(const TransportOptions& optio
 }
 
 Status UcxTransport::init_ucx() {
+  Status st;
   if (owns_context_) {
     auto context = create_context(options_, hooks_, /*shared_workers=*/false);
     if (!context.ok()) return context.status();
@@ -173,8 +174,33 @@ Status UcxTransport::init_ucx() {
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_worker_get_address", s);
   address_.assign(reinterpret_cast<const char*>(addr), addr_len);
   ucp_worker_release_address(worker_, addr);
+  st = learn_layout();
+  if (!st.ok()) return st;
   tune_tcp_sockets({});  // the listeners: sockets UCX accepts inherit their algorithm
   return mode_ == WriteMode::kActiveMessage ? register_am_handlers() : Status::Ok();
+}
+
+Status UcxTransport::learn_layout() {
+  layout_.memory_types = memory_types_ | UCS_BIT(UCS_MEMORY_TYPE_HOST);
+  layout_.shm_only = options_.kind == TransportKind::kShm;
+  Status st = layout_.learn_address(address_);
+  if (!st.ok() || mode_ != WriteMode::kPut) return st;
+  // Put mode: the size of each component's rkey as this UCX packs it, from a probe region of
+  // one page allocated the way create_region allocates (docs/transport.md "What reaches UCX").
+  ucp_mem_map_params_t mp{};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.length = 4096;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  if (ucp_mem_map(context_, &mp, &memh) != UCS_OK) return Status::Ok();  // the facts of ucx_layout.cc stand
+  void* buf = nullptr;
+  size_t len = 0;
+  if (ucp_rkey_pack(context_, memh, &buf, &len) == UCS_OK) {
+    st = layout_.learn_rkey(std::string_view(static_cast<const char*>(buf), len));
+    ucp_rkey_buffer_release(buf);
+  }
+  ucp_mem_unmap(context_, memh);
+  return st;
 }
 
 void UcxTransport::teardown() {
@@ -335,6 +361,7 @@ Result<LocalRegion> UcxTransport::map_span(void* address, uint64_t bytes, Memory
   if (memory == MemoryKind::kHost) keep_resident(region.base, bytes, "registered span", true);
   region.packed_rkey.assign(static_cast<const char*>(rkey_buf), rkey_len);
   ucp_rkey_buffer_release(rkey_buf);
+  (void)layout_.learn_rkey(region.packed_rkey);  // a peer's rkey naming this segment is refused
   return region;
 }
 

@@ -46,7 +46,10 @@
 #include "kvferry/transport.h"
 #include "transport/ucx/am_wire.h"
 #include "transport/ucx/command_queue.h"
+#include "transport/ucx/shm_mapping.h"
+#include "transport/ucx/shm_segments.h"
 #include "transport/ucx/span_table.h"
+#include "transport/ucx/ucx_layout.h"
 
 namespace kvferry::ucx {
 
@@ -158,8 +161,16 @@ class UcxTransport final : public Transport {
   void start_reverse(const std::string& address, std::function<void(Result<PeerId>)> reply);
   // The endpoint creation and wire-up of start_connect and start_reverse; `peer` is new, with
   // its spans set (none for a reverse one).
+  // `holds` (put mode): per span in `order`, the segment its checked rkey names, held until unpacked.
   void create_and_wire(std::unique_ptr<Peer> peer, const std::string& address, const std::vector<size_t>& order,
-                       const RemoteRegionInfo* info, std::function<void(Result<PeerId>)> reply);
+                       const RemoteRegionInfo* info, std::vector<SegmentHold>* holds,
+                       std::function<void(Result<PeerId>)> reply);
+  // Put mode: a peer's address and every rkey checked (ucx_layout.h) and each named segment held
+  // (shm_segments.h), all before any UCX call. Errors: kProtocolError.
+  Status check_peer_keys(const RemoteRegionInfo& info, const std::vector<size_t>& order,
+                         std::vector<SegmentHold>* holds);
+  // What this rank's own UCX packs (own address, a probe rkey in put mode): ucx_layout.h.
+  Status learn_layout();
   void complete_connect(ConnectCtx& ctx, const Status& status);
   void check_connect_deadlines();
   void release_connect_if_idle(ConnectCtx& ctx);
@@ -241,6 +252,7 @@ class UcxTransport final : public Transport {
   uint64_t plain_mmap_bytes_ = 0;
   SpanTable spans_;               // empty until memory is registered
   uint64_t memory_types_ = 0;     // ucp_context_query: UCS_BIT(ucs_memory_type_t); set in start()
+  LocalUcxLayout layout_;         // our own address and rkeys as UCX packs them (learn_layout)
   std::string tls_;               // UCX_TLS this transport's context uses
   bool stop_ = false;
   bool shutting_down_ = false;
@@ -285,6 +297,8 @@ struct UcxTransport::Peer {
     uint64_t base = 0;
     ucp_rkey_h rkey = nullptr;  // put mode only
     uintptr_t local = 0;        // where a shared-memory span is mapped here, once checked (shm_mapping.h)
+    bool segment = false;       // its rkey names a shared-memory segment (SegmentClaim)
+    std::vector<Mapping> fresh; // the mappings of that segment its unpack created
   };
   std::vector<Span> spans;     // the peer's spans, sorted by offset
   void destroy_rkeys();
