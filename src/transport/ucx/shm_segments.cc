@@ -16,6 +16,8 @@ namespace kvferry::ucx {
 namespace {
 
 Status bad(const std::string& what) { return {ErrorCode::kProtocolError, what}; }
+// A well-formed key naming a segment that is not there (any more): the peer is gone, or lies.
+Status gone(const std::string& what) { return {ErrorCode::kPeerUnreachable, what}; }
 
 // mm_posix.c (UCX 1.13.1): the file UCX's attach opens for a seg_id (uct_posix_mem_attach_common:
 // UCT_POSIX_PROCFS_FILE_FMT, UCT_POSIX_FILE_FMT under shm_open or the configured directory).
@@ -58,9 +60,9 @@ Status SegmentHold::acquire(const SegmentClaim& c) {
   if (c.component == UcxComponent::kSysv) {
     const int id = static_cast<int>(c.id);
     shmid_ds ds{}, fifo{};
-    if (::shmctl(id, IPC_STAT, &ds) != 0) return bad("sysv remote key names no segment this rank can see");
+    if (::shmctl(id, IPC_STAT, &ds) != 0) return gone("sysv remote key names no segment this rank can see");
     if (!c.has_peer_fifo || ::shmctl(static_cast<int>(c.peer_fifo), IPC_STAT, &fifo) != 0)
-      return bad("the peer's sysv fifo (its worker address) is no segment this rank can see");
+      return gone("the peer's sysv fifo (its worker address) is no segment this rank can see");
     if (ds.shm_cpid != fifo.shm_cpid)
       return bad("sysv remote key names a segment another process than the peer's created");
     void* at = ::shmat(id, nullptr, SHM_RDONLY);
@@ -72,7 +74,7 @@ Status SegmentHold::acquire(const SegmentClaim& c) {
   }
   if (c.component == UcxComponent::kPosix) {
     const int fd = open_posix(c);
-    if (fd < 0) return bad("posix remote key names no segment this rank can open");
+    if (fd < 0) return gone("posix remote key names no segment this rank can open");
     struct stat st {};
     const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) >= c.length;
     ::close(fd);

@@ -29,7 +29,8 @@ class SegmentHold {
   SegmentHold& operator=(SegmentHold&& o) noexcept;
   ~SegmentHold() { release(); }
 
-  // Errors: kProtocolError (no such segment, not the peer's, shorter than claimed, not a file).
+  // Errors: kPeerUnreachable (no such segment: the peer is gone), kProtocolError (not the peer's,
+  // shorter than claimed, not a file).
   // A claim of component kUnknown (no segment) holds nothing and succeeds.
   Status acquire(const SegmentClaim& claim);
   void release();
