@@ -56,6 +56,36 @@ TEST(ShmMapping, ASpanPastTheMappingIsRefused) {
   EXPECT_EQ(check_peer_mapping(f.base + 3 * kPage, 2 * kPage, {}).code(), ErrorCode::kProtocolError);
 }
 
+// Issue 31: only the mapping the unpack created is accepted. A shared writable mapping that
+// existed before (any memory of this process that is not a kvferry span: UCX's own segments, a
+// second name for our own pool) is refused; the mapping created in between, of the named inode,
+// passes. And a new mapping of a segment that holds a taken range (the same memory under a second
+// address) is refused.
+TEST(ShmMapping, OnlyTheMappingCreatedSinceTheSnapshotPasses) {
+  SharedFile old_one(4 * kPage, 4 * kPage);
+  ASSERT_NE(old_one.base, nullptr);
+  std::vector<Mapping> before = read_mappings();
+  ASSERT_FALSE(before.empty());
+  void* p = mmap(nullptr, 4 * kPage, PROT_READ | PROT_WRITE, MAP_SHARED, old_one.fd, 0);  // same file, new mapping
+  ASSERT_NE(p, MAP_FAILED);
+  Mapping now;
+  ASSERT_TRUE(find_mapping(reinterpret_cast<uintptr_t>(p), &now));
+  std::vector<Mapping> fresh = new_mappings(before, read_mappings(), now.inode, true, now.device);
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_EQ(fresh[0].start, reinterpret_cast<uintptr_t>(p));
+  EXPECT_TRUE(check_peer_mapping(p, kPage, {}, &fresh).ok());
+  Status st = check_peer_mapping(old_one.base, kPage, {}, &fresh);  // writable, shared, but older
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("not in the mapping its remote key's unpack created"), std::string::npos) << st.message();
+  EXPECT_EQ(new_mappings(before, read_mappings(), now.inode + 1, true, now.device).size(), 0u);
+  // The old mapping holds a taken range (our own span, say): the new one is the same memory.
+  const auto lo = reinterpret_cast<uintptr_t>(old_one.base);
+  st = check_peer_mapping(p, kPage, {{lo, lo + kPage}}, &fresh);
+  EXPECT_EQ(st.code(), ErrorCode::kProtocolError);
+  EXPECT_NE(st.message().find("already maps"), std::string::npos) << st.message();
+  munmap(p, 4 * kPage);
+}
+
 // The mapping is longer than its file: the pages past the file's end would raise SIGBUS on a put.
 TEST(ShmMapping, AMappingPastItsFilesEndIsRefusedWithoutAFault) {
   SharedFile f(kPage, 4 * kPage);
