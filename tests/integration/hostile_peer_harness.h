@@ -277,6 +277,7 @@ class Cluster {
     pump_until([] { return false; }, d);
   }
   bool liar_registered = false;  // the liar keeps its heartbeat going
+  std::string transport = "tcp";  // both ranks' (set before start(); hostile_rkey_test: "shm")
 
   // An honest room (even id: decode DP group 0): kRoomPages pages, byte-exact at the decode rank.
   // Returns "" or what went wrong.
@@ -322,7 +323,7 @@ class Cluster {
     c.page_size = kPageSize;
     c.buffers = mem.descs;
     c.control.bind_host = "127.0.0.1";
-    c.transport = "tcp";
+    c.transport = transport;
     c.progress_thread = false;
     c.deadlines.heartbeat_timeout_ms = 10000;  // a loaded host may leave the pump idle a while
     c.deadlines.connect_timeout_ms = 10000;
