@@ -10,6 +10,7 @@
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -145,6 +146,13 @@ using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbe
 
 std::string encode(const Message& m);
 Result<Message> decode(std::string_view frame);
+// The same, refusing a RoomMetadata with more than `max_kv_indices` page indices (what the
+// receiving rank's rooms can have: its pool's pages) before anything is allocated for them.
+Result<Message> decode(std::string_view frame, uint32_t max_kv_indices);
+// The sender of a frame, read from its header and first fields only (nothing allocated, nothing
+// else checked): what a rank refuses a frame from before decoding it (docs/security.md). nullopt:
+// not a frame of this protocol version (decode() says why).
+std::optional<RankId> frame_sender(std::string_view frame);
 std::string_view message_name(const Message& m);
 
 }  // namespace kvferry
