@@ -41,7 +41,8 @@ constexpr uint32_t kMaxRegionSpans = kMaxKvBuffers + kMaxAuxBuffers + kMaxStateB
 // (0: not known, e.g. from an older bootstrap service). A receiver refuses and counts a message
 // whose sender incarnation is older than the one it knows for that rank (stale), or whose
 // peer_incarnation is not its own (meant for an earlier incarnation of itself); a newer sender
-// incarnation is a restart of that peer (docs/failure-model.md, "Incarnations"). The fields are
+// incarnation is a restart of that peer, believed by a prefill rank only from a registration and
+// once the old incarnation is gone (docs/failure-model.md, "Incarnations"). The fields are
 // each struct's last, so code that builds messages positionally stays valid; on the wire they
 // follow `sender`.
 
