@@ -71,6 +71,11 @@ class BootstrapServer {
   // "host:port" clients use: the advertised host ("[v6]:port" for IPv6) and the bound port.
   std::string address() const;
   size_t registered() const;  // kvferry ranks plus SGLang-shaped ranks
+  // A PUT of a kvferry rank replaces its entry only with the same or a newer incarnation (an older
+  // one is refused: 400); each replacement by a different entry (endpoint or incarnation) is
+  // counted here and logged (a warning at most every 10 s, with the count since the last).
+  uint64_t overwrites() const;
+  uint64_t refused_overwrites() const;
 
  private:
   BootstrapServer();

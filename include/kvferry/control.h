@@ -23,6 +23,19 @@ namespace security {
 struct ClusterKeys;  // src/core/secret.h
 }
 
+// What a control socket accepts and keeps (docs/security.md, "Bounded by the rank"): the largest
+// frame (ZMQ_MAXMSGSIZE: a bigger one drops its connection before any of it is kept), frames
+// queued per incoming connection (ZMQ_RCVHWM) and outgoing connections kept (the least recently
+// used one without held frames is closed to make room for a new destination).
+struct ControlLimits {
+  // The largest frame a rank with `num_pages` pages per buffer can need: a few MiB, plus 8 bytes a
+  // page (a RoomMetadata naming every page of the pool).
+  static int64_t frame_bytes_for_pages(uint64_t num_pages);
+  int64_t max_frame_bytes = frame_bytes_for_pages(1u << 20);
+  int receive_high_water_mark = 1024;
+  size_t max_connections = 1024;
+};
+
 class ControlSocket {
  public:
   // Binds a PULL socket on `address` (port 0: any free port). Errors: kInvalidArgument for a bad
@@ -41,6 +54,10 @@ class ControlSocket {
   static Result<std::unique_ptr<ControlSocket>> bind(const ListenAddress& address, const security::ClusterKeys* keys);
   static Result<std::unique_ptr<ControlSocket>> bind(const std::string& bind_endpoint,
                                                      const security::ClusterKeys* keys);
+  // The same with explicit limits (the process's keys, or explicit ones).
+  static Result<std::unique_ptr<ControlSocket>> bind(const ListenAddress& address, const ControlLimits& limits);
+  static Result<std::unique_ptr<ControlSocket>> bind(const ListenAddress& address, const security::ClusterKeys* keys,
+                                                     const ControlLimits& limits);
   ~ControlSocket();
 
   // The endpoint peers connect to: the advertised host and the bound port.
@@ -67,7 +84,13 @@ class ControlSocket {
   // edge-like, drain with recv(0) until nullopt). It does not signal held outgoing frames.
   int fd() const;
 
+  // Outgoing connections kept (at most ControlLimits::max_connections).
   size_t open_connections() const;
+  // Whether a connection to `dest_endpoint` is kept (send() to it opens none).
+  bool connected_to(const std::string& dest_endpoint) const;
+  // Outgoing connections closed to make room for another destination.
+  uint64_t evicted_connections() const;
+  const ControlLimits& limits() const;
 
  private:
   ControlSocket();

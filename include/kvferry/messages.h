@@ -10,6 +10,7 @@
 // Thread contract: pure functions.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -40,7 +41,8 @@ constexpr uint32_t kMaxRegionSpans = kMaxKvBuffers + kMaxAuxBuffers + kMaxStateB
 // (0: not known, e.g. from an older bootstrap service). A receiver refuses and counts a message
 // whose sender incarnation is older than the one it knows for that rank (stale), or whose
 // peer_incarnation is not its own (meant for an earlier incarnation of itself); a newer sender
-// incarnation is a restart of that peer (docs/failure-model.md, "Incarnations"). The fields are
+// incarnation is a restart of that peer, believed by a prefill rank only from a registration and
+// once the old incarnation is gone (docs/failure-model.md, "Incarnations"). The fields are
 // each struct's last, so code that builds messages positionally stays valid; on the wire they
 // follow `sender`.
 
@@ -145,6 +147,13 @@ using Message = std::variant<PoolRegistration, RoomMetadata, RoomStatus, Heartbe
 
 std::string encode(const Message& m);
 Result<Message> decode(std::string_view frame);
+// The same, refusing a RoomMetadata with more than `max_kv_indices` page indices (what the
+// receiving rank's rooms can have: its pool's pages) before anything is allocated for them.
+Result<Message> decode(std::string_view frame, uint32_t max_kv_indices);
+// The sender of a frame, read from its header and first fields only (nothing allocated, nothing
+// else checked): what a rank refuses a frame from before decoding it (docs/security.md). nullopt:
+// not a frame of this protocol version (decode() says why).
+std::optional<RankId> frame_sender(std::string_view frame);
 std::string_view message_name(const Message& m);
 
 }  // namespace kvferry

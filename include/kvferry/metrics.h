@@ -22,6 +22,9 @@
 //       refused because they came from an older incarnation of their sender, or were meant for an
 //       earlier incarnation of this rank
 //   kvferry_peer_restarts_total         peers of the other engine seen coming back as a new incarnation
+//   kvferry_refused_frames_total{kind="outside_plan"|"too_many_peers"|"malformed"|"bad_registration"|
+//       "changed_registration"|"unconfirmed_restart"|"future_incarnation"|"foreign"}  frames refused
+//       from peers (docs/security.md "Refusals"; every kind is present, 0 included)
 //   kvferry_quarantined_pages           decode: pages and aux rows quarantined now (leaked: a failed
 //                                       room's source has not confirmed its writes drained; not in
 //                                       pages_in_use)
@@ -37,6 +40,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "kvferry/error.h"
 #include "kvferry/poll.h"
@@ -62,6 +67,9 @@ class RankMetrics {
   // The rank's totals so far (counters: never below what was set before). `stale_by_kind`:
   // registration, metadata, status, heartbeat.
   void set_incarnation_counts(const std::array<uint64_t, 4>& stale_by_kind, uint64_t peer_restarts);
+  // Frames refused from peers so far, by kind (endpoint/refusals.h names; counters: never below
+  // what was set before): kvferry_refused_frames_total{kind}.
+  void set_refusals(const std::vector<std::pair<std::string, uint64_t>>& by_kind);
   void set_quarantined_pages(uint64_t pages);
   // The rank's total so far (a counter: never below what was set before).
   void set_reclaimed_pages(uint64_t pages);

@@ -111,6 +111,30 @@ TEST_F(Bootstrap, ClientRejectsInvalidRankInfo) {
   EXPECT_EQ(server_->registered(), 0u);
 }
 
+// Issue 31: an entry is replaced by the same or a newer incarnation only; an older one is refused
+// (the entry stays) and counted; each real replacement is counted.
+TEST_F(Bootstrap, OlderIncarnationNeverReplacesANewerOne) {
+  BootstrapClient c(address_, 2000);
+  PrefillRankInfo r = rank(0, "tcp://127.0.0.1:5600");
+  ASSERT_TRUE(c.register_rank(r).ok());
+  ASSERT_TRUE(c.register_rank(r).ok());  // the same again: no replacement
+  EXPECT_EQ(server_->overwrites(), 0u);
+  PrefillRankInfo older = r;
+  older.incarnation = r.incarnation - 1;
+  older.control_endpoint = "tcp://127.0.0.1:6666";
+  Status s = c.register_rank(older);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
+  EXPECT_NE(s.message().find("older than the registered"), std::string::npos) << s.str();
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, "tcp://127.0.0.1:5600");
+  EXPECT_EQ(server_->refused_overwrites(), 1u);
+  PrefillRankInfo newer = r;
+  newer.incarnation = r.incarnation + 1;
+  newer.control_endpoint = "tcp://127.0.0.1:5700";
+  ASSERT_TRUE(c.register_rank(newer).ok());
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, "tcp://127.0.0.1:5700");
+  EXPECT_EQ(server_->overwrites(), 1u);
+}
+
 TEST(BootstrapClientErrors, UnreachableAndBadAddress) {
   uint16_t port = 0;
   {

@@ -3,6 +3,7 @@
 // same port (bootstrap/sglang_routes.h: a PUT /route body with "rank_ip", a GET /route with
 // "prefill_dp_rank", /register_dp_rank, /query_dp_ranks). Every handler validates its input and
 // answers 400 with {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
+#include <fmt/format.h>
 #include <httplib.h>
 #include <sys/socket.h>
 
@@ -21,6 +22,7 @@
 #include "bootstrap/sglang_routes.h"
 #include "core/http_auth.h"
 #include "kvferry/bootstrap.h"
+#include "kvferry/log.h"
 
 namespace kvferry {
 namespace {
@@ -72,6 +74,29 @@ struct BootstrapServer::Impl {
   std::string advertised;  // host clients are told (address())
   mutable std::mutex mu;
   std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
+  uint64_t overwrites = 0;          // entries replaced by a different one (guarded by mu)
+  uint64_t refused_overwrites = 0;  // PUTs of an older incarnation refused (guarded by mu)
+  int64_t overwrite_line_ns = 0;    // the last overwrite warning, and how many since (guarded by mu)
+  uint64_t overwrites_since_line = 0;
+
+  // One warning per 10 s, naming how many entries were replaced since the previous one.
+  void note_overwrite(const Key& key, const PrefillRankInfo& had, const PrefillRankInfo& now) {
+    ++overwrites_since_line;
+    const int64_t t = monotonic_ns();
+    const bool line = overwrite_line_ns == 0 || t - overwrite_line_ns >= 10'000'000'000;
+    const std::string what = fmt::format(
+        "bootstrap entry of engine_id {} dp_rank {} tp_rank {} replaced: {} (incarnation {}) -> {} (incarnation {})",
+        std::get<0>(key), std::get<1>(key), std::get<2>(key), had.control_endpoint, had.incarnation,
+        now.control_endpoint, now.incarnation);
+    if (!line) return log_event(LogLevel::kDebug, "bootstrap", what, {.extra = {{"event", "entry_replaced"}}});
+    log_event(LogLevel::kWarning, "bootstrap",
+              overwrites_since_line > 1 ? fmt::format("{} ({} entries replaced since the last such line)", what,
+                                                      overwrites_since_line)
+                                        : what,
+              {.extra = {{"event", "entry_replaced"}}});
+    overwrite_line_ns = t;
+    overwrites_since_line = 0;
+  }
   bootstrap::SglangRegistry sglang;       // its own lock
 
   static void send(httplib::Response& res, const bootstrap::Reply& r) {
@@ -92,8 +117,26 @@ struct BootstrapServer::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       const Key key{info->engine_id, info->dp_rank, info->tp_rank};
-      if (!ranks.count(key) && ranks.size() >= kMaxRegisteredRanks)
+      auto it = ranks.find(key);
+      if (it == ranks.end() && ranks.size() >= kMaxRegisteredRanks)
         return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
+      if (it != ranks.end()) {
+        // An entry is replaced by its own rank again, or by a newer incarnation of it (a restart);
+        // never by an older one (docs/security.md, "Bootstrap entries"). Every replacement of a
+        // different entry is counted and logged (rate-limited: one line per 10 s with the count).
+        const PrefillRankInfo& had = it->second;
+        if (info->incarnation < had.incarnation) {
+          ++refused_overwrites;
+          return reply_error(res, 400,
+                             "incarnation " + std::to_string(info->incarnation) + " is older than the registered " +
+                                 std::to_string(had.incarnation) + " of engine_id " + std::to_string(std::get<0>(key)) +
+                                 " dp_rank " + std::to_string(std::get<1>(key)) + " tp_rank " + std::to_string(std::get<2>(key)));
+        }
+        if (had.control_endpoint != info->control_endpoint || had.incarnation != info->incarnation) {
+          ++overwrites;
+          note_overwrite(key, had, *info);
+        }
+      }
       ranks[key] = *info;
     }
     reply(res, 200, {{"ok", true}});
@@ -270,6 +313,16 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddr
 uint16_t BootstrapServer::port() const { return impl_->port; }
 
 std::string BootstrapServer::address() const { return host_port(impl_->advertised, impl_->port); }
+
+uint64_t BootstrapServer::overwrites() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->overwrites;
+}
+
+uint64_t BootstrapServer::refused_overwrites() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->refused_overwrites;
+}
 
 size_t BootstrapServer::registered() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

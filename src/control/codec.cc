@@ -22,7 +22,9 @@
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
 // Success with kOk, or Failed with a non-ok code; a non-terminal one must be Failed. encode() truncates an over-long RoomStatus
 // reason to kMaxStringBytes (free text; the status itself must reach the peer).
+#include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "control/wire.h"
 #include "kvferry/messages.h"
@@ -218,12 +220,12 @@ void get_body(WireReader& r, PoolRegistration* m) {
     r.fail("PoolRegistration.first_head", "first_head + heads_per_rank overflows");
 }
 
-void get_body(WireReader& r, RoomMetadata* m) {
+void get_body(WireReader& r, RoomMetadata* m, uint32_t max_kv_indices) {
   r.u64("RoomMetadata.room", &m->room);
   get_rank(r, "RoomMetadata.sender", &m->sender);
   get_incarnation(r, "RoomMetadata.incarnation", &m->incarnation);
   r.u64("RoomMetadata.peer_incarnation", &m->peer_incarnation);
-  r.u64_array("RoomMetadata.kv_indices", kMaxKvIndices, &m->kv_indices);
+  r.u64_array("RoomMetadata.kv_indices", std::min(max_kv_indices, kMaxKvIndices), &m->kv_indices);
   r.u64("RoomMetadata.aux_index", &m->aux_index);
   r.u64_array("RoomMetadata.state_indices", kMaxStateIndices, &m->state_indices);
   r.u32("RoomMetadata.expected_senders", &m->expected_senders);
@@ -282,10 +284,11 @@ void get_body(WireReader& r, RegistrationRefusal* m) {
 }
 
 template <typename T>
-Result<Message> decode_body(std::string_view body, const char* name) {
+Result<Message> decode_body(std::string_view body, const char* name, uint32_t max_kv_indices) {
   WireReader r(body);
   T m;
-  get_body(r, &m);
+  if constexpr (std::is_same_v<T, RoomMetadata>) get_body(r, &m, max_kv_indices);
+  else get_body(r, &m);
   if (r.ok() && r.remaining() != 0) {
     r.fail("frame", std::to_string(r.remaining()) + " trailing bytes after the " +
                         std::string(name) + " body");
@@ -315,7 +318,36 @@ std::string encode(const Message& m) {
   return w.take();
 }
 
-Result<Message> decode(std::string_view frame) {
+Result<Message> decode(std::string_view frame) { return decode(frame, kMaxKvIndices); }
+
+std::optional<RankId> frame_sender(std::string_view frame) {
+  if (frame.size() < kHeaderBytes || frame.substr(0, 4) != std::string_view(kMagic, sizeof(kMagic))) return std::nullopt;
+  WireReader h(frame.substr(4, kHeaderBytes - 4));
+  uint16_t version = 0, type = 0;
+  h.u16("version", &version);
+  h.u16("type", &type);
+  if (!h.ok() || version != kProtocolVersion) return std::nullopt;
+  WireReader r(frame.substr(kHeaderBytes));
+  uint64_t room = 0;
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::kRoomMetadata:
+    case MessageType::kRoomStatus:
+      r.u64("room", &room);  // the room comes first, the sender after it
+      break;
+    case MessageType::kPoolRegistration:
+    case MessageType::kHeartbeat:
+    case MessageType::kRegistrationRefusal:
+      break;
+    default:
+      return std::nullopt;
+  }
+  RankId sender;
+  get_rank(r, "sender", &sender);
+  if (!r.ok()) return std::nullopt;
+  return sender;
+}
+
+Result<Message> decode(std::string_view frame, uint32_t max_kv_indices) {
   if (frame.empty()) return bad("empty frame");
   if (frame.size() < kHeaderBytes) {
     return bad("header: " + std::to_string(frame.size()) + " bytes, shorter than the " +
@@ -342,15 +374,15 @@ Result<Message> decode(std::string_view frame) {
   }
   switch (static_cast<MessageType>(type)) {
     case MessageType::kPoolRegistration:
-      return decode_body<PoolRegistration>(body, "PoolRegistration");
+      return decode_body<PoolRegistration>(body, "PoolRegistration", max_kv_indices);
     case MessageType::kRoomMetadata:
-      return decode_body<RoomMetadata>(body, "RoomMetadata");
+      return decode_body<RoomMetadata>(body, "RoomMetadata", max_kv_indices);
     case MessageType::kRoomStatus:
-      return decode_body<RoomStatus>(body, "RoomStatus");
+      return decode_body<RoomStatus>(body, "RoomStatus", max_kv_indices);
     case MessageType::kHeartbeat:
-      return decode_body<Heartbeat>(body, "Heartbeat");
+      return decode_body<Heartbeat>(body, "Heartbeat", max_kv_indices);
     case MessageType::kRegistrationRefusal:
-      return decode_body<RegistrationRefusal>(body, "RegistrationRefusal");
+      return decode_body<RegistrationRefusal>(body, "RegistrationRefusal", max_kv_indices);
   }
   return bad("type: " + std::to_string(type) + " is not a known message type");
 }

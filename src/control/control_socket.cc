@@ -11,6 +11,11 @@
 // ZeroMQ takes them (later frames get kPeerUnreachable meanwhile, as a full queue does). Only when
 // the window ends before any connection did, the held frames are dropped and the peer is
 // unreachable. All sockets have ZMQ_LINGER 0: closing never blocks on unsent frames.
+//
+// Bounds (ControlLimits, docs/security.md): the PULL socket drops a connection whose frame exceeds
+// max_frame_bytes (ZMQ_MAXMSGSIZE, before any of it is kept) and queues at most
+// receive_high_water_mark frames per incoming connection (ZMQ_RCVHWM); at most max_connections
+// PUSH sockets are kept, the least recently used one with nothing held closed for a new one.
 #include <algorithm>
 #include <chrono>
 #include <deque>
@@ -33,8 +38,6 @@ constexpr auto kConnectWait = milliseconds(20);
 constexpr auto kConnectWindow = milliseconds(1000);
 constexpr size_t kMaxHeld = 1024;
 constexpr size_t kMaxHeldBytes = 64u << 20;
-// The largest frame decode() can accept, plus slack: bigger frames drop the sending connection.
-constexpr int64_t kMaxFrameBytes = 8ll * kMaxKvIndices + (1ll << 20);
 
 using control::context;
 
@@ -57,6 +60,7 @@ milliseconds until(Clock::time_point t) {
 struct Push {
   zmq::socket_t socket;
   Clock::time_point created;
+  uint64_t used = 0;  // ControlSocket::Impl::uses when last sent to (least recently used: evicted)
   std::deque<std::string> held;  // frames ZeroMQ could not take yet, oldest first
   size_t held_bytes = 0;
   bool connected = false;  // ZeroMQ has taken a frame: the connection came up
@@ -98,6 +102,22 @@ struct ControlSocket::Impl {
   std::string endpoint;        // advertised
   std::string bound_endpoint;  // ZeroMQ's last endpoint of the first bind
   std::unordered_map<std::string, Push> pushes;
+  ControlLimits limits;
+  uint64_t uses = 0;
+  uint64_t evicted = 0;
+
+  // Room for one more PUSH socket: closes the least recently used one that holds nothing (one
+  // holding frames is mid-connect and kept). False: every kept socket holds frames.
+  bool make_room() {
+    if (pushes.size() < std::max<size_t>(1, limits.max_connections)) return true;
+    auto victim = pushes.end();
+    for (auto it = pushes.begin(); it != pushes.end(); ++it)
+      if (it->second.held.empty() && (victim == pushes.end() || it->second.used < victim->second.used)) victim = it;
+    if (victim == pushes.end()) return false;
+    pushes.erase(victim);
+    ++evicted;
+    return true;
+  }
 
   void flush_all() {
     for (auto& [dest, p] : pushes) {
@@ -162,8 +182,34 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bi
   return bind(bind_endpoint, *keys);
 }
 
+int64_t ControlLimits::frame_bytes_for_pages(uint64_t num_pages) {
+  constexpr int64_t kBase = 4ll << 20;  // registrations, statuses, state and aux indices: far less
+  const uint64_t pages = std::min<uint64_t>(num_pages, kMaxKvIndices);
+  return kBase + static_cast<int64_t>(8 * pages);
+}
+
 Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address,
                                                            const security::ClusterKeys* keys) {
+  return bind(address, keys, ControlLimits{});
+}
+
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address, const ControlLimits& limits) {
+  auto keys = security::cluster_keys();
+  if (!keys.ok()) return Status(keys.status().code(), "control socket: " + keys.status().message());
+  return bind(address, *keys, limits);
+}
+
+namespace {
+void set_receive_limits(zmq::socket_t& pull, const ControlLimits& limits) {
+  pull.set(zmq::sockopt::linger, 0);
+  pull.set(zmq::sockopt::maxmsgsize, limits.max_frame_bytes);
+  pull.set(zmq::sockopt::rcvhwm, std::max(1, limits.receive_high_water_mark));
+}
+}  // namespace
+
+Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& address,
+                                                           const security::ClusterKeys* keys,
+                                                           const ControlLimits& limits) {
   auto host = parse_host(address.bind_host);
   if (!host.ok()) return Status(host.status().code(), "control socket: bind host: " + host.status().message());
   if (!address.advertise_host.empty()) {
@@ -178,11 +224,11 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const ListenAddress& 
   for (int attempt = 0; attempt < kBindAttempts; ++attempt) {
     std::unique_ptr<ControlSocket> s(new ControlSocket());
     s->impl_->keys = keys;
+    s->impl_->limits = limits;
     uint16_t port = address.port;
     try {
       zmq::socket_t pull(context(), zmq::socket_type::pull);
-      pull.set(zmq::sockopt::linger, 0);
-      pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
+      set_receive_limits(pull, limits);
       if (keys) {
         if (Status st = control::make_curve_server(pull, *keys); !st.ok()) return st;
       }
@@ -221,8 +267,7 @@ Result<std::unique_ptr<ControlSocket>> ControlSocket::bind(const std::string& bi
   s->impl_->keys = keys;
   try {
     zmq::socket_t pull(context(), zmq::socket_type::pull);
-    pull.set(zmq::sockopt::linger, 0);
-    pull.set(zmq::sockopt::maxmsgsize, kMaxFrameBytes);
+    set_receive_limits(pull, s->impl_->limits);
     if (keys) {
       if (Status st = control::make_curve_server(pull, *keys); !st.ok()) return st;
     }
@@ -242,6 +287,10 @@ const std::string& ControlSocket::bound_endpoint() const { return impl_->bound_e
 Status ControlSocket::send(const std::string& dest_endpoint, const std::string& frame) {
   auto it = impl_->pushes.find(dest_endpoint);
   if (it == impl_->pushes.end()) {
+    if (!impl_->make_room())
+      return Status(ErrorCode::kResourceExhausted,
+                    "control socket: " + std::to_string(impl_->pushes.size()) +
+                        " connections, each still connecting: no room for " + dest_endpoint);
     try {
       zmq::socket_t push(context(), zmq::socket_type::push);
       push.set(zmq::sockopt::linger, 0);
@@ -252,12 +301,13 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
       auto dest = parse_host_port(dest_endpoint);
       push.set(zmq::sockopt::ipv6, !dest.ok() || !is_ipv4_literal(dest->host));
       push.connect(dest_endpoint);
-      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), {}, 0, false}).first;
+      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), 0, {}, 0, false}).first;
     } catch (const zmq::error_t& e) {
       return Status(code_for(e),
                     "control socket: cannot connect to " + dest_endpoint + ": " + e.what());
     }
   }
+  it->second.used = ++impl_->uses;
   try {
     return impl_->queue(dest_endpoint, it->second, frame);
   } catch (const zmq::error_t& e) {
@@ -307,5 +357,10 @@ int ControlSocket::fd() const {
 }
 
 size_t ControlSocket::open_connections() const { return impl_->pushes.size(); }
+bool ControlSocket::connected_to(const std::string& dest_endpoint) const {
+  return impl_->pushes.count(dest_endpoint) != 0;
+}
+uint64_t ControlSocket::evicted_connections() const { return impl_->evicted; }
+const ControlLimits& ControlSocket::limits() const { return impl_->limits; }
 
 }  // namespace kvferry

@@ -345,3 +345,61 @@ TEST(ControlSocket, BadAddresses) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+std::unique_ptr<ControlSocket> bind_limited(const ControlLimits& limits) {
+  ListenAddress a;
+  a.bind_host = "127.0.0.1";
+  auto r = ControlSocket::bind(a, nullptr, limits);
+  EXPECT_TRUE(r.ok()) << r.status().str();
+  return r.ok() ? std::move(r).value() : nullptr;
+}
+
+// Issue 31: a frame above the receiver's limit drops its connection before any of it is kept;
+// the next frame of the sender comes through on a new connection.
+TEST(ControlSocketLimits, FrameAboveTheLimitIsDroppedAndTheNextGetsThrough) {
+  ControlLimits limits;
+  limits.max_frame_bytes = 4096;
+  auto rx = bind_limited(limits);
+  auto tx = bind_local();
+  ASSERT_TRUE(rx && tx);
+  EXPECT_EQ(rx->limits().max_frame_bytes, 4096);
+  ASSERT_TRUE(tx->send(rx->endpoint(), std::string(4097, 'x')).ok());
+  std::optional<std::string> got;
+  for (auto end = Clock::now() + 30s; !got && Clock::now() < end;) {
+    (void)tx->send(rx->endpoint(), "small");
+    got = rx->recv(20ms);
+  }
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(*got, "small");  // never the 4097-byte frame
+  while (auto more = rx->recv(0ms)) EXPECT_EQ(*more, "small");
+}
+
+// Issue 31: at most max_connections outgoing connections; a new destination closes the least
+// recently used one (nothing held: its connection is up).
+std::optional<std::string> deliver_to(ControlSocket& from, ControlSocket& to, const std::string& frame) {
+  EXPECT_TRUE(from.send(to.endpoint(), frame).ok());
+  return deliver(from, to);
+}
+
+TEST(ControlSocketLimits, ConnectionMapIsCappedLeastRecentlyUsedFirst) {
+  ControlLimits limits;
+  limits.max_connections = 2;
+  auto tx = bind_limited(limits);
+  auto a = bind_local(), b = bind_local(), c = bind_local();
+  ASSERT_TRUE(tx && a && b && c);
+  ASSERT_EQ(deliver_to(*tx, *a, "to a"), "to a");
+  ASSERT_EQ(deliver_to(*tx, *b, "to b"), "to b");
+  ASSERT_EQ(deliver_to(*tx, *a, "to a again"), "to a again");  // b is now the least recently used
+  ASSERT_EQ(deliver_to(*tx, *c, "to c"), "to c");
+  EXPECT_EQ(tx->open_connections(), 2u);
+  EXPECT_EQ(tx->evicted_connections(), 1u);
+  EXPECT_TRUE(tx->connected_to(a->endpoint()));
+  EXPECT_FALSE(tx->connected_to(b->endpoint()));
+  EXPECT_TRUE(tx->connected_to(c->endpoint()));
+}
+
+}  // namespace
+}  // namespace kvferry

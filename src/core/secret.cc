@@ -86,6 +86,11 @@ Result<std::string> read_secret_file(const std::string& path) {
     ::close(fd);
     return fail("not a regular file");
   }
+  if (st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return fail("owned by uid " + std::to_string(st.st_uid) + ", not by this process's effective uid " +
+                std::to_string(::geteuid()) + "; the secret file must belong to the user that runs the rank");
+  }
   if (st.st_mode & (S_IRWXG | S_IRWXO)) {
     ::close(fd);
     return fail("mode " + mode_text(st.st_mode) + " lets group or others access it; chmod 600 it");

@@ -92,6 +92,24 @@ TEST_F(SecretFile, GroupOrWorldAccessIsRefused) {
   }
 }
 
+// Issue 31: a secret file of another user is refused, whatever its mode, with a clear reason.
+// As root the test hands its own file to uid 65534; otherwise it reads a root-owned system file.
+TEST_F(SecretFile, AnotherUsersFileIsRefused) {
+  fs::path p = write("theirs", "s3cret-of-the-cluster-0123", 0600);
+  uid_t owner = 65534;
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(p.c_str(), owner, static_cast<gid_t>(-1)), 0);
+  } else {
+    p = "/etc/hostname";
+    owner = 0;
+  }
+  auto s = read_secret_file(p.string());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("owned by uid " + std::to_string(owner)), std::string::npos) << s.status().message();
+  EXPECT_NE(s.status().message().find("effective uid"), std::string::npos) << s.status().message();
+}
+
 TEST_F(SecretFile, MissingEmptyOrNotAFile) {
   EXPECT_EQ(read_secret_file((dir_ / "none").string()).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(read_secret_file(write("empty", " \n", 0600)).status().code(), ErrorCode::kInvalidArgument);

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kvferry/error.h"
@@ -104,6 +105,8 @@ struct RankLeakStats {
   // messages refused as stale by kind (registration, metadata, status, heartbeat), peer restarts.
   std::array<uint64_t, 4> stale_messages{};
   uint64_t peer_restarts = 0;
+  // Frames refused from peers by kind (endpoint/refusals.h names, plus "foreign"), for the metrics.
+  std::vector<std::pair<std::string, uint64_t>> refusals;
   uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined now (leaked, not in pages_in_use)
   uint64_t reclaimed_pages = 0;    // decode: pages and aux rows given back after a quarantine, so far
   TransportStats transport;        // resident memory figures (kvferry/transport.h), for the metrics

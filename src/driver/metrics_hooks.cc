@@ -20,6 +20,7 @@ void metrics_on_step(const EngineDriver& driver, const std::vector<RoomReport>& 
   const RankLeakStats s = driver.leak_stats();
   m->set_leaks(s.live_rooms, s.records, s.pages_in_use, s.peers);
   m->set_incarnation_counts(s.stale_messages, s.peer_restarts);
+  m->set_refusals(s.refusals);
   m->set_quarantined_pages(s.quarantined_pages);
   m->set_reclaimed_pages(s.reclaimed_pages);
   m->set_pool_residency(s.transport.locked_bytes, s.transport.unlocked_bytes, s.transport.residency_warnings);

@@ -299,6 +299,9 @@ RankLeakStats PrefillDriver::leak_stats() const {
   const IncarnationCounts& inc = core_.incarnation_counts();
   s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
   s.peer_restarts = inc.peer_restarts;
+  for (size_t k = 0; k < kRefusalKinds; ++k)
+    s.refusals.push_back({std::string(refusal_name(static_cast<Refusal>(k))), core_.refusals().count(static_cast<Refusal>(k))});
+  s.refusals.push_back({"foreign", ep_.foreign_messages()});
   s.transport = core_.transport().stats();
   return s;
 }

@@ -63,7 +63,11 @@ Result<std::unique_ptr<EndpointCore>> EndpointCore::create(const EndpointConfig&
   auto spans = register_map(*core->transport_, core->map_);
   if (!spans.ok()) return spans.status();
   core->spans_ = std::move(spans).value();
-  auto sock = ControlSocket::bind(config.control);
+  // Frames this rank can use: a RoomMetadata names at most every page of the pool (a room's pages
+  // are this pool's pages on either side: page_size is the same, check_registration()).
+  ControlLimits limits;
+  limits.max_frame_bytes = ControlLimits::frame_bytes_for_pages(core->config_.layout.num_pages);
+  auto sock = ControlSocket::bind(config.control, limits);
   if (!sock.ok()) return sock.status();
   core->control_ = std::move(sock).value();
   core->control_endpoint_ = core->control_->endpoint();  // the advertised endpoint (kvferry/net.h)

@@ -19,6 +19,7 @@
 #include "endpoint/connector.h"
 #include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
+#include "endpoint/refusals.h"
 #include "endpoint/waker.h"
 #include "kvferry/buffers.h"
 #include "kvferry/control.h"
@@ -104,6 +105,12 @@ class EndpointCore {
   // Counts a refused message (`kind`: a message_name()) and logs it at debug with
   // event "stale_refused" (the replay's report counts those lines), naming `why`.
   void refuse_stale(std::string_view kind, const RankId& sender, const std::string& why);
+  // Counts and logs (rate-limited, endpoint/refusals.h) a frame refused from `sender`.
+  void refuse(Refusal kind, const RankId& sender, const std::string& what, bool quiet = false) {
+    refusals_.refuse(kind, what, {.origin = sender.str(), .extra = {{"peer", sender.str()}}}, monotonic_ns(), quiet);
+  }
+  const RefusalLog& refusals() const { return refusals_; }
+  RefusalLog& refusal_log() { return refusals_; }
   // Counts a restart of a peer (a newer incarnation seen).
   void count_peer_restart() { ++incarnations_.peer_restarts; }
   const IncarnationCounts& incarnation_counts() const { return incarnations_; }
@@ -161,6 +168,7 @@ class EndpointCore {
   EndpointConfig config_;
   uint64_t incarnation_ = 0;
   IncarnationCounts incarnations_;
+  RefusalLog refusals_{"endpoint"};
   std::unique_ptr<Transport> transport_;
   FaultInjectingTransport* faults_ = nullptr;  // transport_ itself when it is the decorator
   std::unique_ptr<ControlSocket> control_;

@@ -280,6 +280,7 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
 
 void DecodeEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
+  if (!admits(std::visit([](const auto& x) { return x.sender; }, m))) return;  // before anything else
   if (auto* hb = std::get_if<Heartbeat>(&m)) {
     if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
     return;

@@ -92,6 +92,11 @@ class DecodeEndpoint {
   Status connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns);
 
   void on_message(const Message& m);
+  // Whether `sender` is a source of this rank in the agreed plan (a prefill rank of engine 0, a TP
+  // rank the plan receives from, a DP rank below the prefill engine's DP size). admits() counts
+  // and logs a refusal (Refusal::kOutsidePlan); the manager asks it before decoding a frame.
+  bool in_plan(const RankId& sender) const;
+  bool admits(const RankId& sender);
 
   // `prefill_dp_rank`: the prefill DP group serving the room (-1: dp_rank_for_room(room, prefill_dp)).
   void add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank = -1);

@@ -14,6 +14,21 @@ namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 }  // namespace
 
+bool DecodeEndpoint::in_plan(const RankId& r) const {
+  if (r.role != Role::kPrefill || r.engine_id != 0 || r.dp_rank >= prefill_dp_) return false;
+  for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
+    if (p == r.tp_rank) return true;
+  return false;
+}
+
+bool DecodeEndpoint::admits(const RankId& sender) {
+  if (in_plan(sender)) return true;
+  core_.refuse(Refusal::kOutsidePlan, sender,
+               fmt::format("frame from {} refused: not a source of {} in the transfer plan", sender.str(),
+                           core_.self().str()));
+  return false;
+}
+
 void DecodeEndpoint::on_refusal(const RegistrationRefusal& rf) {
   // Only a source we registered with may refuse us, with a record that names itself.
   if (!peers_.count(rf.sender) || rf.failure.origin != rf.sender || rf.failure.code == ErrorCode::kOk) {

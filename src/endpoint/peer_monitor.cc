@@ -135,6 +135,12 @@ void PeerMonitor::unwatch(const RankId& peer) {
   peers_.erase(peer);
 }
 
+int64_t PeerMonitor::last_heard_ns(const RankId& peer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(peer);
+  return it == peers_.end() || !it->second.heard_once ? 0 : it->second.last_heard_ns;
+}
+
 void PeerMonitor::heard(const RankId& peer, int64_t now_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = peers_.find(peer);

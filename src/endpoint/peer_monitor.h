@@ -98,6 +98,8 @@ class PeerMonitor {
   void watch(const RankId& peer, const std::string& control_endpoint);
   void unwatch(const RankId& peer);
   void heard(const RankId& peer, int64_t now_ns);
+  // When `peer` was last heard (heard(); 0: never, or not watched).
+  int64_t last_heard_ns(const RankId& peer) const;
   std::vector<DeadPeer> take_dead(int64_t now_ns);
   // Peers reported dead that were heard from again since (a transient silence, not a death).
   std::vector<RankId> take_revived();

@@ -34,6 +34,7 @@
 #include "endpoint/core.h"
 #include "kvferry/state.h"
 #include "endpoint/page_allocator.h"
+#include "endpoint/refusals.h"
 #include "endpoint/topology.h"
 
 namespace kvferry {
@@ -250,6 +251,21 @@ class PrefillEndpoint {
   // page_bytes not page_size x its heads, heads outside the model or not covering what the plan
   // sends it, buffers outside the registered spans (overflow-safe).
   std::string check_registration(const PoolRegistration& r) const;
+  // Whether `sender` is a destination of this rank in the agreed plan (a decode rank of engine 0,
+  // a TP rank the plan sends to, a DP rank below the decode engine's DP size). admits() counts and
+  // logs a refusal (Refusal::kOutsidePlan); the manager asks it before decoding a frame
+  // (kvferry::frame_sender) and on_message() again.
+  bool in_plan(const RankId& sender) const;
+  bool admits(const RankId& sender);
+  // Identities kept in the per-identity maps (peers, registrations, incarnations, connects): the
+  // plan bounds them; this caps them whatever the plan (a new identity beyond it is refused).
+  static constexpr size_t kMaxPeerIdentities = 4096;
+  // How far ahead of this rank's clock a registration's incarnation may be (incarnations are
+  // CLOCK_REALTIME ns of the sender's start, kvferry/messages.h): farther is refused.
+  static constexpr int64_t kMaxIncarnationSkewNs = 60'000'000'000;
+  // Registrations claiming a restart that could not be confirmed yet (their old incarnation still
+  // answers at its control endpoint), believed once it is gone (docs/security.md).
+  size_t pending_restarts() const { return pending_restarts_.size(); }
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
 
  private:
@@ -260,6 +276,23 @@ class PrefillEndpoint {
     uint64_t units;  // pages x layers of the chunk
   };
   void on_registration(const PoolRegistration& r);
+  // The incarnation checks of a registration (prefill_registration.cc): false when it is refused
+  // (counted and logged here; nothing changed but a held restart claim). Sets *restart when it is
+  // a confirmed restart of a known peer: peer_incarnation ours, incarnation within
+  // kMaxIncarnationSkewNs of our clock, not older than the known one, the same pool as any other
+  // registration of its incarnation, and a newer one only once the old incarnation is gone.
+  bool accept_registration(const PoolRegistration& r, bool* restart);
+  // Whether the incarnation of `peer` known here is gone: declared dead here; or, for a claimant
+  // naming the old control endpoint (one process only can own it), the old incarnation has not
+  // been heard for max(3 heartbeat intervals, half the heartbeat timeout); else the old control
+  // endpoint refuses a connect (a probe, rate-limited).
+  bool old_incarnation_gone(const RankId& peer, const std::string& old_endpoint, const std::string& new_endpoint);
+  // Whether a refused registration may be answered (a RegistrationRefusal, or the heartbeat of
+  // this incarnation): over the existing connection to its known endpoint, or once per identity at
+  // the endpoint it names when the identity is not known here; rate-limited.
+  bool may_answer(const PoolRegistration& r);
+  // The registration kept for `peer` under `inc` (connecting, connected or down), if any.
+  const PoolRegistration* registration_under(const RankId& peer, uint64_t inc) const;
   // Incarnations (kvferry/messages.h; prefill_registration.cc): whether a `kind` message from
   // `sender` with these incarnations may be used. Refused and counted: meant for another
   // incarnation of this rank (peer_inc not 0 and not ours), or from an incarnation of `sender`
@@ -360,8 +393,16 @@ class PrefillEndpoint {
   std::map<RankId, PendingConnect> connecting_;
   uint64_t next_connect_id_ = 1;
   std::map<RankId, PoolRegistration> dead_regs_;  // to reconnect a peer that answers again
-  // The newest incarnation of each decode rank that registered (a key of peers_ or dead_regs_).
+  // The newest incarnation of each decode rank that connected, or whose restart was confirmed
+  // (a key of peers_, connecting_ or dead_regs_): frames of older ones are stale.
   std::map<RankId, uint64_t> incarnations_;
+  // See pending_restarts(): the newest unconfirmed claim of each identity (bounded by the plan).
+  std::map<RankId, PoolRegistration> pending_restarts_;
+  // Identities told a refusal at an endpoint they named (once each, bounded by the plan); a known
+  // peer is told over its existing connection only.
+  std::set<RankId> told_refusal_;
+  RateLimit refusal_answers_{10.0, 20.0};  // RegistrationRefusals sent, per second and burst
+  RateLimit restart_probes_{5.0, 5.0};     // probes of an old incarnation's endpoint
   std::unordered_map<uint64_t, SenderRoom> rooms_;
   std::unordered_map<uint64_t, ChunkState> chunks_;
   PageAllocator aux_alloc_;

@@ -323,7 +323,9 @@ TEST(EndpointPair, TombstonesCappedAndKeepGuarantees) {
 }  // namespace
 // Only a room's own destinations speak for it: a Failed status or metadata naming a decode rank
 // this rank does not write the room to (another tp_rank, another DP group, a prefill rank) is
-// refused and counted; the room goes on, and its destination's status still fails it.
+// refused and counted; the room goes on, and its destination's status still fails it. (Since
+// issue 31 these identities are outside the transfer plan altogether: refused before the room is
+// looked at, counted as outside_plan.)
 TEST(EndpointPair, StatusesAndMetadataFromNonDestinationsAreRefused) {
   auto p = make_pair();
   ASSERT_TRUE(p);
@@ -336,7 +338,8 @@ TEST(EndpointPair, StatusesAndMetadataFromNonDestinationsAreRefused) {
     p->prefill().on_message(Message(RoomStatus{room, liar, KVPoll::Failed, forged, true}));
     p->prefill().on_message(Message(RoomMetadata{room, liar, {1, 2}, 0, {}, 1}));
   }
-  EXPECT_EQ(p->prefill().foreign_messages(), 2 * std::size(liars));
+  EXPECT_EQ(p->prefill().foreign_messages() + p->pcore().refusals().count(Refusal::kOutsidePlan),
+            2 * std::size(liars));
   EXPECT_NE(p->prefill().poll(room), KVPoll::Failed);
   EXPECT_FALSE(p->pcore().registry().get(room));
   EXPECT_FALSE(p->prefill().metadata_complete(room));
@@ -347,7 +350,8 @@ TEST(EndpointPair, StatusesAndMetadataFromNonDestinationsAreRefused) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->code, ErrorCode::kAborted);
   EXPECT_EQ(e->origin, decode_rank0());
-  EXPECT_EQ(p->prefill().foreign_messages(), 2 * std::size(liars));
+  EXPECT_EQ(p->prefill().foreign_messages() + p->pcore().refusals().count(Refusal::kOutsidePlan),
+            2 * std::size(liars));
 }
 
 }  // namespace kvferry

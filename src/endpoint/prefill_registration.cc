@@ -69,8 +69,24 @@ std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const
   return check_shape_in_spans(shape_of(r), spans);
 }
 
+bool PrefillEndpoint::in_plan(const RankId& r) const {
+  if (r.role != Role::kDecode || r.engine_id != 0 || r.dp_rank >= decode_dp_) return false;
+  for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
+    if (d == r.tp_rank) return true;
+  return false;
+}
+
+bool PrefillEndpoint::admits(const RankId& sender) {
+  if (in_plan(sender)) return true;
+  core_.refuse(Refusal::kOutsidePlan, sender,
+               fmt::format("frame from {} refused: not a destination of {} in the transfer plan", sender.str(),
+                           core_.self().str()));
+  return false;
+}
+
 void PrefillEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
+  if (!admits(std::visit([](const auto& x) { return x.sender; }, m))) return;  // before anything else
   if (auto* hb = std::get_if<Heartbeat>(&m)) {
     if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
     return;
@@ -93,6 +109,10 @@ uint64_t PrefillEndpoint::known_incarnation(const RankId& peer) const {
   return it == incarnations_.end() ? 0 : it->second;
 }
 
+// Frames other than registrations (docs/security.md, "Incarnations"): from the incarnation that
+// connected (or whose restart was confirmed), or from the one connecting now. An older one is
+// stale; a newer one is not believed (a restart is believed from a registration only): refused,
+// nothing changed.
 bool PrefillEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
                                          std::string_view kind) {
   if (peer_inc != 0 && peer_inc != core_.incarnation()) {
@@ -101,33 +121,115 @@ bool PrefillEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uin
     return false;
   }
   const uint64_t known = known_incarnation(sender);
+  auto c = connecting_.find(sender);
+  const uint64_t connecting = c == connecting_.end() ? 0 : c->second.reg.incarnation;
   // inc 0: built in this process (the codec refuses 0 on the wire), e.g. by a test.
-  if (known == 0 || inc == 0 || inc == known) return true;
-  if (inc < known) {
-    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
+  if (inc == 0 || inc == known || inc == connecting || (known == 0 && connecting == 0)) return true;
+  if (inc < std::max(known, connecting)) {
+    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, std::max(known, connecting)));
     return false;
   }
-  on_peer_restart(sender, inc);
-  return kind == "PoolRegistration";
+  core_.refuse(Refusal::kUnconfirmedRestart, sender,
+               fmt::format("{} from {} refused: incarnation {} is newer than the one registered ({}); a restart is "
+                           "believed from a pool registration only",
+                           kind, sender.str(), inc, std::max(known, connecting)),
+               // A plausible incarnation: a restart whose registration is under way (debug only).
+               /*quiet=*/inc <= static_cast<uint64_t>(realtime_ns()) + kMaxIncarnationSkewNs);
+  return false;
+}
+
+const PoolRegistration* PrefillEndpoint::registration_under(const RankId& peer, uint64_t inc) const {
+  if (auto c = connecting_.find(peer); c != connecting_.end() && c->second.reg.incarnation == inc) return &c->second.reg;
+  if (auto p = peers_.find(peer); p != peers_.end() && p->second.reg.incarnation == inc) return &p->second.reg;
+  if (auto d = dead_regs_.find(peer); d != dead_regs_.end() && d->second.incarnation == inc) return &d->second;
+  return nullptr;
+}
+
+bool PrefillEndpoint::old_incarnation_gone(const RankId& peer, const std::string& old_endpoint,
+                                           const std::string& new_endpoint) {
+  if (dead_peers_.count(peer)) return true;  // declared dead here (silence and a probe, or a failed connect)
+  const int64_t now = monotonic_ns();
+  if (new_endpoint == old_endpoint) {
+    // The claimant names the old control endpoint, which one process only can own: if the old
+    // incarnation still owned it, it would still be heard (its heartbeats come every interval).
+    const Deadlines& d = core_.config().deadlines;
+    const int64_t silence_ms = std::max(3 * d.heartbeat_interval_ms, d.heartbeat_timeout_ms / 2);
+    const int64_t last = core_.monitor().last_heard_ns(peer);
+    return last != 0 && now - last >= silence_ms * 1'000'000;
+  }
+  if (!restart_probes_.take(now)) return false;
+  return PeerMonitor::probe(old_endpoint, 20) == PeerMonitor::Probe::kRefused;
+}
+
+bool PrefillEndpoint::accept_registration(const PoolRegistration& r, bool* restart) {
+  *restart = false;
+  if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
+    core_.refuse_stale("PoolRegistration", r.sender,
+                       fmt::format("meant for incarnation {} of this rank, which is {}", r.peer_incarnation,
+                                   core_.incarnation()));
+    // Meant for this rank's previous incarnation: a heartbeat tells the decode rank at once who
+    // answers here now (it then registers again), as a refusal is answered (may_answer()).
+    if (may_answer(r)) (void)core_.send(r.control_endpoint, Heartbeat{core_.self(), 0, monotonic_ns(), core_.incarnation()});
+    return false;
+  }
+  const int64_t now_wall = realtime_ns();
+  if (r.incarnation != 0 && r.incarnation > static_cast<uint64_t>(now_wall) + kMaxIncarnationSkewNs) {
+    core_.refuse(Refusal::kFutureIncarnation, r.sender,
+                 fmt::format("pool registration of {} refused: incarnation {} is more than {} s ahead of this "
+                             "rank's clock ({})",
+                             r.sender.str(), r.incarnation, kMaxIncarnationSkewNs / 1'000'000'000, now_wall));
+    return false;
+  }
+  if (r.incarnation == 0) return true;  // built in this process (tests)
+  const uint64_t known = known_incarnation(r.sender);
+  if (known != 0 && r.incarnation < known) {
+    core_.refuse_stale("PoolRegistration", r.sender, fmt::format("from its incarnation {}, older than {}", r.incarnation, known));
+    return false;
+  }
+  // Within one incarnation a registration cannot change (the same process registers one pool).
+  if (const PoolRegistration* same = registration_under(r.sender, r.incarnation); same && !same_pool(*same, r)) {
+    core_.refuse(Refusal::kChangedRegistration, r.sender,
+                 fmt::format("pool registration of {} refused: incarnation {} registered a different pool already",
+                             r.sender.str(), r.incarnation));
+    return false;
+  }
+  if (known == 0 || r.incarnation == known) return true;
+  // A restart claim: believed once the old incarnation is gone (docs/security.md, "Incarnations").
+  const PoolRegistration* old = registration_for(r.sender);
+  if (!old) old = dead_regs_.count(r.sender) ? &dead_regs_.at(r.sender) : nullptr;
+  if (old && !old_incarnation_gone(r.sender, old->control_endpoint, r.control_endpoint)) {
+    auto pending = pending_restarts_.find(r.sender);
+    if (pending == pending_restarts_.end() || pending->second.incarnation <= r.incarnation)
+      pending_restarts_[r.sender] = r;
+    core_.refuse(Refusal::kUnconfirmedRestart, r.sender,
+                 fmt::format("pool registration of {} as incarnation {} held: incarnation {} still answers at {}",
+                             r.sender.str(), r.incarnation, known, old->control_endpoint),
+                 /*quiet=*/true);
+    return false;
+  }
+  *restart = true;
+  return true;
 }
 
 void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
   const uint64_t old = known_incarnation(peer);
   core_.count_peer_restart();
   incarnations_[peer] = inc;
+  pending_restarts_.erase(peer);
   if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
   dead_regs_.erase(peer);  // never reconnect to the previous incarnation
 }
 
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {
-  if (!accept_incarnation(r.sender, r.incarnation, r.peer_incarnation, "PoolRegistration")) {
-    if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
-      // Meant for this rank's previous incarnation: a heartbeat tells the decode rank at once who
-      // answers here now (it then fails what it had with that one and registers again).
-      (void)core_.send(r.control_endpoint, Heartbeat{core_.self(), 0, monotonic_ns(), core_.incarnation()});
-    }
+  if (!incarnations_.count(r.sender) && !connecting_.count(r.sender) && !dead_regs_.count(r.sender) &&
+      incarnations_.size() + connecting_.size() + dead_regs_.size() >= kMaxPeerIdentities) {
+    core_.refuse(Refusal::kTooManyPeers, r.sender,
+                 fmt::format("pool registration of {} refused: {} decode ranks known already", r.sender.str(),
+                             kMaxPeerIdentities));
     return;
   }
+  bool restart = false;
+  if (!accept_registration(r, &restart)) return;
   std::string bad = check_registration(r);
   std::optional<RemoteRegionInfo> info;
   if (bad.empty()) {
@@ -138,12 +240,12 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
   if (!bad.empty()) {
     ++refused_registrations_;
     last_refusal_ = bad;
-    log_event(LogLevel::kWarning, kComp,
-              fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad),
-              {.code = std::string(code_name(ErrorCode::kProtocolError)), .origin = r.sender.str()});
+    core_.refuse(Refusal::kBadRegistration, r.sender,
+                 fmt::format("rejected pool registration from {}: {}", r.sender.str(), bad));
     refuse(r, bad);
     return;
   }
+  if (restart) on_peer_restart(r.sender, r.incarnation);  // confirmed: the old one is gone
   refused_.erase(r.sender);
   auto old = peers_.find(r.sender);
   if (old != peers_.end() && !connecting_.count(r.sender) && same_pool(old->second.reg, r)) {
@@ -157,7 +259,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     for (auto& [id, room] : rooms_) maybe_ready(room);
     return;
   }
-  if (old != peers_.end()) core_.control().forget(old->second.reg.control_endpoint);  // a restarted decode rank
+  if (auto c = connecting_.find(r.sender); c != connecting_.end() && same_pool(c->second.reg, r)) return;  // under way
   start_connect(r, std::move(*info));
 }
 
@@ -172,8 +274,8 @@ void PrefillEndpoint::start_connect(const PoolRegistration& r, RemoteRegionInfo 
   }
   // A newer registration supersedes a connect under way (its result is disconnected on arrival).
   connecting_[r.sender] = {r, id, monotonic_ns() + core_.config().deadlines.connect_timeout_ms * 1'000'000};
-  incarnations_[r.sender] = r.incarnation;  // the newest that registered (accept_incarnation())
-  dead_peers_.erase(r.sender);  // it is back: its rooms wait for the connect (connect_failed: down again)
+  // A working peer stays as it is until the new connect completes (check_connects()).
+  if (!peers_.count(r.sender)) dead_peers_.erase(r.sender);  // its rooms wait for the connect
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registering: transport connect started", r.sender.str()));
 }
 
@@ -204,8 +306,14 @@ void PrefillEndpoint::check_connects(int64_t now_ns) {
       connect_failed(sender, reg, done.peer.status().str());
       continue;
     }
-    if (auto old = peers_.find(sender); old != peers_.end()) core_.transport().disconnect(old->second.peer);
+    if (auto old = peers_.find(sender); old != peers_.end()) {  // replaced only now that the new one works
+      core_.transport().disconnect(old->second.peer);
+      if (old->second.reg.control_endpoint != reg.control_endpoint) core_.control().forget(old->second.reg.control_endpoint);
+    }
     peers_[sender] = {reg, shape_of(reg), *done.peer};
+    if (reg.incarnation != 0) incarnations_[sender] = std::max(known_incarnation(sender), reg.incarnation);
+    if (auto p = pending_restarts_.find(sender); p != pending_restarts_.end() && p->second.incarnation <= reg.incarnation)
+      pending_restarts_.erase(p);
     dead_peers_.erase(sender);
     dead_regs_.erase(sender);
     core_.monitor().watch(sender, reg.control_endpoint);
@@ -226,10 +334,23 @@ void PrefillEndpoint::check_connects(int64_t now_ns) {
 
 void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration& reg, const std::string& why) {
   const int64_t now = monotonic_ns();
+  if (auto working = peers_.find(peer); working != peers_.end() && !dead_peers_.count(peer)) {
+    // A registration that failed to connect never replaces one that works: the peer goes on.
+    log_event(LogLevel::kWarning, kComp,
+              fmt::format("cannot connect to decode peer {} with its new registration: {}; the working connection "
+                          "is kept",
+                          peer.str(), why),
+              {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
+               .extra = {{"peer", peer.str()}, {"event", "connect_failed_kept"}}});
+    return;
+  }
   // The same registration failing again (a retry once it answered again) is logged at debug.
   auto before = dead_regs_.find(peer);
   const bool again = before != dead_regs_.end() && before->second.worker_address == reg.worker_address;
-  dead_regs_[peer] = reg;  // first: the rooms' failures below are told to it there
+  // The registration to reconnect with once it answers again: one that worked stays (a failed
+  // one of the same incarnation never replaces it; a confirmed restart erased it).
+  if (before == dead_regs_.end() || known_incarnation(peer) == 0 || before->second.incarnation != known_incarnation(peer))
+    dead_regs_[peer] = reg;  // first: the rooms' failures below are told to it there
   size_t failed = 0;
   for (auto& [id, r] : rooms_) {
     if (r.state.terminal()) continue;
@@ -251,6 +372,21 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
   dead_peers_.insert(peer);
 }
 
+bool PrefillEndpoint::may_answer(const PoolRegistration& r) {
+  const std::string* known = control_endpoint_of(r.sender);
+  const bool existing = known && *known == r.control_endpoint && core_.control().connected_to(*known);
+  if (!existing && (known || told_refusal_.count(r.sender))) {
+    log_event(LogLevel::kDebug, kComp, "refused registration of " + r.sender.str() + " not answered at " + r.control_endpoint);
+    return false;
+  }
+  if (!refusal_answers_.take(monotonic_ns())) {
+    log_event(LogLevel::kDebug, kComp, "refused registration of " + r.sender.str() + " not answered: rate limit");
+    return false;
+  }
+  if (!existing) told_refusal_.insert(r.sender);
+  return true;
+}
+
 void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) {
   if (r.sender.role != Role::kDecode) return;  // not a decode rank: no rooms of it to fail
   const int64_t now = monotonic_ns();
@@ -261,6 +397,7 @@ void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) 
   refused_[r.sender] = f;
   RegistrationRefusal refusal{core_.self(), f};
   refusal.peer_incarnation = r.incarnation;  // meant for the incarnation that registered
+  if (!may_answer(r)) return;
   Status s = core_.send(r.control_endpoint, refusal);
   if (!s.ok()) log_event(LogLevel::kDebug, kComp, "refusal not delivered to " + r.sender.str() + ": " + s.str());
 }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "endpoint/topology.h"
@@ -163,10 +164,16 @@ void ManagerImpl::progress_control() {
   for (int i = 0; i < 4096; ++i) {
     auto frame = core_->control().recv(std::chrono::milliseconds(0));
     if (!frame) break;
-    auto msg = kvferry::decode(*frame);
+    // A sender that is no peer of this rank in the plan is refused before the frame is decoded.
+    const std::optional<RankId> sender = frame_sender(*frame);
+    if (sender && !(prefill_ ? prefill_->admits(*sender) : decode_->admits(*sender))) continue;
+    // No room of this rank has more pages than its pool (the codec refuses more before allocating).
+    const uint64_t pages = core_->layout().num_pages;
+    auto msg = kvferry::decode(*frame, static_cast<uint32_t>(std::min<uint64_t>(pages, kMaxKvIndices)));
     if (!msg.ok()) {
-      log_event(LogLevel::kWarning, "control", "rejected control frame: " + msg.status().str(),
-                {.code = std::string(code_name(ErrorCode::kProtocolError))});
+      LogFields f{.origin = sender ? sender->str() : std::string()};
+      core_->refusal_log().refuse(Refusal::kMalformed, "rejected control frame: " + msg.status().str(), std::move(f),
+                                  monotonic_ns());
       continue;
     }
     if (message_hook_) message_hook_(*msg);

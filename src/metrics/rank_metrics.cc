@@ -47,6 +47,7 @@ struct RankMetrics::Impl {
   uint64_t latency_count = 0;
   double latency_sum = 0;
   std::map<std::pair<std::string, bool>, uint64_t> failures;  // (code name, propagated) -> count
+  std::map<std::string, uint64_t> refusals;  // kind -> count (guarded by mu)
 };
 
 RankMetrics::RankMetrics(const RankId& self) : impl_(std::make_unique<Impl>()) {
@@ -100,6 +101,13 @@ void RankMetrics::set_incarnation_counts(const std::array<uint64_t, 4>& stale_by
   };
   for (size_t i = 0; i < 4; ++i) raise(impl_->stale[i], stale_by_kind[i]);
   raise(impl_->peer_restarts, peer_restarts);
+}
+void RankMetrics::set_refusals(const std::vector<std::pair<std::string, uint64_t>>& by_kind) {
+  std::lock_guard lock(impl_->mu);
+  for (const auto& [kind, n] : by_kind) {
+    uint64_t& cur = impl_->refusals[kind];
+    cur = std::max(cur, n);
+  }
 }
 void RankMetrics::set_quarantined_pages(uint64_t pages) { impl_->quarantined.store(pages, std::memory_order_relaxed); }
 void RankMetrics::set_reclaimed_pages(uint64_t pages) {
@@ -168,6 +176,14 @@ std::string RankMetrics::exposition() const {
     sample(out, "kvferry_stale_messages_total", c, fmt::format("kind=\"{}\"", kKinds[i]), m.stale[i].load());
   simple("kvferry_peer_restarts_total", "counter", "Peers of the other engine seen back as a new incarnation",
          m.peer_restarts);
+  {
+    std::lock_guard lock(m.mu);
+    if (!m.refusals.empty()) {
+      header(out, "kvferry_refused_frames_total", "counter", "Frames refused from peers, by kind (docs/security.md)");
+      for (const auto& [kind, n] : m.refusals)
+        sample(out, "kvferry_refused_frames_total", c, fmt::format("kind=\"{}\"", kind), n);
+    }
+  }
   simple("kvferry_quarantined_pages", "gauge",
          "Pages and aux rows quarantined: leaked until the prefill confirms the drain (leak counter)", m.quarantined);
   simple("kvferry_reclaimed_pages_total", "counter",

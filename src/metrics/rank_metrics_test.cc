@@ -65,6 +65,19 @@ TEST(RankMetrics, CountersGaugesAndHistogramInTextFormat) {
   EXPECT_EQ(sample(t, "kvferry_reclaimed_pages_total{" + kLabels + "}"), 13);
 }
 
+// Issue 31: every refusal counter on /metrics, by kind, never going back.
+TEST(RankMetrics, RefusedFramesByKind) {
+  RankMetrics m(RankId{Role::kDecode, 0, 1, 0});
+  EXPECT_EQ(m.exposition().find("kvferry_refused_frames_total"), std::string::npos);  // none set yet
+  m.set_refusals({{"outside_plan", 64}, {"changed_registration", 2}, {"foreign", 0}});
+  m.set_refusals({{"outside_plan", 3}, {"changed_registration", 5}});
+  const std::string t = m.exposition();
+  EXPECT_NE(t.find("# TYPE kvferry_refused_frames_total counter"), std::string::npos);
+  EXPECT_EQ(sample(t, "kvferry_refused_frames_total{" + kLabels + ",kind=\"outside_plan\"}"), 64);
+  EXPECT_EQ(sample(t, "kvferry_refused_frames_total{" + kLabels + ",kind=\"changed_registration\"}"), 5);
+  EXPECT_EQ(sample(t, "kvferry_refused_frames_total{" + kLabels + ",kind=\"foreign\"}"), 0);
+}
+
 TEST(RankMetrics, IncarnationCountersNeverGoBack) {
   RankMetrics m(RankId{Role::kDecode, 0, 1, 0});
   m.set_incarnation_counts({1, 2, 3, 4}, 5);
