@@ -93,7 +93,7 @@ class DecodeEndpoint {
 
   void on_message(const Message& m);
   // Whether `sender` is a source of this rank in the agreed plan (a prefill rank of engine 0, a TP
-  // rank the plan receives from, a DP rank below the prefill engine's DP size). admits() counts
+  // rank the plan receives from; any DP rank: a room may name its own). admits() counts
   // and logs a refusal (Refusal::kOutsidePlan); the manager asks it before decoding a frame.
   bool in_plan(const RankId& sender) const;
   bool admits(const RankId& sender);

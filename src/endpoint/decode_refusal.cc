@@ -15,7 +15,9 @@ constexpr std::string_view kComp = "decode.endpoint";
 }  // namespace
 
 bool DecodeEndpoint::in_plan(const RankId& r) const {
-  if (r.role != Role::kPrefill || r.engine_id != 0 || r.dp_rank >= prefill_dp_) return false;
+  // No bound on the DP rank: a room may name its prefill DP rank explicitly (add_room), beyond
+  // the configured prefill DP size; the rooms' sources check it (on_status).
+  if (r.role != Role::kPrefill || r.engine_id != 0) return false;
   for (uint32_t p : sources_of(plan_, core_.self().tp_rank))
     if (p == r.tp_rank) return true;
   return false;
