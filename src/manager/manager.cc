@@ -8,6 +8,7 @@
 
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
+#include "kvferry/control.h"
 #include "kvferry/log.h"
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
@@ -167,8 +168,11 @@ void ManagerImpl::progress_control() {
     // A sender that is no peer of this rank in the plan is refused before the frame is decoded.
     const std::optional<RankId> sender = frame_sender(*frame);
     if (sender && !(prefill_ ? prefill_->admits(*sender) : decode_->admits(*sender))) continue;
-    // No room of this rank has more pages than its pool (the codec refuses more before allocating).
-    const uint64_t pages = core_->layout().num_pages;
+    // A RoomMetadata names the decode rank's pages, not this rank's: a prefill rank's pool (e.g. a
+    // staging ring) can be smaller than a room. The count is bounded by what the frame limit lets
+    // through (ControlLimits::frame_bytes_for_pages, 8 bytes an index), refused by the codec before
+    // allocating; each index is then checked against the sender's registered pool.
+    const uint64_t pages = ControlLimits::frame_bytes_for_pages(core_->layout().num_pages) / 8;
     auto msg = kvferry::decode(*frame, static_cast<uint32_t>(std::min<uint64_t>(pages, kMaxKvIndices)));
     if (!msg.ok()) {
       LogFields f{.origin = sender ? sender->str() : std::string()};
