@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "transport/ucx/transport_test_util.h"
 #include "transport/ucx/ucx_transport.h"
@@ -166,6 +167,40 @@ TEST(ShmMapping, APeerAnnouncingMoreThanItsSegmentIsRefusedAtConnect) {
   const std::vector<WriteOp> ops = {{0, 4096, 8192}, {kBytes - 8, kBytes - 8, 8}};
   ASSERT_TRUE(testing::write_and_wait(*p.a, *honest, 1, ops).ok());
   EXPECT_EQ(std::memcmp(p.rb.base, testing::expected_image(kBytes, 0xEE, ops).data(), kBytes), 0);
+}
+
+// Several transports of one process (prefill ranks of an in-process engine, or the shards of one
+// rank) connecting to one peer's segment at once: each unpack's mapping is found new although the
+// others attach and detach the same segment meanwhile (holds, unpacks, destroys). Before
+// segment_mapping_lock (shm_segments.h) one transport's hold, detached between another's snapshot
+// and unpack, freed the range the unpack then mapped again: the honest peer was refused ("span is
+// not in the mapping its remote key's unpack created"; CI, ManagerLayers 2 prefill -> 1 decode).
+TEST(ShmMapping, ConcurrentConnectsOfOneProcessToOneSegmentAllPass) {
+  constexpr uint64_t kBytes = 1 << 20;
+  constexpr int kSources = 3, kRounds = 30;
+  TransportOptions opt;
+  opt.kind = TransportKind::kShm;
+  auto target = UcxTransport::create(opt);
+  ASSERT_TRUE(target.ok());
+  auto region = (*target)->create_region(kBytes);
+  ASSERT_TRUE(region.ok());
+  const RemoteRegionInfo info = testing::remote_info(**target, *region);
+  std::vector<std::unique_ptr<UcxTransport>> sources;
+  for (int i = 0; i < kSources; ++i) {
+    auto t = UcxTransport::create(opt);
+    ASSERT_TRUE(t.ok());
+    sources.push_back(std::move(t.value()));
+  }
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<Result<PeerId>> got(kSources, Result<PeerId>(ErrorCode::kInternal, "not run"));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kSources; ++i) threads.emplace_back([&, i] { got[i] = sources[i]->connect(info); });
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < kSources; ++i) {
+      ASSERT_TRUE(got[i].ok()) << "round " << round << " source " << i << ": " << got[i].status().str();
+      sources[i]->disconnect(*got[i]);
+    }
+  }
 }
 
 }  // namespace

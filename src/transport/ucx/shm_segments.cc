@@ -37,6 +37,11 @@ int open_posix(const SegmentClaim& c) {
 
 }  // namespace
 
+std::mutex& segment_mapping_lock() {
+  static std::mutex lock;
+  return lock;
+}
+
 SegmentHold& SegmentHold::operator=(SegmentHold&& o) noexcept {
   if (this == &o) return *this;
   release();
@@ -50,7 +55,10 @@ SegmentHold& SegmentHold::operator=(SegmentHold&& o) noexcept {
 }
 
 void SegmentHold::release() {
-  if (sysv_attach_ != nullptr) ::shmdt(sysv_attach_);
+  if (sysv_attach_ != nullptr) {
+    std::lock_guard<std::mutex> lock(segment_mapping_lock());
+    ::shmdt(sysv_attach_);
+  }
   sysv_attach_ = nullptr;
   component_ = UcxComponent::kUnknown;
 }
@@ -65,7 +73,11 @@ Status SegmentHold::acquire(const SegmentClaim& c) {
       return gone("the peer's sysv fifo (its worker address) is no segment this rank can see");
     if (ds.shm_cpid != fifo.shm_cpid)
       return bad("sysv remote key names a segment another process than the peer's created");
-    void* at = ::shmat(id, nullptr, SHM_RDONLY);
+    void* at = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(segment_mapping_lock());
+      at = ::shmat(id, nullptr, SHM_RDONLY);
+    }
     if (at == reinterpret_cast<void*>(-1)) return bad("sysv remote key names a segment this rank cannot attach");
     sysv_attach_ = at;
     component_ = UcxComponent::kSysv;

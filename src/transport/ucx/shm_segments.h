@@ -11,14 +11,25 @@
 // the moment between this check and UCX's own open is the one window left (only the process
 // that owns the segment, i.e. the peer itself, can do that; docs/security.md).
 //
-// Thread contract: one hold per thread; acquire and release on the same thread.
+// Thread contract: one hold per thread; acquire and release on the same thread. Every change
+// this process makes to its mappings of peers' segments happens under segment_mapping_lock().
 #pragma once
 #include <cstdint>
+#include <mutex>
 
 #include "kvferry/error.h"
 #include "transport/ucx/ucx_layout.h"
 
 namespace kvferry::ucx {
+
+// The one lock under which this process maps and unmaps peers' segments: a hold's attach and
+// detach, an rkey's unpack together with the snapshots of /proc/self/maps around it
+// (shm_mapping.h new_mappings), and an rkey's destroy. Without it, another transport or shard of
+// the process could unmap a mapping of the same segment between one unpack's first snapshot and
+// the unpack, and the unpack could map the freed range again: the same range and inode as the
+// snapshot's, so the mapping the unpack created looked old and an honest peer was refused (two
+// prefill ranks of one process connecting to one decode rank at once).
+std::mutex& segment_mapping_lock();
 
 class SegmentHold {
  public:

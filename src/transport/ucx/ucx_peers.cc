@@ -119,11 +119,17 @@ void UcxTransport::create_and_wire(std::unique_ptr<Peer> owned, const std::strin
       // Which mapping this very unpack creates (shm_mapping.h): its segment's, new since now.
       SegmentHold* hold = holds != nullptr && j < holds->size() ? &(*holds)[j] : nullptr;
       const bool segment = hold != nullptr && hold->holds_segment();
-      std::vector<Mapping> before = segment ? read_mappings() : std::vector<Mapping>();
-      s = ucp_ep_rkey_unpack(peer.ep, info->spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
-      if (s == UCS_OK && segment) {
-        peer.spans[j].segment = true;
-        peer.spans[j].fresh = new_mappings(before, read_mappings(), hold->inode(), hold->check_device(), hold->device());
+      {
+        // No other thread of this process maps or unmaps a peer's segment in between
+        // (shm_segments.h segment_mapping_lock).
+        std::lock_guard<std::mutex> lock(segment_mapping_lock());
+        std::vector<Mapping> before = segment ? read_mappings() : std::vector<Mapping>();
+        s = ucp_ep_rkey_unpack(peer.ep, info->spans[order[j]].packed_rkey.data(), &peer.spans[j].rkey);
+        if (s == UCS_OK && segment) {
+          peer.spans[j].segment = true;
+          peer.spans[j].fresh =
+              new_mappings(before, read_mappings(), hold->inode(), hold->check_device(), hold->device());
+        }
       }
       if (hold != nullptr) hold->release();
       if (s != UCS_OK) {
@@ -361,6 +367,7 @@ void UcxTransport::finish_close(Peer& peer) {
 }
 
 void UcxTransport::Peer::destroy_rkeys() {
+  std::lock_guard<std::mutex> lock(segment_mapping_lock());  // shm_segments.h
   for (Span& s : spans) {
     if (s.rkey != nullptr) ucp_rkey_destroy(s.rkey);
     s.rkey = nullptr;
