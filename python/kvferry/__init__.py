@@ -132,7 +132,9 @@ class KVManager:
     in the CLI). Peers may use other counts. log_failures: False leaves logging a failed room to
     the engine (SGLang's scheduler logs it; kvferry.sglang). control_bind / control_advertise /
     control_port: the control socket's bind host, the host peers are told, its port (defaults:
-    loopback, any free port).
+    loopback, any free port). fault_injection: True wraps the transport in kvferry's
+    fault-injecting decorator, for tests (inject_write_failure, hold_writes); off by default, and
+    then those hooks raise ValueError.
     """
 
     def __init__(self, role: str, kv_pool=None, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -142,7 +144,8 @@ class KVManager:
                  transport: str = "shm", tp_rank: int = 0, tp_size: int = 1,
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
                  log_file: Optional[str] = None, transfer_shards: int = 1, log_failures: bool = True,
-                 control_bind: str = "", control_advertise: str = "", control_port: int = 0):
+                 control_bind: str = "", control_advertise: str = "", control_port: int = 0,
+                 fault_injection: bool = False):
         if (kv_pool is None) == (buffers is None):
             raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
@@ -153,7 +156,8 @@ class KVManager:
         self._impl = _kvferry.Manager(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
                                       tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
                                       os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
-                                      control_bind, control_advertise, int(control_port))
+                                      control_bind, control_advertise, int(control_port),
+                                      bool(fault_injection))
 
     @property
     def layout(self) -> dict:

@@ -68,7 +68,7 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   mc.transfer_shards = c.transfer_shards;
   mc.deadlines = c.deadlines;
   mc.progress_thread = true;
-  mc.fault_injection = true;  // inject_write_failure, hold_writes
+  mc.fault_injection = c.fault_injection;  // inject_write_failure, hold_writes: only when asked for
   if (c.log_failures) mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
   auto r = kvferry::Manager::create(mc);
   if (!r.ok()) return r.status();
@@ -246,24 +246,37 @@ void Connector::close_room(uint64_t room) {
   rooms_.erase(room);  // the manager releases it once no write can reach its pages
 }
 
-void Connector::inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason) {
-  std::lock_guard lock(mu_);
-  if (m_ && m_->faults()) m_->faults()->fail_room(room, code, reason);
+Status Connector::no_faults() const {
+  return {ErrorCode::kInvalidArgument,
+          "fault injection is off: build the manager with fault_injection=True (kvferry.sglang: "
+          "KVFERRY_FAULT_INJECTION=1)"};
 }
 
-void Connector::hold_writes(uint64_t room) {
+Status Connector::inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason) {
   std::lock_guard lock(mu_);
-  if (m_ && m_->faults()) m_->faults()->hold_room(room);
+  if (!m_ || !m_->faults()) return no_faults();
+  m_->faults()->fail_room(room, code, reason);
+  return Status::Ok();
 }
 
-void Connector::release_held_writes(uint64_t room) {
+Status Connector::hold_writes(uint64_t room) {
   std::lock_guard lock(mu_);
-  if (m_ && m_->faults()) m_->faults()->release_held(room);
+  if (!m_ || !m_->faults()) return no_faults();
+  m_->faults()->hold_room(room);
+  return Status::Ok();
 }
 
-size_t Connector::held_writes(uint64_t room) {
+Status Connector::release_held_writes(uint64_t room) {
   std::lock_guard lock(mu_);
-  return m_ && m_->faults() ? m_->faults()->queued_writes(room) : 0;
+  if (!m_ || !m_->faults()) return no_faults();
+  m_->faults()->release_held(room);
+  return Status::Ok();
+}
+
+Result<size_t> Connector::held_writes(uint64_t room) {
+  std::lock_guard lock(mu_);
+  if (!m_ || !m_->faults()) return no_faults();
+  return m_->faults()->queued_writes(room);
 }
 
 Result<AuxRecord> Connector::aux(int64_t slot) {

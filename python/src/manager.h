@@ -62,6 +62,10 @@ struct ConnectorConfig {
   // true: the manager logs each failed room once (manager/log_policy.h); false: the engine logs
   // failures itself (SGLang's scheduler does, by KVTransferError.is_from_another_rank).
   bool log_failures = true;
+  // Wrap the transport in the fault-injecting decorator (tests, replay): inject_write_failure,
+  // hold_writes. Off by default: an engine's path has no decorator, and its hooks answer
+  // kInvalidArgument.
+  bool fault_injection = false;
 };
 
 // The layout of a pool of `num_pages` pages (sizing helper for engines).
@@ -108,13 +112,14 @@ class Connector {
   // Sender/Receiver::fail: a local failure of this rank with `code`. Errors: not open.
   Status fail_local(uint64_t room, ErrorCode code, const std::string& reason);
   void close_room(uint64_t room);
-  // Fault injection (tests): every later write of `room` fails in the transport with `code`.
-  void inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);
+  // Fault injection (config.fault_injection; else each answers kInvalidArgument saying so): every
+  // later write of `room` fails in the transport with `code`.
+  Status inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);
   // Test hooks over the fault decorator (kvferry/fault_transport.h): later writes of `room` stay in
   // flight (queued) until release_held_writes(room); held_writes() counts the queued ones.
-  void hold_writes(uint64_t room);
-  void release_held_writes(uint64_t room);
-  size_t held_writes(uint64_t room);
+  Status hold_writes(uint64_t room);
+  Status release_held_writes(uint64_t room);
+  Result<size_t> held_writes(uint64_t room);
   // Decode over the contiguous pool: kvferry's aux record in `slot`. Errors: slot out of range,
   // engine buffers (the engine reads its own aux buffers).
   Result<AuxRecord> aux(int64_t slot);
@@ -130,6 +135,7 @@ class Connector {
   };
   Connector() = default;
   Room* find(uint64_t room);
+  Status no_faults() const;
 
   PoolLayout layout_;
   RankId self_;

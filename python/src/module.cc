@@ -88,8 +88,10 @@ class PyManager {
             uint32_t page_size, uint32_t aux_slots, const std::string& bootstrap, const std::string& transport,
             uint32_t tp_rank, uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines,
             const std::string& log_file, uint32_t transfer_shards, bool log_failures,
-            const std::string& control_bind, const std::string& control_advertise, uint16_t control_port) {
+            const std::string& control_bind, const std::string& control_advertise, uint16_t control_port,
+            bool fault_injection) {
     ConnectorConfig c;
+    c.fault_injection = fault_injection;
     c.buffers = buffer_descs(buffers);
     if (pool.is_none() == c.buffers.empty()) throw py::value_error("give a KV pool or engine buffers (one of them)");
     if (!pool.is_none()) pool_ = std::make_unique<PoolBuffer>(pool);
@@ -223,12 +225,12 @@ PYBIND11_MODULE(_kvferry, mod) {
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
                     const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
-                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t>(),
+                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t, bool>(),
            py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
            py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"), py::arg("log_failures") = true,
-           py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0)
+           py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0, py::arg("fault_injection") = false)
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
@@ -308,18 +310,31 @@ PYBIND11_MODULE(_kvferry, mod) {
       })
       .def("hold_writes", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
-        py::gil_scoped_release nogil;
-        m->hold_writes(room);
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->hold_writes(room);
+        }
+        check(s);
       })
       .def("release_held_writes", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
-        py::gil_scoped_release nogil;
-        m->release_held_writes(room);
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->release_held_writes(room);
+        }
+        check(s);
       })
       .def("held_writes", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
-        py::gil_scoped_release nogil;
-        return m->held_writes(room);
+        Result<size_t> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m->held_writes(room);
+        }
+        check(r.status());
+        return r.value();
       })
       .def("poll", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
@@ -383,8 +398,12 @@ PYBIND11_MODULE(_kvferry, mod) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
         std::shared_ptr<Connector> m = p.m();
-        py::gil_scoped_release nogil;
-        m->inject_write_failure(room, *c, reason);
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->inject_write_failure(room, *c, reason);
+        }
+        check(s);
       })
       .def("aux", [](PyManager& p, int64_t slot) {
         std::shared_ptr<Connector> m = p.m();

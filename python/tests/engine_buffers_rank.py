@@ -83,7 +83,7 @@ def command():
 def manager(role, tp_rank, addr, transport, arrays):
     buffers = kvferry.describe_buffers(*arrays)
     return kvferry.KVManager(role, buffers=buffers, bootstrap_addr=addr, transport=transport, deadlines=DEADLINES,
-                             tp_rank=tp_rank, tp_size=TP, **GEOMETRY)
+                             tp_rank=tp_rank, tp_size=TP, fault_injection=True, **GEOMETRY)
 
 
 def terminal(room_obj):

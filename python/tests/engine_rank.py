@@ -37,7 +37,7 @@ def manager(role, tp_rank, addr, transport):
     n = kvferry.pool_nbytes(NUM_PAGES, aux_slots=AUX_SLOTS, tp_rank=tp_rank, tp_size=TP, **g)
     pool = np.zeros(n, dtype=np.uint8)
     mgr = kvferry.KVManager(role, pool, bootstrap_addr=addr, transport=transport, aux_slots=AUX_SLOTS,
-                            deadlines=DEADLINES, tp_rank=tp_rank, tp_size=TP, **GEOMETRY)
+                            deadlines=DEADLINES, tp_rank=tp_rank, tp_size=TP, fault_injection=True, **GEOMETRY)
     return mgr, pool
 
 

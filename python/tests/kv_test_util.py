@@ -26,7 +26,8 @@ def make_pool():
 
 def make_manager(role, pool, bootstrap_addr, transport, transfer_shards=1):
     return kvferry.KVManager(role, pool, bootstrap_addr=bootstrap_addr, transport=transport, aux_slots=AUX_SLOTS,
-                             deadlines=DEADLINES, transfer_shards=transfer_shards, **GEOMETRY)
+                             deadlines=DEADLINES, transfer_shards=transfer_shards, fault_injection=True,
+                             **GEOMETRY)
 
 
 def room_content(mgr, room):

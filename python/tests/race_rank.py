@@ -76,7 +76,7 @@ def main():
     pool = np.zeros(n, dtype=np.uint8)
     mgr = kvferry.KVManager(role, pool, bootstrap_addr=addr, transport=transport, aux_slots=8, deadlines=DEADLINES,
                             tp_rank=tp_rank, tp_size=tp_size, peer_tp_size=3 - tp_size, log_file=log_file,
-                            **GEOMETRY)
+                            fault_injection=True, **GEOMETRY)
     handles = {}
     if role == "prefill":
         for i, (room, kind) in enumerate(rooms):

@@ -384,6 +384,7 @@ def main(cfg, barrier, arr, width, results, all_done):
     if cfg.get("netns"):
         enter_netns(cfg["netns"])
     os.environ.update(cfg["env"])
+    os.environ["KVFERRY_FAULT_INJECTION"] = "1"  # the harness injects write failures and holds writes
     records = Records()
     root = logging.getLogger()
     root.addHandler(records)

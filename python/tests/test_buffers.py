@@ -131,3 +131,25 @@ def test_manager_over_engine_buffers_holds_them_until_close():
     mgr.close()
     gc.collect()
     assert alive() is None
+
+
+def test_fault_injection_is_off_unless_asked_for():
+    # Issue 31: the module built every manager with the fault-injecting transport and its hooks.
+    server = kvferry.BootstrapServer()
+    geo = dict(num_layers=3, num_kv_heads=2, head_dim=32, dtype_bytes=2, page_size=2, model_name="tiny-faults")
+    kv, aux, state = engine_arrays()
+    mgr = kvferry.KVManager("prefill", buffers=kvferry.describe_buffers(kv, aux, state),
+                            bootstrap_addr=f"127.0.0.1:{server.port}", transport="tcp", **geo)
+    for hook in (lambda: mgr.inject_write_failure(7), lambda: mgr.hold_writes(7),
+                 lambda: mgr.release_held_writes(7), lambda: mgr.held_writes(7)):
+        with pytest.raises(ValueError, match="fault injection is off"):
+            hook()
+    mgr.close()
+    mgr = kvferry.KVManager("prefill", buffers=kvferry.describe_buffers(kv, aux, state),
+                            bootstrap_addr=f"127.0.0.1:{server.port}", transport="tcp", fault_injection=True,
+                            **geo)
+    mgr.hold_writes(7)
+    assert mgr.held_writes(7) == 0
+    mgr.release_held_writes(7)
+    mgr.inject_write_failure(7)
+    mgr.close()

@@ -178,7 +178,9 @@ class KVManager:
                         log_file=log_file.replace("{rank}", rank) if log_file else None,
                         transfer_shards=int(_settings.env("KVFERRY_TRANSFER_SHARDS")), log_failures=False,
                         control_bind=_settings.env("KVFERRY_CONTROL_BIND") or advertise,
-                        control_advertise=advertise, **self.geometry.manager_kwargs())
+                        control_advertise=advertise,
+                        fault_injection=_settings.env("KVFERRY_FAULT_INJECTION").lower() in _settings.TRUE,
+                        **self.geometry.manager_kwargs())
 
     @staticmethod
     def _control_host_port(mgr: _Manager):
