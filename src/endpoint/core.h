@@ -33,6 +33,11 @@
 
 namespace kvferry {
 
+// How far ahead of this rank's clock a peer's incarnation may be (incarnations are CLOCK_REALTIME
+// ns of the sender's start, kvferry/messages.h): farther is refused, never believed as a restart.
+inline constexpr int64_t kMaxIncarnationSkewNs = 60'000'000'000;
+
+
 struct EndpointConfig {
   RankId self;
   PoolLayout layout;

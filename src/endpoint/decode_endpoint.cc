@@ -210,27 +210,6 @@ void DecodeEndpoint::source_restarted(const RankId& src) {
   source_gone(src);
 }
 
-bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
-                                        std::string_view kind) {
-  if (peer_inc != 0 && peer_inc != core_.incarnation()) {
-    core_.refuse_stale(kind, sender,
-                       fmt::format("meant for incarnation {} of this rank, which is {}", peer_inc, core_.incarnation()));
-    return false;
-  }
-  auto it = peers_.find(sender);
-  if (it == peers_.end() || it->second.incarnation == 0 || inc == 0 || inc == it->second.incarnation) return true;
-  const uint64_t known = it->second.incarnation;
-  if (inc < known) {
-    core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
-    return false;
-  }
-  // A newer incarnation: the source restarted. What it had with the previous one is lost; it is
-  // looked up again at the bootstrap service (its new entry names the new incarnation).
-  core_.count_peer_restart();
-  on_peer_dead(sender, fmt::format("restarted (incarnation {} -> {})", known, inc), /*gone=*/true);
-  return false;
-}
-
 const ReceiverRoom* DecodeEndpoint::room(uint64_t room) const {
   auto it = rooms_.find(room);
   return it == rooms_.end() ? nullptr : &it->second;
@@ -517,6 +496,7 @@ void DecodeEndpoint::set_waiting_deadline(uint64_t room, int64_t deadline_ns) {
 void DecodeEndpoint::tick(int64_t now_ns) {
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
+  judge_restart_claims(now_ns);
   for (const RankId& peer : core_.monitor().take_revived()) {  // a long silence, not a death
     auto it = peers_.find(peer);
     if (it != peers_.end() && dead_peers_.count(peer)) {

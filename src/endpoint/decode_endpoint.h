@@ -158,6 +158,8 @@ class DecodeEndpoint {
   size_t peers() const { return peers_.size(); }
   // Sources whose refusal of our registration stands (RegistrationRefusal).
   size_t refused_peers() const { return refused_.size(); }
+  // Restart claims of sources held until their old incarnation is gone (docs/security.md).
+  size_t pending_restarts() const { return restart_claims_.size(); }
   // Sources asked again for a room's status, so far (one per source per ask).
   uint64_t status_asks() const { return status_asks_; }
   static constexpr uint32_t kMaxAsks = 8;
@@ -209,11 +211,16 @@ class DecodeEndpoint {
   Status send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation);
   // Looks the dead `peer` up until its entry names another endpoint or another incarnation.
   void rediscover(const RankId& peer, const std::string& old_endpoint, uint64_t old_incarnation);
-  // Incarnations (kvferry/messages.h): whether a `kind` message from `sender` may be used.
-  // Refused and counted: meant for another incarnation of this rank, or from an incarnation of
-  // `sender` older than the one known. A newer one is the source's restart: the rooms it fed
-  // fail as for its death, it is looked up again; that message is dropped.
+  // decode_restarts.cc. Incarnations (kvferry/messages.h): whether a `kind` message from `sender`
+  // may be used. Refused and counted: meant for another incarnation of this rank, or from an
+  // incarnation of `sender` older than the one known, or more than kMaxIncarnationSkewNs ahead of
+  // this rank's clock. A newer plausible one is a restart claim: refused too, held (the newest per
+  // source), and believed by judge_restart_claims() once the old incarnation is gone.
   bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
+  // Believes each held claim whose old incarnation is gone (declared dead here, or no frame of it
+  // for max(3 heartbeat intervals, half the heartbeat timeout)): the rooms the old one fed fail as
+  // for its death and the source is looked up again. Drops a claim the known incarnation caught up with.
+  void judge_restart_claims(int64_t now_ns);
   // A source that was down registered again: sends it the metadata of rooms that waited for it
   // and the failures it missed.
   void on_peer_back(const RankId& peer, const std::string& endpoint);
@@ -242,6 +249,9 @@ class DecodeEndpoint {
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
+  // Restart claims not believed yet: the newest claimed incarnation of each source (keys are
+  // admitted senders: the plan bounds them).
+  std::map<RankId, uint64_t> restart_claims_;
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;

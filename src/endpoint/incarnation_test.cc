@@ -192,5 +192,37 @@ TEST(Incarnation, RegistrationForThePreviousPrefillIsAnsweredWithTheNewIncarnati
   transfer_room(*p, 0x2151, 32, {0, 1}, 1);
 }
 
+// Without the secret anyone can send a heartbeat in a prefill rank's name (issue 31, item 4, the
+// decode side): a newer incarnation in a frame is a claim the decode rank holds, not a restart.
+// While the source is alive its rooms go on; a claim far past this rank's clock is refused
+// outright; once the source is really gone the held claim is believed (a restart, counted).
+TEST(Incarnation, DecodeHoldsARestartClaimUntilTheSourceIsGone) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x2161;
+  open_room(*p, room, 32, {0, 1}, 1);
+  const uint64_t inc = p->pcore().incarnation();
+  p->decode().on_message(Message(Heartbeat{prefill_rank0(), 1, monotonic_ns(), inc + 1}));
+  RoomStatus lie{room, prefill_rank0(), KVPoll::Failed,
+                 Failure{ErrorCode::kTransferError, prefill_rank0(), "liar", monotonic_ns(), realtime_ns()}};
+  lie.incarnation = inc + 2;
+  p->decode().on_message(Message(lie));
+  const uint64_t far = static_cast<uint64_t>(realtime_ns()) + 3'600'000'000'000ull;  // 1 h ahead
+  p->decode().on_message(Message(Heartbeat{prefill_rank0(), 2, monotonic_ns(), far}));
+  p->pump_decode();
+  EXPECT_EQ(p->decode().poll(room), KVPoll::WaitingForInput);  // nothing of the live source's room moved
+  EXPECT_EQ(p->decode().pending_restarts(), 1u);
+  EXPECT_EQ(p->dcore().incarnation_counts().peer_restarts, 0u);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
+  EXPECT_EQ(p->dcore().incarnation_counts().peer_restarts, 0u);
+  p->decode().release(room);
+
+  p->kill_prefill();  // now the old incarnation is gone: the held claim is the restart
+  ASSERT_TRUE(p->pump_until([&] { return p->dcore().incarnation_counts().peer_restarts == 1; }, 10s,
+                            [&] { p->pump_decode(); }));
+  EXPECT_EQ(p->decode().pending_restarts(), 0u);
+}
+
 }  // namespace
 }  // namespace kvferry

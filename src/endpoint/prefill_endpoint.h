@@ -260,9 +260,6 @@ class PrefillEndpoint {
   // Identities kept in the per-identity maps (peers, registrations, incarnations, connects): the
   // plan bounds them; this caps them whatever the plan (a new identity beyond it is refused).
   static constexpr size_t kMaxPeerIdentities = 4096;
-  // How far ahead of this rank's clock a registration's incarnation may be (incarnations are
-  // CLOCK_REALTIME ns of the sender's start, kvferry/messages.h): farther is refused.
-  static constexpr int64_t kMaxIncarnationSkewNs = 60'000'000'000;
   // Registrations claiming a restart that could not be confirmed yet (their old incarnation still
   // answers at its control endpoint), believed once it is gone (docs/security.md).
   size_t pending_restarts() const { return pending_restarts_.size(); }
