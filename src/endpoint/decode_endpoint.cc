@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "endpoint/room_list.h"
 #include "kvferry/log.h"
 #include "kvferry/routing.h"
 
@@ -174,7 +175,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
     return;
   }
   int64_t now = monotonic_ns();
-  size_t failed = 0;
+  std::vector<uint64_t> failed;
   for (auto& [id, r] : rooms_) {
     bool fed = false;
     for (const RankId& s : r.sources) fed |= (s == peer);
@@ -187,11 +188,13 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
       continue;
     }
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
-    ++failed;
+    failed.push_back(id);
   }
   it->second.dead_since_ns = now;
+  std::sort(failed.begin(), failed.end());
   log_event(LogLevel::kError, kComp,
-            fmt::format("prefill peer {} unreachable: {}; {} rooms failed", peer.str(), reason, failed),
+            fmt::format("prefill peer {} unreachable: {}; {} failed: {}", peer.str(), reason,
+                        failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.control().forget(it->second.control_endpoint);

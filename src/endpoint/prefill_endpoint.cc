@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "endpoint/coalesce.h"
+#include "endpoint/room_list.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
 #include "kvferry/routing.h"
@@ -64,7 +65,7 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;
   int64_t now = monotonic_ns();
-  size_t failed = 0;
+  std::vector<uint64_t> failed;
   for (auto& [id, r] : rooms_) {
     if (r.meta.count(peer)) r.failure_heard.insert(peer);  // that process answers no more
     if (r.state.terminal()) continue;
@@ -72,10 +73,12 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
     for (const RankId& d : r.dests) bound |= (d == peer);
     if (!bound) continue;
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
-    ++failed;
+    failed.push_back(id);
   }
+  std::sort(failed.begin(), failed.end());
   log_event(LogLevel::kWarning, kComp,
-            fmt::format("decode peer {} unreachable: {}; {} rooms failed", peer.str(), reason, failed),
+            fmt::format("decode peer {} unreachable: {}; {} failed: {}", peer.str(), reason,
+                        failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
   core_.transport().disconnect(it->second.peer);

@@ -152,5 +152,28 @@ TEST_F(PrefillLinks, EndpointFailureOfAPeerThatIsGoneIsItsDeathAtOnce) {
   EXPECT_EQ(p->prefill().links_lost(), 0u);
 }
 
+// Issue 30, fix 5: after a peer's death the one line above debug names the requests it failed
+// (a bounded list, then a count), not only how many: every surviving rank's own error is rightly
+// "from another rank", so this line is the only place an operator finds them.
+TEST_F(PrefillLinks, PeerDeathWarningNamesTheFailedRooms) {
+  const uint64_t room_a = 0x5a05, room_b = 0x5a06;
+  open_room(*p, room_a, 48, {6, 7, 8}, 2);
+  open_room(*p, room_b, 16, {9}, 1);
+  const std::string control = p->dcore().control_endpoint();
+  p->kill_decode();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (PeerMonitor::probe(control, 20) != PeerMonitor::Probe::kRefused && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(PeerMonitor::probe(control, 20), PeerMonitor::Probe::kRefused) << control;
+  p->pcore().faults()->report_peer_error(pid, kInjected);
+  p->pump_prefill();
+  const auto dead = events.of("peer_dead");
+  ASSERT_EQ(dead.size(), 1u);
+  EXPECT_EQ(dead[0].level, LogLevel::kWarning);
+  EXPECT_NE(dead[0].msg.find("2 rooms failed: rooms " + std::to_string(room_a) + ", " + std::to_string(room_b)),
+            std::string::npos)
+      << dead[0].msg;
+}
+
 }  // namespace
 }  // namespace kvferry
