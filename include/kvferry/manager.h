@@ -162,6 +162,10 @@ class Receiver {
   // prefill source of the room. Errors: out-of-range or duplicate pages, bad aux/state rows.
   virtual Status send_metadata(std::span<const uint64_t> pages, uint64_t aux_index,
                                std::span<const uint64_t> state_indices, uint64_t num_tokens = 0) = 0;
+  // abort()/fail()/fail_from_engine() after init() and before send_metadata() (e.g. the request was
+  // aborted while it waited for memory) tell every prefill source of the room at once, so prefill
+  // fails it now with this cause rather than at its bootstrap deadline. Before init() the failure
+  // stays on this rank (no source is known yet).
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
   virtual void abort(const std::string& reason) = 0;

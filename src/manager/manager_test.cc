@@ -207,6 +207,38 @@ TEST_P(ManagerPair, DecodeAbortIsReportedOnBothSidesWithItsOrigin) {
   EXPECT_EQ(pe->failure_reason, "client went away");
 }
 
+// Issue 30, item 2: a request aborted after init() resolved its prefill sources and before it had
+// pages for send_metadata (SGLang's decode prealloc queue: it waits for memory, then
+// DecodePreallocQueue handles AbortReq). The abort reaches the prefill rank at once: its sender
+// fails with the decode rank's abort as cause (not a bootstrap timeout, an hour away here), and the
+// receiver is release-safe (no page was given out).
+TEST_P(ManagerPair, AbortBeforeMetadataReachesEveryPrefillSource) {
+  auto [transport, thread] = GetParam();
+  Deadlines d;
+  d.bootstrap_timeout_ms = 3'600'000;
+  auto r = make_ranks(transport, thread, d);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(16).value();
+  auto tx = r->prefill->sender(16).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  rx->abort("client went away while waiting for memory");
+  EXPECT_EQ(rx->poll(), KVPoll::Failed);
+  EXPECT_TRUE(rx->release_safe());
+  // SGLang's prefill inits once the decode side answered (here: with its failure), then sees Failed.
+  ASSERT_TRUE(r->until([&] { return tx->poll() != KVPoll::Bootstrapping; }, 20s));
+  if (tx->poll() == KVPoll::WaitingForInput) {
+    ASSERT_TRUE(tx->init(3, 0).ok());
+  }
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s));
+  auto pe = tx->failure();
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->code, ErrorCode::kAborted);
+  EXPECT_EQ(pe->origin, r->decode->self());
+  EXPECT_TRUE(pe->is_from_another_rank);
+  EXPECT_EQ(pe->failure_reason, "client went away while waiting for memory");
+  EXPECT_TRUE(r->until([&] { return tx->release_safe(); }));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ManagerPair,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
                          [](const auto& info) {

@@ -257,7 +257,7 @@ class ReceiverImpl final : public Receiver {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const int64_t now = monotonic_ns();
-    if (!r.initialized) {
+    if (!r.initialized && !open_for_failure(r)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
       m_.decode()->fail(room_, code, reason, m_.self(), now, true);
@@ -269,7 +269,7 @@ class ReceiverImpl final : public Receiver {
   void fail_from_engine(const KVTransferError& e) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    if (!r.initialized) {
+    if (!r.initialized && !open_for_failure(r)) {
       if (!r.early_failure) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
@@ -304,6 +304,17 @@ class ReceiverImpl final : public Receiver {
   }
 
  private:
+  // A failure after init() and before send_metadata() (SGLang: the request was aborted while it
+  // waited for memory): the room's sources are known, so the room goes into the endpoint without
+  // pages and every source is told now; prefill fails the room with this cause at once instead of
+  // at its bootstrap deadline. No page was given out: release-safe at once. True if it did.
+  bool open_for_failure(ManagerImpl::Room& r) {
+    if (!r.dp_set || r.early_failure) return false;
+    m_.decode()->add_room(room_, 0, r.prefill_dp_rank);
+    r.initialized = true;
+    return true;
+  }
+
   ManagerImpl& m_;
   uint64_t room_;
 };
