@@ -133,6 +133,14 @@ TEST_F(Bootstrap, OlderIncarnationNeverReplacesANewerOne) {
   ASSERT_TRUE(c.register_rank(newer).ok());
   EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, "tcp://127.0.0.1:5700");
   EXPECT_EQ(server_->overwrites(), 1u);
+  // One far in the future (it would lock every later restart out) is refused, the entry stays.
+  PrefillRankInfo future = r;
+  future.incarnation = UINT64_MAX;
+  future.control_endpoint = "tcp://127.0.0.1:29999";
+  s = c.register_rank(future);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
+  EXPECT_NE(s.message().find("ahead of this service's clock"), std::string::npos) << s.str();
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, "tcp://127.0.0.1:5700");
 }
 
 TEST(BootstrapClientErrors, UnreachableAndBadAddress) {

@@ -114,6 +114,15 @@ struct BootstrapServer::Impl {
     if (j.is_object() && j.contains("rank_ip")) return send(res, sglang.put_route(j));  // SGLang's shape
     auto info = bootstrap::rank_info_from_json(j);
     if (!info.ok()) return reply_error(res, 400, info.status().message());
+    // An incarnation is the rank's CLOCK_REALTIME ns at start (kvferry/messages.h): one far ahead of
+    // this clock would lock the rank's later restarts out (no newer one could replace it), as the
+    // ranks refuse it too (60 s, docs/security.md "Checked without the secret").
+    constexpr int64_t kMaxSkewNs = 60'000'000'000;
+    if (const int64_t now = realtime_ns(); info->incarnation > static_cast<uint64_t>(now) + kMaxSkewNs) {
+      ++refused_overwrites;
+      return reply_error(res, 400, "incarnation " + std::to_string(info->incarnation) +
+                                       " is more than 60 s ahead of this service's clock (" + std::to_string(now) + ")");
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       const Key key{info->engine_id, info->dp_rank, info->tp_rank};
