@@ -124,11 +124,19 @@ struct RoomStatus {
   uint64_t peer_incarnation = 0;    // the receiver's as the sender knows it (0: not known)
 };
 
+// A heartbeat may carry a challenge or its answer (at most one of the two is non-zero): a rank
+// that holds a peer's restart claim sends a challenge (a random nonce) to the control endpoint the
+// peer's known incarnation registered; whoever owns that endpoint answers with a heartbeat of its
+// own incarnation echoing the nonce, sent to the challenger's known control endpoint. Only the
+// owner of the endpoint sees the nonce, so the answer says which incarnation lives there
+// (docs/security.md, "Incarnations").
 struct Heartbeat {
   RankId sender;
   uint64_t seq = 0;
   int64_t sent_ns = 0;
   uint64_t incarnation = 0;  // the sender's
+  uint64_t challenge = 0;    // non-zero: answer with this nonce
+  uint64_t answer = 0;       // non-zero: the nonce of the challenge this heartbeat answers
 };
 
 // prefill -> decode, once per pool registration the prefill rank refuses (prefill_registration.cc:

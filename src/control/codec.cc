@@ -16,7 +16,9 @@
 //   RoomStatus       room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | state u8 (KVPoll) | failure Failure [| flags u8]
 //                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
 //                    (bit 0), with state Failed; absent means terminal (the original format).
-//   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64
+//   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64 [| probe u8 | nonce u64]
+//                    the optional tail: probe 1 = a challenge, 2 = its answer, nonce not 0;
+//                    absent means neither (the original format).
 //   RegistrationRefusal sender RankId | incarnation u64 | peer_incarnation u64 | failure Failure (code not kOk)
 // A sender incarnation of 0 is refused (every rank has one, messages.h).
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
@@ -36,6 +38,8 @@ constexpr char kMagic[4] = {'K', 'V', 'F', 'Y'};
 constexpr size_t kHeaderBytes = 12;
 constexpr size_t kBodyLengthOffset = 8;
 constexpr uint8_t kFlagNotTerminal = 1;  // RoomStatus flags: an early failure notice
+constexpr uint8_t kProbeChallenge = 1;   // Heartbeat tail: a challenge
+constexpr uint8_t kProbeAnswer = 2;      // Heartbeat tail: the answer to one
 
 using wire::WireReader;
 using wire::WireWriter;
@@ -148,6 +152,10 @@ void put_body(WireWriter& w, const Heartbeat& m) {
   w.u64(m.incarnation);
   w.u64(m.seq);
   w.i64(m.sent_ns);
+  if (m.challenge != 0 || m.answer != 0) {
+    w.u8(m.challenge != 0 ? kProbeChallenge : kProbeAnswer);
+    w.u64(m.challenge != 0 ? m.challenge : m.answer);
+  }
 }
 
 void put_body(WireWriter& w, const RegistrationRefusal& m) {
@@ -273,6 +281,20 @@ void get_body(WireReader& r, Heartbeat* m) {
   get_incarnation(r, "Heartbeat.incarnation", &m->incarnation);
   r.u64("Heartbeat.seq", &m->seq);
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
+  if (r.ok() && r.remaining() > 0) {  // the optional challenge or answer
+    uint8_t probe = 0;
+    uint64_t nonce = 0;
+    r.u8("Heartbeat.probe", &probe);
+    r.u64("Heartbeat.nonce", &nonce);
+    if (!r.ok()) return;
+    if (probe != kProbeChallenge && probe != kProbeAnswer) {
+      r.fail("Heartbeat.probe", std::to_string(probe) + " is neither a challenge (1) nor an answer (2)");
+    } else if (nonce == 0) {
+      r.fail("Heartbeat.nonce", "is 0");
+    } else {
+      (probe == kProbeChallenge ? m->challenge : m->answer) = nonce;
+    }
+  }
 }
 
 void get_body(WireReader& r, RegistrationRefusal* m) {

@@ -286,6 +286,29 @@ TEST(Codec, HeartbeatRoundTrip) {
   EXPECT_EQ(d.incarnation, 0xabcdu);
   EXPECT_EQ(d.seq, 99u);
   EXPECT_EQ(d.sent_ns, 1234567890123ll);
+  EXPECT_EQ(d.challenge, 0u);
+  EXPECT_EQ(d.answer, 0u);
+}
+
+// The optional tail (docs/security.md, "Incarnations"): a challenge or its answer, never a bad
+// probe kind, a zero nonce or a cut tail.
+TEST(Codec, HeartbeatCarriesAChallengeOrItsAnswer) {
+  Heartbeat hb = sample_heartbeat();
+  hb.challenge = 0x1122334455667788ull;
+  EXPECT_EQ(round_trip(hb).challenge, hb.challenge);
+  EXPECT_EQ(round_trip(hb).answer, 0u);
+  hb.challenge = 0;
+  hb.answer = 42;
+  EXPECT_EQ(round_trip(hb).answer, 42u);
+  EXPECT_EQ(round_trip(hb).challenge, 0u);
+  std::string f = encode(Message(hb));
+  ASSERT_EQ(f.size(), 12u + 37 + 9);
+  expect_rejected(f.substr(0, f.size() - 1).replace(8, 1, 1, char(45)), "Heartbeat.nonce");
+  f[12 + 37] = 3;
+  expect_rejected(f, "Heartbeat.probe");
+  f[12 + 37] = 1;
+  f.replace(12 + 38, 8, 8, '\0');
+  expect_rejected(f, "Heartbeat.nonce");
 }
 
 TEST(Codec, HeaderLayoutIsLittleEndian) {

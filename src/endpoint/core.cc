@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <utility>
 
 #include "kvferry/log.h"
 
+#include "endpoint/peer_monitor.h"
+#include "endpoint/refusals.h"
 #include "endpoint/span_compat.h"
 #include "kvferry/port_file.h"
 
@@ -147,6 +150,20 @@ std::vector<TransportEvent> EndpointCore::take_events() {
   std::vector<TransportEvent> out;
   out.swap(events_);
   return out;
+}
+
+uint64_t challenge_nonce() {
+  std::random_device rd;  // the system's random source (getrandom on Linux)
+  for (;;) {
+    const uint64_t n = (uint64_t(rd()) << 32) ^ rd();
+    if (n != 0) return n;
+  }
+}
+
+bool old_endpoint_gone(const std::string& endpoint, bool dead, RateLimit& probes, int64_t now_ns) {
+  if (!endpoint.starts_with("tcp://") || !probes.take(now_ns)) return false;
+  const PeerMonitor::Probe p = PeerMonitor::probe(endpoint, 20);
+  return p == PeerMonitor::Probe::kRefused || (dead && p == PeerMonitor::Probe::kUnanswered);
 }
 
 }  // namespace kvferry

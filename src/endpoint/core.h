@@ -37,6 +37,15 @@ namespace kvferry {
 // ns of the sender's start, kvferry/messages.h): farther is refused, never believed as a restart.
 inline constexpr int64_t kMaxIncarnationSkewNs = 60'000'000'000;
 
+// Restart claims (docs/security.md, "Incarnations"): a random non-zero nonce for a challenge
+// (kvferry/messages.h, Heartbeat), from the system's random source.
+uint64_t challenge_nonce();
+// Whether the process that owned a peer's old control endpoint is gone, as a TCP connect to it
+// shows (PeerMonitor::probe, 20 ms): it refuses (the socket closed with its process), or, for a
+// peer declared dead here already (`dead`), nothing answers at all (its host is gone). An endpoint
+// that is not tcp:// cannot be probed: never gone by this test. `probes` rate-limits the connects.
+bool old_endpoint_gone(const std::string& endpoint, bool dead, RateLimit& probes, int64_t now_ns);
+
 
 struct EndpointConfig {
   RankId self;

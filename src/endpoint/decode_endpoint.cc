@@ -264,7 +264,10 @@ void DecodeEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
   if (!admits(std::visit([](const auto& x) { return x.sender; }, m))) return;  // before anything else
   if (auto* hb = std::get_if<Heartbeat>(&m)) {
-    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
+    if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
+    core_.monitor().heard(hb->sender, now);
+    if (hb->challenge != 0) answer_challenge(*hb);
     return;
   }
   if (auto* st = std::get_if<RoomStatus>(&m)) {

@@ -217,10 +217,20 @@ class DecodeEndpoint {
   // this rank's clock. A newer plausible one is a restart claim: refused too, held (the newest per
   // source), and believed by judge_restart_claims() once the old incarnation is gone.
   bool accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc, std::string_view kind);
-  // Believes each held claim whose old incarnation is gone (declared dead here, or no frame of it
-  // for max(3 heartbeat intervals, half the heartbeat timeout)): the rooms the old one fed fail as
-  // for its death and the source is looked up again. Drops a claim the known incarnation caught up with.
+  // Believes each held claim whose old incarnation is gone: the source's control endpoint answered
+  // a challenge (kvferry/messages.h, Heartbeat) with the claimed incarnation, or the source was
+  // declared dead here and its endpoint is gone (old_endpoint_gone(): a connect is refused). The
+  // rooms the old one fed fail as for its death and the source is looked up again. Challenges the
+  // others' endpoints, once per heartbeat interval; drops a claim the known incarnation caught up
+  // with. Silence alone proves nothing (a stopped or starved source answers late).
   void judge_restart_claims(int64_t now_ns);
+  // A challenge from a source is answered at its known control endpoint (rate-limited), and this
+  // rank's registration is sent there again (a restart claim of ours held there is then settled by
+  // our own registration). An answer settles the claim whose nonce it echoes: the claimed
+  // incarnation confirms it, the known one drops it.
+  void answer_challenge(const Heartbeat& hb);
+  void on_challenge_answer(const Heartbeat& hb);
+  void believe_restart(const RankId& peer, uint64_t inc);
   // A source that was down registered again: sends it the metadata of rooms that waited for it
   // and the failures it missed.
   void on_peer_back(const RankId& peer, const std::string& endpoint);
@@ -250,8 +260,15 @@ class DecodeEndpoint {
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
   // Restart claims not believed yet: the newest claimed incarnation of each source (keys are
-  // admitted senders: the plan bounds them).
-  std::map<RankId, uint64_t> restart_claims_;
+  // admitted senders: the plan bounds them) and the challenge sent to its known endpoint.
+  struct RestartClaim {
+    uint64_t incarnation = 0;
+    uint64_t nonce = 0;
+    int64_t challenged_ns = 0;
+  };
+  std::map<RankId, RestartClaim> restart_claims_;
+  RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
+  RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;

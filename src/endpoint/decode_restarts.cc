@@ -1,11 +1,15 @@
 // DecodeEndpoint: which incarnation of a prefill source is believed (decode_endpoint.h;
 // docs/failure-model.md "Incarnations", docs/security.md "Checked without the secret"). Without
 // the cluster secret anyone can send a frame in a source's name, so a frame naming a newer
-// incarnation is only a claim: held, and believed once the incarnation known here is gone. A
-// claim changes nothing else: the live source keeps its rooms and its frames stay accepted.
+// incarnation is only a claim: held, and believed once the source's known control endpoint says
+// so (it answers a challenge with that incarnation) or is gone (declared dead and refusing
+// connects). A claim changes nothing else: the live source keeps its rooms and its frames stay
+// accepted; an answer of the known incarnation drops the claim.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "endpoint/decode_endpoint.h"
 
@@ -32,8 +36,9 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
                              kind, sender.str(), inc, kMaxIncarnationSkewNs / 1'000'000'000, wall));
     return false;
   }
-  uint64_t& claim = restart_claims_[sender];
-  claim = std::max(claim, inc);
+  RestartClaim& claim = restart_claims_[sender];
+  if (inc > claim.incarnation) claim.incarnation = inc;
+  if (claim.nonce == 0) claim.nonce = challenge_nonce();
   core_.refuse(Refusal::kUnconfirmedRestart, sender,
                fmt::format("{} from {} held: incarnation {} is newer than {}; believed once {} is gone", kind,
                            sender.str(), inc, known, known),
@@ -42,28 +47,69 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
 }
 
 void DecodeEndpoint::judge_restart_claims(int64_t now_ns) {
-  const Deadlines& d = core_.config().deadlines;
-  const int64_t silence_ns = std::max(3 * d.heartbeat_interval_ms, d.heartbeat_timeout_ms / 2) * 1'000'000;
+  const int64_t interval_ns = core_.config().deadlines.heartbeat_interval_ms * 1'000'000;
+  std::vector<std::pair<RankId, uint64_t>> believed;
   for (auto it = restart_claims_.begin(); it != restart_claims_.end();) {
     const RankId peer = it->first;
-    const uint64_t inc = it->second;
+    RestartClaim& claim = it->second;
     auto known = peers_.find(peer);
-    if (known == peers_.end() || known->second.incarnation == 0 || inc <= known->second.incarnation) {
+    if (known == peers_.end() || known->second.incarnation == 0 || claim.incarnation <= known->second.incarnation) {
       it = restart_claims_.erase(it);  // registered with that incarnation (or a newer one) since
       continue;
     }
-    // Gone: declared dead here, or silent. One process only owns the old incarnation's control
-    // endpoint; if it still ran, its heartbeats would still come every interval.
-    const int64_t last = core_.monitor().last_heard_ns(peer);
-    if (!dead_peers_.count(peer) && (last == 0 || now_ns - last < silence_ns)) {
-      ++it;
+    const std::string& endpoint = known->second.control_endpoint;
+    if (dead_peers_.count(peer) && old_endpoint_gone(endpoint, true, restart_probes_, now_ns)) {
+      believed.emplace_back(peer, claim.incarnation);
+      it = restart_claims_.erase(it);
       continue;
     }
-    const uint64_t old = known->second.incarnation;
-    it = restart_claims_.erase(it);
-    core_.count_peer_restart();
-    on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc), /*gone=*/true);
+    if (claim.challenged_ns == 0 || now_ns - claim.challenged_ns >= interval_ns) {
+      claim.challenged_ns = now_ns;
+      Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
+      challenge.challenge = claim.nonce;
+      (void)core_.send(endpoint, challenge);
+    }
+    ++it;
   }
+  for (const auto& [peer, inc] : believed) believe_restart(peer, inc);
+}
+
+void DecodeEndpoint::believe_restart(const RankId& peer, uint64_t inc) {
+  auto known = peers_.find(peer);
+  if (known == peers_.end()) return;
+  const uint64_t old = known->second.incarnation;
+  core_.count_peer_restart();
+  on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc), /*gone=*/true);
+}
+
+void DecodeEndpoint::answer_challenge(const Heartbeat& hb) {
+  auto it = peers_.find(hb.sender);  // its known endpoint, never one a frame names
+  if (it == peers_.end() || !challenge_answers_.take(monotonic_ns())) return;
+  Heartbeat answer{core_.self(), 0, monotonic_ns(), core_.incarnation()};
+  answer.answer = hb.challenge;
+  (void)core_.send(it->second.control_endpoint, answer);
+  (void)send_registration(hb.sender, it->second.control_endpoint, it->second.incarnation);
+}
+
+void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
+  auto it = restart_claims_.find(hb.sender);
+  auto known = peers_.find(hb.sender);
+  if (it == restart_claims_.end() || it->second.nonce != hb.answer || known == peers_.end()) {
+    core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
+                 fmt::format("answer of {} to no challenge of this rank dropped", hb.sender.str()), /*quiet=*/true);
+    return;
+  }
+  const uint64_t claimed = it->second.incarnation;
+  const uint64_t inc = known->second.incarnation;
+  restart_claims_.erase(it);
+  if (hb.incarnation <= inc) {  // the known incarnation still owns its endpoint: it lives
+    if (hb.incarnation == inc) core_.monitor().heard(hb.sender, monotonic_ns());
+    core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
+                 fmt::format("restart claim of {} as incarnation {} refused: incarnation {} answered at {}",
+                             hb.sender.str(), claimed, hb.incarnation, known->second.control_endpoint));
+    return;
+  }
+  believe_restart(hb.sender, hb.incarnation);  // a newer incarnation owns the endpoint: it restarted
 }
 
 }  // namespace kvferry

@@ -192,11 +192,67 @@ TEST(Incarnation, RegistrationForThePreviousPrefillIsAnsweredWithTheNewIncarnati
   transfer_room(*p, 0x2151, 32, {0, 1}, 1);
 }
 
+// A registration in decode/tp0's name claiming a restart as incarnation `inc` at `endpoint`
+// (issue 31: without the secret anyone can send one; no transport address: it is never used).
+PoolRegistration restart_claim(EndpointPair& p, uint64_t inc, const std::string& endpoint) {
+  PoolRegistration r;
+  r.sender = decode_rank0();
+  r.incarnation = inc;
+  r.peer_incarnation = p.pcore().incarnation();
+  r.control_endpoint = endpoint;
+  return r;
+}
+
+// Issue 31 (attack F3): a restart claim naming the decode rank's own control endpoint while that
+// rank is stopped (SIGSTOP, or starved on a busy host: here its main loop is not run and its
+// heartbeat thread sends nothing; its port still accepts, as a stopped process's does). Before:
+// the claim was believed once the known incarnation was silent for max(3 heartbeat intervals,
+// half the timeout), 400 ms here, and the live rank was cut off for good when it ran again. Now
+// only an answer at that endpoint settles it: held however long the silence, and dropped as soon
+// as the rank runs again and answers with the known incarnation. Nothing of the peer changed.
+TEST(Incarnation, PrefillHoldsASameEndpointClaimWhileTheRankIsStopped) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t inc = p->dcore().incarnation();
+  p->pump_for(300ms);  // heartbeats both ways
+  ASSERT_NE(p->pcore().monitor().last_heard_ns(decode_rank0()), 0);
+  p->dcore().monitor().unwatch(prefill_rank0());  // the stopped rank sends nothing
+  p->prefill().on_message(Message(restart_claim(*p, inc + 1'000'000'000, p->dcore().control_endpoint())));
+  EXPECT_EQ(p->prefill().pending_restarts(), 1u);
+  p->pump_for(1500ms, [&] { p->pump_prefill(); });
+  EXPECT_EQ(p->prefill().pending_restarts(), 1u) << "a silence was taken for a restart";
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 0u);
+  p->dcore().monitor().watch(prefill_rank0(), p->pcore().control_endpoint());  // it runs again
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().pending_restarts() == 0; }, 5s));
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 0u);
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().connected_peers() == 1; }, 5s));
+  transfer_room(*p, 0x2171, 32, {2, 3}, 2);
+  EXPECT_EQ(p->prefill().poll(0x2171), KVPoll::Success);
+}
+
+// The same claim while the decode rank runs: its endpoint answers the challenge with the known
+// incarnation, so the claim is dropped at once (counted, one warning) and the peer is untouched.
+TEST(Incarnation, PrefillDropsARestartClaimTheLiveIncarnationAnswers) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t inc = p->dcore().incarnation();
+  const auto refused0 = p->pcore().refusals().count(Refusal::kUnconfirmedRestart);
+  p->prefill().on_message(Message(restart_claim(*p, inc + 1'000'000'000, p->dcore().control_endpoint())));
+  EXPECT_EQ(p->prefill().pending_restarts(), 1u);
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().pending_restarts() == 0; }, 5s));
+  EXPECT_EQ(p->pcore().refusals().count(Refusal::kUnconfirmedRestart), refused0 + 2);  // held, then refused
+  EXPECT_EQ(p->pcore().incarnation_counts().peer_restarts, 0u);
+  EXPECT_EQ(p->prefill().connected_peers(), 1u);
+  transfer_room(*p, 0x2181, 32, {2, 3}, 2);
+  EXPECT_EQ(p->prefill().poll(0x2181), KVPoll::Success);
+}
+
 // Without the secret anyone can send a heartbeat in a prefill rank's name (issue 31, item 4, the
 // decode side): a newer incarnation in a frame is a claim the decode rank holds, not a restart.
-// While the source is alive its rooms go on; a claim far past this rank's clock is refused
-// outright; once the source is really gone the held claim is believed (a restart, counted).
-TEST(Incarnation, DecodeHoldsARestartClaimUntilTheSourceIsGone) {
+// While the source is alive its rooms go on and it answers the decode rank's challenge with the
+// known incarnation: the claim is dropped. A claim far past this rank's clock is refused outright.
+// Once the source is really gone (declared dead, its port refusing) a claim is believed.
+TEST(Incarnation, DecodeHoldsARestartClaimUntilTheSourceAnswersOrIsGone) {
   auto p = make_pair();
   ASSERT_TRUE(p);
   const uint64_t room = 0x2161;
@@ -209,16 +265,20 @@ TEST(Incarnation, DecodeHoldsARestartClaimUntilTheSourceIsGone) {
   p->decode().on_message(Message(lie));
   const uint64_t far = static_cast<uint64_t>(realtime_ns()) + 3'600'000'000'000ull;  // 1 h ahead
   p->decode().on_message(Message(Heartbeat{prefill_rank0(), 2, monotonic_ns(), far}));
+  EXPECT_EQ(p->dcore().refusals().count(Refusal::kFutureIncarnation), 1u);
   p->pump_decode();
   EXPECT_EQ(p->decode().poll(room), KVPoll::WaitingForInput);  // nothing of the live source's room moved
   EXPECT_EQ(p->decode().pending_restarts(), 1u);
   EXPECT_EQ(p->dcore().incarnation_counts().peer_restarts, 0u);
+  // The live source answers the challenge: the claim is dropped.
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().pending_restarts() == 0; }, 5s));
   ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
   ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
   EXPECT_EQ(p->dcore().incarnation_counts().peer_restarts, 0u);
   p->decode().release(room);
 
-  p->kill_prefill();  // now the old incarnation is gone: the held claim is the restart
+  p->kill_prefill();  // now the old incarnation is gone: a claim is a restart once that is known
+  p->decode().on_message(Message(Heartbeat{prefill_rank0(), 3, monotonic_ns(), inc + 3}));
   ASSERT_TRUE(p->pump_until([&] { return p->dcore().incarnation_counts().peer_restarts == 1; }, 10s,
                             [&] { p->pump_decode(); }));
   EXPECT_EQ(p->decode().pending_restarts(), 0u);

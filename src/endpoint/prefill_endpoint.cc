@@ -544,19 +544,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   }
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
-  for (auto it = pending_restarts_.begin(); it != pending_restarts_.end();) {  // its old incarnation is gone now?
-    const PoolRegistration* was = registration_for(it->first);
-    if (!was) was = dead_regs_.count(it->first) ? &dead_regs_.at(it->first) : nullptr;
-    if (was && !dead_peers_.count(it->first) && (was->control_endpoint != it->second.control_endpoint ||
-                                                 !old_incarnation_gone(it->first, was->control_endpoint,
-                                                                       it->second.control_endpoint))) {
-      ++it;
-      continue;
-    }
-    const PoolRegistration held = std::move(it->second);
-    it = pending_restarts_.erase(it);
-    on_registration(held);
-  }
+  judge_restart_claims(now_ns);
   judge_suspect_links(now_ns);
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);

@@ -279,11 +279,21 @@ class PrefillEndpoint {
   // kMaxIncarnationSkewNs of our clock, not older than the known one, the same pool as any other
   // registration of its incarnation, and a newer one only once the old incarnation is gone.
   bool accept_registration(const PoolRegistration& r, bool* restart);
-  // Whether the incarnation of `peer` known here is gone: declared dead here; or, for a claimant
-  // naming the old control endpoint (one process only can own it), the old incarnation has not
-  // been heard for max(3 heartbeat intervals, half the heartbeat timeout); else the old control
-  // endpoint refuses a connect (a probe, rate-limited).
-  bool old_incarnation_gone(const RankId& peer, const std::string& old_endpoint, const std::string& new_endpoint);
+  // prefill_restarts.cc (docs/security.md, "Incarnations"). A registration `r` claiming a restart
+  // of a known peer whose known registration is `old`: whether it is confirmed. Confirmed: the
+  // incarnation answered a challenge at old's control endpoint (or was confirmed so already); or
+  // it names another endpoint and old's endpoint is gone (old_endpoint_gone()). Else it is held
+  // (the newest per identity) and old's endpoint is challenged, at most once per heartbeat
+  // interval; the answer confirms it (its incarnation) or drops it (the known one answered).
+  bool restart_confirmed(const PoolRegistration& r, const PoolRegistration& old);
+  void hold_restart_claim(const PoolRegistration& r, const std::string& old_endpoint, int64_t now_ns);
+  // Heartbeats carrying a challenge or an answer (kvferry/messages.h): a challenge from a known
+  // decode rank is answered at its registered control endpoint (rate-limited); an answer settles
+  // the held claim whose nonce it echoes.
+  void answer_challenge(const Heartbeat& hb);
+  void on_challenge_answer(const Heartbeat& hb);
+  // Each tick: a held claim confirmed since is taken (on_registration); the others challenged.
+  void judge_restart_claims(int64_t now_ns);
   // Whether a refused registration may be answered (a RegistrationRefusal, or the heartbeat of
   // this incarnation): over the existing connection to its known endpoint, or once per identity at
   // the endpoint it names when the identity is not known here; rate-limited.
@@ -393,8 +403,18 @@ class PrefillEndpoint {
   // The newest incarnation of each decode rank that connected, or whose restart was confirmed
   // (a key of peers_, connecting_ or dead_regs_): frames of older ones are stale.
   std::map<RankId, uint64_t> incarnations_;
-  // See pending_restarts(): the newest unconfirmed claim of each identity (bounded by the plan).
-  std::map<RankId, PoolRegistration> pending_restarts_;
+  // See pending_restarts(): the newest unconfirmed claim of each identity (bounded by the plan),
+  // with the challenge sent to its old incarnation's endpoint.
+  struct HeldRestart {
+    PoolRegistration reg;
+    uint64_t nonce = 0;
+    int64_t challenged_ns = 0;
+  };
+  std::map<RankId, HeldRestart> pending_restarts_;
+  // The incarnation that answered a challenge at an identity's old control endpoint (it owns that
+  // endpoint now: its registration is a restart); bounded by the plan.
+  std::map<RankId, uint64_t> verified_owners_;
+  RateLimit challenge_answers_{10.0, 20.0};  // answers to decode ranks' challenges
   // Identities told a refusal at an endpoint they named (once each, bounded by the plan); a known
   // peer is told over its existing connection only.
   std::set<RankId> told_refusal_;

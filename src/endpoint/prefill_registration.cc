@@ -88,7 +88,10 @@ void PrefillEndpoint::on_message(const Message& m) {
   int64_t now = monotonic_ns();
   if (!admits(std::visit([](const auto& x) { return x.sender; }, m))) return;  // before anything else
   if (auto* hb = std::get_if<Heartbeat>(&m)) {
-    if (accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) core_.monitor().heard(hb->sender, now);
+    if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
+    if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
+    core_.monitor().heard(hb->sender, now);
+    if (hb->challenge != 0) answer_challenge(*hb);
     return;
   }
   if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);
@@ -145,22 +148,6 @@ const PoolRegistration* PrefillEndpoint::registration_under(const RankId& peer, 
   return nullptr;
 }
 
-bool PrefillEndpoint::old_incarnation_gone(const RankId& peer, const std::string& old_endpoint,
-                                           const std::string& new_endpoint) {
-  if (dead_peers_.count(peer)) return true;  // declared dead here (silence and a probe, or a failed connect)
-  const int64_t now = monotonic_ns();
-  if (new_endpoint == old_endpoint) {
-    // The claimant names the old control endpoint, which one process only can own: if the old
-    // incarnation still owned it, it would still be heard (its heartbeats come every interval).
-    const Deadlines& d = core_.config().deadlines;
-    const int64_t silence_ms = std::max(3 * d.heartbeat_interval_ms, d.heartbeat_timeout_ms / 2);
-    const int64_t last = core_.monitor().last_heard_ns(peer);
-    return last != 0 && now - last >= silence_ms * 1'000'000;
-  }
-  if (!restart_probes_.take(now)) return false;
-  return PeerMonitor::probe(old_endpoint, 20) == PeerMonitor::Probe::kRefused;
-}
-
 bool PrefillEndpoint::accept_registration(const PoolRegistration& r, bool* restart) {
   *restart = false;
   if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
@@ -194,16 +181,16 @@ bool PrefillEndpoint::accept_registration(const PoolRegistration& r, bool* resta
     return false;
   }
   if (known == 0 || r.incarnation == known) return true;
-  // A restart claim: believed once the old incarnation is gone (docs/security.md, "Incarnations").
+  // A restart claim: believed once confirmed at the old incarnation's endpoint (prefill_restarts.cc).
   const PoolRegistration* old = registration_for(r.sender);
   if (!old) old = dead_regs_.count(r.sender) ? &dead_regs_.at(r.sender) : nullptr;
-  if (old && !old_incarnation_gone(r.sender, old->control_endpoint, r.control_endpoint)) {
-    auto pending = pending_restarts_.find(r.sender);
-    if (pending == pending_restarts_.end() || pending->second.incarnation <= r.incarnation)
-      pending_restarts_[r.sender] = r;
+  if (old && !restart_confirmed(r, *old)) {
+    const std::string old_endpoint = old->control_endpoint;
+    hold_restart_claim(r, old_endpoint, monotonic_ns());
     core_.refuse(Refusal::kUnconfirmedRestart, r.sender,
-                 fmt::format("pool registration of {} as incarnation {} held: incarnation {} still answers at {}",
-                             r.sender.str(), r.incarnation, known, old->control_endpoint),
+                 fmt::format("pool registration of {} as incarnation {} held until {} answers a challenge: "
+                             "incarnation {} registered there",
+                             r.sender.str(), r.incarnation, old_endpoint, known),
                  /*quiet=*/true);
     return false;
   }
@@ -216,6 +203,7 @@ void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
   core_.count_peer_restart();
   incarnations_[peer] = inc;
   pending_restarts_.erase(peer);
+  verified_owners_.erase(peer);
   if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
   dead_regs_.erase(peer);  // never reconnect to the previous incarnation
 }
@@ -312,7 +300,7 @@ void PrefillEndpoint::check_connects(int64_t now_ns) {
     }
     peers_[sender] = {reg, shape_of(reg), *done.peer};
     if (reg.incarnation != 0) incarnations_[sender] = std::max(known_incarnation(sender), reg.incarnation);
-    if (auto p = pending_restarts_.find(sender); p != pending_restarts_.end() && p->second.incarnation <= reg.incarnation)
+    if (auto p = pending_restarts_.find(sender); p != pending_restarts_.end() && p->second.reg.incarnation <= reg.incarnation)
       pending_restarts_.erase(p);
     dead_peers_.erase(sender);
     dead_regs_.erase(sender);
@@ -375,14 +363,9 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
 bool PrefillEndpoint::may_answer(const PoolRegistration& r) {
   const std::string* known = control_endpoint_of(r.sender);
   const bool existing = known && *known == r.control_endpoint && core_.control().connected_to(*known);
-  if (!existing && (known || told_refusal_.count(r.sender))) {
-    log_event(LogLevel::kDebug, kComp, "refused registration of " + r.sender.str() + " not answered at " + r.control_endpoint);
-    return false;
-  }
-  if (!refusal_answers_.take(monotonic_ns())) {
-    log_event(LogLevel::kDebug, kComp, "refused registration of " + r.sender.str() + " not answered: rate limit");
-    return false;
-  }
+  // Not answered: counted as refused already (a line per frame would let a peer fill the log).
+  if (!existing && (known || told_refusal_.count(r.sender))) return false;
+  if (!refusal_answers_.take(monotonic_ns())) return false;
   if (!existing) told_refusal_.insert(r.sender);
   return true;
 }

@@ -28,7 +28,11 @@ void RefusalLog::refuse(Refusal kind, const std::string& what, LogFields fields,
   fields.extra.push_back({"refusal", std::string(refusal_name(kind))});
   if (fields.code.empty()) fields.code = std::string(code_name(ErrorCode::kProtocolError));
   if (quiet || (logged_[k] && now_ns - line_ns_[k] < kLineIntervalNs)) {
-    log_event(LogLevel::kDebug, component_, what, fields);
+    if (debug_lines_[k] == 0 || now_ns - debug_window_ns_[k] >= kLineIntervalNs) {
+      debug_window_ns_[k] = now_ns;
+      debug_lines_[k] = 0;
+    }
+    if (debug_lines_[k]++ < kDebugLinesPerInterval) log_event(LogLevel::kDebug, component_, what, fields);
     return;
   }
   const uint64_t n = since_line_[k];

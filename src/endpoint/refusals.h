@@ -34,10 +34,14 @@ std::string_view refusal_name(Refusal kind);
 class RefusalLog {
  public:
   static constexpr int64_t kLineIntervalNs = 10'000'000'000;  // one warning per kind per 10 s
+  // Debug lines per kind per kLineIntervalNs (the rest are counted only: the next warning names
+  // them), so a peer sending bad frames cannot fill a log file at debug level either.
+  static constexpr uint64_t kDebugLinesPerInterval = 20;
 
   explicit RefusalLog(std::string component) : component_(std::move(component)) {}
   // Counts one refusal and logs `what`: a warning (with the count since the previous warning of
-  // this kind) when the kind's last warning is kLineIntervalNs old, else debug.
+  // this kind) when the kind's last warning is kLineIntervalNs old, else debug (at most
+  // kDebugLinesPerInterval a kind per interval).
   // `quiet`: counted, logged at debug only (e.g. a restart claim held until it is confirmed: a
   // genuine restart on the same port looks like that for a moment).
   void refuse(Refusal kind, const std::string& what, LogFields fields, int64_t now_ns, bool quiet = false);
@@ -50,6 +54,8 @@ class RefusalLog {
   std::array<uint64_t, kRefusalKinds> since_line_{};
   std::array<int64_t, kRefusalKinds> line_ns_{};
   std::array<bool, kRefusalKinds> logged_{};
+  std::array<int64_t, kRefusalKinds> debug_window_ns_{};
+  std::array<uint64_t, kRefusalKinds> debug_lines_{};
 };
 
 // A token bucket: at most `burst` at once, refilled at `per_second`.

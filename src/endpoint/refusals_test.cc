@@ -40,13 +40,21 @@ TEST(RefusalLog, OneWarningPerKindPerIntervalWithTheCountSinceTheLast) {
   EXPECT_EQ(log.count(Refusal::kOutsidePlan), 100u);
   EXPECT_EQ(log.count(Refusal::kFutureIncarnation), 1u);
   EXPECT_EQ(cap.at(LogLevel::kWarning), 2u);
-  EXPECT_EQ(cap.at(LogLevel::kDebug), 99u);
+  // The 99 others: counted, kDebugLinesPerInterval of them at debug (a flood fills no log file).
+  EXPECT_EQ(cap.at(LogLevel::kDebug), RefusalLog::kDebugLinesPerInterval);
   EXPECT_EQ(cap.lines.front().msg, "outside 0");
   log.refuse(Refusal::kOutsidePlan, "outside late", {}, t0 + RefusalLog::kLineIntervalNs);
   ASSERT_EQ(cap.at(LogLevel::kWarning), 3u);
   EXPECT_EQ(cap.lines.back().level, LogLevel::kWarning);
   EXPECT_EQ(cap.lines.back().msg, "outside late (100 outside_plan refusals since the last such line)");
   EXPECT_EQ(log.counts()[static_cast<size_t>(Refusal::kOutsidePlan)], 101u);
+  // 20 000 quiet refusals over 20 s: at most kDebugLinesPerInterval lines per 10 s window.
+  const size_t lines0 = cap.lines.size();
+  const int64_t t1 = t0 + 2 * RefusalLog::kLineIntervalNs;
+  for (int i = 0; i < 20000; ++i) log.refuse(Refusal::kUnconfirmedRestart, "held", {}, t1 + int64_t(i) * 1'000'000, true);
+  EXPECT_EQ(log.count(Refusal::kUnconfirmedRestart), 20000u);
+  EXPECT_LE(cap.lines.size() - lines0, 2 * RefusalLog::kDebugLinesPerInterval + 2);
+  EXPECT_GE(cap.lines.size() - lines0, 2 * RefusalLog::kDebugLinesPerInterval);
 }
 
 TEST(RefusalLog, EveryKindHasAName) {

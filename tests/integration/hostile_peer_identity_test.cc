@@ -58,8 +58,10 @@ TEST_P(HostilePeer, OutsideIdentitiesAreRefusedBeforeDecoding) {
     EXPECT_EQ(c_.pcore().control().open_connections(), connections);
     EXPECT_EQ(c_.pe().refused_registrations(), 0u);
     EXPECT_TRUE(liar().received.empty()) << "an outside identity was answered";
-    // One warning for the kind, the rest at debug (rate-limited): every one is counted.
-    EXPECT_EQ(logs_.count("refused: not a destination of"), kOutside);
+    // One warning for the kind, at most RefusalLog::kDebugLinesPerInterval more at debug: every
+    // one is counted, not every one is a line (a flood fills no log file).
+    EXPECT_EQ(logs_.count("refused: not a destination of"),
+              std::min<uint64_t>(kOutside, 1 + RefusalLog::kDebugLinesPerInterval));
   }
   expect_unharmed(bystander);
   EXPECT_EQ(logs_.count("unreachable"), 0u) << logs_.matching("unreachable");
@@ -104,8 +106,8 @@ TEST_P(HostilePeer, SameIncarnationReRegistrationKeepsTheLivePeer) {
 // A heartbeat in the decode rank's name with incarnation 2^63 (on main: every later frame of the
 // real rank was stale until the prefill restarted), a registration from 1 h in the future, and a
 // restart claim with a plausible incarnation while the real rank is alive: the first two are
-// refused and change nothing; the third is held (its old incarnation still answers) and changes
-// nothing either. The real rank's frames are still accepted: rooms keep succeeding.
+// refused and change nothing; the third is held, and refused once the live rank answers the
+// challenge sent to its endpoint; it changes nothing either. The real rank's frames are still accepted: rooms keep succeeding.
 TEST_P(HostilePeer, RestartClaimsNeedARegistrationAFewSecondsOfSkewAndADeadPredecessor) {
   HOSTILE_START();
   HonestRoom bystander = start_honest(54);
@@ -120,12 +122,13 @@ TEST_P(HostilePeer, RestartClaimsNeedARegistrationAFewSecondsOfSkewAndADeadPrede
   plausible.incarnation = static_cast<uint64_t>(realtime_ns());
   liar_send(pctl(), Message{plausible});
   if (!secret()) {
+    // The plausible claim is held and its old endpoint challenged: the live rank answers with the
+    // known incarnation, and the claim is refused (held, then refused: two more).
     ASSERT_TRUE(c_.pump_until([&] {
       return c_.pcore().refusals().count(Refusal::kFutureIncarnation) == 1 &&
-             c_.pcore().refusals().count(Refusal::kUnconfirmedRestart) >= 2;
+             c_.pcore().refusals().count(Refusal::kUnconfirmedRestart) >= 3 && c_.pe().pending_restarts() == 0;
     })) << c_.pcore().refusals().count(Refusal::kFutureIncarnation) << " "
-        << c_.pcore().refusals().count(Refusal::kUnconfirmedRestart);
-    EXPECT_EQ(c_.pe().pending_restarts(), 1u);
+        << c_.pcore().refusals().count(Refusal::kUnconfirmedRestart) << " " << c_.pe().pending_restarts();
     EXPECT_EQ(c_.pe().transport_peer(real_decode), before);
     EXPECT_EQ(c_.pcore().incarnation_counts().peer_restarts, 0u);
     EXPECT_TRUE(liar().received.empty());
