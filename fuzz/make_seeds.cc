@@ -127,10 +127,12 @@ void control() {
   RoomStatus failed{42, rank(Role::kDecode, 1), KVPoll::Failed,
                     {ErrorCode::kTransferError, rank(Role::kDecode, 1), "write failed", 5, 6}, false, 11, 12};
   Heartbeat hb{rank(Role::kPrefill, 0), 7, 123456789, 12};
+  Heartbeat challenge = hb;  // a restart claim's challenge (docs/security.md, "Incarnations")
+  challenge.challenge = 0x0123456789abcdefull;
   RegistrationRefusal refusal{rank(Role::kPrefill, 0),
                               {ErrorCode::kProtocolError, rank(Role::kPrefill, 0), "bad spans", 1, 2}, 12, 11};
   int n = 0;
-  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal}) {
+  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal, challenge}) {
     const std::string frame = encode(m);
     put("control_codec", "msg" + std::to_string(n), frame);
     if (n == 0) put("remote_info", "registration", frame);

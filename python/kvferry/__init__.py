@@ -247,7 +247,8 @@ class _Room:
 
     def metrics(self) -> dict:
         """bytes (prefill: written; decode: expected), latency_s (first send to done),
-        wait_metadata_s, and the CLOCK_MONOTONIC ns stamps created/metadata/first_send/done."""
+        wait_metadata_s, and the CLOCK_MONOTONIC ns stamps created/metadata/first_send/done.
+        After close(), the room's metrics when it was closed (kept for the last 4096 closed rooms)."""
         return self._mgr._impl.metrics(self.bootstrap_room)
 
     def failure_exception(self) -> None:

@@ -212,7 +212,10 @@ KVPoll Connector::poll(uint64_t room) {
 Result<TransferMetrics> Connector::metrics(uint64_t room) {
   std::lock_guard lock(mu_);
   Room* r = find(room);
-  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (!r) {
+    if (auto c = closed_metrics_.find(room); c != closed_metrics_.end()) return c->second;
+    return bad(fmt::format("room {} is not open", room));
+  }
   return r->sender ? r->sender->metrics() : r->receiver->metrics();
 }
 
@@ -243,7 +246,18 @@ Status Connector::fail_local(uint64_t room, ErrorCode code, const std::string& r
 
 void Connector::close_room(uint64_t room) {
   std::lock_guard lock(mu_);
-  rooms_.erase(room);  // the manager releases it once no write can reach its pages
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  const Room& r = it->second;
+  if (!closed_metrics_.count(room)) {
+    if (closed_order_.size() >= kMaxClosedMetrics) {
+      closed_metrics_.erase(closed_order_.front());
+      closed_order_.pop_front();
+    }
+    closed_order_.push_back(room);
+  }
+  closed_metrics_[room] = r.sender ? r.sender->metrics() : r.receiver->metrics();
+  rooms_.erase(it);  // the manager releases it once no write can reach its pages
 }
 
 Status Connector::no_faults() const {

@@ -21,6 +21,7 @@
 // progress thread never calls into Python.
 #pragma once
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -105,8 +106,12 @@ class Connector {
   // with `origin`'s failure; no-op on a room that already ended. Errors: not open.
   Status fail_from_engine(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin);
   KVPoll poll(uint64_t room);  // Failed for a room that is not open
-  // The room's Sender/Receiver::metrics(). Errors: the room is not open.
+  // The room's Sender/Receiver::metrics(); for a room closed already, its metrics when it was
+  // closed (the last kMaxClosedMetrics closed rooms): SGLang's prefill calls clear() on a sender
+  // before get_transfer_metric() (scheduler, process_disagg_prefill_inflight_queue). Errors: the
+  // room is neither open nor among those.
   Result<TransferMetrics> metrics(uint64_t room);
+  static constexpr size_t kMaxClosedMetrics = 4096;
   std::optional<KVTransferError> failure(uint64_t room);
   Status abort(uint64_t room, const std::string& reason);
   // Sender/Receiver::fail: a local failure of this rank with `code`. Errors: not open.
@@ -142,6 +147,8 @@ class Connector {
   std::mutex mu_;
   std::unique_ptr<kvferry::Manager> m_;
   std::map<uint64_t, Room> rooms_;
+  std::map<uint64_t, TransferMetrics> closed_metrics_;  // see metrics(); oldest first in closed_order_
+  std::deque<uint64_t> closed_order_;
 };
 
 }  // namespace kvferry::python

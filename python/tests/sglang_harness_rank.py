@@ -137,7 +137,8 @@ class Rank:
         self.free_pages = list(range(NUM_PAGES))
         self.free_aux = list(range(AUX_ROWS))
         self.free_state = list(range(STATE_ROWS))
-        self.out = {"rooms": {}, "frees": [], "bytes_ok": {}, "overhead_ms": {}, "rank_ip": self.mgr.rank_ip}
+        self.out = {"rooms": {}, "frees": [], "bytes_ok": {}, "overhead_ms": {}, "latency_s": {},
+                    "rank_ip": self.mgr.rank_ip}
 
     # -- helpers ---------------------------------------------------------------------------------------
     def faults(self, room):
@@ -237,8 +238,10 @@ class Rank:
             for req, p in list(zip(inflight, polls)):
                 if p == ks.KVPoll.Success:
                     self.out["rooms"][str(req["room"])] = {"state": "Success"}
-                    req["obj"].get_transfer_metric()
+                    # SGLang's order (scheduler, process_disagg_prefill_inflight_queue): clear() at
+                    # Success, get_transfer_metric() after it for the done requests.
                     req["obj"].clear()
+                    self.out["latency_s"][str(req["room"])] = req["obj"].get_transfer_metric().transfer_latency_s
                     self.free(req, req["obj"], "success")
                     inflight.remove(req)
                 elif p == ks.KVPoll.Failed:

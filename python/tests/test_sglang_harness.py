@@ -100,6 +100,9 @@ def check_run(out, requests, failed):
                 assert got["type"] == "KVTransferError" and got["bootstrap_room"] == room, (rank, got)
             else:
                 assert got == {"state": "Success"}, f"{rank}: room {room} {got}"
+                if rank.startswith("prefill"):  # issue 30 fix 4: a latency after clear(), as SGLang asks
+                    lat = res["latency_s"].get(key)
+                    assert lat is not None and lat > 0, f"{rank}: room {room} has no transfer latency ({lat})"
         lines = [(rank, r) for rank, res in out.items() for r in res["records"]
                  if r["room"] == room and r["level"] > 10]
         if room in failed:
