@@ -19,6 +19,7 @@ from sglang.srt.disaggregation.utils import DisaggregationMode  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 import kvferry  # noqa: E402
+from kv_test_util import wait_until  # noqa: E402
 import kvferry.sglang as ks  # noqa: E402
 
 PAIRS = [(ks.KVManager, standin.BaseKVManager), (ks.KVSender, standin.BaseKVSender),
@@ -138,6 +139,49 @@ def test_live_objects_have_what_the_schedulers_read(host_env):
             r.failure_exception()
         assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == ("aborted", "decode/tp0", False)
         assert isinstance(s.get_transfer_metric(), ks.rooms.KVTransferMetric)
+        s.clear()
+        r.clear()
+    finally:
+        p.close()
+        d.close()
+
+
+def test_a_receiver_failed_by_its_group_defers_the_free(host_env, monkeypatch):
+    """Issue 30, fix 1. SGLang's decode (decode.py, DecodeTransferQueue.pop_transferred) calls
+    failure_exception() on every rank once its TP group's MIN poll is Failed, then frees the room's
+    pages at once unless the receiver's abort_notified is True (then it waits for the manager's
+    is_abort_release_safe). Here this rank's own room had not failed (the failure was another
+    rank's) and the prefill's writes are still in flight (held): failure_exception() must fail the
+    room here, say is_from_another_rank, and set abort_notified, since a write can still land.
+    Before the fix abort_notified was set by poll() only, so such a rank freed at once."""
+    monkeypatch.setenv("KVFERRY_FAULT_INJECTION", "1")
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
+    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
+    try:
+        addr = f"127.0.0.1:{server.port}"
+        assert d.try_ensure_parallel_info(addr) is True
+        s = ks.KVSender(p, addr, 12, [0], 0)
+        r = ks.KVReceiver(d, addr, 12)
+        r.init(0)
+        r.send_metadata(np.array([1, 2], np.int32), 1, [])
+        assert wait_until(lambda: s.poll() == ks.KVPoll.WaitingForInput)
+        p._mgr.hold_writes(12)  # the writes stay in flight
+        s.init(2, 0)
+        s.send(np.array([3, 4], np.int32), [])
+        assert wait_until(lambda: p._mgr.held_writes(12) > 0)
+        assert r.poll() != ks.KVPoll.Failed and not r.abort_notified
+        with pytest.raises(ks.KVTransferError) as e:
+            r.failure_exception()  # the group said Failed
+        assert e.value.is_from_another_rank is True
+        # What SGLang reads next, before any other call (no poll() in between).
+        assert r.abort_notified is True, "a rank failed by its group freed while a write could still land"
+        assert not r.release_safe()
+        assert r.poll() == ks.KVPoll.Failed
+        assert not d.is_abort_release_safe(12, 1)
+        p._mgr.release_held_writes(12)
+        assert wait_until(lambda: d.is_abort_release_safe(12, 1))
         s.clear()
         r.clear()
     finally:

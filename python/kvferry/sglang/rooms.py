@@ -252,6 +252,18 @@ class KVReceiver(_Common):
             self._local = KVTransferError(self.bootstrap_room, f"receiver not created: {e}", False, self._rank(),
                                           _code_of(e, "peer_unreachable"))
 
+    def failure_exception(self):
+        # SGLang's decode (DecodeTransferQueue.pop_transferred) calls this once its TP group's MIN
+        # poll is Failed, then frees the room's pages at once unless abort_notified is True (then
+        # it waits for the manager's is_abort_release_safe). A rank that learned of the failure
+        # only from the group has just failed its room here (a prefill write may still be on its
+        # way): it must defer as well (issue 30, fix 1).
+        try:
+            super().failure_exception()
+        finally:
+            if not self.release_safe():
+                self.abort_notified = True
+
     def poll(self) -> KVPoll:
         p = super().poll()
         if p == KVPoll.Bootstrapping and self._room is not None and not self._metadata_sent:
