@@ -35,8 +35,20 @@ void EndpointCore::refuse_stale(std::string_view kind, const RankId& sender, con
   else if (kind == "RoomMetadata") ++incarnations_.stale_metadata;
   else if (kind == "RoomStatus") ++incarnations_.stale_statuses;
   else ++incarnations_.stale_heartbeats;
-  log_event(LogLevel::kDebug, "endpoint", fmt::format("refused a {} from {}: {}", kind, sender.str(), why),
-            {.extra = {{"event", "stale_refused"}, {"kind", std::string(kind)}, {"peer", sender.str()}}});
+  peer_debug("endpoint", fmt::format("refused a {} from {}: {}", kind, sender.str(), why),
+             {.extra = {{"event", "stale_refused"}, {"kind", std::string(kind)}, {"peer", sender.str()}}});
+}
+
+void EndpointCore::peer_debug(std::string_view component, std::string what, LogFields fields) {
+  if (!peer_debug_lines_.take(monotonic_ns())) {
+    ++peer_debug_dropped_;
+    return;
+  }
+  if (peer_debug_dropped_ != 0) {
+    what += fmt::format(" ({} earlier debug lines about peers' frames not written: rate limit)", peer_debug_dropped_);
+    peer_debug_dropped_ = 0;
+  }
+  log_event(LogLevel::kDebug, component, what, std::move(fields));
 }
 
 EndpointCore::~EndpointCore() {
@@ -160,10 +172,11 @@ uint64_t challenge_nonce() {
   }
 }
 
-bool old_endpoint_gone(const std::string& endpoint, bool dead, RateLimit& probes, int64_t now_ns) {
+bool old_endpoint_gone(const std::string& endpoint, int64_t silent_ns, RateLimit& probes, int64_t now_ns) {
   if (!endpoint.starts_with("tcp://") || !probes.take(now_ns)) return false;
   const PeerMonitor::Probe p = PeerMonitor::probe(endpoint, 20);
-  return p == PeerMonitor::Probe::kRefused || (dead && p == PeerMonitor::Probe::kUnanswered);
+  return p == PeerMonitor::Probe::kRefused ||
+         (p == PeerMonitor::Probe::kUnanswered && silent_ns >= kHostGoneSilenceNs);
 }
 
 }  // namespace kvferry

@@ -41,10 +41,13 @@ inline constexpr int64_t kMaxIncarnationSkewNs = 60'000'000'000;
 // (kvferry/messages.h, Heartbeat), from the system's random source.
 uint64_t challenge_nonce();
 // Whether the process that owned a peer's old control endpoint is gone, as a TCP connect to it
-// shows (PeerMonitor::probe, 20 ms): it refuses (the socket closed with its process), or, for a
-// peer declared dead here already (`dead`), nothing answers at all (its host is gone). An endpoint
-// that is not tcp:// cannot be probed: never gone by this test. `probes` rate-limits the connects.
-bool old_endpoint_gone(const std::string& endpoint, bool dead, RateLimit& probes, int64_t now_ns);
+// shows (PeerMonitor::probe, 20 ms): it refuses (the socket closed with its process; a stopped
+// process's socket, even with a full accept backlog, never refuses), or nothing answers at all and
+// the peer has been silent for kHostGoneSilenceNs (its host is gone; a shorter silence with an
+// unanswered probe may be a stopped process whose backlog someone filled). An endpoint that is not
+// tcp:// cannot be probed: never gone by this test. `probes` rate-limits the connects.
+inline constexpr int64_t kHostGoneSilenceNs = 30'000'000'000;
+bool old_endpoint_gone(const std::string& endpoint, int64_t silent_ns, RateLimit& probes, int64_t now_ns);
 
 
 struct EndpointConfig {
@@ -117,7 +120,7 @@ class EndpointCore {
   const RankId& self() const { return config_.self; }
   uint64_t incarnation() const { return incarnation_; }
   // Counts a refused message (`kind`: a message_name()) and logs it at debug with
-  // event "stale_refused" (the replay's report counts those lines), naming `why`.
+  // event "stale_refused" (the replay's report counts those lines; peer_debug(): bounded), naming `why`.
   void refuse_stale(std::string_view kind, const RankId& sender, const std::string& why);
   // Counts and logs (rate-limited, endpoint/refusals.h) a frame refused from `sender`.
   void refuse(Refusal kind, const RankId& sender, const std::string& what, bool quiet = false) {
@@ -125,6 +128,11 @@ class EndpointCore {
   }
   const RefusalLog& refusals() const { return refusals_; }
   RefusalLog& refusal_log() { return refusals_; }
+  // A debug line about a frame a peer sent (a stale one, a status for an unknown room, ...):
+  // rate-limited (kPeerDebugLinesPerSecond, burst kPeerDebugLinesBurst), so a peer sending such
+  // frames cannot fill a log file; the next line written names how many were not.
+  void peer_debug(std::string_view component, std::string what, LogFields fields = {});
+  static constexpr double kPeerDebugLinesPerSecond = 20, kPeerDebugLinesBurst = 200;
   // Counts a restart of a peer (a newer incarnation seen).
   void count_peer_restart() { ++incarnations_.peer_restarts; }
   const IncarnationCounts& incarnation_counts() const { return incarnations_; }
@@ -183,6 +191,8 @@ class EndpointCore {
   uint64_t incarnation_ = 0;
   IncarnationCounts incarnations_;
   RefusalLog refusals_{"endpoint"};
+  RateLimit peer_debug_lines_{kPeerDebugLinesPerSecond, kPeerDebugLinesBurst};
+  uint64_t peer_debug_dropped_ = 0;
   std::unique_ptr<Transport> transport_;
   FaultInjectingTransport* faults_ = nullptr;  // transport_ itself when it is the decorator
   std::unique_ptr<ControlSocket> control_;

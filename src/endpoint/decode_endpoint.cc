@@ -204,6 +204,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
 }
 
 void DecodeEndpoint::source_restarted(const RankId& src) {
+  serving_.erase(src);  // a new process: its answer to our registration is a new one
   const int64_t now = monotonic_ns();
   for (auto& [id, r] : rooms_) {
     if (std::find(r.sources.begin(), r.sources.end(), src) == r.sources.end()) continue;
@@ -280,22 +281,22 @@ void DecodeEndpoint::on_message(const Message& m) {
     if (!accept_incarnation(rf->sender, rf->incarnation, rf->peer_incarnation, "RegistrationRefusal")) return;
     return on_refusal(*rf);
   }
-  log_event(LogLevel::kDebug, kComp, fmt::format("ignored {} frame", message_name(m)));
+  core_.peer_debug(kComp, fmt::format("ignored {} frame", message_name(m)));
 }
 
 void DecodeEndpoint::on_status(const RoomStatus& st) {
   auto it = rooms_.find(st.room);
   if (it == rooms_.end()) {
     if (st.terminal && quarantined_.count(st.room)) return drain_confirmed(st.room, st.sender);
-    log_event(LogLevel::kDebug, kComp, "status for an unknown room dropped", {.room = st.room});
+    core_.peer_debug(kComp, "status for an unknown room dropped", {.room = st.room});
     return;
   }
   ReceiverRoom& r = it->second;
   bool is_source = false;
   for (const RankId& s : r.sources) is_source |= (s == st.sender);
   if (!is_source) {
-    log_event(LogLevel::kDebug, kComp, fmt::format("status from {} which is not a source", st.sender.str()),
-              {.room = st.room});
+    core_.peer_debug(kComp, fmt::format("status from {} which is not a source", st.sender.str()),
+                   {.room = st.room});
     return;
   }
   if (!st.terminal) {
@@ -314,6 +315,7 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   answer_sources(r, monotonic_ns());
   if (st.state != KVPoll::Success || r.state.terminal()) return;
   r.succeeded.insert(st.sender);
+  if (st.state == KVPoll::Success) serving_.insert(st.sender);  // it has written into our pool
   if (r.succeeded.size() < r.sources.size()) return;
   // Every source is done (its aux, state and guard rows were flushed before its Success): the
   // guard row must hold this room.

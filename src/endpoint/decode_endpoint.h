@@ -272,6 +272,9 @@ class DecodeEndpoint {
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;
+  // Sources that reported a room's Success since they (re)started: they use our registration, so
+  // a refusal in their name is not theirs (issue 31; keys bounded by the plan).
+  std::set<RankId> serving_;
   struct Quarantine {
     std::set<RankId> pending;  // sources that have not confirmed the drain
     bool placements = false;   // the fence still had placements of the room running

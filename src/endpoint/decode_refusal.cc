@@ -34,10 +34,18 @@ bool DecodeEndpoint::admits(const RankId& sender) {
 void DecodeEndpoint::on_refusal(const RegistrationRefusal& rf) {
   // Only a source we registered with may refuse us, with a record that names itself.
   if (!peers_.count(rf.sender) || rf.failure.origin != rf.sender || rf.failure.code == ErrorCode::kOk) {
-    log_event(LogLevel::kDebug, kComp, fmt::format("registration refusal from {} ignored", rf.sender.str()));
+    core_.peer_debug(kComp, fmt::format("registration refusal from {} ignored", rf.sender.str()));
     return;
   }
   if (refused_.count(rf.sender)) return;  // once per registration
+  if (serving_.count(rf.sender)) {
+    // It wrote rooms into our pool with this registration: it did not refuse it. Without the
+    // cluster secret anyone may send a refusal in its name (docs/security.md).
+    core_.peer_debug(kComp, fmt::format("registration refusal from {} ignored: it has served rooms of this "
+                                        "registration",
+                                        rf.sender.str()));
+    return;
+  }
   refused_[rf.sender] = rf.failure;
   std::vector<uint64_t> fed;
   for (auto& [id, r] : rooms_) {

@@ -58,7 +58,8 @@ void DecodeEndpoint::judge_restart_claims(int64_t now_ns) {
       continue;
     }
     const std::string& endpoint = known->second.control_endpoint;
-    if (dead_peers_.count(peer) && old_endpoint_gone(endpoint, true, restart_probes_, now_ns)) {
+    const int64_t last = core_.monitor().last_heard_ns(peer);
+    if (dead_peers_.count(peer) && old_endpoint_gone(endpoint, last == 0 ? 0 : now_ns - last, restart_probes_, now_ns)) {
       believed.emplace_back(peer, claim.incarnation);
       it = restart_claims_.erase(it);
       continue;

@@ -284,5 +284,25 @@ TEST(Incarnation, DecodeHoldsARestartClaimUntilTheSourceAnswersOrIsGone) {
   EXPECT_EQ(p->decode().pending_restarts(), 0u);
 }
 
+// Issue 31 (attack 5c): a RegistrationRefusal in the prefill rank's name, with both ranks' real
+// incarnations (in clear on the wire without the secret), sent after the prefill has served rooms
+// of this registration. Before: the decode rank took it as the source's, failed every later room
+// it feeds, for good. Now a source that reported a room's Success uses our registration: the
+// refusal is not its own and is ignored; later rooms succeed.
+TEST(Incarnation, DecodeIgnoresARefusalFromASourceThatServesIt) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  transfer_room(*p, 0x2191, 32, {0, 1}, 1);
+  ASSERT_EQ(p->decode().poll(0x2191), KVPoll::Success);
+  p->decode().release(0x2191);
+  RegistrationRefusal forged{prefill_rank0(), Failure{ErrorCode::kProtocolError, prefill_rank0(), "forged",
+                                                      monotonic_ns(), realtime_ns()}};
+  forged.incarnation = p->pcore().incarnation();
+  forged.peer_incarnation = p->dcore().incarnation();
+  p->decode().on_message(Message(forged));
+  transfer_room(*p, 0x2192, 32, {2, 3}, 2);
+  EXPECT_EQ(p->decode().poll(0x2192), KVPoll::Success);
+}
+
 }  // namespace
 }  // namespace kvferry

@@ -35,7 +35,7 @@ bool PrefillEndpoint::from_destination(std::string_view kind, uint64_t room, con
   ++foreign_messages_;
   LogFields f = room_fields(room);
   f.extra.push_back({"event", "foreign_refused"});
-  log_event(LogLevel::kDebug, kComp, fmt::format("{} from {} refused: not a destination of the room", kind, sender.str()), f);
+  core_.peer_debug(kComp, fmt::format("{} from {} refused: not a destination of the room", kind, sender.str()), f);
   return false;
 }
 
@@ -44,7 +44,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   auto it = rooms_.find(md.room);
   if (it != rooms_.end()) return apply_metadata(it->second, md);
   if (answer_released(md.room, md.sender)) {  // the room is gone: answered, not resurrected
-    log_event(LogLevel::kDebug, kComp, "metadata for a released room ignored", room_fields(md.room));
+    core_.peer_debug(kComp, "metadata for a released room ignored", room_fields(md.room));
     return;
   }
   auto pending = pending_meta_.find(md.room);
@@ -66,8 +66,8 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
   else if (pending_indices_ + indices > kMaxPendingIndices) full = "too many indices pending";
   if (full) {
     ++dropped_pending_;
-    log_event(LogLevel::kDebug, kComp, fmt::format("metadata from {} for a room not added yet dropped: {}", md.sender.str(), full),
-              room_fields(md.room));
+    core_.peer_debug(kComp, fmt::format("metadata from {} for a room not added yet dropped: {}", md.sender.str(), full),
+                     room_fields(md.room));
     return;
   }
   PendingQuota& quota = pending_quota_[md.sender];

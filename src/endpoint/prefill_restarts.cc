@@ -21,8 +21,10 @@ constexpr std::string_view kComp = "prefill.endpoint";
 
 bool PrefillEndpoint::restart_confirmed(const PoolRegistration& r, const PoolRegistration& old) {
   if (auto v = verified_owners_.find(r.sender); v != verified_owners_.end() && v->second == r.incarnation) return true;
-  return r.control_endpoint != old.control_endpoint &&
-         old_endpoint_gone(old.control_endpoint, dead_peers_.count(r.sender) > 0, restart_probes_, monotonic_ns());
+  if (r.control_endpoint == old.control_endpoint) return false;  // only its answer settles that
+  const int64_t now = monotonic_ns();
+  const int64_t last = core_.monitor().last_heard_ns(r.sender);
+  return old_endpoint_gone(old.control_endpoint, last == 0 ? 0 : now - last, restart_probes_, now);
 }
 
 void PrefillEndpoint::hold_restart_claim(const PoolRegistration& r, const std::string& old_endpoint, int64_t now_ns) {
