@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -141,6 +144,72 @@ TEST_F(Bootstrap, OlderIncarnationNeverReplacesANewerOne) {
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
   EXPECT_NE(s.message().find("ahead of this service's clock"), std::string::npos) << s.str();
   EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, "tcp://127.0.0.1:5700");
+}
+
+// A TCP listener on 127.0.0.1 (a rank's control port, as a probe sees it); close() makes its
+// endpoint refuse connects, as a killed rank's does.
+class Listener {
+ public:
+  Listener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd_, 16) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return;
+    endpoint_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  }
+  ~Listener() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  int fd_ = -1;
+  std::string endpoint_;
+};
+
+// Issue 31, attack 2b: without the secret, PUTs of a prefill rank's own entry (copied from GET
+// /route) stamped now + 59 s, re-sent every 200 ms, made its restart's PUT "older than the
+// registered" one, so the restarted rank exited. Now an older PUT replaces a newer entry whose
+// endpoint refuses connects when its own accepts them, and a newer PUT naming a dead endpoint never
+// replaces a live entry. A PUT at the same endpoint keeps the newer incarnation and succeeds.
+TEST_F(Bootstrap, ACopiedEntryStampedAheadDoesNotLockARestartedRankOut) {
+  BootstrapClient c(address_, 2000);
+  Listener first;
+  ASSERT_FALSE(first.endpoint().empty());
+  PrefillRankInfo real = rank(0, first.endpoint());
+  real.incarnation = static_cast<uint64_t>(realtime_ns());
+  ASSERT_TRUE(c.register_rank(real).ok());
+  PrefillRankInfo liar = real;
+  liar.incarnation = real.incarnation + 59'000'000'000ull;
+  ASSERT_TRUE(c.register_rank(liar).ok());  // the same endpoint, newer: nothing tells them apart
+  // Restarted on the same port: its PUT succeeds, the entry still leads to it.
+  PrefillRankInfo same_port = real;
+  same_port.incarnation = real.incarnation + 1'000'000'000ull;
+  Status s = c.register_rank(same_port);
+  EXPECT_TRUE(s.ok()) << s.str();
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, first.endpoint());
+  // Killed, restarted elsewhere: its older PUT replaces the entry that names the dead endpoint.
+  first.close();
+  Listener second;
+  PrefillRankInfo restarted = real;
+  restarted.control_endpoint = second.endpoint();
+  restarted.incarnation = real.incarnation + 2'000'000'000ull;
+  s = c.register_rank(restarted);
+  ASSERT_TRUE(s.ok()) << s.str();
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, second.endpoint());
+  EXPECT_EQ(c.lookup(1, 0, 0)->incarnation, restarted.incarnation);
+  // The liar again, newer still, at the dead endpoint: refused while the restarted rank's accepts.
+  liar.incarnation += 200'000'000ull;
+  s = c.register_rank(liar);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
+  EXPECT_NE(s.message().find("nothing accepts connects at " + first.endpoint()), std::string::npos) << s.str();
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, second.endpoint());
 }
 
 TEST(BootstrapClientErrors, UnreachableAndBadAddress) {

@@ -21,6 +21,7 @@
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/sglang_routes.h"
 #include "core/http_auth.h"
+#include "core/tcp_probe.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 
@@ -75,7 +76,7 @@ struct BootstrapServer::Impl {
   mutable std::mutex mu;
   std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
   uint64_t overwrites = 0;          // entries replaced by a different one (guarded by mu)
-  uint64_t refused_overwrites = 0;  // PUTs of an older incarnation refused (guarded by mu)
+  uint64_t refused_overwrites = 0;  // PUTs not applied: an older incarnation, a dead endpoint (guarded by mu)
   int64_t overwrite_line_ns = 0;    // the last overwrite warning, and how many since (guarded by mu)
   uint64_t overwrites_since_line = 0;
 
@@ -98,6 +99,10 @@ struct BootstrapServer::Impl {
     overwrites_since_line = 0;
   }
   bootstrap::SglangRegistry sglang;       // its own lock
+  std::mutex probe_mu;                    // guards the three below (liveness())
+  std::map<std::string, std::pair<TcpProbe, int64_t>> probed;
+  int64_t probe_window_ns = 0;
+  int probes_in_window = 0;
 
   static void send(httplib::Response& res, const bootstrap::Reply& r) {
     res.status = r.status;
@@ -106,6 +111,41 @@ struct BootstrapServer::Impl {
 
   static nlohmann::json parse(const std::string& body) {
     return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  }
+
+  void refuse_older(httplib::Response& res, const Key& key, const PrefillRankInfo& had, const PrefillRankInfo& info) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++refused_overwrites;
+    }
+    reply_error(res, 400,
+                "incarnation " + std::to_string(info.incarnation) + " is older than the registered " +
+                    std::to_string(had.incarnation) + " of engine_id " + std::to_string(std::get<0>(key)) +
+                    " dp_rank " + std::to_string(std::get<1>(key)) + " tp_rank " + std::to_string(std::get<2>(key)));
+  }
+
+  // Whether a process listens at a control endpoint a PUT names or an entry holds (a TCP connect,
+  // core/tcp_probe.h; 200 ms at most). Each answer is kept for 1 s (256 endpoints at most) and at
+  // most 20 probes run a second, so a flood of PUTs neither stalls the service nor makes it scan
+  // ports: past that budget the answer is unknown (nullopt) and incarnations alone decide.
+  std::optional<TcpProbe> liveness(const std::string& endpoint) {
+    const int64_t now = monotonic_ns();
+    {
+      std::lock_guard<std::mutex> lock(probe_mu);
+      if (auto it = probed.find(endpoint); it != probed.end() && now - it->second.second < 1'000'000'000)
+        return it->second.first;
+      if (now - probe_window_ns >= 1'000'000'000) {
+        probe_window_ns = now;
+        probes_in_window = 0;
+      }
+      if (probes_in_window >= 20) return std::nullopt;
+      ++probes_in_window;
+    }
+    const TcpProbe p = probe_tcp_endpoint(endpoint, 200);
+    std::lock_guard<std::mutex> lock(probe_mu);
+    if (probed.size() >= 256) probed.clear();
+    probed[endpoint] = {p, monotonic_ns()};
+    return p;
   }
 
   void handle_put(const httplib::Request& req, httplib::Response& res) {
@@ -123,27 +163,51 @@ struct BootstrapServer::Impl {
       return reply_error(res, 400, "incarnation " + std::to_string(info->incarnation) +
                                        " is more than 60 s ahead of this service's clock (" + std::to_string(now) + ")");
     }
+    const Key key{info->engine_id, info->dp_rank, info->tp_rank};
+    std::optional<PrefillRankInfo> had;
     {
       std::lock_guard<std::mutex> lock(mu);
-      const Key key{info->engine_id, info->dp_rank, info->tp_rank};
+      auto it = ranks.find(key);
+      if (it == ranks.end() && ranks.size() >= kMaxRegisteredRanks)
+        return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
+      if (it != ranks.end()) had = it->second;
+    }
+    // An entry is replaced by its own rank again, or by a newer incarnation of it (a restart);
+    // never by an older one (docs/security.md, "Bootstrap entries"), unless the newer entry names
+    // an endpoint nothing listens on while the older PUT's accepts connects; and never by a newer one
+    // naming a dead endpoint while the entry's is alive (attack 2b: entries copied with incarnation
+    // now + 59 s locked a restarted rank out). Probes run outside the lock (liveness()).
+    if (had && had->control_endpoint != info->control_endpoint) {
+      const bool older = info->incarnation < had->incarnation;
+      const std::optional<TcpProbe> was = liveness(had->control_endpoint);
+      const std::optional<TcpProbe> is = liveness(info->control_endpoint);
+      const bool was_alive = was == TcpProbe::kAccepts, was_dead = was == TcpProbe::kRefused;
+      const bool is_alive = is == TcpProbe::kAccepts, is_dead = is == TcpProbe::kRefused;
+      if (older && !(was_dead && is_alive)) return refuse_older(res, key, *had, *info);
+      if (!older && is_dead && was_alive) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++refused_overwrites;
+        return reply_error(res, 400, "nothing accepts connects at " + info->control_endpoint +
+                                         ", while the registered entry's " + had->control_endpoint + " does");
+      }
+    } else if (had && info->incarnation < had->incarnation) {
+      // The same endpoint: only the incarnation differs, so the entry already leads to this rank
+      // (whoever answers there tells a peer its incarnation). The newer incarnation is kept.
+      std::lock_guard<std::mutex> lock(mu);
+      ++refused_overwrites;
+      return reply(res, 200, {{"ok", true}, {"kept_incarnation", had->incarnation}});
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
       auto it = ranks.find(key);
       if (it == ranks.end() && ranks.size() >= kMaxRegisteredRanks)
         return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
       if (it != ranks.end()) {
-        // An entry is replaced by its own rank again, or by a newer incarnation of it (a restart);
-        // never by an older one (docs/security.md, "Bootstrap entries"). Every replacement of a
-        // different entry is counted and logged (rate-limited: one line per 10 s with the count).
-        const PrefillRankInfo& had = it->second;
-        if (info->incarnation < had.incarnation) {
-          ++refused_overwrites;
-          return reply_error(res, 400,
-                             "incarnation " + std::to_string(info->incarnation) + " is older than the registered " +
-                                 std::to_string(had.incarnation) + " of engine_id " + std::to_string(std::get<0>(key)) +
-                                 " dp_rank " + std::to_string(std::get<1>(key)) + " tp_rank " + std::to_string(std::get<2>(key)));
-        }
-        if (had.control_endpoint != info->control_endpoint || had.incarnation != info->incarnation) {
+        if (had && (it->second.incarnation != had->incarnation || it->second.control_endpoint != had->control_endpoint))
+          return reply_error(res, 409, "the entry changed while this PUT was checked; PUT again");
+        if (it->second.control_endpoint != info->control_endpoint || it->second.incarnation != info->incarnation) {
           ++overwrites;
-          note_overwrite(key, had, *info);
+          note_overwrite(key, it->second, *info);
         }
       }
       ranks[key] = *info;

@@ -505,6 +505,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
+  challenge_unproven(now_ns);
   for (const RankId& peer : core_.monitor().take_revived()) {  // a long silence, not a death
     auto it = peers_.find(peer);
     if (it != peers_.end() && dead_peers_.count(peer)) {

@@ -224,6 +224,10 @@ class DecodeEndpoint {
   // others' endpoints, once per heartbeat interval; drops a claim the known incarnation caught up
   // with. Silence alone proves nothing (a stopped or starved source answers late).
   void judge_restart_claims(int64_t now_ns);
+  // A peer declared dead is taken for back only once its known control endpoint answers a challenge
+  // with its known incarnation (PeerMonitor::heard(proven)): a frame in its name only triggers one.
+  void challenge_unproven(int64_t now_ns);
+  bool on_revival_answer(const Heartbeat& hb, uint64_t known);
   // A challenge from a source is answered at its known control endpoint (rate-limited), and this
   // rank's registration is sent there again (a restart claim of ours held there is then settled by
   // our own registration). An answer settles the claim whose nonce it echoes: the claimed
@@ -267,6 +271,11 @@ class DecodeEndpoint {
     int64_t challenged_ns = 0;
   };
   std::map<RankId, RestartClaim> restart_claims_;
+  struct Revival {
+    uint64_t nonce = 0;
+    int64_t challenged_ns = 0;
+  };
+  std::map<RankId, Revival> revivals_;  // keys: watched peers reported dead (bounded by the plan)
   RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
   RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when

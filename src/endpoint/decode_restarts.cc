@@ -12,8 +12,12 @@
 #include <vector>
 
 #include "endpoint/decode_endpoint.h"
+#include "kvferry/log.h"
 
 namespace kvferry {
+namespace {
+constexpr std::string_view kComp = "decode.endpoint";
+}  // namespace
 
 bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint64_t peer_inc,
                                         std::string_view kind) {
@@ -93,8 +97,9 @@ void DecodeEndpoint::answer_challenge(const Heartbeat& hb) {
 }
 
 void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
-  auto it = restart_claims_.find(hb.sender);
   auto known = peers_.find(hb.sender);
+  if (known != peers_.end() && on_revival_answer(hb, known->second.incarnation)) return;
+  auto it = restart_claims_.find(hb.sender);
   if (it == restart_claims_.end() || it->second.nonce != hb.answer || known == peers_.end()) {
     core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
                  fmt::format("answer of {} to no challenge of this rank dropped", hb.sender.str()), /*quiet=*/true);
@@ -104,13 +109,42 @@ void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   const uint64_t inc = known->second.incarnation;
   restart_claims_.erase(it);
   if (hb.incarnation <= inc) {  // the known incarnation still owns its endpoint: it lives
-    if (hb.incarnation == inc) core_.monitor().heard(hb.sender, monotonic_ns());
+    if (hb.incarnation == inc) core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
     core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
                  fmt::format("restart claim of {} as incarnation {} refused: incarnation {} answered at {}",
                              hb.sender.str(), claimed, hb.incarnation, known->second.control_endpoint));
     return;
   }
   believe_restart(hb.sender, hb.incarnation);  // a newer incarnation owns the endpoint: it restarted
+}
+
+void DecodeEndpoint::challenge_unproven(int64_t now_ns) {
+  const int64_t interval_ns = core_.config().deadlines.heartbeat_interval_ms * 1'000'000;
+  for (const RankId& peer : core_.monitor().take_unproven()) {
+    auto known = peers_.find(peer);
+    const std::string* endpoint = known == peers_.end() ? nullptr : &known->second.control_endpoint;
+    if (!endpoint) continue;
+    Revival& r = revivals_[peer];
+    if (r.nonce != 0 && now_ns - r.challenged_ns < interval_ns) continue;  // once per interval
+    if (r.nonce == 0) r.nonce = challenge_nonce();  // kept until answered: a slow answer still counts
+    r.challenged_ns = now_ns;
+    Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
+    challenge.challenge = r.nonce;
+    (void)core_.send(*endpoint, challenge);
+  }
+}
+
+// An answer to challenge_unproven(): the known incarnation at its known endpoint lives. True if the
+// answer was one (whatever incarnation it names); false: not this rank's revival challenge.
+bool DecodeEndpoint::on_revival_answer(const Heartbeat& hb, uint64_t known) {
+  auto r = revivals_.find(hb.sender);
+  if (r == revivals_.end() || r->second.nonce != hb.answer) return false;
+  revivals_.erase(r);
+  if (hb.incarnation == known) {
+    log_event(LogLevel::kDebug, kComp, fmt::format("{} answered a challenge at its endpoint: alive", hb.sender.str()));
+    core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
+  }
+  return true;
 }
 
 }  // namespace kvferry

@@ -48,4 +48,31 @@ inline void transfer_room(EndpointPair& p, uint64_t room, uint64_t tokens, const
 }
 
 
+// The registration the pair's decode rank sends (what DecodeEndpoint::send_registration builds),
+// for a test to tamper with: e.g. a liar's copy with another incarnation or endpoint.
+inline PoolRegistration decode_registration(EndpointPair& p) {
+  const MemoryShape& sh = p.dcore().shape();
+  PoolRegistration r;
+  r.sender = p.dcore().self();
+  r.incarnation = p.dcore().incarnation();
+  r.peer_incarnation = p.pcore().incarnation();
+  r.control_endpoint = p.dcore().control_endpoint();
+  r.worker_address = p.dcore().transport().address();
+  r.spans = p.dcore().spans();
+  r.page_size = sh.page_size;
+  r.page_bytes = sh.page_bytes;
+  r.num_pages = sh.num_pages;
+  r.kv_offsets = sh.kv_offsets;
+  r.aux_offsets = sh.aux_offsets;
+  r.aux_item_bytes = sh.aux_item_bytes;
+  r.aux_rows = sh.aux_rows;
+  r.state_offsets = sh.state_offsets;
+  r.state_item_bytes = sh.state_item_bytes;
+  r.state_rows = sh.state_rows;
+  r.guard_offset = sh.guard_offset;
+  r.heads_per_rank = p.dcore().layout().heads_per_rank;
+  r.first_head = p.dcore().layout().first_head;
+  return r;
+}
+
 }  // namespace kvferry::testing

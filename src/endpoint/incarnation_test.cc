@@ -16,8 +16,10 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::decode_rank0;
+using testing::decode_registration;
 using testing::EndpointPair;
 using testing::make_pair;
+using testing::PairConfig;
 using testing::open_room;
 using testing::prefill_rank0;
 using testing::transfer_room;
@@ -193,14 +195,36 @@ TEST(Incarnation, RegistrationForThePreviousPrefillIsAnsweredWithTheNewIncarnati
 }
 
 // A registration in decode/tp0's name claiming a restart as incarnation `inc` at `endpoint`
-// (issue 31: without the secret anyone can send one; no transport address: it is never used).
+// (issue 31: without the secret anyone can send one). It copies the decode rank's pool shape (what
+// DecodeEndpoint::send_registration sends), so only its incarnation and endpoint are lies; no
+// transport address: it is never used while the claim is held.
 PoolRegistration restart_claim(EndpointPair& p, uint64_t inc, const std::string& endpoint) {
-  PoolRegistration r;
-  r.sender = decode_rank0();
+  PoolRegistration r = decode_registration(p);
   r.incarnation = inc;
-  r.peer_incarnation = p.pcore().incarnation();
   r.control_endpoint = endpoint;
+  r.worker_address.clear();
   return r;
+}
+
+// Issue 31, attack 2a: claims stamped now + 59 s (inside the skew bound) with a pool this rank
+// cannot use, re-sent every 100 ms. Held, such a claim stood in for the decode rank's real restart
+// (always an older incarnation: "a newer claim is held") and was then refused for its shape, so the
+// restarted rank was never served. Now a claim is checked like any registration before it is held:
+// refused for its shape, nothing held, nothing challenged, and the live peer untouched.
+TEST(Incarnation, PrefillNeverHoldsARestartClaimOfAPoolItCannotUse) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  PoolRegistration claim = restart_claim(*p, static_cast<uint64_t>(realtime_ns()) + 59'000'000'000ull,
+                                         "tcp://127.0.0.1:9");
+  claim.kv_offsets.resize(1);  // the liar's pool: one KV buffer
+  const auto bad0 = p->pcore().refusals().count(Refusal::kBadRegistration);
+  p->prefill().on_message(Message(claim));
+  EXPECT_EQ(p->prefill().pending_restarts(), 0u) << "a claim of a pool this rank cannot use is held";
+  EXPECT_EQ(p->pcore().refusals().count(Refusal::kBadRegistration), bad0 + 1);
+  // The same claim with the real shape is held (and challenged), as before.
+  p->prefill().on_message(Message(restart_claim(*p, claim.incarnation, "tcp://127.0.0.1:9")));
+  EXPECT_EQ(p->prefill().pending_restarts(), 1u);
+  EXPECT_EQ(p->prefill().connected_peers(), 1u);
 }
 
 // Issue 31 (attack F3): a restart claim naming the decode rank's own control endpoint while that
@@ -302,6 +326,34 @@ TEST(Incarnation, DecodeIgnoresARefusalFromASourceThatServesIt) {
   p->decode().on_message(Message(forged));
   transfer_room(*p, 0x2192, 32, {2, 3}, 2);
   EXPECT_EQ(p->decode().poll(0x2192), KVPoll::Success);
+}
+
+// Issue 31 (found reviewing the challenge work): a heartbeat in a dead peer's name with its known
+// incarnation counted as hearing from it, so the peer was taken for back (its registration used
+// again) and declared dead again a timeout later; a liar kept a dead peer flapping. Now a dead
+// peer is taken for back only when its known endpoint answers a challenge with its incarnation.
+TEST(Incarnation, AForgedHeartbeatDoesNotReviveADeadPeerItsAnswerDoes) {
+  PairConfig cfg;
+  cfg.prefill_deadlines.heartbeat_timeout_ms = 300;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  p->dcore().monitor().unwatch(prefill_rank0());  // the decode rank stops: no heartbeat, no main loop
+  ASSERT_TRUE(p->pump_until([&] { return p->pcore().monitor().stats().reported == 1; }, 10s,
+                            [&] { p->pump_prefill(); }))
+      << "the stopped decode rank was never declared dead";
+  const Heartbeat forged{decode_rank0(), 0, monotonic_ns(), p->dcore().incarnation()};
+  for (int i = 0; i < 5; ++i) {
+    p->prefill().on_message(Message(forged));
+    p->pump_for(50ms, [&] { p->pump_prefill(); });
+  }
+  EXPECT_EQ(p->pcore().monitor().stats().revived, 0u) << "a forged heartbeat revived a dead peer";
+  EXPECT_EQ(p->prefill().connected_peers(), 0u);
+  // It runs again: its heartbeats are challenged, it answers, it is taken for back.
+  p->dcore().monitor().watch(prefill_rank0(), p->pcore().control_endpoint());
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().connected_peers() == 1; }, 10s));
+  EXPECT_EQ(p->pcore().monitor().stats().revived, 1u);
+  transfer_room(*p, 0x21a1, 32, {2, 3}, 2);
+  EXPECT_EQ(p->prefill().poll(0x21a1), KVPoll::Success);
 }
 
 }  // namespace

@@ -65,8 +65,13 @@ TEST(PeerAdmission, RegistrationsAndHeartbeatsThatWouldCutTheLivePeerOffChangeNo
   p->prefill().on_message(Message(registration_as(
       decode_rank0(), static_cast<uint64_t>(realtime_ns()) + 3'600'000'000'000ull, "tcp://127.0.0.1:1")));
   EXPECT_EQ(p->pcore().refusals().count(Refusal::kFutureIncarnation), 1u);
-  // A plausible restart naming another endpoint while the old one still accepts: held.
-  p->prefill().on_message(Message(registration_as(decode_rank0(), inc + 1, "tcp://127.0.0.1:1")));
+  // A plausible restart (the rank's own pool shape) naming another endpoint while the old one still
+  // accepts: held.
+  PoolRegistration claim = testing::decode_registration(*p);
+  claim.incarnation = inc + 1;
+  claim.control_endpoint = "tcp://127.0.0.1:1";
+  claim.worker_address = std::string(64, '\x5a');
+  p->prefill().on_message(Message(claim));
   EXPECT_EQ(p->pcore().refusals().count(Refusal::kUnconfirmedRestart), 3u);
   EXPECT_EQ(p->prefill().pending_restarts(), 1u);
   EXPECT_EQ(p->prefill().connecting_peers(), 0u);

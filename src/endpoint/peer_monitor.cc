@@ -1,12 +1,5 @@
 #include "endpoint/peer_monitor.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -15,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tcp_probe.h"
 #include "core/thread_priority.h"
 #include "kvferry/control.h"
 #include "kvferry/log.h"
@@ -141,11 +135,15 @@ int64_t PeerMonitor::last_heard_ns(const RankId& peer) const {
   return it == peers_.end() || !it->second.heard_once ? 0 : it->second.last_heard_ns;
 }
 
-void PeerMonitor::heard(const RankId& peer, int64_t now_ns) {
+void PeerMonitor::heard(const RankId& peer, int64_t now_ns, bool proven) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;
   Peer& p = it->second;
+  if (p.reported && !proven) {
+    p.unproven = true;  // a forged heartbeat must not keep a dead peer looking alive
+    return;
+  }
   if (p.heard_once && now_ns > p.last_heard_ns) gaps_.add(now_ns - p.last_heard_ns);
   p.heard_once = true;
   p.last_heard_ns = now_ns;
@@ -163,6 +161,18 @@ void PeerMonitor::mark_dead(const RankId& peer) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = peers_.find(peer);
   if (it != peers_.end()) it->second.reported = true;
+}
+
+std::vector<RankId> PeerMonitor::take_unproven() {
+  std::vector<RankId> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [rank, p] : peers_) {
+    if (p.unproven) {
+      p.unproven = false;
+      if (p.reported) out.push_back(rank);
+    }
+  }
+  return out;
 }
 
 std::vector<RankId> PeerMonitor::take_revived() {
@@ -217,58 +227,8 @@ std::vector<DeadPeer> PeerMonitor::take_dead(int64_t now_ns) {
   return out;
 }
 
-namespace {
-
-// A non-blocking TCP connect to `addr`, waiting at most `timeout_ms` for it to complete.
-PeerMonitor::Probe connects(const addrinfo& addr, int timeout_ms) {
-  using Probe = PeerMonitor::Probe;
-  const int fd = ::socket(addr.ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Probe::kRefused;  // this host cannot probe: no evidence either way
-  int err = ::connect(fd, addr.ai_addr, addr.ai_addrlen) == 0 ? 0 : errno;
-  if (err == EINPROGRESS) {
-    pollfd pfd{fd, POLLOUT, 0};
-    if (::poll(&pfd, 1, timeout_ms) == 1) {
-      socklen_t len = sizeof err;
-      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-    } else {
-      err = ETIMEDOUT;  // no SYN-ACK and no RST within the budget
-    }
-  }
-  ::close(fd);
-  switch (err) {
-    case 0: return Probe::kAccepts;
-    case ETIMEDOUT: case ENETUNREACH: case EHOSTUNREACH: case ENETDOWN: case EHOSTDOWN: return Probe::kUnanswered;
-    default: return Probe::kRefused;
-  }
-}
-
-}  // namespace
-
 PeerMonitor::Probe PeerMonitor::probe(const std::string& endpoint, int timeout_ms) {
-  if (endpoint.rfind("tcp://", 0) != 0) return Probe::kRefused;
-  auto hp = parse_host_port(endpoint);
-  if (!hp.ok() || hp->port == 0 || is_wildcard_host(hp->host)) return Probe::kRefused;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;  // a host name may resolve to IPv4, IPv6 or both
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* res = nullptr;
-  const std::string port = std::to_string(hp->port);
-  if (::getaddrinfo(hp->host.c_str(), port.c_str(), &hints, &res) != 0) return Probe::kRefused;
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res, &::freeaddrinfo);
-  // Every address in the resolver's order, within one overall budget: any that accepts is enough;
-  // any left unanswered (or untried for want of time) leaves the answer open.
-  const int64_t deadline = monotonic_ns() + static_cast<int64_t>(timeout_ms) * 1'000'000;
-  size_t tried = 0;
-  Probe answer = Probe::kRefused;
-  for (const addrinfo* ai = res; ai != nullptr && tried < kMaxResolvedAddresses; ai = ai->ai_next, ++tried) {
-    const int64_t left_ms = (deadline - monotonic_ns()) / 1'000'000;
-    if (left_ms <= 0) return Probe::kUnanswered;
-    const Probe p = connects(*ai, static_cast<int>(left_ms));
-    if (p == Probe::kAccepts) return p;
-    if (p == Probe::kUnanswered) answer = p;
-  }
-  return answer;
+  return probe_tcp_endpoint(endpoint, timeout_ms);
 }
 
 bool PeerMonitor::endpoint_accepts(const std::string& endpoint, int timeout_ms) {

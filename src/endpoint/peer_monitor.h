@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "core/stall_clock.h"
+#include "core/tcp_probe.h"
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "kvferry/net.h"
@@ -97,7 +98,13 @@ class PeerMonitor {
 
   void watch(const RankId& peer, const std::string& control_endpoint);
   void unwatch(const RankId& peer);
-  void heard(const RankId& peer, int64_t now_ns);
+  // A frame from `peer`. Anyone can send a frame in a peer's name without the cluster secret, so a
+  // peer reported dead is revived only by a `proven` hearing: its known incarnation's answer to a
+  // challenge of this rank (docs/security.md, "Checked without the secret"); any other frame from
+  // it only asks for that proof (take_unproven()) and changes nothing.
+  void heard(const RankId& peer, int64_t now_ns, bool proven = false);
+  // Peers reported dead that sent an unproven frame since the last call: challenge them.
+  std::vector<RankId> take_unproven();
   // When `peer` was last heard (heard(); 0: never, or not watched).
   int64_t last_heard_ns(const RankId& peer) const;
   std::vector<DeadPeer> take_dead(int64_t now_ns);
@@ -116,14 +123,8 @@ class PeerMonitor {
   static constexpr int64_t kUnreachableFactor = 2;
   static constexpr int64_t kProbeIntervalMs = 50;
   static constexpr int kLivenessNice = -10;
-  // What a TCP connect to a peer's "tcp://HOST:PORT" endpoint found (HOST: IPv4, [IPv6] or a host
-  // name; each of its addresses within `timeout_ms` in all):
-  //   kAccepts: some address accepted (the peer's process lives);
-  //   kUnanswered: none accepted and some got no answer within the budget or had no route
-  //     (ETIMEDOUT, ENETUNREACH, EHOSTUNREACH, ENETDOWN, EHOSTDOWN): the network is silent;
-  //   kRefused: every address refused (the process is gone), or the endpoint cannot be probed
-  //     (unparsable, unresolvable, a wildcard, port 0, not tcp): silence alone decides.
-  enum class Probe { kAccepts, kUnanswered, kRefused };
+  // What a TCP connect to a peer's endpoint found (core/tcp_probe.h).
+  using Probe = TcpProbe;
   static Probe probe(const std::string& endpoint, int timeout_ms);
   // probe(endpoint, timeout_ms) == Probe::kAccepts.
   static bool endpoint_accepts(const std::string& endpoint, int timeout_ms);
@@ -134,6 +135,7 @@ class PeerMonitor {
     int64_t last_heard_ns = 0;
     bool reported = false;
     bool revived = false;
+    bool unproven = false;  // reported, and a frame in its name came since (take_unproven())
     int64_t probed_ns = 0;     // last connect probe (0: none since last heard)
     Probe probe = Probe::kRefused;  // its answer
     bool heard_once = false;   // last_heard_ns is a frame's, not watch()'s

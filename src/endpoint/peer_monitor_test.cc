@@ -96,7 +96,7 @@ TEST(PeerMonitor, HeardAgainIsRevivedOnceAndCanDieAgain) {
   const int64_t t = monotonic_ns();
   m.heard(kPeer, t);
   ASSERT_EQ(m.take_dead(t + 200 * kMs).size(), 1u);
-  m.heard(kPeer, t + 300 * kMs);
+  m.heard(kPeer, t + 300 * kMs, /*proven=*/true);  // its answer to a challenge
   auto revived = m.take_revived();
   ASSERT_EQ(revived.size(), 1u);
   EXPECT_EQ(revived[0], kPeer);
@@ -105,6 +105,31 @@ TEST(PeerMonitor, HeardAgainIsRevivedOnceAndCanDieAgain) {
   auto again = m.take_dead(t + 450 * kMs);
   ASSERT_EQ(again.size(), 1u);
   EXPECT_EQ(again[0].silent_ms, 150);
+}
+
+// Issue 31: without the secret anyone can send a heartbeat in a dead peer's name. Before, one such
+// frame revived it (its registration was sent again, its rooms waited) and it was declared dead
+// again after the timeout, so a liar kept a dead peer flapping. Now a frame that is not the peer's
+// answer to a challenge only asks for one (take_unproven(), once) and changes nothing.
+TEST(PeerMonitor, AnUnprovenFrameFromADeadPeerDoesNotReviveIt) {
+  PeerMonitor m(kSelf, short_deadlines(), {}, kExact);
+  m.watch(kPeer, "tcp://127.0.0.1:1");
+  const int64_t t = monotonic_ns();
+  m.heard(kPeer, t);
+  ASSERT_EQ(m.take_dead(t + 200 * kMs).size(), 1u);
+  EXPECT_TRUE(m.take_unproven().empty());
+  m.heard(kPeer, t + 300 * kMs);  // a forged heartbeat
+  m.heard(kPeer, t + 310 * kMs);
+  EXPECT_TRUE(m.take_revived().empty());
+  EXPECT_EQ(m.last_heard_ns(kPeer), t);
+  auto unproven = m.take_unproven();
+  ASSERT_EQ(unproven.size(), 1u);
+  EXPECT_EQ(unproven[0], kPeer);
+  EXPECT_TRUE(m.take_unproven().empty());
+  EXPECT_TRUE(m.take_dead(t + 400 * kMs).empty());  // still dead, not reported twice
+  EXPECT_EQ(m.stats().revived, 0u);
+  m.heard(kPeer, t + 500 * kMs, /*proven=*/true);
+  EXPECT_EQ(m.take_revived().size(), 1u);
 }
 
 TEST(PeerMonitor, HeardWithoutDeathIsNotARevival) {
@@ -388,7 +413,7 @@ TEST(PeerMonitor, StatsCountWhatTheLivenessPathSaw) {
   EXPECT_EQ(m.take_dead(t + 1500 * kMs).size(), 1u);  // kOther: refused
   EXPECT_TRUE(m.take_dead(t + 1700 * kMs).empty());    // kPeer: suspected, alive
   EXPECT_TRUE(m.take_dead(t + 1710 * kMs).empty());
-  m.heard(kOther, t + 1800 * kMs);  // reported, then heard again (its first frame: no gap)
+  m.heard(kOther, t + 1800 * kMs, /*proven=*/true);  // reported, then heard again (its first frame: no gap)
   const LivenessStats s = m.stats();
   EXPECT_EQ(s.gaps, 100u);
   EXPECT_NEAR(s.gap_p50_ms, 10.0, 1.0);

@@ -185,6 +185,13 @@ bool PrefillEndpoint::accept_registration(const PoolRegistration& r, bool* resta
   const PoolRegistration* old = registration_for(r.sender);
   if (!old) old = dead_regs_.count(r.sender) ? &dead_regs_.at(r.sender) : nullptr;
   if (old && !restart_confirmed(r, *old)) {
+    // A claim this rank could not serve is never held: held, it would stand in for a real restart
+    // whose incarnation is older (attack 2a: claims stamped now + 59 s with a pool of the wrong shape).
+    if (std::string bad = check_registration(r); !bad.empty()) {
+      core_.refuse(Refusal::kBadRegistration, r.sender,
+                   fmt::format("restart claim of {} as incarnation {} refused: {}", r.sender.str(), r.incarnation, bad));
+      return false;
+    }
     const std::string old_endpoint = old->control_endpoint;
     hold_restart_claim(r, old_endpoint, monotonic_ns());
     core_.refuse(Refusal::kUnconfirmedRestart, r.sender,
@@ -204,6 +211,7 @@ void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
   incarnations_[peer] = inc;
   pending_restarts_.erase(peer);
   verified_owners_.erase(peer);
+  revivals_.erase(peer);
   if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
   dead_regs_.erase(peer);  // never reconnect to the previous incarnation
 }
