@@ -251,11 +251,27 @@ class _Room:
         After close(), the room's metrics when it was closed (kept for the last 4096 closed rooms)."""
         return self._mgr._impl.metrics(self.bootstrap_room)
 
+    @property
+    def manager(self) -> "KVManager":
+        """The manager this room belongs to."""
+        return self._mgr
+
+    def failure(self) -> Optional[KVTransferError]:
+        """The room's KVTransferError if it failed (None otherwise), without raising it."""
+        f = self._mgr._impl.failure(self.bootstrap_room)
+        return None if f is None else KVTransferError(*f)
+
     def failure_exception(self) -> None:
         """Raises the room's KVTransferError if it failed; returns None otherwise."""
-        f = self._mgr._impl.failure(self.bootstrap_room)
+        f = self.failure()
         if f is not None:
-            raise KVTransferError(*f)
+            raise f
+
+    def fail(self, code: str, reason: str) -> None:
+        """Fails the room on this rank as its own failure (origin this rank, the given code, e.g.
+        "invalid_argument" for a call the engine made that kvferry refused) and tells its peers.
+        No-op if the room already ended. Raises ValueError for an unknown code."""
+        self._mgr._impl.fail_local(self.bootstrap_room, code, reason)
 
     def abort(self, reason: str = "aborted by the engine") -> None:
         """Fails the room on this rank (code "aborted", origin this rank) and tells its peers."""

@@ -27,9 +27,16 @@ namespace py = pybind11;
 namespace kvferry::python {
 namespace {
 
+// A refused call raises ValueError (invalid_argument) or RuntimeError (anything else) carrying the
+// C++ error's code as its `code` attribute (snake_case, kvferry/error.h code_name), so Python never
+// parses it from the text.
 [[noreturn]] void raise_status(const Status& s) {
-  if (s.code() == ErrorCode::kInvalidArgument) throw py::value_error(s.message());
-  throw std::runtime_error(s.str());
+  const bool invalid = s.code() == ErrorCode::kInvalidArgument;
+  py::handle type = invalid ? PyExc_ValueError : PyExc_RuntimeError;
+  py::object e = type(invalid ? s.message() : s.str());
+  e.attr("code") = std::string(code_name(s.code()));
+  PyErr_SetObject(type.ptr(), e.ptr());
+  throw py::error_already_set();
 }
 
 void check(const Status& s) {

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
@@ -210,6 +212,74 @@ TEST_F(Bootstrap, ACopiedEntryStampedAheadDoesNotLockARestartedRankOut) {
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument) << s.str();
   EXPECT_NE(s.message().find("nothing accepts connects at " + first.endpoint()), std::string::npos) << s.str();
   EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, second.endpoint());
+}
+
+// One HTTP PUT /route of `info` to 127.0.0.1:`port` from the source address `from` (another
+// loopback address plays another host); the reply's status code (0: no reply).
+int put_from(const std::string& from, uint16_t port, const PrefillRankInfo& info) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(port);
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  int status = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof src) == 0 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof dst) == 0) {
+    const std::string body = bootstrap::rank_info_to_json(info).dump();
+    const std::string req = "PUT /route HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                            "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+      char buf[64] = {};
+      if (::recv(fd, buf, sizeof buf - 1, MSG_WAITALL) > 12) status = std::atoi(buf + 9);  // "HTTP/1.1 200"
+    }
+  }
+  ::close(fd);
+  return status;
+}
+
+// Issue 31 (the attack on the probes of attack 2b's fix): the service probed any endpoint a PUT
+// named, so it scanned ports for anyone (48 ports in 5 s) and a peer anywhere could exhaust its
+// probe budget or stamp a rank's entry. Now an entry a rank PUT from its own host (the endpoint's
+// host is the request's source address) is replaced only by a PUT from that host; only such
+// endpoints are probed; and one source address holds at most 1024 entries, so filling the table
+// from one host locks no other host's ranks out.
+TEST_F(Bootstrap, AnEntryFromItsOwnHostIsReplacedOnlyFromThatHost) {
+  BootstrapClient c(address_, 2000);
+  Listener live;
+  PrefillRankInfo real = rank(0, live.endpoint());
+  real.incarnation = static_cast<uint64_t>(realtime_ns());
+  ASSERT_TRUE(c.register_rank(real).ok());  // from 127.0.0.1, naming 127.0.0.1: its own host
+  Listener liars;  // a listener of the peer's own, on this host
+  PrefillRankInfo copy = real;
+  copy.incarnation = real.incarnation + 59'000'000'000ull;
+  copy.control_endpoint = liars.endpoint();
+  EXPECT_EQ(put_from("127.0.0.2", server_->port(), copy), 400);  // from another host, naming this one's
+  EXPECT_EQ(c.lookup(1, 0, 0)->control_endpoint, live.endpoint());
+  EXPECT_EQ(c.lookup(1, 0, 0)->incarnation, real.incarnation);
+  // An entry a peer elsewhere PUT is replaced by the rank's own PUT, older or not.
+  PrefillRankInfo other = rank(1, "tcp://127.0.0.1:7");
+  other.incarnation = real.incarnation + 59'000'000'000ull;
+  EXPECT_EQ(put_from("127.0.0.2", server_->port(), other), 200);
+  Listener live1;
+  PrefillRankInfo rank1 = rank(1, live1.endpoint());
+  rank1.incarnation = real.incarnation;
+  ASSERT_TRUE(c.register_rank(rank1).ok());
+  EXPECT_EQ(c.lookup(1, 0, 1)->control_endpoint, live1.endpoint());
+  // One source fills at most 1024 entries; others still register.
+  int refused = 0;
+  for (uint32_t e = 100; e < 100 + 1030; ++e) {
+    PrefillRankInfo f = rank(0, "tcp://127.0.0.3:1");
+    f.engine_id = e;
+    refused += put_from("127.0.0.3", server_->port(), f) == 400;
+  }
+  EXPECT_EQ(refused, 6);
+  PrefillRankInfo next = rank(0, live.endpoint());
+  next.engine_id = 7;
+  EXPECT_TRUE(c.register_rank(next).ok());
 }
 
 TEST(BootstrapClientErrors, UnreachableAndBadAddress) {

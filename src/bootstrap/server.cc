@@ -24,12 +24,16 @@
 #include "core/tcp_probe.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
+#include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
 
 constexpr size_t kMaxBodyBytes = 1024 * 1024;  // a /query_dp_ranks of kMaxSglangQueryRooms rooms fits
 constexpr size_t kMaxRegisteredRanks = 16384;
+// From one source address (one host registers its ranks; a peer filling the table from one host
+// cannot lock every other host's ranks out).
+constexpr size_t kMaxRanksPerSource = 1024;
 constexpr size_t kHttpThreads = 4;
 constexpr auto kStartTimeout = std::chrono::seconds(5);
 constexpr const char* kJson = "application/json";
@@ -74,11 +78,20 @@ struct BootstrapServer::Impl {
   uint16_t port = 0;
   std::string advertised;  // host clients are told (address())
   mutable std::mutex mu;
-  std::map<Key, PrefillRankInfo> ranks;  // guarded by mu
+  // A registered rank: what it PUT, the address the PUT came from, and whether its control
+  // endpoint is on that host (handle_put()).
+  struct Entry {
+    PrefillRankInfo info;
+    std::string source;
+    bool own_host = false;
+  };
+  std::map<Key, Entry> ranks;                  // guarded by mu
+  std::map<std::string, size_t> per_source;    // entries by the address they came from (guarded by mu)
   uint64_t overwrites = 0;          // entries replaced by a different one (guarded by mu)
   uint64_t refused_overwrites = 0;  // PUTs not applied: an older incarnation, a dead endpoint (guarded by mu)
   int64_t overwrite_line_ns = 0;    // the last overwrite warning, and how many since (guarded by mu)
   uint64_t overwrites_since_line = 0;
+  uint64_t overwrite_debug_lines = 0;  // since the last warning (guarded by mu)
 
   // One warning per 10 s, naming how many entries were replaced since the previous one.
   void note_overwrite(const Key& key, const PrefillRankInfo& had, const PrefillRankInfo& now) {
@@ -89,7 +102,12 @@ struct BootstrapServer::Impl {
         "bootstrap entry of engine_id {} dp_rank {} tp_rank {} replaced: {} (incarnation {}) -> {} (incarnation {})",
         std::get<0>(key), std::get<1>(key), std::get<2>(key), had.control_endpoint, had.incarnation,
         now.control_endpoint, now.incarnation);
-    if (!line) return log_event(LogLevel::kDebug, "bootstrap", what, {.extra = {{"event", "entry_replaced"}}});
+    if (!line) {  // at most 20 debug lines between two warnings; the next warning has the count
+      if (++overwrite_debug_lines <= 20)
+        log_event(LogLevel::kDebug, "bootstrap", what, {.extra = {{"event", "entry_replaced"}}});
+      return;
+    }
+    overwrite_debug_lines = 0;
     log_event(LogLevel::kWarning, "bootstrap",
               overwrites_since_line > 1 ? fmt::format("{} ({} entries replaced since the last such line)", what,
                                                       overwrites_since_line)
@@ -113,11 +131,20 @@ struct BootstrapServer::Impl {
     return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   }
 
+  void count_refused() {
+    std::lock_guard<std::mutex> lock(mu);
+    ++refused_overwrites;
+  }
+
+  // Whether `endpoint` ("tcp://HOST:PORT") names the host `remote` (a request's source address).
+  static bool endpoint_on_host(const std::string& endpoint, const std::string& remote) {
+    if (!endpoint.starts_with("tcp://") || remote.empty()) return false;
+    auto hp = parse_host_port(endpoint);
+    return hp.ok() && hp->host == remote;
+  }
+
   void refuse_older(httplib::Response& res, const Key& key, const PrefillRankInfo& had, const PrefillRankInfo& info) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      ++refused_overwrites;
-    }
+    count_refused();
     reply_error(res, 400,
                 "incarnation " + std::to_string(info.incarnation) + " is older than the registered " +
                     std::to_string(had.incarnation) + " of engine_id " + std::to_string(std::get<0>(key)) +
@@ -159,43 +186,62 @@ struct BootstrapServer::Impl {
     // ranks refuse it too (60 s, docs/security.md "Checked without the secret").
     constexpr int64_t kMaxSkewNs = 60'000'000'000;
     if (const int64_t now = realtime_ns(); info->incarnation > static_cast<uint64_t>(now) + kMaxSkewNs) {
-      ++refused_overwrites;
+      count_refused();
       return reply_error(res, 400, "incarnation " + std::to_string(info->incarnation) +
                                        " is more than 60 s ahead of this service's clock (" + std::to_string(now) + ")");
     }
     const Key key{info->engine_id, info->dp_rank, info->tp_rank};
-    std::optional<PrefillRankInfo> had;
+    // A PUT names a control endpoint on the host it came from (its host literal is the request's
+    // source address): the rank's own. Only such endpoints are probed (so the service connects only
+    // to the host that asked: it scans nothing), and an entry registered so is replaced only by a
+    // PUT that is too (a peer elsewhere cannot take a rank's entry over; attack 2b).
+    const bool own_host = endpoint_on_host(info->control_endpoint, req.remote_addr);
+    std::optional<Entry> had;
     {
       std::lock_guard<std::mutex> lock(mu);
       auto it = ranks.find(key);
-      if (it == ranks.end() && ranks.size() >= kMaxRegisteredRanks)
-        return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
-      if (it != ranks.end()) had = it->second;
-    }
-    // An entry is replaced by its own rank again, or by a newer incarnation of it (a restart);
-    // never by an older one (docs/security.md, "Bootstrap entries"), unless the newer entry names
-    // an endpoint nothing listens on while the older PUT's accepts connects; and never by a newer one
-    // naming a dead endpoint while the entry's is alive (attack 2b: entries copied with incarnation
-    // now + 59 s locked a restarted rank out). Probes run outside the lock (liveness()).
-    if (had && had->control_endpoint != info->control_endpoint) {
-      const bool older = info->incarnation < had->incarnation;
-      const std::optional<TcpProbe> was = liveness(had->control_endpoint);
-      const std::optional<TcpProbe> is = liveness(info->control_endpoint);
-      const bool was_alive = was == TcpProbe::kAccepts, was_dead = was == TcpProbe::kRefused;
-      const bool is_alive = is == TcpProbe::kAccepts, is_dead = is == TcpProbe::kRefused;
-      if (older && !(was_dead && is_alive)) return refuse_older(res, key, *had, *info);
-      if (!older && is_dead && was_alive) {
-        std::lock_guard<std::mutex> lock(mu);
-        ++refused_overwrites;
-        return reply_error(res, 400, "nothing accepts connects at " + info->control_endpoint +
-                                         ", while the registered entry's " + had->control_endpoint + " does");
+      if (it == ranks.end()) {
+        if (ranks.size() >= kMaxRegisteredRanks)
+          return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
+        if (auto n = per_source.find(req.remote_addr); n != per_source.end() && n->second >= kMaxRanksPerSource)
+          return reply_error(res, 400, "too many registered ranks from " + req.remote_addr + " (" +
+                                           std::to_string(kMaxRanksPerSource) + ")");
+      } else {
+        had = it->second;
       }
-    } else if (had && info->incarnation < had->incarnation) {
+    }
+    if (had && had->info.control_endpoint != info->control_endpoint) {
+      const bool older = info->incarnation < had->info.incarnation;
+      if (had->own_host && !own_host) {
+        count_refused();
+        return reply_error(res, 400, "the entry names " + had->info.control_endpoint +
+                                         ", registered from its own host; a PUT from " + req.remote_addr +
+                                         " naming another host's endpoint does not replace it");
+      }
+      if (had->own_host && own_host) {
+        // Both on the hosts that registered them (probes reach those hosts only, outside the lock):
+        // an older PUT replaces a newer entry whose endpoint refuses connects when its own accepts
+        // them (a rank restarted while its entry was stamped ahead); a newer PUT naming a dead
+        // endpoint never replaces a live entry.
+        const std::optional<TcpProbe> was = liveness(had->info.control_endpoint);
+        const std::optional<TcpProbe> is = liveness(info->control_endpoint);
+        const bool was_alive = was == TcpProbe::kAccepts, was_dead = was == TcpProbe::kRefused;
+        const bool is_alive = is == TcpProbe::kAccepts, is_dead = is == TcpProbe::kRefused;
+        if (older && !(was_dead && is_alive)) return refuse_older(res, key, had->info, *info);
+        if (!older && is_dead && was_alive) {
+          count_refused();
+          return reply_error(res, 400, "nothing accepts connects at " + info->control_endpoint +
+                                           ", while the registered entry's " + had->info.control_endpoint + " does");
+        }
+      } else if (older && !own_host) {
+        return refuse_older(res, key, had->info, *info);  // neither on its own host: incarnations decide
+      }
+      // else: a PUT from the endpoint's own host replaces an entry that was not (whatever its age).
+    } else if (had && info->incarnation < had->info.incarnation) {
       // The same endpoint: only the incarnation differs, so the entry already leads to this rank
       // (whoever answers there tells a peer its incarnation). The newer incarnation is kept.
-      std::lock_guard<std::mutex> lock(mu);
-      ++refused_overwrites;
-      return reply(res, 200, {{"ok", true}, {"kept_incarnation", had->incarnation}});
+      count_refused();
+      return reply(res, 200, {{"ok", true}, {"kept_incarnation", had->info.incarnation}});
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -203,14 +249,17 @@ struct BootstrapServer::Impl {
       if (it == ranks.end() && ranks.size() >= kMaxRegisteredRanks)
         return reply_error(res, 400, "too many registered ranks (" + std::to_string(kMaxRegisteredRanks) + ")");
       if (it != ranks.end()) {
-        if (had && (it->second.incarnation != had->incarnation || it->second.control_endpoint != had->control_endpoint))
+        const PrefillRankInfo& now = it->second.info;
+        if (had && (now.incarnation != had->info.incarnation || now.control_endpoint != had->info.control_endpoint))
           return reply_error(res, 409, "the entry changed while this PUT was checked; PUT again");
-        if (it->second.control_endpoint != info->control_endpoint || it->second.incarnation != info->incarnation) {
+        if (now.control_endpoint != info->control_endpoint || now.incarnation != info->incarnation) {
           ++overwrites;
-          note_overwrite(key, it->second, *info);
+          note_overwrite(key, now, *info);
         }
+        if (--per_source[it->second.source] == 0) per_source.erase(it->second.source);
       }
-      ranks[key] = *info;
+      ranks[key] = Entry{*info, req.remote_addr, own_host};
+      ++per_source[req.remote_addr];
     }
     reply(res, 200, {{"ok", true}});
   }
@@ -239,13 +288,13 @@ struct BootstrapServer::Impl {
                            "not registered: engine_id " + std::to_string(*engine) + " dp_rank " +
                                std::to_string(*dp) + " tp_rank " + std::to_string(*tp));
       }
-      return reply(res, 200, bootstrap::rank_info_to_json(it->second));
+      return reply(res, 200, bootstrap::rank_info_to_json(it->second.info));
     }
     auto all = nlohmann::json::array();
     for (auto it = ranks.lower_bound(Key{*engine, *dp, 0});
          it != ranks.end() && std::get<0>(it->first) == *engine && std::get<1>(it->first) == *dp;
          ++it) {
-      all.push_back(bootstrap::rank_info_to_json(it->second));
+      all.push_back(bootstrap::rank_info_to_json(it->second.info));
     }
     reply(res, 200, all);
   }

@@ -228,6 +228,12 @@ class DecodeEndpoint {
   // with its known incarnation (PeerMonitor::heard(proven)): a frame in its name only triggers one.
   void challenge_unproven(int64_t now_ns);
   bool on_revival_answer(const Heartbeat& hb, uint64_t known);
+  // Frames of `peer` name an older incarnation than the known one: ask its known endpoint which
+  // incarnation owns it (once per heartbeat interval). The owner's answer, if older than the known
+  // one, is adopted: registration and the metadata of its rooms go again under it.
+  void check_ownership(const RankId& peer, int64_t now_ns);
+  bool on_ownership_answer(const Heartbeat& hb, uint64_t known);
+  void adopt_incarnation(const RankId& peer, uint64_t inc);
   // A challenge from a source is answered at its known control endpoint (rate-limited), and this
   // rank's registration is sent there again (a restart claim of ours held there is then settled by
   // our own registration). An answer settles the claim whose nonce it echoes: the claimed
@@ -276,6 +282,9 @@ class DecodeEndpoint {
     int64_t challenged_ns = 0;
   };
   std::map<RankId, Revival> revivals_;  // keys: watched peers reported dead (bounded by the plan)
+  // Challenges sent because a source's frames name an older incarnation than the one this rank
+  // knows (e.g. taken from a bootstrap entry stamped ahead by a liar: attack 2d); keys: peers_ keys.
+  std::map<RankId, Revival> ownership_checks_;
   RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
   RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when

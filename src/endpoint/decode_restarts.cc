@@ -31,6 +31,7 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
   const uint64_t known = it->second.incarnation;
   if (inc < known) {
     core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
+    check_ownership(sender, monotonic_ns());
     return false;
   }
   const int64_t wall = realtime_ns();
@@ -99,6 +100,7 @@ void DecodeEndpoint::answer_challenge(const Heartbeat& hb) {
 void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   auto known = peers_.find(hb.sender);
   if (known != peers_.end() && on_revival_answer(hb, known->second.incarnation)) return;
+  if (known != peers_.end() && on_ownership_answer(hb, known->second.incarnation)) return;
   auto it = restart_claims_.find(hb.sender);
   if (it == restart_claims_.end() || it->second.nonce != hb.answer || known == peers_.end()) {
     core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
@@ -145,6 +147,41 @@ bool DecodeEndpoint::on_revival_answer(const Heartbeat& hb, uint64_t known) {
     core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
   }
   return true;
+}
+
+void DecodeEndpoint::check_ownership(const RankId& peer, int64_t now_ns) {
+  auto known = peers_.find(peer);
+  if (known == peers_.end()) return;
+  Revival& c = ownership_checks_[peer];
+  if (c.nonce != 0 && now_ns - c.challenged_ns < core_.config().deadlines.heartbeat_interval_ms * 1'000'000) return;
+  if (c.nonce == 0) c.nonce = challenge_nonce();
+  c.challenged_ns = now_ns;
+  Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
+  challenge.challenge = c.nonce;
+  (void)core_.send(known->second.control_endpoint, challenge);
+}
+
+bool DecodeEndpoint::on_ownership_answer(const Heartbeat& hb, uint64_t known) {
+  auto c = ownership_checks_.find(hb.sender);
+  if (c == ownership_checks_.end() || c->second.nonce != hb.answer) return false;
+  ownership_checks_.erase(c);
+  if (hb.incarnation < known) adopt_incarnation(hb.sender, hb.incarnation);  // the known one is not its
+  return true;
+}
+
+void DecodeEndpoint::adopt_incarnation(const RankId& peer, uint64_t inc) {
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return;
+  const std::string endpoint = it->second.control_endpoint;
+  log_event(LogLevel::kWarning, kComp,
+            fmt::format("{} at {} is incarnation {}, not {} (the incarnation this rank was given, e.g. by its bootstrap "
+                        "entry): registering again with {}",
+                        peer.str(), endpoint, inc, it->second.incarnation, inc));
+  restart_claims_.erase(peer);
+  if (!send_registration(peer, endpoint, inc).ok()) return;
+  // Metadata sent under the other incarnation was refused there: the rooms still waiting send it again.
+  for (auto& [id, r] : rooms_)
+    if (!r.state.terminal() && r.metadata_sent.count(peer) && !r.terminal.count(peer)) (void)send_metadata(r, peer, endpoint);
 }
 
 }  // namespace kvferry

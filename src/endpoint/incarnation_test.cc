@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "endpoint/endpoint_pair_steps.h"
+#include "kvferry/bootstrap.h"
 #include "kvferry/log.h"
 #include "kvferry/port_file.h"
 
@@ -354,6 +355,29 @@ TEST(Incarnation, AForgedHeartbeatDoesNotReviveADeadPeerItsAnswerDoes) {
   EXPECT_EQ(p->pcore().monitor().stats().revived, 1u);
   transfer_room(*p, 0x21a1, 32, {2, 3}, 2);
   EXPECT_EQ(p->prefill().poll(0x21a1), KVPoll::Success);
+}
+
+// Issue 31, attack 2d: without the secret anyone can PUT a prefill rank's bootstrap entry again
+// with its real endpoint and an incarnation stamped ahead (now + 59 s). A decode rank that looked
+// the rank up took that incarnation for the rank's own and addressed everything to it, so the real
+// rank refused every frame as meant for another incarnation, and the decode rank refused the real
+// rank's frames as older: never served again. Now a frame from an older incarnation than the known
+// one makes the decode rank challenge the known endpoint; its owner's answer is adopted.
+TEST(Incarnation, DecodeGivenAForgedIncarnationByTheBootstrapAdoptsTheOneAtTheEndpoint) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  BootstrapClient liar(p->bootstrap_address(), 2000);
+  auto entry = liar.lookup(0, 0, 0);
+  ASSERT_TRUE(entry.ok()) << entry.status().str();
+  entry->incarnation = static_cast<uint64_t>(realtime_ns()) + 59'000'000'000ull;
+  ASSERT_TRUE(liar.register_rank(*entry).ok());
+  ASSERT_TRUE(p->start_decode().ok());  // a restarted decode rank looks the prefill rank up
+  ASSERT_TRUE(p->pump_until(
+      [&] { return p->pcore().incarnation_counts().peer_restarts == 1 && p->prefill().connected_peers() == 1; }, 10s))
+      << "the decode rank never registered with the incarnation at the prefill's endpoint";
+  transfer_room(*p, 0x21b1, 32, {2, 3}, 2);
+  EXPECT_EQ(p->prefill().poll(0x21b1), KVPoll::Success);
+  EXPECT_EQ(p->decode().poll(0x21b1), KVPoll::Success);
 }
 
 }  // namespace

@@ -18,7 +18,13 @@ constexpr std::string_view kComp = "prefill.endpoint";
 
 // The same decode memory, reached the same way: a registration repeated by the same process
 // (every field alike, incarnations included: the wire form of both is the same).
-static bool same_pool(const PoolRegistration& a, const PoolRegistration& b) { return encode(Message{a}) == encode(Message{b}); }
+// The same registration, whatever incarnation of this rank it was addressed to (a decode rank
+// given another one by the bootstrap service registers again with this one: attack 2d).
+static bool same_pool(const PoolRegistration& a, const PoolRegistration& b) {
+  PoolRegistration x = a, y = b;
+  x.peer_incarnation = y.peer_incarnation = 0;
+  return encode(Message{x}) == encode(Message{y});
+}
 
 MemoryShape shape_of(const PoolRegistration& r) {
   MemoryShape s;
@@ -150,7 +156,14 @@ const PoolRegistration* PrefillEndpoint::registration_under(const RankId& peer, 
 
 bool PrefillEndpoint::accept_registration(const PoolRegistration& r, bool* restart) {
   *restart = false;
-  if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
+  // Meant for an incarnation of this rank newer than this one: no later process of this rank lives
+  // (a decode rank was given a bootstrap entry stamped ahead, attack 2d). Taken as meant for this
+  // one; the decode rank learns this incarnation from this rank's answer to its challenge.
+  if (r.peer_incarnation > core_.incarnation()) {
+    core_.peer_debug(kComp, fmt::format("pool registration of {} names incarnation {} of this rank, which is {}: taken as "
+                                 "meant for this one",
+                                 r.sender.str(), r.peer_incarnation, core_.incarnation()));
+  } else if (r.peer_incarnation != 0 && r.peer_incarnation != core_.incarnation()) {
     core_.refuse_stale("PoolRegistration", r.sender,
                        fmt::format("meant for incarnation {} of this rank, which is {}", r.peer_incarnation,
                                    core_.incarnation()));

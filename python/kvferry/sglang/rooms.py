@@ -55,8 +55,9 @@ def _rows(state_indices) -> List[int]:
 
 
 def _code_of(exc: Exception, default: str) -> str:
-    head = str(exc).split(":", 1)[0].strip()
-    return head if head.replace("_", "").isalpha() and head.islower() else default
+    """The kvferry error code a refused call carries (its ``code`` attribute), else ``default``."""
+    code = getattr(exc, "code", None)
+    return code if isinstance(code, str) and code else default
 
 
 def _bootstrap_timeout_s() -> float:
@@ -91,7 +92,7 @@ class _Common:
         """Fails the room on this rank, as its own (local) failure."""
         if self._room is not None:
             try:
-                self._room._mgr._impl.fail_local(self.bootstrap_room, code, reason)
+                self._room.fail(code, reason)
                 return
             except (ValueError, RuntimeError):
                 pass
@@ -113,14 +114,14 @@ class _Common:
         if self._local is not None:
             raise self._local
         if self._room is not None:
-            f = self._room._mgr._impl.failure(self.bootstrap_room)
+            f = self._room.failure()
             if f is not None:
-                raise KVTransferError(*f)
+                raise f
         # The engine failed the room on another of its ranks: stop it here and tell the peers.
         if self._room is not None:
             try:
-                self._room._mgr._impl.fail_from_engine(self.bootstrap_room, "aborted", AGREEMENT_REASON,
-                                                       self._room._mgr.rank)
+                self._room.fail_from_engine(KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True,
+                                                            self._room.manager.rank, "aborted"))
             except (ValueError, RuntimeError):
                 pass
         self._agreed = KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True, f"{self.role} engine", "aborted")
