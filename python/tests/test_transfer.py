@@ -155,8 +155,9 @@ def test_pool_must_be_writable_and_large_enough():
         kvferry.KVReceiver(mgr, 10)
     with pytest.raises(ValueError, match="room 9 is already open"):
         kvferry.KVSender(mgr, 9)
-    with pytest.raises(ValueError, match="send\\(\\) before init"):
+    with pytest.raises(ValueError, match="send\\(\\) before init") as refused:
         sender.send([0])
+    assert refused.value.code == "invalid_argument"  # the C++ error's code, never parsed from the text
     mgr.close()
     with pytest.raises(RuntimeError, match="the manager is closed"):
         sender.poll()
