@@ -179,4 +179,36 @@ bool old_endpoint_gone(const std::string& endpoint, int64_t silent_ns, RateLimit
          (p == PeerMonitor::Probe::kUnanswered && silent_ns >= kHostGoneSilenceNs);
 }
 
+void PeerChallenges::send(EndpointCore& core, const RankId& peer, const std::string& endpoint, int64_t now_ns) {
+  Out& o = out_[peer];
+  if (o.nonce != 0 && now_ns - o.sent_ns < core.config().deadlines.heartbeat_interval_ms * 1'000'000) return;
+  if (o.nonce == 0) o.nonce = challenge_nonce();
+  o.sent_ns = now_ns;
+  Heartbeat challenge{core.self(), 0, now_ns, core.incarnation()};
+  challenge.challenge = o.nonce;
+  (void)core.send(endpoint, challenge);
+}
+
+bool PeerChallenges::answered(const Heartbeat& hb) {
+  auto it = out_.find(hb.sender);
+  if (it == out_.end() || it->second.nonce != hb.answer) return false;
+  out_.erase(it);
+  return true;
+}
+
+void challenge_unproven(EndpointCore& core, PeerChallenges& c, int64_t now_ns,
+                        const std::function<const std::string*(const RankId&)>& endpoint_of) {
+  for (const RankId& peer : core.monitor().take_unproven())
+    if (const std::string* endpoint = endpoint_of(peer)) c.send(core, peer, *endpoint, now_ns);
+}
+
+bool proven_alive(EndpointCore& core, PeerChallenges& c, const Heartbeat& hb, uint64_t known) {
+  if (!c.answered(hb)) return false;
+  if (hb.incarnation == known) {
+    log_event(LogLevel::kDebug, "endpoint", fmt::format("{} answered a challenge at its endpoint: alive", hb.sender.str()));
+    core.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
+  }
+  return true;
+}
+
 }  // namespace kvferry

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -209,5 +210,31 @@ class EndpointCore {
   std::unique_ptr<Connector> connector_;  // before transport_ goes (~EndpointCore)
   std::function<bool(const std::string&, const Message&)> send_filter_;
 };
+
+// Challenges this rank sent to peers' known control endpoints (docs/security.md, "Checked without
+// the secret"), one outstanding nonce per peer: it stays until answered (a slow answer still
+// counts) and is sent again at most once per heartbeat interval. Keys are the caller's (bounded by
+// the plan).
+class PeerChallenges {
+ public:
+  void send(EndpointCore& core, const RankId& peer, const std::string& endpoint, int64_t now_ns);
+  // True if `hb` answers this set's challenge to its sender (then forgotten).
+  bool answered(const Heartbeat& hb);
+  void forget(const RankId& peer) { out_.erase(peer); }
+
+ private:
+  struct Out {
+    uint64_t nonce = 0;
+    int64_t sent_ns = 0;
+  };
+  std::map<RankId, Out> out_;
+};
+
+// A dead peer's frames only ask for a proof (PeerMonitor::heard): challenge each such peer's known
+// endpoint (`endpoint_of`: null when unknown). Its answer naming the `known` incarnation proves it
+// alive: proven_alive() is true for any answer to these challenges, and revives the peer then.
+void challenge_unproven(EndpointCore& core, PeerChallenges& c, int64_t now_ns,
+                        const std::function<const std::string*(const RankId&)>& endpoint_of);
+bool proven_alive(EndpointCore& core, PeerChallenges& c, const Heartbeat& hb, uint64_t known);
 
 }  // namespace kvferry

@@ -505,7 +505,10 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
-  challenge_unproven(now_ns);
+  challenge_unproven(core_, revivals_, now_ns, [&](const RankId& s) {
+    auto it = peers_.find(s);
+    return it == peers_.end() ? nullptr : &it->second.control_endpoint;
+  });
   for (const RankId& peer : core_.monitor().take_revived()) {  // a long silence, not a death
     auto it = peers_.find(peer);
     if (it != peers_.end() && dead_peers_.count(peer)) {

@@ -224,14 +224,9 @@ class DecodeEndpoint {
   // others' endpoints, once per heartbeat interval; drops a claim the known incarnation caught up
   // with. Silence alone proves nothing (a stopped or starved source answers late).
   void judge_restart_claims(int64_t now_ns);
-  // A peer declared dead is taken for back only once its known control endpoint answers a challenge
-  // with its known incarnation (PeerMonitor::heard(proven)): a frame in its name only triggers one.
-  void challenge_unproven(int64_t now_ns);
-  bool on_revival_answer(const Heartbeat& hb, uint64_t known);
-  // Frames of `peer` name an older incarnation than the known one: ask its known endpoint which
-  // incarnation owns it (once per heartbeat interval). The owner's answer, if older than the known
-  // one, is adopted: registration and the metadata of its rooms go again under it.
-  void check_ownership(const RankId& peer, int64_t now_ns);
+  // Frames of a source name an older incarnation than the known one: its known endpoint is asked
+  // which incarnation owns it (ownership_checks_). The owner's answer, if older than the known one,
+  // is adopted: registration and the metadata of its rooms go again under it.
   bool on_ownership_answer(const Heartbeat& hb, uint64_t known);
   void adopt_incarnation(const RankId& peer, uint64_t inc);
   // A challenge from a source is answered at its known control endpoint (rate-limited), and this
@@ -277,14 +272,12 @@ class DecodeEndpoint {
     int64_t challenged_ns = 0;
   };
   std::map<RankId, RestartClaim> restart_claims_;
-  struct Revival {
-    uint64_t nonce = 0;
-    int64_t challenged_ns = 0;
-  };
-  std::map<RankId, Revival> revivals_;  // keys: watched peers reported dead (bounded by the plan)
+  // A peer declared dead is taken for back only once its known control endpoint answers a challenge
+  // with its known incarnation (PeerMonitor::heard(proven), core.h challenge_unproven()).
+  PeerChallenges revivals_;
   // Challenges sent because a source's frames name an older incarnation than the one this rank
   // knows (e.g. taken from a bootstrap entry stamped ahead by a liar: attack 2d); keys: peers_ keys.
-  std::map<RankId, Revival> ownership_checks_;
+  PeerChallenges ownership_checks_;
   RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
   RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when

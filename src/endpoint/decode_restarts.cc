@@ -31,7 +31,8 @@ bool DecodeEndpoint::accept_incarnation(const RankId& sender, uint64_t inc, uint
   const uint64_t known = it->second.incarnation;
   if (inc < known) {
     core_.refuse_stale(kind, sender, fmt::format("from its incarnation {}, older than {}", inc, known));
-    check_ownership(sender, monotonic_ns());
+    // Its endpoint's owner says which incarnation it is (on_ownership_answer()).
+    ownership_checks_.send(core_, sender, it->second.control_endpoint, monotonic_ns());
     return false;
   }
   const int64_t wall = realtime_ns();
@@ -99,7 +100,7 @@ void DecodeEndpoint::answer_challenge(const Heartbeat& hb) {
 
 void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   auto known = peers_.find(hb.sender);
-  if (known != peers_.end() && on_revival_answer(hb, known->second.incarnation)) return;
+  if (known != peers_.end() && proven_alive(core_, revivals_, hb, known->second.incarnation)) return;
   if (known != peers_.end() && on_ownership_answer(hb, known->second.incarnation)) return;
   auto it = restart_claims_.find(hb.sender);
   if (it == restart_claims_.end() || it->second.nonce != hb.answer || known == peers_.end()) {
@@ -120,51 +121,9 @@ void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   believe_restart(hb.sender, hb.incarnation);  // a newer incarnation owns the endpoint: it restarted
 }
 
-void DecodeEndpoint::challenge_unproven(int64_t now_ns) {
-  const int64_t interval_ns = core_.config().deadlines.heartbeat_interval_ms * 1'000'000;
-  for (const RankId& peer : core_.monitor().take_unproven()) {
-    auto known = peers_.find(peer);
-    const std::string* endpoint = known == peers_.end() ? nullptr : &known->second.control_endpoint;
-    if (!endpoint) continue;
-    Revival& r = revivals_[peer];
-    if (r.nonce != 0 && now_ns - r.challenged_ns < interval_ns) continue;  // once per interval
-    if (r.nonce == 0) r.nonce = challenge_nonce();  // kept until answered: a slow answer still counts
-    r.challenged_ns = now_ns;
-    Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
-    challenge.challenge = r.nonce;
-    (void)core_.send(*endpoint, challenge);
-  }
-}
-
-// An answer to challenge_unproven(): the known incarnation at its known endpoint lives. True if the
-// answer was one (whatever incarnation it names); false: not this rank's revival challenge.
-bool DecodeEndpoint::on_revival_answer(const Heartbeat& hb, uint64_t known) {
-  auto r = revivals_.find(hb.sender);
-  if (r == revivals_.end() || r->second.nonce != hb.answer) return false;
-  revivals_.erase(r);
-  if (hb.incarnation == known) {
-    log_event(LogLevel::kDebug, kComp, fmt::format("{} answered a challenge at its endpoint: alive", hb.sender.str()));
-    core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
-  }
-  return true;
-}
-
-void DecodeEndpoint::check_ownership(const RankId& peer, int64_t now_ns) {
-  auto known = peers_.find(peer);
-  if (known == peers_.end()) return;
-  Revival& c = ownership_checks_[peer];
-  if (c.nonce != 0 && now_ns - c.challenged_ns < core_.config().deadlines.heartbeat_interval_ms * 1'000'000) return;
-  if (c.nonce == 0) c.nonce = challenge_nonce();
-  c.challenged_ns = now_ns;
-  Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
-  challenge.challenge = c.nonce;
-  (void)core_.send(known->second.control_endpoint, challenge);
-}
 
 bool DecodeEndpoint::on_ownership_answer(const Heartbeat& hb, uint64_t known) {
-  auto c = ownership_checks_.find(hb.sender);
-  if (c == ownership_checks_.end() || c->second.nonce != hb.answer) return false;
-  ownership_checks_.erase(c);
+  if (!ownership_checks_.answered(hb)) return false;
   if (hb.incarnation < known) adopt_incarnation(hb.sender, hb.incarnation);  // the known one is not its
   return true;
 }

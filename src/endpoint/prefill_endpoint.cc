@@ -545,7 +545,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
-  challenge_unproven(now_ns);
+  challenge_unproven(core_, revivals_, now_ns, [&](const RankId& d) { return control_endpoint_of(d); });
   judge_suspect_links(now_ns);
   for (const RankId& peer : core_.monitor().take_revived()) {  // a transient loss, not a death
     auto reg = dead_regs_.find(peer);

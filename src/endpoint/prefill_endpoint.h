@@ -294,10 +294,6 @@ class PrefillEndpoint {
   void on_challenge_answer(const Heartbeat& hb);
   // Each tick: a held claim confirmed since is taken (on_registration); the others challenged.
   void judge_restart_claims(int64_t now_ns);
-  // A peer declared dead is taken for back only once its known control endpoint answers a challenge
-  // with its known incarnation (PeerMonitor::heard(proven)): a frame in its name only triggers one.
-  void challenge_unproven(int64_t now_ns);
-  bool on_revival_answer(const Heartbeat& hb, uint64_t known);
   // Whether a refused registration may be answered (a RegistrationRefusal, or the heartbeat of
   // this incarnation): over the existing connection to its known endpoint, or once per identity at
   // the endpoint it names when the identity is not known here; rate-limited.
@@ -418,11 +414,9 @@ class PrefillEndpoint {
   // The incarnation that answered a challenge at an identity's old control endpoint (it owns that
   // endpoint now: its registration is a restart); bounded by the plan.
   std::map<RankId, uint64_t> verified_owners_;
-  struct Revival {
-    uint64_t nonce = 0;
-    int64_t challenged_ns = 0;
-  };
-  std::map<RankId, Revival> revivals_;  // keys: watched peers reported dead (bounded by the plan)
+  // A peer declared dead is taken for back only once its known control endpoint answers a challenge
+  // with its known incarnation (PeerMonitor::heard(proven), core.h challenge_unproven()).
+  PeerChallenges revivals_;
   RateLimit challenge_answers_{10.0, 20.0};  // answers to decode ranks' challenges
   // Identities told a refusal at an endpoint they named (once each, bounded by the plan); a known
   // peer is told over its existing connection only.

@@ -224,7 +224,7 @@ void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
   incarnations_[peer] = inc;
   pending_restarts_.erase(peer);
   verified_owners_.erase(peer);
-  revivals_.erase(peer);
+  revivals_.forget(peer);
   if (peers_.count(peer)) on_peer_dead(peer, fmt::format("restarted (incarnation {} -> {})", old, inc));
   dead_regs_.erase(peer);  // never reconnect to the previous incarnation
 }

@@ -51,7 +51,7 @@ void PrefillEndpoint::answer_challenge(const Heartbeat& hb) {
 }
 
 void PrefillEndpoint::on_challenge_answer(const Heartbeat& hb) {
-  if (on_revival_answer(hb, known_incarnation(hb.sender))) return;
+  if (proven_alive(core_, revivals_, hb, known_incarnation(hb.sender))) return;
   auto it = pending_restarts_.find(hb.sender);
   if (it == pending_restarts_.end() || it->second.nonce != hb.answer) {
     core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
@@ -106,34 +106,6 @@ void PrefillEndpoint::judge_restart_claims(int64_t now_ns) {
     it = pending_restarts_.erase(it);
   }
   for (const PoolRegistration& r : taken) on_registration(r);
-}
-
-void PrefillEndpoint::challenge_unproven(int64_t now_ns) {
-  const int64_t interval_ns = core_.config().deadlines.heartbeat_interval_ms * 1'000'000;
-  for (const RankId& peer : core_.monitor().take_unproven()) {
-    const std::string* endpoint = control_endpoint_of(peer);
-    if (!endpoint) continue;
-    Revival& r = revivals_[peer];
-    if (r.nonce != 0 && now_ns - r.challenged_ns < interval_ns) continue;  // once per interval
-    if (r.nonce == 0) r.nonce = challenge_nonce();  // kept until answered: a slow answer still counts
-    r.challenged_ns = now_ns;
-    Heartbeat challenge{core_.self(), 0, now_ns, core_.incarnation()};
-    challenge.challenge = r.nonce;
-    (void)core_.send(*endpoint, challenge);
-  }
-}
-
-// An answer to challenge_unproven(): the known incarnation at its known endpoint lives. True if the
-// answer was one (whatever incarnation it names); false: not this rank's revival challenge.
-bool PrefillEndpoint::on_revival_answer(const Heartbeat& hb, uint64_t known) {
-  auto r = revivals_.find(hb.sender);
-  if (r == revivals_.end() || r->second.nonce != hb.answer) return false;
-  revivals_.erase(r);
-  if (hb.incarnation == known) {
-    log_event(LogLevel::kDebug, kComp, fmt::format("{} answered a challenge at its endpoint: alive", hb.sender.str()));
-    core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
-  }
-  return true;
 }
 
 }  // namespace kvferry
