@@ -7,6 +7,10 @@
 //                               not registered (yet)                     -> 404 {"error": "..."}
 //   GET  /route?engine_id=E&dp_rank=D                                   -> 200 [PrefillRankInfo...]
 //   GET  /health                                                        -> 200 {"ok":true,"ranks":N}
+//   POST /failure, GET /failure?room=R: the failure board (src/bootstrap/failure_board.h): the rank
+//                               that observed a room's failure posts it, a rank that learned of it
+//                               only from its engine's agreement looks it up
+//                               (docs/failure-model.md)
 // Re-registering the same (engine_id, dp_rank, tp_rank) replaces the entry (a restarted rank); at
 // most 16384 ranks are kept (400 beyond).
 // The same port also serves SGLang's bootstrap routes (PUT/GET /route in SGLang's shape,
@@ -15,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,6 +105,11 @@ class BootstrapClient {
   Result<PrefillRankInfo> lookup(uint32_t engine_id, uint32_t dp_rank, uint32_t tp_rank);
   Result<std::vector<PrefillRankInfo>> lookup_all(uint32_t engine_id, uint32_t dp_rank);
   Result<size_t> health();
+  // The failure board: posts the record of a room's failure as this rank observed it (the board
+  // keeps per room the record that wins by the root-cause rule).
+  Status post_failure(uint64_t room, const Failure& f);
+  // The room's record on the board; nullopt: nothing posted for the room (yet).
+  Result<std::optional<Failure>> lookup_failure(uint64_t room);
 
  private:
   void init(std::string address, int timeout_ms, const security::ClusterKeys* keys);

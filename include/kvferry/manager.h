@@ -146,6 +146,19 @@ class Sender {
   // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
   // recorded as from another rank, told to the destinations; no-op if the room already failed.
   virtual void fail_from_engine(const KVTransferError& e) = 0;
+  // The engine's agreement says the room failed (SGLang: the MIN of its TP group's polls), but
+  // this rank saw no failure of it (no kvferry message about it reached this rank: e.g. in a 1:1
+  // TP mapping, another rank's source failed). Returns the room's failure as every rank of both
+  // engines names it: the record the rank that observed it posted to the failure board of the
+  // room's bootstrap service (docs/failure-model.md "Agreement-only ranks"), asked for until it is
+  // there or `wait_ms` passed (it usually is: the origin posts it as its room fails, before the
+  // engine can agree). The room then fails here with that origin, code and reason,
+  // is_from_another_rank, and this rank's peers are told. If the room already failed here, that
+  // failure, at once. Without a record in time (no bootstrap service, a post lost), the room fails
+  // with `fallback` as from another rank. Blocks the calling thread up to wait_ms (not the
+  // manager: the lock is not held while it waits); after a wait in vain the next calls for 10 s ask
+  // once without waiting.
+  virtual KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) = 0;
   // No write of this room is in flight and its terminal status went out.
   virtual bool release_safe() const = 0;
   virtual TransferMetrics metrics() const = 0;
@@ -171,6 +184,7 @@ class Receiver {
   virtual void abort(const std::string& reason) = 0;
   virtual void fail(ErrorCode code, const std::string& reason) = 0;  // as Sender::fail
   virtual void fail_from_engine(const KVTransferError& e) = 0;
+  virtual KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) = 0;  // as Sender's
   // True once no write of any prefill source can reach the room's pages, aux and state rows.
   virtual bool release_safe() const = 0;
   // True if release_safe() only because the drain deadline passed: the pages must be quarantined.

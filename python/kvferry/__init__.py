@@ -283,6 +283,16 @@ class _Room:
         the origin is this rank) and its peers are told. No-op if the room already ended."""
         self._mgr._impl.fail_from_engine(self.bootstrap_room, error.code, error.failure_reason, error.origin)
 
+    def fail_from_agreement(self, reason: str, code: str = "aborted", wait_s: float = 1.0) -> KVTransferError:
+        """The engine's agreement says the room failed (e.g. SGLang's MIN over its TP group) but this
+        rank saw no failure of it: returns the room's KVTransferError with its true origin, code and
+        reason, from the failure board of the room's bootstrap service (where the rank that observed
+        it posted it), waiting up to ``wait_s`` for it; the room fails here as from another rank and
+        its peers are told. If the room already failed here, that failure. Without a record in time,
+        the room fails with ``reason``/``code`` (origin this rank, from another rank)."""
+        f = self._mgr._impl.fail_from_agreement(self.bootstrap_room, code, reason, int(wait_s * 1000))
+        return KVTransferError(*f)
+
     def release_safe(self) -> bool:
         """True once no write can still reach the room's pages, aux row and state rows: only then
         may the engine free or reuse them. Failed does not imply it (a prefill may still write)."""

@@ -202,6 +202,21 @@ Status Connector::fail_from_engine(uint64_t room, ErrorCode code, const std::str
   return Status::Ok();
 }
 
+Result<KVTransferError> Connector::fail_from_agreement(uint64_t room, ErrorCode code, const std::string& reason,
+                                                      int64_t wait_ms) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  KVTransferError e;
+  e.bootstrap_room = room;
+  e.code = code;
+  e.failure_reason = reason;
+  e.origin = self_;
+  e.is_from_another_rank = true;
+  e.first_seen_ns = monotonic_ns();
+  return r->sender ? r->sender->fail_from_agreement(e, wait_ms) : r->receiver->fail_from_agreement(e, wait_ms);
+}
+
 KVPoll Connector::poll(uint64_t room) {
   std::lock_guard lock(mu_);
   Room* r = find(room);

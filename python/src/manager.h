@@ -105,6 +105,10 @@ class Connector {
   // A failure the engine learned from another rank (its agreement): Sender/Receiver::fail_from_engine
   // with `origin`'s failure; no-op on a room that already ended. Errors: not open.
   Status fail_from_engine(uint64_t room, ErrorCode code, const std::string& reason, const RankId& origin);
+  // The engine agreed the room failed; its root cause from the failure board, else this fallback
+  // (origin this rank): Sender/Receiver::fail_from_agreement. Holds this connector's lock while it
+  // waits (up to wait_ms).
+  Result<KVTransferError> fail_from_agreement(uint64_t room, ErrorCode code, const std::string& reason, int64_t wait_ms);
   KVPoll poll(uint64_t room);  // Failed for a room that is not open
   // The room's Sender/Receiver::metrics(); for a room closed already, its metrics when it was
   // closed (the last kMaxClosedMetrics closed rooms): SGLang's prefill calls clear() on a sender

@@ -315,6 +315,19 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
+      .def("fail_from_agreement", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
+                                     int64_t wait_ms) {
+        auto c = code_from_name(code);
+        if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
+        std::shared_ptr<Connector> m = p.m();
+        Result<KVTransferError> e = Status();
+        {
+          py::gil_scoped_release nogil;
+          e = m->fail_from_agreement(room, *c, reason, wait_ms);
+        }
+        if (!e.ok()) raise_status(e.status());
+        return failure_tuple(*e);
+      })
       .def("hold_writes", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         Status s;

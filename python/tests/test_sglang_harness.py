@@ -118,6 +118,11 @@ def check_run(out, requests, failed):
             for r in out:
                 if r != origin:
                     assert out[r]["rooms"][str(room)]["is_from_another_rank"] is True, (r, room)
+                # Issue 30 fix 3: every rank of both engines names the same root cause, also a rank
+                # that learned of the failure only from its engine's MIN poll (the failure board).
+                got = out[r]["rooms"][str(room)]
+                assert (got["code"], got["origin"]) == (code, origin), \
+                    f"{r}: room {room} raised {got['code']} at {got['origin']}, its root cause is {code} at {origin}"
         else:
             assert not lines, f"room {room} succeeded but was logged above debug: {lines}"
             for rank in decode:

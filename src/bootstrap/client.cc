@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
+#include "core/failure_json.h"
 #include "core/http_auth.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/net.h"
@@ -46,9 +47,10 @@ struct BootstrapClient::Impl {
                         "' is not host:port, [IPv6]:port or http://host:port with a port other than 0");
     }
     try {
-      httplib::Result res = std::string_view(method) == "PUT"
-                                ? http->Put(path.c_str(), body, "application/json")
-                                : http->Get(path.c_str());
+      const std::string_view m(method);
+      httplib::Result res = m == "PUT"    ? http->Put(path.c_str(), body, "application/json")
+                            : m == "POST" ? http->Post(path.c_str(), body, "application/json")
+                                          : http->Get(path.c_str());
       if (!res) {
         return Status(ErrorCode::kPeerUnreachable, "bootstrap " + address + " unreachable (" +
                                                        httplib::to_string(res.error()) + ")");
@@ -154,6 +156,29 @@ Result<std::vector<PrefillRankInfo>> BootstrapClient::lookup_all(uint32_t engine
     out.push_back(std::move(info).value());
   }
   return out;
+}
+
+Status BootstrapClient::post_failure(uint64_t room, const Failure& f) {
+  nlohmann::json j = {{"room", std::to_string(room)}};
+  put_failure(j, f);
+  return impl_->call("POST", "/failure", bootstrap::dump(j)).status();
+}
+
+Result<std::optional<Failure>> BootstrapClient::lookup_failure(uint64_t room) {
+  auto r = impl_->call("GET", "/failure?room=" + std::to_string(room), "");
+  if (!r.ok()) {
+    // 404: nothing posted for the room (yet); every other refusal is the caller's to report.
+    if (r.status().code() == ErrorCode::kInvalidArgument && r.status().message().starts_with("no failure posted"))
+      return std::optional<Failure>();
+    return r.status();
+  }
+  auto room_field = r->is_object() ? r->find("room") : r->end();
+  if (!r->is_object() || room_field == r->end() || !room_field->is_string() ||
+      room_field->get<std::string>() != std::to_string(room))
+    return Status(ErrorCode::kProtocolError, "bootstrap reply: the failure record is not room " + std::to_string(room));
+  Result<Failure> f = get_failure(*r, "bootstrap failure record");
+  if (!f.ok()) return f.status();
+  return std::optional<Failure>(std::move(f).value());
 }
 
 Result<size_t> BootstrapClient::health() {

@@ -1,7 +1,8 @@
 // BootstrapServer (include/kvferry/bootstrap.h): cpp-httplib server on its own threads, a map of
 // registered prefill ranks behind a mutex (at most kMaxRegisteredRanks), and SGLang's routes on the
 // same port (bootstrap/sglang_routes.h: a PUT /route body with "rank_ip", a GET /route with
-// "prefill_dp_rank", /register_dp_rank, /query_dp_ranks). Every handler validates its input and
+// "prefill_dp_rank", /register_dp_rank, /query_dp_ranks) and the failure board (POST/GET /failure,
+// bootstrap/failure_board.h). Every handler validates its input and
 // answers 400 with {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
 #include <fmt/format.h>
 #include <httplib.h>
@@ -18,6 +19,7 @@
 #include <tuple>
 #include <vector>
 
+#include "bootstrap/failure_board.h"
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/sglang_routes.h"
 #include "core/http_auth.h"
@@ -117,6 +119,7 @@ struct BootstrapServer::Impl {
     overwrites_since_line = 0;
   }
   bootstrap::SglangRegistry sglang;       // its own lock
+  bootstrap::FailureBoard failures;       // its own lock (bootstrap/failure_board.h)
   std::mutex probe_mu;                    // guards the three below (liveness())
   std::map<std::string, std::pair<TcpProbe, int64_t>> probed;
   int64_t probe_window_ns = 0;
@@ -339,6 +342,17 @@ struct BootstrapServer::Impl {
       auto j = parse(req.body);
       if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
       send(res, sglang.query_dp_ranks(j, monotonic_ns()));
+    }));
+    http.Post("/failure", guarded([this](const auto& req, auto& res) {
+      auto j = parse(req.body);
+      if (j.is_discarded()) return reply_error(res, 400, "body: invalid JSON");
+      send(res, failures.post(j, req.remote_addr, monotonic_ns(), realtime_ns()));
+    }));
+    http.Get("/failure", guarded([this](const auto& req, auto& res) {
+      std::string room;
+      const bool has = req.has_param("room");
+      if (has) room = req.get_param_value("room");
+      send(res, failures.get(has ? &room : nullptr, monotonic_ns()));
     }));
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (res.body.empty()) {

@@ -267,8 +267,16 @@ void ManagerImpl::housekeeping(int64_t now) {
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
       if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
+      if (p == KVPoll::Failed && !r.posted) {
+        r.posted = true;
+        if (std::optional<Failure> own = core_->registry().own(id)) poster_.post(board_address(), id, *own);
+      }
     } else if (r.early_failure) {
       log_failure_once(id, r);
+      if (!r.posted) {
+        r.posted = true;
+        if (!r.early_failure->is_from_another_rank) poster_.post(board_address(), id, r.early_failure->failure());
+      }
     }
     if (r.dropped && release_safe_locked(id, r, now)) {
       if (r.initialized) {
@@ -291,6 +299,38 @@ void ManagerImpl::housekeeping(int64_t now) {
     }
     ++it;
   }
+}
+
+std::string ManagerImpl::board_address() const {
+  std::lock_guard lock(mu_);
+  return prefill_ ? config_.bootstrap_address : connected_bootstrap_;
+}
+
+std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_ms) {
+  const std::string address = board_address();
+  if (address.empty()) return std::nullopt;
+  int64_t now = monotonic_ns();
+  if (now < board_quiet_until_ns_.load()) wait_ms = 0;
+  wait_ms = std::max<int64_t>(wait_ms, 0);
+  const int64_t deadline = now + wait_ms * 1'000'000;
+  BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 50, 1000)));
+  int64_t pause_ms = 1;
+  for (;;) {
+    Result<std::optional<Failure>> r = client.lookup_failure(room);
+    if (r.ok() && *r) return **r;
+    if (!r.ok()) {
+      log_event(LogLevel::kDebug, "manager",
+                fmt::format("room {}: the failure board at {} did not answer: {}", room, address, r.status().str()),
+                {.room = room});
+      break;
+    }
+    now = monotonic_ns();
+    if (now + pause_ms * 1'000'000 > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    pause_ms = std::min<int64_t>(pause_ms * 2, 16);
+  }
+  if (wait_ms > 0) board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
+  return std::nullopt;
 }
 
 std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {

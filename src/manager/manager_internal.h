@@ -21,6 +21,7 @@
 #include "endpoint/decode_endpoint.h"
 #include "endpoint/prefill_endpoint.h"
 #include "kvferry/manager.h"
+#include "manager/failure_poster.h"
 
 namespace kvferry {
 
@@ -62,6 +63,7 @@ class ManagerImpl final : public Manager {
     bool initialized = false;  // in the endpoint (init / send_metadata called)
     bool dropped = false;      // the handle is gone: released once release-safe
     bool logged = false;       // the failure was logged (failure_log_component)
+    bool posted = false;       // this rank's own failure of the room went to the failure board
     uint64_t total_pages = 0;
     std::vector<uint64_t> next_page;  // sender: per layer, the room's next page to send()
     bool last_sent = false;    // sender: the last chunk came
@@ -81,6 +83,15 @@ class ManagerImpl final : public Manager {
     if (!r.initialized || release_safe_locked(id, r, now)) log_failure_once(id, r);
   }
   void wake() { core_->waker().signal(); }
+  // The failure board of the rooms' bootstrap service (prefill: config.bootstrap_address; decode:
+  // the prefill instance looked up; empty: none). Takes the lock.
+  std::string board_address() const;
+  // The room's record on the failure board, asked again until it is there or `wait_ms` passed
+  // (Sender/Receiver::fail_from_agreement). Call without the lock: it blocks. After a lookup that
+  // waited in vain, the next ones for kBoardQuietNs ask once without waiting, so an engine whose
+  // failures are never posted (no board, an old peer) is not stalled room after room.
+  std::optional<Failure> look_up_failure(uint64_t room, int64_t wait_ms);
+  static constexpr int64_t kBoardQuietNs = 10'000'000'000;
 
  private:
   friend class Manager;
@@ -105,6 +116,8 @@ class ManagerImpl final : public Manager {
   std::map<uint64_t, Room> rooms_;
   uint64_t next_tag_ = kSenderTagBase;
   uint64_t quarantined_rooms_ = 0;
+  FailurePoster poster_;  // this rank's own failures to the board (housekeeping)
+  std::atomic<int64_t> board_quiet_until_ns_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

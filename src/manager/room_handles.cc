@@ -7,12 +7,36 @@
 #include <set>
 #include <utility>
 
+#include "kvferry/log.h"
 #include "manager/manager_internal.h"
 
 namespace kvferry {
 namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
+
+// Sender/Receiver::fail_from_agreement (kvferry/manager.h): the room's failure here, or its record
+// on the failure board, or `fallback`; the board is asked without the manager's lock.
+template <typename Handle>
+KVTransferError agreement_failure(Handle& h, ManagerImpl& m, uint64_t room, const KVTransferError& fallback,
+                                  int64_t wait_ms) {
+  if (std::optional<KVTransferError> f = h.failure()) return *f;
+  std::optional<Failure> posted = m.look_up_failure(room, wait_ms);
+  if (std::optional<KVTransferError> f = h.failure()) return *f;  // it reached this rank meanwhile
+  KVTransferError e = posted ? KVTransferError::from(room, *posted, true) : fallback;
+  e.bootstrap_room = room;
+  e.is_from_another_rank = true;
+  if (e.first_seen_ns == 0) e.first_seen_ns = monotonic_ns();
+  log_event(LogLevel::kDebug, "manager",
+            posted ? fmt::format("room {}: failed by the engine's agreement; its root cause from the failure board: {}",
+                                 room, posted->describe())
+                   : fmt::format("room {}: failed by the engine's agreement; no record on the failure board within "
+                                 "{} ms: {}", room, wait_ms, e.str()),
+            failure_log_fields(room, e.failure()));
+  h.fail_from_engine(e);
+  if (std::optional<KVTransferError> f = h.failure()) return *f;
+  return e;
+}
 
 class SenderImpl final : public Sender {
  public:
@@ -156,6 +180,10 @@ class SenderImpl final : public Sender {
     m_.wake();
   }
 
+  KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) override {
+    return agreement_failure(*this, m_, room_, fallback, wait_ms);
+  }
+
   bool release_safe() const override {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
@@ -279,6 +307,10 @@ class ReceiverImpl final : public Receiver {
       m_.decode()->fail(room_, e.code, e.failure_reason, e.origin, e.first_seen_ns, false);
     }
     m_.wake();
+  }
+
+  KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) override {
+    return agreement_failure(*this, m_, room_, fallback, wait_ms);
   }
 
   bool release_safe() const override {

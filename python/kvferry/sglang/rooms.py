@@ -60,6 +60,13 @@ def _code_of(exc: Exception, default: str) -> str:
     return code if isinstance(code, str) and code else default
 
 
+def _agreement_wait_s() -> float:
+    """How long failure_exception() waits for a failure's record on the failure board when only the
+    engine's agreement said the room failed (KVFERRY_AGREEMENT_WAIT_MS, default 1000)."""
+    v = os.environ.get("KVFERRY_AGREEMENT_WAIT_MS")
+    return float(v) * 1e-3 if v else 1.0
+
+
 def _bootstrap_timeout_s() -> float:
     for name, scale in (("KVFERRY_BOOTSTRAP_TIMEOUT_MS", 1e-3), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 1.0)):
         v = os.environ.get(name)
@@ -81,7 +88,6 @@ class _Common:
         self.init_time: Optional[float] = None
         self._room = None            # the kvferry sender/receiver
         self._local: Optional[KVTransferError] = None   # a failure before the kvferry room existed
-        self._agreed: Optional[KVTransferError] = None  # the engine's agreement (failure_exception)
         self._created = time.monotonic()
         mgr._track(self)
 
@@ -109,23 +115,19 @@ class _Common:
     def failure_exception(self):
         if self.conclude_state is None:
             self.conclude_state = KVPoll.Failed
-        if self._agreed is not None:
-            raise self._agreed
         if self._local is not None:
             raise self._local
-        if self._room is not None:
-            f = self._room.failure()
-            if f is not None:
-                raise f
-        # The engine failed the room on another of its ranks: stop it here and tell the peers.
-        if self._room is not None:
-            try:
-                self._room.fail_from_engine(KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True,
-                                                            self._room.manager.rank, "aborted"))
-            except (ValueError, RuntimeError):
-                pass
-        self._agreed = KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True, f"{self.role} engine", "aborted")
-        raise self._agreed
+        if self._room is None:  # the engine failed a room this rank never opened
+            raise KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True, f"{self.role} engine", "aborted")
+        # The room's failure here; or, when only the engine's agreement said it failed (another
+        # rank's source failed), its true origin, code and reason from the failure board of the
+        # room's bootstrap service, where the rank that observed it posted it (kvferry's
+        # fail_from_agreement; docs/failure-model.md). The room then fails here as from another rank.
+        try:
+            error = self._room.fail_from_agreement(AGREEMENT_REASON, "aborted", _agreement_wait_s())
+        except (ValueError, RuntimeError):  # closed: kvferry released it
+            error = KVTransferError(self.bootstrap_room, AGREEMENT_REASON, True, f"{self.role} engine", "aborted")
+        raise error
 
     def release_safe(self) -> bool:
         """No write can still reach the room's pages, aux and state rows (free them only then)."""

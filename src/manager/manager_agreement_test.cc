@@ -1,0 +1,149 @@
+// Ranks that learn of a room's failure only from their engine's agreement (issue 30, fix 3): two
+// prefill and two decode managers (TP 2 to TP 2, so prefill/tp0 writes only to decode/tp0) behind
+// one bootstrap service. prefill/tp0's room fails; decode/tp1 and prefill/tp1 hear nothing from
+// kvferry about it. SGLang's decode and prefill then poll each room through a MIN all-reduce over
+// the TP group and call failure_exception() on every rank once the MIN is Failed
+// (python/sglang/srt/disaggregation/decode.py DecodeTransferQueue.pop_transferred and
+// prefill.py process_disagg_prefill_inflight_queue, with poll_and_all_reduce in utils.py), which
+// kvferry's backend maps onto fail_from_agreement(): the agreement-only rank must raise the
+// room's true origin, code and reason (from the failure board of the bootstrap service, where
+// prefill/tp0 posted it) and tell its own peers that origin, never itself.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "endpoint/endpoint_pair_test_util.h"
+#include "kvferry/bootstrap.h"
+#include "kvferry/manager.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+ManagerConfig config(Role role, uint32_t tp_rank, const std::string& bootstrap) {
+  ManagerConfig c;
+  c.self = {role, 0, tp_rank, 0};
+  c.tp_size = 2;
+  auto model = testing::load_test_model("Qwen2.5-7B");
+  EXPECT_TRUE(model.ok()) << model.status().str();
+  if (model.ok()) c.model = *model;
+  c.page_size = 16;
+  c.pool_bytes = 8ull << 20;
+  c.aux_rows = 16;
+  c.transport = "shm";
+  c.bootstrap_address = bootstrap;
+  return c;
+}
+
+struct TwoByTwo {
+  std::unique_ptr<BootstrapServer> server;
+  std::string bootstrap;
+  std::unique_ptr<Manager> prefill[2], decode[2];
+};
+
+std::unique_ptr<TwoByTwo> make_engines() {
+  auto e = std::make_unique<TwoByTwo>();
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  EXPECT_TRUE(server.ok());
+  if (!server.ok()) return nullptr;
+  e->server = std::move(server).value();
+  e->bootstrap = "127.0.0.1:" + std::to_string(e->server->port());
+  for (uint32_t tp = 0; tp < 2; ++tp) {
+    auto p = Manager::create(config(Role::kPrefill, tp, e->bootstrap));
+    EXPECT_TRUE(p.ok()) << p.status().str();
+    if (!p.ok()) return nullptr;
+    e->prefill[tp] = std::move(p).value();
+  }
+  for (uint32_t tp = 0; tp < 2; ++tp) {
+    auto d = Manager::create(config(Role::kDecode, tp, e->bootstrap));
+    EXPECT_TRUE(d.ok()) << d.status().str();
+    if (!d.ok()) return nullptr;
+    e->decode[tp] = std::move(d).value();
+  }
+  return e;
+}
+
+TEST(AgreementOnlyRank, RaisesAndTellsItsPeersTheRoomsTrueOrigin) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  constexpr uint64_t kRoom = 77;
+  std::unique_ptr<Receiver> rx[2];
+  std::unique_ptr<Sender> tx[2];
+  for (int tp = 0; tp < 2; ++tp) {
+    auto r = e->decode[tp]->receiver(kRoom);
+    ASSERT_TRUE(r.ok()) << r.status().str();
+    rx[tp] = std::move(r).value();
+    ASSERT_TRUE(rx[tp]->init().ok());
+    ASSERT_TRUE(rx[tp]->send_metadata(std::vector<uint64_t>{1, 2}, 3, {}).ok());
+    auto s = e->prefill[tp]->sender(kRoom);
+    ASSERT_TRUE(s.ok()) << s.status().str();
+    tx[tp] = std::move(s).value();
+  }
+  for (int tp = 0; tp < 2; ++tp) {
+    ASSERT_TRUE(until([&] { return tx[tp]->poll() == KVPoll::WaitingForInput; })) << "prefill/tp" << tp;
+    ASSERT_TRUE(tx[tp]->init(2, 0).ok());
+  }
+  // prefill/tp0 observes a write failure of the room (as a failed UCX write would be recorded).
+  tx[0]->fail(ErrorCode::kTransferError, "write to decode/tp0 failed (test)");
+  ASSERT_TRUE(until([&] { return rx[0]->poll() == KVPoll::Failed; }));
+  const RankId origin{Role::kPrefill, 0, 0, 0};
+  EXPECT_EQ(rx[0]->failure()->origin.str(), origin.str());
+  // decode/tp1 and prefill/tp1 heard nothing: their own rooms are not failed.
+  EXPECT_NE(rx[1]->poll(), KVPoll::Failed);
+  EXPECT_NE(tx[1]->poll(), KVPoll::Failed);
+
+  // The engine's MIN says Failed: decode/tp1 asks what the room failed of.
+  KVTransferError fallback{kRoom, ErrorCode::kAborted, "failed on another rank of this engine", e->decode[1]->self(),
+                           true, monotonic_ns()};
+  const KVTransferError got = rx[1]->fail_from_agreement(fallback, 10'000);
+  EXPECT_EQ(got.origin.str(), origin.str()) << got.str();
+  EXPECT_EQ(code_name(got.code), "transfer_error") << got.str();
+  EXPECT_EQ(got.failure_reason, "write to decode/tp0 failed (test)");
+  EXPECT_TRUE(got.is_from_another_rank);
+  EXPECT_EQ(rx[1]->poll(), KVPoll::Failed);
+  EXPECT_EQ(rx[1]->failure()->origin.str(), origin.str());
+  // decode/tp1 told its source, prefill/tp1, the true origin (not itself).
+  ASSERT_TRUE(until([&] { return tx[1]->poll() == KVPoll::Failed; }));
+  EXPECT_EQ(tx[1]->failure()->origin.str(), origin.str()) << tx[1]->failure()->str();
+  EXPECT_EQ(tx[1]->failure()->code, ErrorCode::kTransferError);
+  // prefill/tp1's own call (its engine's MIN) now returns the failure it already has, at once.
+  EXPECT_EQ(tx[1]->fail_from_agreement(fallback, 10'000).origin.str(), origin.str());
+  // Every room ends release-safe.
+  for (int tp = 0; tp < 2; ++tp)
+    EXPECT_TRUE(until([&] { return rx[tp]->release_safe() && tx[tp]->release_safe(); })) << "tp" << tp;
+}
+
+TEST(AgreementOnlyRank, WithoutARecordOnTheBoardTheFallbackIsFromAnotherRank) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  constexpr uint64_t kRoom = 78;
+  auto rx = e->decode[1]->receiver(kRoom).value();
+  ASSERT_TRUE(rx->init().ok());
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{4}, 5, {}).ok());
+  KVTransferError fallback{kRoom, ErrorCode::kAborted, "failed on another rank of this engine", e->decode[1]->self(),
+                           true, monotonic_ns()};
+  // Nothing was posted for the room: after the wait, the fallback, as from another rank.
+  const KVTransferError got = rx->fail_from_agreement(fallback, 50);
+  EXPECT_EQ(got.code, ErrorCode::kAborted);
+  EXPECT_EQ(got.failure_reason, "failed on another rank of this engine");
+  EXPECT_TRUE(got.is_from_another_rank);
+  EXPECT_EQ(rx->poll(), KVPoll::Failed);
+}
+
+}  // namespace
+}  // namespace kvferry
