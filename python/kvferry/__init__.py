@@ -113,7 +113,7 @@ def pool_nbytes(num_pages: int, *, num_layers: int, num_kv_heads: int, head_dim:
     return _kvferry.layout_for_pages(g, page_size, aux_slots, tp_rank, tp_size, num_pages)["total_bytes"]
 
 
-class KVManager:
+class KVManager(_kvferry.Manager):
     """One rank's manager: memory, transport, control plane, failure registry and progress thread.
 
     role: "prefill" or "decode". Memory (see the module doc): ``buffers``, the engine's buffers as
@@ -135,6 +135,14 @@ class KVManager:
     loopback, any free port). fault_injection: True wraps the transport in kvferry's
     fault-injecting decorator, for tests (inject_write_failure, hold_writes); off by default, and
     then those hooks raise ValueError.
+
+    KVManager is the compiled manager type itself (``kvferry._kvferry.Manager``): ``layout``,
+    ``rank``, ``control_endpoint`` and the calls by room id that KVSender and KVReceiver make
+    (``room_poll(room)``, ``room_failure(room)``, ``room_abort(room, reason)``, ``room_fail``,
+    ``room_fail_from_engine``, ``room_fail_from_agreement``, ``room_release_safe``,
+    ``room_quarantined``, ``room_metrics``, ``room_open``, ``room_close``, ``sender_init``,
+    ``sender_send``, ``receiver_init``, ``aux_row(slot)``) are its methods; engines normally use
+    the room objects.
     """
 
     def __init__(self, role: str, kv_pool=None, *, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -153,60 +161,46 @@ class KVManager:
         self.role = role
         self._buffers = buffers  # keeps the engine's buffer objects alive while registered
         descs = [d.as_tuple() for d in buffers.descs] if buffers is not None else []
-        self._impl = _kvferry.Manager(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
-                                      tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
-                                      os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
-                                      control_bind, control_advertise, int(control_port),
-                                      bool(fault_injection))
-
-    @property
-    def layout(self) -> dict:
-        """num_pages, page_size, num_buffers, token_bytes, page_bytes, buffer_bytes, aux_slots,
-        aux_offset, aux_slot_bytes, total_bytes, heads_per_rank, first_head (bytes, tokens, pages)."""
-        return self._impl.layout
-
-    @property
-    def rank(self) -> str:
-        return self._impl.rank
-
-    @property
-    def control_endpoint(self) -> str:
-        """The control socket as peers are told ("tcp://host:port")."""
-        return self._impl.control_endpoint
+        super().__init__(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
+                         tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
+                         os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
+                         control_bind, control_advertise, int(control_port), bool(fault_injection))
+        self._constructed = True  # the compiled manager exists (close() may call into it)
 
     def page_offset(self, buffer: int, page: int) -> int:
         """Byte offset of `page` of layer buffer `buffer` in the pool."""
-        l = self._impl.layout
+        l = self.layout
         return buffer * l["buffer_bytes"] + page * l["page_bytes"]
 
     def inject_write_failure(self, bootstrap_room: int, code: str = "transfer_error",
                              reason: str = "write failure injected") -> None:
         """Fault injection: every later write of the room fails in the transport with `code`."""
-        self._impl.inject_write_failure(bootstrap_room, code, reason)
+        super().inject_write_failure(bootstrap_room, code, reason)
 
     def hold_writes(self, bootstrap_room: int) -> None:
         """Test hook (fault decorator): later writes of the room stay in flight until
         release_held_writes(); they are queued, not lost."""
-        self._impl.hold_writes(bootstrap_room)
+        super().hold_writes(bootstrap_room)
 
     def release_held_writes(self, bootstrap_room: int) -> None:
         """Ends hold_writes(): the room's queued writes go out, in order."""
-        self._impl.release_held_writes(bootstrap_room)
+        super().release_held_writes(bootstrap_room)
 
     def held_writes(self, bootstrap_room: int) -> int:
         """Writes of the room held in flight (queued) right now."""
-        return self._impl.held_writes(bootstrap_room)
+        return super().held_writes(bootstrap_room)
 
     def live_rooms(self) -> int:
-        return self._impl.live_rooms()
+        return super().live_rooms()
 
     def peers(self) -> int:
         """Peer ranks connected (prefill: decode pools registered; decode: prefill ranks found)."""
-        return self._impl.peers()
+        return super().peers()
 
     def close(self) -> None:
         """Tears the rank down (transport first), then lets go of its memory. Idempotent."""
-        self._impl.close()
+        if getattr(self, "_constructed", False):  # a failed constructor left no compiled manager
+            super().close()
         if self._buffers is not None:
             self._buffers.release()
             self._buffers = None
@@ -239,17 +233,17 @@ class _Room:
         self.bootstrap_room = int(bootstrap_room)
         self._closed = True
         dp_rank = -1 if prefill_dp_rank is None else int(prefill_dp_rank)
-        mgr._impl.open(self.bootstrap_room, bootstrap_addr or "", dp_rank)
+        mgr.room_open(self.bootstrap_room, bootstrap_addr or "", dp_rank)
         self._closed = False
 
     def poll(self) -> KVPoll:
-        return KVPoll(self._mgr._impl.poll(self.bootstrap_room))
+        return KVPoll(self._mgr.room_poll(self.bootstrap_room))
 
     def metrics(self) -> dict:
         """bytes (prefill: written; decode: expected), latency_s (first send to done),
         wait_metadata_s, and the CLOCK_MONOTONIC ns stamps created/metadata/first_send/done.
         After close(), the room's metrics when it was closed (kept for the last 4096 closed rooms)."""
-        return self._mgr._impl.metrics(self.bootstrap_room)
+        return self._mgr.room_metrics(self.bootstrap_room)
 
     @property
     def manager(self) -> "KVManager":
@@ -258,7 +252,7 @@ class _Room:
 
     def failure(self) -> Optional[KVTransferError]:
         """The room's KVTransferError if it failed (None otherwise), without raising it."""
-        f = self._mgr._impl.failure(self.bootstrap_room)
+        f = self._mgr.room_failure(self.bootstrap_room)
         return None if f is None else KVTransferError(*f)
 
     def failure_exception(self) -> None:
@@ -271,17 +265,17 @@ class _Room:
         """Fails the room on this rank as its own failure (origin this rank, the given code, e.g.
         "invalid_argument" for a call the engine made that kvferry refused) and tells its peers.
         No-op if the room already ended. Raises ValueError for an unknown code."""
-        self._mgr._impl.fail_local(self.bootstrap_room, code, reason)
+        self._mgr.room_fail(self.bootstrap_room, code, reason)
 
     def abort(self, reason: str = "aborted by the engine") -> None:
         """Fails the room on this rank (code "aborted", origin this rank) and tells its peers."""
-        self._mgr._impl.abort(self.bootstrap_room, reason)
+        self._mgr.room_abort(self.bootstrap_room, reason)
 
     def fail_from_engine(self, error: KVTransferError) -> None:
         """A failure the engine learned from another of its ranks (e.g. its per-step agreement):
         the room fails here with that error's code, reason and origin (is_from_another_rank unless
         the origin is this rank) and its peers are told. No-op if the room already ended."""
-        self._mgr._impl.fail_from_engine(self.bootstrap_room, error.code, error.failure_reason, error.origin)
+        self._mgr.room_fail_from_engine(self.bootstrap_room, error.code, error.failure_reason, error.origin)
 
     def fail_from_agreement(self, reason: str, code: str = "aborted", wait_s: float = 1.0) -> KVTransferError:
         """The engine's agreement says the room failed (e.g. SGLang's MIN over its TP group) but this
@@ -290,19 +284,19 @@ class _Room:
         it posted it), waiting up to ``wait_s`` for it; the room fails here as from another rank and
         its peers are told. If the room already failed here, that failure. Without a record in time,
         the room fails with ``reason``/``code`` (origin this rank, from another rank)."""
-        f = self._mgr._impl.fail_from_agreement(self.bootstrap_room, code, reason, int(wait_s * 1000))
+        f = self._mgr.room_fail_from_agreement(self.bootstrap_room, code, reason, int(wait_s * 1000))
         return KVTransferError(*f)
 
     def release_safe(self) -> bool:
         """True once no write can still reach the room's pages, aux row and state rows: only then
         may the engine free or reuse them. Failed does not imply it (a prefill may still write)."""
-        return self._mgr._impl.release_safe(self.bootstrap_room)
+        return self._mgr.room_release_safe(self.bootstrap_room)
 
     def close(self) -> None:
         """The engine is done: the room is released once no write can still reach its pages."""
         if not self._closed:
             self._closed = True
-            self._mgr._impl.close_room(self.bootstrap_room)
+            self._mgr.room_close(self.bootstrap_room)
 
     def __del__(self):
         try:
@@ -321,7 +315,7 @@ class KVSender(_Room):
         """The room has `num_kv_indices` pages (`num_tokens` tokens; default: full pages). With
         engine buffers, `aux_index` is this rank's aux row, copied into decode's row of every aux
         buffer after the last KV write; with a kv_pool kvferry stages its own aux record."""
-        self._mgr._impl.sender_init(self.bootstrap_room, int(num_kv_indices), int(aux_index or 0),
+        self._mgr.sender_init(self.bootstrap_room, int(num_kv_indices), int(aux_index or 0),
                                     int(num_tokens or 0))
 
     def send(self, kv_indices: Iterable[int], state_indices: Optional[Iterable[int]] = None,
@@ -339,7 +333,7 @@ class KVSender(_Room):
         pages, a layer given more pages than the room has, or a last chunk that leaves pages of
         some layer unsent."""
         rng = None if layers is None else (int(layers[0]), int(layers[1]))
-        self._mgr._impl.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last, rng)
+        self._mgr.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last, rng)
 
 
 class KVReceiver(_Room):
@@ -356,15 +350,15 @@ class KVReceiver(_Room):
              num_tokens: Optional[int] = None) -> None:
         """Destination pages (one per room page, in order), aux row and state rows; sends them to
         every prefill source of the room."""
-        self._mgr._impl.receiver_init(self.bootstrap_room, [int(i) for i in kv_indices], int(aux_index),
+        self._mgr.receiver_init(self.bootstrap_room, [int(i) for i in kv_indices], int(aux_index),
                                       _rows(state_indices), int(num_tokens or 0))
 
     send_metadata = init
 
     def quarantined(self) -> bool:
         """True if release_safe() only because the drain deadline passed: do not reuse the pages."""
-        return self._mgr._impl.quarantined(self.bootstrap_room)
+        return self._mgr.room_quarantined(self.bootstrap_room)
 
     def aux(self, aux_index: int) -> dict:
         """With a kv_pool: the aux record prefill wrote last (room, cached_tokens, num_pages)."""
-        return self._mgr._impl.aux(int(aux_index))
+        return self._mgr.aux_row(int(aux_index))

@@ -242,7 +242,7 @@ PYBIND11_MODULE(_kvferry, mod) {
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
       .def_property_readonly("control_endpoint", [](PyManager& p) { return p.m()->control_endpoint(); })
-      .def("open", [](PyManager& p, uint64_t room, const std::string& bootstrap, int64_t dp_rank) {
+      .def("room_open", [](PyManager& p, uint64_t room, const std::string& bootstrap, int64_t dp_rank) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
@@ -281,7 +281,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
-      .def("release_safe", [](PyManager& p, uint64_t room) {
+      .def("room_release_safe", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         Result<bool> r = Status();
         {
@@ -291,7 +291,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         if (!r.ok()) raise_status(r.status());
         return *r;
       })
-      .def("quarantined", [](PyManager& p, uint64_t room) {
+      .def("room_quarantined", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         Result<bool> r = Status();
         {
@@ -301,7 +301,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         if (!r.ok()) raise_status(r.status());
         return *r;
       })
-      .def("fail_from_engine", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
+      .def("room_fail_from_engine", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
                                   const std::string& origin) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
@@ -315,7 +315,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
-      .def("fail_from_agreement", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
+      .def("room_fail_from_agreement", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason,
                                      int64_t wait_ms) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
@@ -356,12 +356,12 @@ PYBIND11_MODULE(_kvferry, mod) {
         check(r.status());
         return r.value();
       })
-      .def("poll", [](PyManager& p, uint64_t room) {
+      .def("room_poll", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         return static_cast<int>(m->poll(room));
       })
-      .def("metrics", [](PyManager& p, uint64_t room) {
+      .def("room_metrics", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         Result<TransferMetrics> r = Status();
         {
@@ -379,7 +379,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         d["done_ns"] = r->done_ns;
         return d;
       })
-      .def("failure", [](PyManager& p, uint64_t room) {
+      .def("room_failure", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         std::optional<KVTransferError> e;
         {
@@ -388,7 +388,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         return failure_tuple(e);
       })
-      .def("abort", [](PyManager& p, uint64_t room, const std::string& reason) {
+      .def("room_abort", [](PyManager& p, uint64_t room, const std::string& reason) {
         std::shared_ptr<Connector> m = p.m();
         Status s;
         {
@@ -397,7 +397,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
-      .def("fail_local", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
+      .def("room_fail", [](PyManager& p, uint64_t room, const std::string& code, const std::string& reason) {
         auto c = code_from_name(code);
         if (!c || *c == ErrorCode::kOk) throw py::value_error("unknown error code '" + code + "'");
         std::shared_ptr<Connector> m = p.m();
@@ -408,7 +408,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
-      .def("close_room", [](PyManager& p, uint64_t room) {
+      .def("room_close", [](PyManager& p, uint64_t room) {
         if (!p.m_) return;  // the manager went first: nothing to release
         std::shared_ptr<Connector> m = p.m_;
         py::gil_scoped_release nogil;
@@ -425,7 +425,7 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
-      .def("aux", [](PyManager& p, int64_t slot) {
+      .def("aux_row", [](PyManager& p, int64_t slot) {
         std::shared_ptr<Connector> m = p.m();
         Result<AuxRecord> r = Status();
         {
