@@ -156,8 +156,8 @@ class Sender {
   // is_from_another_rank, and this rank's peers are told. If the room already failed here, that
   // failure, at once. Without a record in time (no bootstrap service, a post lost), the room fails
   // with `fallback` as from another rank. Blocks the calling thread up to wait_ms (not the
-  // manager: the lock is not held while it waits); after a wait in vain the next calls for 10 s ask
-  // once without waiting.
+  // manager: the lock is not held while it waits); after a wait in vain the next calls for 10 s wait
+  // at most 25 ms.
   virtual KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) = 0;
   // No write of this room is in flight and its terminal status went out.
   virtual bool release_safe() const = 0;

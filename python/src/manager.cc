@@ -190,13 +190,7 @@ Status Connector::fail_from_engine(uint64_t room, ErrorCode code, const std::str
   std::lock_guard lock(mu_);
   Room* r = find(room);
   if (!r) return bad(fmt::format("room {} is not open", room));
-  KVTransferError e;
-  e.bootstrap_room = room;
-  e.code = code;
-  e.failure_reason = reason;
-  e.origin = origin;
-  e.is_from_another_rank = !(origin == self_);
-  e.first_seen_ns = monotonic_ns();
+  const KVTransferError e{room, code, reason, origin, !(origin == self_), monotonic_ns()};
   if (r->sender) r->sender->fail_from_engine(e);
   else r->receiver->fail_from_engine(e);
   return Status::Ok();
@@ -207,13 +201,7 @@ Result<KVTransferError> Connector::fail_from_agreement(uint64_t room, ErrorCode 
   std::lock_guard lock(mu_);
   Room* r = find(room);
   if (!r) return bad(fmt::format("room {} is not open", room));
-  KVTransferError e;
-  e.bootstrap_room = room;
-  e.code = code;
-  e.failure_reason = reason;
-  e.origin = self_;
-  e.is_from_another_rank = true;
-  e.first_seen_ns = monotonic_ns();
+  const KVTransferError e{room, code, reason, self_, true, monotonic_ns()};  // the fallback
   return r->sender ? r->sender->fail_from_agreement(e, wait_ms) : r->receiver->fail_from_agreement(e, wait_ms);
 }
 

@@ -18,6 +18,11 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
+// After a lookup of the failure board that waited in vain (ManagerImpl::kBoardQuietNs), lookups wait
+// at most this long: long enough for an origin's post that races the engine's agreement, short
+// enough that many rooms whose records never come do not stall the engine.
+constexpr int64_t kBoardQuietWaitMs = 25;
+
 }  // namespace
 
 Result<std::unique_ptr<Manager>> Manager::create(const ManagerConfig& config) {
@@ -275,7 +280,11 @@ void ManagerImpl::housekeeping(int64_t now) {
       log_failure_once(id, r);
       if (!r.posted) {
         r.posted = true;
-        if (!r.early_failure->is_from_another_rank) poster_.post(board_address(), id, r.early_failure->failure());
+        if (!r.early_failure->is_from_another_rank) {
+          Failure f = r.early_failure->failure();  // observed here: its wall clock is this host's
+          if (f.wall_ns == 0) f.wall_ns = wall_from_monotonic(f.first_seen_ns);
+          poster_.post(board_address(), id, f);
+        }
       }
     }
     if (r.dropped && release_safe_locked(id, r, now)) {
@@ -310,7 +319,7 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
   const std::string address = board_address();
   if (address.empty()) return std::nullopt;
   int64_t now = monotonic_ns();
-  if (now < board_quiet_until_ns_.load()) wait_ms = 0;
+  if (now < board_quiet_until_ns_.load()) wait_ms = std::min<int64_t>(wait_ms, kBoardQuietWaitMs);
   wait_ms = std::max<int64_t>(wait_ms, 0);
   const int64_t deadline = now + wait_ms * 1'000'000;
   BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 50, 1000)));
@@ -329,7 +338,7 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     pause_ms = std::min<int64_t>(pause_ms * 2, 16);
   }
-  if (wait_ms > 0) board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
+  if (wait_ms > kBoardQuietWaitMs) board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
   return std::nullopt;
 }
 

@@ -128,6 +128,26 @@ TEST(AgreementOnlyRank, RaisesAndTellsItsPeersTheRoomsTrueOrigin) {
     EXPECT_TRUE(until([&] { return rx[tp]->release_safe() && tx[tp]->release_safe(); })) << "tp" << tp;
 }
 
+// A prefill rank aborts a room still in its bootstrap queue (before init(), as SGLang's prefill
+// does for a request it drops there): no kvferry message names the room, and its failure record
+// has no wall clock yet (it never reached the registry). It is posted all the same (attack B1: the
+// board refused it for the missing wall_ns, and every other rank named itself).
+TEST(AgreementOnlyRank, LearnsAPrefillAbortBeforeInit) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  constexpr uint64_t kRoom = 79;
+  auto tx = e->prefill[0]->sender(kRoom).value();
+  tx->abort("dropped from the bootstrap queue (test)");
+  auto rx = e->decode[1]->receiver(kRoom).value();
+  ASSERT_TRUE(rx->init().ok());
+  KVTransferError fallback{kRoom, ErrorCode::kAborted, "failed on another rank of this engine", e->decode[1]->self(),
+                           true, monotonic_ns()};
+  const KVTransferError got = rx->fail_from_agreement(fallback, 10'000);
+  EXPECT_EQ(got.origin.str(), "prefill/tp0") << got.str();
+  EXPECT_EQ(got.failure_reason, "dropped from the bootstrap queue (test)");
+  EXPECT_TRUE(got.is_from_another_rank);
+}
+
 TEST(AgreementOnlyRank, WithoutARecordOnTheBoardTheFallbackIsFromAnotherRank) {
   auto e = make_engines();
   ASSERT_TRUE(e);

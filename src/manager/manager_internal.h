@@ -88,8 +88,8 @@ class ManagerImpl final : public Manager {
   std::string board_address() const;
   // The room's record on the failure board, asked again until it is there or `wait_ms` passed
   // (Sender/Receiver::fail_from_agreement). Call without the lock: it blocks. After a lookup that
-  // waited in vain, the next ones for kBoardQuietNs ask once without waiting, so an engine whose
-  // failures are never posted (no board, an old peer) is not stalled room after room.
+  // waited in vain, the next ones for kBoardQuietNs wait at most 25 ms (manager.cc), so an engine
+  // whose failures are never posted (no board, an old peer) is not stalled room after room.
   std::optional<Failure> look_up_failure(uint64_t room, int64_t wait_ms);
   static constexpr int64_t kBoardQuietNs = 10'000'000'000;
 
