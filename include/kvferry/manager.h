@@ -144,7 +144,8 @@ class Sender {
   // go on with the room); the origin is this rank and the failure is local here.
   virtual void fail(ErrorCode code, const std::string& reason) = 0;
   // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
-  // recorded as from another rank, told to the destinations; no-op if the room already failed.
+  // recorded as from another rank, told to the destinations. If the room already failed here, the
+  // root-cause rule (kvferry/error.h) decides which record the room keeps.
   virtual void fail_from_engine(const KVTransferError& e) = 0;
   // The engine's agreement says the room failed (SGLang: the MIN of its TP group's polls), but
   // this rank saw no failure of it (no kvferry message about it reached this rank: e.g. in a 1:1
@@ -153,8 +154,10 @@ class Sender {
   // room's bootstrap service (docs/failure-model.md "Agreement-only ranks"), asked for until it is
   // there or `wait_ms` passed (it usually is: the origin posts it as its room fails, before the
   // engine can agree). The room then fails here with that origin, code and reason,
-  // is_from_another_rank, and this rank's peers are told. If the room already failed here, that
-  // failure, at once. Without a record in time (no bootstrap service, a post lost), the room fails
+  // is_from_another_rank, and this rank's peers are told. If the room already failed here: that
+  // failure, unless the board holds a record that precedes it by the root-cause rule (another pair
+  // of ranks failed the room independently), which the room then takes, as from another rank
+  // (one look at the board, no wait). Without a record in time (no bootstrap service, a post lost), the room fails
   // with `fallback` as from another rank. Blocks the calling thread up to wait_ms (not the
   // manager: the lock is not held while it waits); after a wait in vain the next calls for 10 s wait
   // at most 25 ms.

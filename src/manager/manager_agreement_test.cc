@@ -148,6 +148,47 @@ TEST(AgreementOnlyRank, LearnsAPrefillAbortBeforeInit) {
   EXPECT_TRUE(got.is_from_another_rank);
 }
 
+// Two pairs fail the room independently (attack B2): prefill/tp0's write fails and decode/tp1
+// aborts, back to back. Each pair hears only its own failure; the engine's MIN is Failed on both
+// engines. Every rank's fail_from_agreement() must end with the one root cause (prefill/tp0's: the
+// earlier, or the same 5 ms bucket and prefill first), which the board holds.
+TEST(AgreementOnlyRank, TwoPairsFailingIndependentlyEndWithOneRootCause) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  constexpr uint64_t kRoom = 80;
+  std::unique_ptr<Receiver> rx[2];
+  std::unique_ptr<Sender> tx[2];
+  for (int tp = 0; tp < 2; ++tp) {
+    rx[tp] = e->decode[tp]->receiver(kRoom).value();
+    ASSERT_TRUE(rx[tp]->init().ok());
+    ASSERT_TRUE(rx[tp]->send_metadata(std::vector<uint64_t>{1, 2}, 3, {}).ok());
+    tx[tp] = e->prefill[tp]->sender(kRoom).value();
+  }
+  for (int tp = 0; tp < 2; ++tp) {
+    ASSERT_TRUE(until([&] { return tx[tp]->poll() == KVPoll::WaitingForInput; })) << "prefill/tp" << tp;
+    ASSERT_TRUE(tx[tp]->init(2, 0).ok());
+  }
+  tx[0]->fail(ErrorCode::kTransferError, "write to decode/tp0 failed (test)");
+  rx[1]->abort("aborted by the engine (test)");
+  ASSERT_TRUE(until([&] { return rx[0]->poll() == KVPoll::Failed && tx[1]->poll() == KVPoll::Failed; }));
+  EXPECT_EQ(tx[1]->failure()->origin.str(), "decode/tp1");  // each pair knows only its own
+  // The origins' posts landed (the board answers prefill/tp0's record, the rule's winner).
+  BootstrapClient board(e->bootstrap, 2000, nullptr);
+  ASSERT_TRUE(until([&] {
+    auto r = board.lookup_failure(kRoom);
+    return r.ok() && r->has_value() && (*r)->origin.str() == "prefill/tp0";
+  }));
+  KVTransferError fallback{kRoom, ErrorCode::kAborted, "failed on another rank of this engine", {}, true, monotonic_ns()};
+  for (int tp = 0; tp < 2; ++tp) {
+    for (auto got : {tx[tp]->fail_from_agreement(fallback, 1000), rx[tp]->fail_from_agreement(fallback, 1000)}) {
+      EXPECT_EQ(got.origin.str(), "prefill/tp0") << "tp" << tp << ": " << got.str();
+      EXPECT_EQ(code_name(got.code), "transfer_error") << "tp" << tp << ": " << got.str();
+    }
+  }
+  EXPECT_FALSE(tx[0]->failure()->is_from_another_rank);  // the root cause's origin
+  EXPECT_TRUE(rx[1]->failure()->is_from_another_rank);   // its own abort lost to it
+}
+
 TEST(AgreementOnlyRank, WithoutARecordOnTheBoardTheFallbackIsFromAnotherRank) {
   auto e = make_engines();
   ASSERT_TRUE(e);

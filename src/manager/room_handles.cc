@@ -20,7 +20,19 @@ Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(wh
 template <typename Handle>
 KVTransferError agreement_failure(Handle& h, ManagerImpl& m, uint64_t room, const KVTransferError& fallback,
                                   int64_t wait_ms) {
-  if (std::optional<KVTransferError> f = h.failure()) return *f;
+  if (std::optional<KVTransferError> f = h.failure()) {
+    // The room failed here too, but another pair of ranks may have failed it independently, with
+    // an earlier cause (each pair then heard only its own): one look at the board, without
+    // waiting, and the root-cause rule decides (docs/failure-model.md "Agreement-only ranks").
+    std::optional<Failure> posted = m.look_up_failure(room, 0);
+    if (!posted || !failure_precedes(*posted, f->failure())) return *f;
+    log_event(LogLevel::kDebug, "manager",
+              fmt::format("room {}: failed here by {}; the failure board holds an earlier cause: {}", room,
+                          f->failure().describe(), posted->describe()),
+              failure_log_fields(room, *posted));
+    h.fail_from_engine(KVTransferError::from(room, *posted, true));
+    return h.failure().value_or(*f);
+  }
   std::optional<Failure> posted = m.look_up_failure(room, wait_ms);
   if (std::optional<KVTransferError> f = h.failure()) return *f;  // it reached this rank meanwhile
   KVTransferError e = posted ? KVTransferError::from(room, *posted, true) : fallback;
@@ -169,7 +181,7 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     if (!r.initialized) {
-      if (!r.early_failure) {
+      if (!r.early_failure || failure_precedes(e.failure(), r.early_failure->failure())) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
         r.early_failure->is_from_another_rank = e.origin != m_.self();
@@ -298,7 +310,7 @@ class ReceiverImpl final : public Receiver {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     if (!r.initialized && !open_for_failure(r)) {
-      if (!r.early_failure) {
+      if (!r.early_failure || failure_precedes(e.failure(), r.early_failure->failure())) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
         r.early_failure->is_from_another_rank = e.origin != m_.self();
