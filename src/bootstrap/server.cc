@@ -36,7 +36,12 @@ constexpr size_t kMaxRegisteredRanks = 16384;
 // From one source address (one host registers its ranks; a peer filling the table from one host
 // cannot lock every other host's ranks out).
 constexpr size_t kMaxRanksPerSource = 1024;
-constexpr size_t kHttpThreads = 4;
+// One connection per worker thread (cpp-httplib). Idle or half-sent connections hold a thread until
+// a read times out (kReadTimeoutS; keep-alive connections kKeepAliveS): more threads and short
+// timeouts make a handful of them stall nothing (docs/security.md "The failure board").
+constexpr size_t kHttpThreads = 32;
+constexpr time_t kReadTimeoutS = 2;
+constexpr time_t kKeepAliveS = 2;
 constexpr auto kStartTimeout = std::chrono::seconds(5);
 constexpr const char* kJson = "application/json";
 
@@ -324,6 +329,8 @@ struct BootstrapServer::Impl {
   void install() {
     http.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
     http.set_payload_max_length(kMaxBodyBytes);
+    http.set_read_timeout(kReadTimeoutS, 0);
+    http.set_keep_alive_timeout(kKeepAliveS);
     // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
     // silently take half the registrations. Reuse TIME_WAIT addresses only.
     http.set_socket_options([](socket_t sock) {
