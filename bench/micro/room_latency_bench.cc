@@ -1,0 +1,87 @@
+// One-page rooms at concurrency 1 through the public API only (kvferry/manager.h), as an engine
+// drives it: a prefill and a decode Manager in this process, each with its progress thread, over
+// shm or tcp on loopback, behind a real bootstrap service. Per room: decode receiver(room), init();
+// prefill sender(room); then the timed part, issue 30's "send_metadata to Success": decode
+// send_metadata(one page), prefill waits for WaitingForInput, init(1), send(the page, last), decode
+// polls until Success. Reported: mean (Google Benchmark's time) and p50 / p90 / p99 / max in us.
+// The geometry is small (2 layers, 2 KV heads of 64, bf16, 16 tokens a page: one page is 16 KiB).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvferry/bootstrap.h"
+#include "kvferry/manager.h"
+
+namespace kvferry {
+namespace {
+
+ManagerConfig config(Role role, const std::string& transport, const std::string& bootstrap) {
+  ManagerConfig c;
+  c.self = {role, 0, 0, 0};
+  c.model = {"bench-small", "GQA", 2, 2, 2, 64, 2};
+  c.page_size = 16;
+  c.pool_bytes = 8ull << 20;
+  c.aux_rows = 64;
+  c.transport = transport;
+  c.bootstrap_address = bootstrap;
+  c.progress_interval_ms = 5;
+  return c;
+}
+
+template <typename P>
+bool spin_until(P pred, std::chrono::seconds timeout = std::chrono::seconds(10)) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+void BM_OnePageRoom(benchmark::State& state, const std::string& transport) {
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  if (!server.ok()) return state.SkipWithError(server.status().str().c_str());
+  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  auto p = Manager::create(config(Role::kPrefill, transport, bootstrap));
+  if (!p.ok()) return state.SkipWithError(p.status().str().c_str());
+  auto d = Manager::create(config(Role::kDecode, transport, bootstrap));
+  if (!d.ok()) return state.SkipWithError(d.status().str().c_str());
+  std::unique_ptr<Manager> prefill = std::move(p).value(), decode = std::move(d).value();
+  if (!spin_until([&] { return prefill->stats().peers == 1; })) return state.SkipWithError("no peer");
+  std::vector<double> us;
+  uint64_t room = 1;
+  for (auto _ : state) {
+    ++room;
+    auto rx = decode->receiver(room).value();
+    if (!rx->init().ok()) return state.SkipWithError("receiver init");
+    auto tx = prefill->sender(room).value();
+    const std::vector<uint64_t> dst{room % 64}, src{(room + 7) % 64};
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!rx->send_metadata(dst, room % 64, {}).ok()) return state.SkipWithError("send_metadata");
+    if (!spin_until([&] { return tx->poll() == KVPoll::WaitingForInput; })) return state.SkipWithError("metadata");
+    if (!tx->init(1, room % 64).ok() || !tx->send(src, {}, true).ok()) return state.SkipWithError("send");
+    if (!spin_until([&] { return rx->poll() == KVPoll::Success; })) return state.SkipWithError("success");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    state.SetIterationTime(s);
+    us.push_back(s * 1e6);
+  }
+  std::sort(us.begin(), us.end());
+  auto at = [&](double q) { return us.empty() ? 0.0 : us[std::min(us.size() - 1, size_t(q * us.size()))]; };
+  state.counters["p50_us"] = at(0.50);
+  state.counters["p90_us"] = at(0.90);
+  state.counters["p99_us"] = at(0.99);
+  state.counters["max_us"] = us.empty() ? 0.0 : us.back();
+}
+
+BENCHMARK_CAPTURE(BM_OnePageRoom, shm, std::string("shm"))->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_OnePageRoom, tcp, std::string("tcp"))->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace kvferry
+
+BENCHMARK_MAIN();
