@@ -50,7 +50,15 @@ Reply FailureBoard::post(const nlohmann::json& body, const std::string& source, 
     held->second.source = source;
     return {200, R"({"ok":true,"kept":"posted"})", "application/json"};
   }
-  if (rooms_.size() >= kFailureBoardRooms) return error(429, "the failure board is full");
+  // Full: the oldest record goes. A record is needed for seconds (ranks ask as their engine agrees),
+  // so a flood evicts nothing a rank still asks for unless it posts 65536 records in that time;
+  // refusing instead would let four addresses lock every real post out.
+  while (rooms_.size() >= kFailureBoardRooms && !order_.empty()) {
+    auto [old_room, posted] = order_.front();
+    order_.pop_front();
+    auto old_it = rooms_.find(old_room);
+    if (old_it != rooms_.end() && old_it->second.posted_ns == posted) drop(old_room);
+  }
   if (per_source_[source] >= kFailureBoardRoomsPerSource) return error(429, "too many failure records from " + source);
   ++per_source_[source];
   rooms_.emplace(*room, Entry{std::move(record), source, now_ns});

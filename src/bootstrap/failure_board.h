@@ -13,8 +13,9 @@
 // is decoded completely (400 naming the field otherwise); wall_ns must be set and within
 // kFailureBoardClockSlackNs of this host's clock (a record stamped far ahead or behind could win
 // the rule against every true one); reasons are cut to kFailureBoardReasonBytes; entries live
-// kFailureBoardTtlNs; at most kFailureBoardRoomsPerSource rooms per source address and
-// kFailureBoardRooms in all (a post beyond either is refused with 429 and changes nothing).
+// kFailureBoardTtlNs; at most kFailureBoardRoomsPerSource rooms per source address (a post beyond
+// it is refused with 429 and changes nothing) and kFailureBoardRooms in all (the oldest record
+// goes to make room: a record is asked for within seconds of its post).
 // Thread contract: FailureBoard is guarded by its own mutex.
 #pragma once
 #include <cstdint>

@@ -273,8 +273,13 @@ void ManagerImpl::housekeeping(int64_t now) {
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
       if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
       if (p == KVPoll::Failed && !r.posted) {
+        // The room's root cause as known here: the rank's own record, or one a peer told it (so a
+        // record reaches the board even when its origin died before posting it).
         r.posted = true;
-        if (std::optional<Failure> own = core_->registry().own(id)) poster_.post(board_address(), id, *own);
+        // Never a fallback: a record naming this rank that it did not observe (fail_from_agreement
+        // found nothing) would make other ranks name this one.
+        std::optional<KVTransferError> e = core_->registry().get(id);
+        if (e && (e->origin != self() || core_->registry().own(id))) poster_.post(board_address(), id, e->failure());
       }
     } else if (r.early_failure) {
       log_failure_once(id, r);
@@ -284,6 +289,8 @@ void ManagerImpl::housekeeping(int64_t now) {
           Failure f = r.early_failure->failure();  // observed here: its wall clock is this host's
           if (f.wall_ns == 0) f.wall_ns = wall_from_monotonic(f.first_seen_ns);
           poster_.post(board_address(), id, f);
+        } else if (r.early_failure->wall_ns != 0) {
+          poster_.post(board_address(), id, r.early_failure->failure());  // as a peer stamped it
         }
       }
     }
@@ -322,7 +329,9 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
   if (now < board_quiet_until_ns_.load()) wait_ms = std::min<int64_t>(wait_ms, kBoardQuietWaitMs);
   wait_ms = std::max<int64_t>(wait_ms, 0);
   const int64_t deadline = now + wait_ms * 1'000'000;
-  BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 50, 1000)));
+  // Each call may take up to 200 ms (a loaded host answers slowly; a single look must not give up
+  // on a board that holds the record), at most 1 s.
+  BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 200, 1000)));
   int64_t pause_ms = 1;
   for (;;) {
     Result<std::optional<Failure>> r = client.lookup_failure(room);

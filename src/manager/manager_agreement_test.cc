@@ -189,6 +189,24 @@ TEST(AgreementOnlyRank, TwoPairsFailingIndependentlyEndWithOneRootCause) {
   EXPECT_TRUE(rx[1]->failure()->is_from_another_rank);   // its own abort lost to it
 }
 
+// fail_from_engine() keeps the record whole: its wall_ns decides the root-cause rule (the handle
+// dropped it, so the rule fell back to comparing CLOCK_MONOTONIC stamps of different hosts and a
+// rank kept another record than the failure board; attack B2').
+TEST(AgreementOnlyRank, AnEngineRecordIsComparedByItsWallClock) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  constexpr uint64_t kRoom = 81;
+  auto rx = e->decode[0]->receiver(kRoom).value();
+  ASSERT_TRUE(rx->init().ok());
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{1}, 2, {}).ok());
+  rx->abort("aborted here (test)");
+  // Another host's record: an early monotonic stamp (its boot was long ago), a wall clock a second later.
+  KVTransferError later{kRoom, ErrorCode::kTransferError, "later, elsewhere", RankId{Role::kPrefill, 0, 1, 0}, true, 1};
+  later.wall_ns = realtime_ns() + 1'000'000'000;
+  rx->fail_from_engine(later);
+  EXPECT_EQ(rx->failure()->origin.str(), "decode/tp0") << rx->failure()->str();
+}
+
 TEST(AgreementOnlyRank, WithoutARecordOnTheBoardTheFallbackIsFromAnotherRank) {
   auto e = make_engines();
   ASSERT_TRUE(e);

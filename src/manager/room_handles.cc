@@ -184,10 +184,10 @@ class SenderImpl final : public Sender {
       if (!r.early_failure || failure_precedes(e.failure(), r.early_failure->failure())) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
-        r.early_failure->is_from_another_rank = e.origin != m_.self();
+        r.early_failure->is_from_another_rank = e.is_from_another_rank || e.origin != m_.self();
       }
     } else {
-      m_.prefill()->fail(room_, e.code, e.failure_reason, e.origin, e.first_seen_ns, false);
+      m_.prefill()->fail(room_, e.failure(), false);  // the whole record: its wall_ns decides the rule
     }
     m_.wake();
   }
@@ -313,10 +313,10 @@ class ReceiverImpl final : public Receiver {
       if (!r.early_failure || failure_precedes(e.failure(), r.early_failure->failure())) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
-        r.early_failure->is_from_another_rank = e.origin != m_.self();
+        r.early_failure->is_from_another_rank = e.is_from_another_rank || e.origin != m_.self();
       }
     } else {
-      m_.decode()->fail(room_, e.code, e.failure_reason, e.origin, e.first_seen_ns, false);
+      m_.decode()->fail(room_, e.failure(), false);  // the whole record: its wall_ns decides the rule
     }
     m_.wake();
   }
