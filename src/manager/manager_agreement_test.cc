@@ -78,26 +78,39 @@ std::unique_ptr<TwoByTwo> make_engines() {
   return e;
 }
 
+// The room on every rank: each decode rank's receiver sent its metadata (pages 1 and 2, aux row
+// 3), each prefill rank's sender is past init(2). False (with a failure added) if a step failed.
+bool open_room(TwoByTwo& e, uint64_t room, std::unique_ptr<Receiver> (&rx)[2], std::unique_ptr<Sender> (&tx)[2]) {
+  for (int tp = 0; tp < 2; ++tp) {
+    auto r = e.decode[tp]->receiver(room);
+    auto s = e.prefill[tp]->sender(room);
+    if (!r.ok() || !s.ok()) {
+      ADD_FAILURE() << "tp" << tp << ": " << r.status().str() << " / " << s.status().str();
+      return false;
+    }
+    rx[tp] = std::move(r).value();
+    tx[tp] = std::move(s).value();
+    if (!rx[tp]->init().ok() || !rx[tp]->send_metadata(std::vector<uint64_t>{1, 2}, 3, {}).ok()) {
+      ADD_FAILURE() << "decode/tp" << tp << ": metadata refused";
+      return false;
+    }
+  }
+  for (int tp = 0; tp < 2; ++tp) {
+    if (!until([&] { return tx[tp]->poll() == KVPoll::WaitingForInput; }) || !tx[tp]->init(2, 0).ok()) {
+      ADD_FAILURE() << "prefill/tp" << tp << ": never ready, or init refused";
+      return false;
+    }
+  }
+  return true;
+}
+
 TEST(AgreementOnlyRank, RaisesAndTellsItsPeersTheRoomsTrueOrigin) {
   auto e = make_engines();
   ASSERT_TRUE(e);
   constexpr uint64_t kRoom = 77;
   std::unique_ptr<Receiver> rx[2];
   std::unique_ptr<Sender> tx[2];
-  for (int tp = 0; tp < 2; ++tp) {
-    auto r = e->decode[tp]->receiver(kRoom);
-    ASSERT_TRUE(r.ok()) << r.status().str();
-    rx[tp] = std::move(r).value();
-    ASSERT_TRUE(rx[tp]->init().ok());
-    ASSERT_TRUE(rx[tp]->send_metadata(std::vector<uint64_t>{1, 2}, 3, {}).ok());
-    auto s = e->prefill[tp]->sender(kRoom);
-    ASSERT_TRUE(s.ok()) << s.status().str();
-    tx[tp] = std::move(s).value();
-  }
-  for (int tp = 0; tp < 2; ++tp) {
-    ASSERT_TRUE(until([&] { return tx[tp]->poll() == KVPoll::WaitingForInput; })) << "prefill/tp" << tp;
-    ASSERT_TRUE(tx[tp]->init(2, 0).ok());
-  }
+  ASSERT_TRUE(open_room(*e, kRoom, rx, tx));
   // prefill/tp0 observes a write failure of the room (as a failed UCX write would be recorded).
   tx[0]->fail(ErrorCode::kTransferError, "write to decode/tp0 failed (test)");
   ASSERT_TRUE(until([&] { return rx[0]->poll() == KVPoll::Failed; }));
@@ -158,16 +171,7 @@ TEST(AgreementOnlyRank, TwoPairsFailingIndependentlyEndWithOneRootCause) {
   constexpr uint64_t kRoom = 80;
   std::unique_ptr<Receiver> rx[2];
   std::unique_ptr<Sender> tx[2];
-  for (int tp = 0; tp < 2; ++tp) {
-    rx[tp] = e->decode[tp]->receiver(kRoom).value();
-    ASSERT_TRUE(rx[tp]->init().ok());
-    ASSERT_TRUE(rx[tp]->send_metadata(std::vector<uint64_t>{1, 2}, 3, {}).ok());
-    tx[tp] = e->prefill[tp]->sender(kRoom).value();
-  }
-  for (int tp = 0; tp < 2; ++tp) {
-    ASSERT_TRUE(until([&] { return tx[tp]->poll() == KVPoll::WaitingForInput; })) << "prefill/tp" << tp;
-    ASSERT_TRUE(tx[tp]->init(2, 0).ok());
-  }
+  ASSERT_TRUE(open_room(*e, kRoom, rx, tx));
   tx[0]->fail(ErrorCode::kTransferError, "write to decode/tp0 failed (test)");
   rx[1]->abort("aborted by the engine (test)");
   ASSERT_TRUE(until([&] { return rx[0]->poll() == KVPoll::Failed && tx[1]->poll() == KVPoll::Failed; }));
