@@ -38,8 +38,9 @@ struct BootstrapClient::Impl {
   Status keys_error;                        // a bad cluster secret: every call fails with it
 
   // GET/PUT and map transport failures and non-200 statuses; on 200 returns the parsed body.
+  // `http_status`, if given, gets the answer's HTTP status (0: no answer).
   Result<nlohmann::json> call(const char* method, const std::string& path,
-                              const std::string& body) {
+                              const std::string& body, int* http_status = nullptr) {
     if (!keys_error.ok()) return keys_error;
     if (!http) {
       return Status(ErrorCode::kInvalidArgument,
@@ -55,6 +56,7 @@ struct BootstrapClient::Impl {
         return Status(ErrorCode::kPeerUnreachable, "bootstrap " + address + " unreachable (" +
                                                        httplib::to_string(res.error()) + ")");
       }
+      if (http_status) *http_status = res->status;
       const std::string what = std::string(method) + " " + path;
       if (res->status == 404) {
         return Status(ErrorCode::kInvalidArgument, server_reason(res->body));
@@ -165,11 +167,11 @@ Status BootstrapClient::post_failure(uint64_t room, const Failure& f) {
 }
 
 Result<std::optional<Failure>> BootstrapClient::lookup_failure(uint64_t room) {
-  auto r = impl_->call("GET", "/failure?room=" + std::to_string(room), "");
+  int http_status = 0;
+  auto r = impl_->call("GET", "/failure?room=" + std::to_string(room), "", &http_status);
   if (!r.ok()) {
     // 404: nothing posted for the room (yet); every other refusal is the caller's to report.
-    if (r.status().code() == ErrorCode::kInvalidArgument && r.status().message().starts_with("no failure posted"))
-      return std::optional<Failure>();
+    if (http_status == 404) return std::optional<Failure>();
     return r.status();
   }
   auto room_field = r->is_object() ? r->find("room") : r->end();
