@@ -165,6 +165,16 @@ class Sender {
   // No write of this room is in flight and its terminal status went out.
   virtual bool release_safe() const = 0;
   virtual TransferMetrics metrics() const = 0;
+  // The per-chunk completion event. Each send() that returned OK has a number: 0, 1, 2 ... in call
+  // order (both forms count). Returns, once each, the numbers of the sends whose writes have all
+  // ended since the last call: completed at every destination (landed, or failed: the room then
+  // fails), or given up at the room's drain deadline. A send that wrote nothing (zero pages, or a
+  // room that had already failed) ends at once. Once a send's number came back the engine may
+  // reuse its source pages (a staging ring: the chunk's pages): no write of it reads them any more,
+  // except one given up at the drain deadline, which can land only in pages decode keeps
+  // quarantined (Receiver::quarantined()). Wake-ups: the manager's progress (wait_fds() with a
+  // caller-pumped manager). Thread contract: as every Sender call.
+  virtual std::vector<uint64_t> take_completed_sends() = 0;
 };
 
 class Receiver {

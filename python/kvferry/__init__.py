@@ -141,7 +141,7 @@ class KVManager(_kvferry.Manager):
     (``room_poll(room)``, ``room_failure(room)``, ``room_abort(room, reason)``, ``room_fail``,
     ``room_fail_from_engine``, ``room_fail_from_agreement``, ``room_release_safe``,
     ``room_quarantined``, ``room_metrics``, ``room_open``, ``room_close``, ``sender_init``,
-    ``sender_send``, ``receiver_init``, ``aux_row(slot)``) are its methods; engines normally use
+    ``sender_send``, ``sender_take_completed_sends``, ``receiver_init``, ``aux_row(slot)``) are its methods; engines normally use
     the room objects.
     """
 
@@ -334,6 +334,13 @@ class KVSender(_Room):
         some layer unsent."""
         rng = None if layers is None else (int(layers[0]), int(layers[1]))
         self._mgr.sender_send(self.bootstrap_room, [int(i) for i in kv_indices], _rows(state_indices), last, rng)
+
+    def take_completed_sends(self) -> list:
+        """The per-chunk completion event: the numbers (0, 1, 2 ... in call order) of this room's
+        send() calls whose writes have all ended since the last call, each once. A send's local
+        pages may be reused once its number came back (e.g. a staging ring). A send that wrote
+        nothing (no pages, or the room had failed) ends at once."""
+        return list(self._mgr.sender_take_completed_sends(self.bootstrap_room))
 
 
 class KVReceiver(_Room):

@@ -172,6 +172,14 @@ Status Connector::receiver_init(uint64_t room, const std::vector<int64_t>& kv, i
   return r->receiver->send_metadata(*dst, static_cast<uint64_t>(aux_slot), *rows, num_tokens);
 }
 
+Result<std::vector<uint64_t>> Connector::take_completed_sends(uint64_t room) {
+  std::lock_guard lock(mu_);
+  Room* r = find(room);
+  if (!r) return bad(fmt::format("room {} is not open", room));
+  if (!r->sender) return bad("take_completed_sends() is a prefill (sender) call");
+  return r->sender->take_completed_sends();
+}
+
 Result<bool> Connector::release_safe(uint64_t room) {
   std::lock_guard lock(mu_);
   Room* r = find(room);

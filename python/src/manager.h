@@ -98,6 +98,9 @@ class Connector {
                      std::optional<bool> last, std::optional<std::pair<int64_t, int64_t>> layers = std::nullopt);
   Status receiver_init(uint64_t room, const std::vector<int64_t>& kv_indices, int64_t aux_slot,
                        const std::vector<int64_t>& state_indices, uint64_t num_tokens);
+  // Sender::take_completed_sends() (kvferry/manager.h): numbers of the room's send() calls whose
+  // writes ended since the last call. Errors: not open, not a sender.
+  Result<std::vector<uint64_t>> take_completed_sends(uint64_t room);
   // The room's Sender/Receiver::release_safe() (kvferry/manager.h). Errors: the room is not open.
   Result<bool> release_safe(uint64_t room);
   // Receiver::quarantined(); false for a sender. Errors: the room is not open.

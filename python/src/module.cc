@@ -281,6 +281,16 @@ PYBIND11_MODULE(_kvferry, mod) {
         }
         check(s);
       })
+      .def("sender_take_completed_sends", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        Result<std::vector<uint64_t>> r = Status();
+        {
+          py::gil_scoped_release nogil;
+          r = m->take_completed_sends(room);
+        }
+        if (!r.ok()) raise_status(r.status());
+        return *r;
+      })
       .def("room_release_safe", [](PyManager& p, uint64_t room) {
         std::shared_ptr<Connector> m = p.m();
         Result<bool> r = Status();

@@ -64,3 +64,33 @@ def test_room_sent_layer_by_layer_arrives_byte_exact(transport):
     assert wait_until(lambda: tx.release_safe() and rx.release_safe())
     tx.close()
     rx.close()
+
+
+def test_completed_sends_come_back_once_after_their_writes():
+    """KVSender.take_completed_sends(): a send's number comes back only once its writes ended (held
+    in flight by the fault decorator here, so the window is certain), each number once."""
+    server = kvferry.BootstrapServer()
+    addr = f"127.0.0.1:{server.port}"
+    ppool, dpool = pool(), pool()
+    pre = kvferry.KVManager("prefill", ppool, bootstrap_addr=addr, aux_slots=AUX, fault_injection=True, **GEO)
+    dec = kvferry.KVManager("decode", dpool, bootstrap_addr=addr, aux_slots=AUX, **GEO)
+    room = 77
+    rx = kvferry.KVReceiver(dec, room)
+    rx.init([3, 4, 5], aux_index=1)
+    tx = kvferry.KVSender(pre, room)
+    assert wait_until(lambda: tx.poll() == kvferry.KVPoll.WaitingForInput)
+    tx.init(3, aux_index=0)
+    pre.hold_writes(room)
+    tx.send([0, 1], last=False)   # send 0: held
+    tx.send([2], last=False)      # send 1: held
+    tx.send([], last=True)        # send 2: no pages, ends at once
+    assert wait_until(lambda: pre.held_writes(room) > 0)
+    assert tx.take_completed_sends() == [2]
+    pre.release_held_writes(room)
+    done = []
+    assert wait_until(lambda: done.extend(tx.take_completed_sends()) or
+                      (sorted(done) == [0, 1] and tx.poll() == kvferry.KVPoll.Success))
+    assert sorted(done) == [0, 1]
+    assert tx.take_completed_sends() == []
+    tx.close()
+    rx.close()

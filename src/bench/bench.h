@@ -2,14 +2,18 @@
 // own process (`kvferry bench-rank`), no trace, no content generation or verification.
 //
 // What runs: the orchestrator (run_bench) starts a BootstrapServer in-process and spawns
-// prefill_tp + decode_tp `kvferry bench-rank` processes. Each rank builds the real manager
-// (EndpointCore over UCX shm/tcp + ZeroMQ control) and the real PrefillEndpoint/DecodeEndpoint,
-// touches its whole pool once (outside the timed region), connects, and writes DIR/ready-NAME.
+// prefill_tp + decode_tp `kvferry bench-rank` processes. Each rank builds a caller-pumped
+// kvferry::Manager (UCX shm/tcp + ZeroMQ control) and drives rooms only through the public
+// Sender/Receiver (kvferry/manager.h), as an engine does; it touches its whole pool once (outside
+// the timed region), connects, and writes DIR/ready-NAME.
 // Once every rank is ready the orchestrator writes DIR/go ("start window_start window_end", ns of
 // CLOCK_MONOTONIC, which every process on the machine shares). Then rooms 1, 2, 3, ... run with at
-// most `concurrency` open per rank: decode opens room k (add_room, kv_indices from its page
-// allocator, init) no earlier than start + (k-1)/rate, prefill opens it too and send()s all its
-// pages in chunks of chunk_tokens as soon as it is WaitingForInput; both release it at Success.
+// most `concurrency` open per rank: decode opens room k (receiver(k), init, send_metadata with
+// kv_indices from its page allocator) no earlier than start + (k-1)/rate; prefill opens it too
+// (sender(k), init at once) and send()s all its pages in chunks of chunk_tokens, from a staging
+// ring whose pages come back by Sender::take_completed_sends(), once it is WaitingForInput; both
+// drop the handle at Success (decode keeps a quarantined room's pages until
+// Manager::take_reclaimed_rooms() names it).
 // Warm-up runs from start to window_start; the window [window_start, window_end) is measured.
 // After window_end no new room is opened (prefill still opens rooms decode already sent metadata
 // for), open rooms finish, and each rank writes DIR/NAME.json and exits.

@@ -111,6 +111,10 @@ class PrefillEndpoint {
   // aux buffers (send() refuses). A rank uses one way or the other for all its rooms.
   // Errors: aux_index out of range (no room is added then). A room that exists is left as it is.
   Status add_room(uint64_t room, uint64_t input_tokens, std::optional<uint64_t> aux_index);
+  // A room that failed before its sender's init() (src/manager/manager.cc open_sender_for_failure):
+  // added without pages and failed with `f` before any metadata is applied, so every destination's
+  // metadata, kept or still to come, is answered with the failure. A room that exists just fails.
+  void add_failed_room(uint64_t room, const Failure& f, bool observed_here);
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const SenderRoom* room(uint64_t room) const;
   KVPoll poll(uint64_t room) const;

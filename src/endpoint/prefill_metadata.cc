@@ -129,6 +129,18 @@ void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
             room_fields(r.room));
 }
 
+void PrefillEndpoint::add_failed_room(uint64_t room, const Failure& f, bool observed_here) {
+  std::vector<std::pair<int64_t, RoomMetadata>> kept;
+  if (!rooms_.count(room)) {
+    kept = take_pending_meta(room);
+    (void)add_room(room, core_.layout().page_size, std::nullopt);  // one page's tokens: never sent
+  }
+  fail(room, f, observed_here);
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return;
+  for (auto& [ns, md] : kept) apply_metadata(it->second, md);
+}
+
 void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
   // The same destination again: it asks for the status it is owed (decode_reask.cc). The first
   // metadata stays; nothing of the repeat is stored.

@@ -203,10 +203,26 @@ void ManagerImpl::progress_events() {
 void ManagerImpl::chunk_done(const ChunkDone& done) {
   if (done.tag >= kSenderTagBase && done.tag < (1ull << 62)) {
     auto it = rooms_.find(done.room);
-    if (it != rooms_.end() && it->second.chunks_out > 0) --it->second.chunks_out;
+    if (it == rooms_.end()) return;
+    Room& r = it->second;
+    if (r.chunks_out > 0) --r.chunks_out;
+    if (auto s = r.send_of_tag.find(done.tag); s != r.send_of_tag.end()) {
+      r.completed_sends.push_back(s->second);
+      r.send_of_tag.erase(s);
+    }
   } else if (chunk_hook_) {
     chunk_hook_(done);
   }
+}
+
+bool ManagerImpl::open_sender_for_failure(uint64_t id, Room& r, const Failure& f, bool observed_here) {
+  if (!prefill_ || r.initialized || r.early_failure) return false;
+  prefill_->add_failed_room(id, f, observed_here);
+  if (!prefill_->has_room(id)) return false;
+  r.initialized = true;
+  r.total_pages = 1;
+  r.next_page.assign(layout().model.num_layers, 0);
+  return true;
 }
 
 void ManagerImpl::progress_tick() {
@@ -281,6 +297,15 @@ void ManagerImpl::housekeeping(int64_t now) {
         std::optional<KVTransferError> e = core_->registry().get(id);
         if (e && (e->origin != self() || core_->registry().own(id))) poster_.post(board_address(), id, e->failure());
       }
+    } else if (prefill_ && !r.early_failure &&
+               now - r.metrics.created_ns > config_.deadlines.bootstrap_timeout_ms * 1'000'000) {
+      // A sender never init()ed (SGLang inits once decode's metadata is here): its bootstrap
+      // deadline counts from its creation, as an initialized room's does.
+      const Failure f{ErrorCode::kBootstrapTimeout, self(),
+                      fmt::format("decode's metadata did not come within {} ms (the room was not init()ed)",
+                                  config_.deadlines.bootstrap_timeout_ms),
+                      now, 0};
+      if (!open_sender_for_failure(id, r, f, true)) r.early_failure = KVTransferError::from(id, f, false);
     } else if (r.early_failure) {
       log_failure_once(id, r);
       if (!r.posted) {

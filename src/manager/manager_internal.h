@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <atomic>
 #include <vector>
 
@@ -68,6 +69,9 @@ class ManagerImpl final : public Manager {
     std::vector<uint64_t> next_page;  // sender: per layer, the room's next page to send()
     bool last_sent = false;    // sender: the last chunk came
     uint32_t chunks_out = 0;   // sender: chunks whose writes have not completed
+    uint64_t sends = 0;        // sender: send() calls that returned OK (the next one's number)
+    std::unordered_map<uint64_t, uint64_t> send_of_tag;  // sender: a chunk's tag -> its send's number
+    std::vector<uint64_t> completed_sends;  // sender: not yet taken (Sender::take_completed_sends)
     int64_t prefill_dp_rank = -1;  // receiver: init()
     bool dp_set = false;       // receiver: init() called
     std::optional<KVTransferError> early_failure;  // aborted before init
@@ -82,6 +86,12 @@ class ManagerImpl final : public Manager {
   void log_if_settled(uint64_t id, Room& r, int64_t now) {
     if (!r.initialized || release_safe_locked(id, r, now)) log_failure_once(id, r);
   }
+  // A prefill room that fails before init() (an abort, the engine's failure, its bootstrap
+  // deadline) goes into the endpoint, failed, without pages: every decode rank that sent or sends
+  // its metadata is told (answered with the cause) instead of waiting out its waiting_timeout.
+  // Nothing was written: release-safe once those ranks answered. False: it could not (the failure
+  // then stays the room's early_failure, local).
+  bool open_sender_for_failure(uint64_t id, Room& r, const Failure& f, bool observed_here);
   void wake() { core_->waker().signal(); }
   // The failure board of the rooms' bootstrap service (prefill: config.bootstrap_address; decode:
   // the prefill instance looked up; empty: none). Takes the lock.

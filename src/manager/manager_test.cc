@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -239,6 +240,64 @@ TEST_P(ManagerPair, AbortBeforeMetadataReachesEveryPrefillSource) {
   EXPECT_TRUE(r->until([&] { return tx->release_safe(); }));
 }
 
+// SGLang's prefill (disaggregation/prefill.py, PrefillBootstrapQueue.pop_bootstrapped) init()s a
+// sender only once its poll said WaitingForInput, and fails a request it drops before that (an
+// abort while bootstrapping) without calling init(). The decode rank that asked must hear of it,
+// not wait out its waiting_timeout (1 h here: the notice is the only route).
+TEST_P(ManagerPair, PrefillAbortBeforeInitReachesDecode) {
+  auto [transport, thread] = GetParam();
+  Deadlines d;
+  d.waiting_timeout_ms = 3'600'000;
+  d.bootstrap_timeout_ms = 3'600'000;
+  auto r = make_ranks(transport, thread, d);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(17).value();
+  auto tx = r->prefill->sender(17).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{0, 1, 2}, 3, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }, 20s));
+  tx->abort("request dropped before init");
+  EXPECT_EQ(tx->poll(), KVPoll::Failed);
+  EXPECT_FALSE(tx->init(3, 0).ok()) << "init() after the abort is refused";
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s));
+  auto de = rx->failure();
+  ASSERT_TRUE(de);
+  EXPECT_EQ(de->code, ErrorCode::kAborted);
+  EXPECT_EQ(de->origin, r->prefill->self());
+  EXPECT_TRUE(de->is_from_another_rank);
+  EXPECT_EQ(de->failure_reason, "request dropped before init");
+  EXPECT_TRUE(r->until([&] { return rx->release_safe() && tx->release_safe(); }, 20s));
+  EXPECT_FALSE(rx->quarantined()) << "prefill wrote nothing and said so: the pages are not quarantined";
+}
+
+// A sender that is never init()ed because decode never asks (its request went elsewhere, its
+// decode rank never came) fails at its bootstrap deadline, counted from its creation, as an
+// initialized room does; a decode rank that asks afterwards is answered with that cause.
+TEST_P(ManagerPair, SenderNeverInitedFailsAtItsBootstrapDeadline) {
+  auto [transport, thread] = GetParam();
+  Deadlines d;
+  d.waiting_timeout_ms = 3'600'000;
+  d.bootstrap_timeout_ms = 300;
+  auto r = make_ranks(transport, thread, d);
+  ASSERT_TRUE(r);
+  auto tx = r->prefill->sender(18).value();
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s));
+  auto pe = tx->failure();
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->code, ErrorCode::kBootstrapTimeout);
+  EXPECT_EQ(pe->origin, r->prefill->self());
+  EXPECT_FALSE(pe->is_from_another_rank);
+  auto rx = r->decode->receiver(18).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{0, 1, 2}, 3, {}).ok());
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s));
+  auto de = rx->failure();
+  ASSERT_TRUE(de);
+  EXPECT_EQ(de->code, ErrorCode::kBootstrapTimeout);
+  EXPECT_EQ(de->origin, r->prefill->self());
+  EXPECT_TRUE(r->until([&] { return rx->release_safe() && tx->release_safe(); }, 20s));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ManagerPair,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
                          [](const auto& info) {
@@ -270,6 +329,62 @@ TEST(Manager, ReleaseSafeStaysFalseWhileAPrefillWriteCanLand) {
   EXPECT_FALSE(rx->quarantined());
   EXPECT_EQ(tx->poll(), KVPoll::Failed);
   EXPECT_TRUE(r->until([&] { return tx->release_safe(); }));
+}
+
+// Sender::take_completed_sends (kvferry/manager.h), the per-chunk completion event a staging ring
+// needs: a send's number comes back once, only after its writes ended (held in flight here, so the
+// window is certain), a send that wrote nothing at once, and a failed room's sends once given up.
+TEST(Manager, CompletedSendsComeBackOnceEachWhenTheirWritesEnded) {
+  auto r = make_ranks("shm", false);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(9).value();
+  auto tx = r->prefill->sender(9).value();
+  const std::vector<uint64_t> pages{0, 1, 2, 3};
+  ASSERT_TRUE(rx->send_metadata(pages, 1, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx->init(4, 0).ok());
+  fill(*r->prefill, 9, 0, pages);
+  r->prefill->faults()->hold_room(9);
+  ASSERT_TRUE(tx->send(std::span(pages).first(2), {}, false).ok());   // send 0
+  ASSERT_TRUE(tx->send(std::span(pages).subspan(2), {}, false).ok());  // send 1
+  ASSERT_TRUE(tx->send({}, {}, true).ok());                            // send 2: no pages
+  std::vector<uint64_t> done;
+  auto take = [&] {
+    for (uint64_t n : tx->take_completed_sends()) done.push_back(n);
+  };
+  ASSERT_TRUE(r->until([&] { return r->prefill->faults()->queued_writes(9) > 0; }));
+  r->until([] { return false; }, 100ms);
+  take();
+  EXPECT_EQ(done, std::vector<uint64_t>{2}) << "only the send without pages ended: the others' writes are held";
+  r->prefill->faults()->release_held(9);
+  ASSERT_TRUE(r->until([&] {
+    take();
+    return done.size() >= 3 && tx->poll() == KVPoll::Success;
+  }));
+  std::sort(done.begin(), done.end());
+  EXPECT_EQ(done, (std::vector<uint64_t>{0, 1, 2}));
+  EXPECT_TRUE(tx->take_completed_sends().empty()) << "each number comes back once";
+  EXPECT_EQ(mismatched(*r->decode, 9, pages), 0u);
+
+  // A failed room: the writes in flight end (given up or completed), later sends end at once.
+  auto rx2 = r->decode->receiver(10).value();
+  auto tx2 = r->prefill->sender(10).value();
+  ASSERT_TRUE(rx2->send_metadata(pages, 2, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx2->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx2->init(4, 0).ok());
+  r->prefill->faults()->hold_room(10);
+  ASSERT_TRUE(tx2->send(std::span(pages).first(2), {}, false).ok());  // send 0, held
+  tx2->abort("prefill gives up");
+  ASSERT_TRUE(tx2->send(std::span(pages).subspan(2), {}, true).ok());  // send 1: the room failed
+  EXPECT_EQ(tx2->take_completed_sends(), std::vector<uint64_t>{1});
+  EXPECT_FALSE(tx2->release_safe()) << "send 0's writes are still held";
+  r->prefill->faults()->release_held(10);
+  std::vector<uint64_t> done2;
+  ASSERT_TRUE(r->until([&] {
+    for (uint64_t n : tx2->take_completed_sends()) done2.push_back(n);
+    return !done2.empty() && tx2->release_safe();
+  }));
+  EXPECT_EQ(done2, std::vector<uint64_t>{0});
 }
 
 TEST(Manager, BadCallsAreRefusedNamingTheValue) {

@@ -95,10 +95,15 @@ class SenderImpl final : public Sender {
               bool last) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    if (r.early_failure) return Status::Ok();
+    // A send that writes nothing (the room failed) ends at once (take_completed_sends).
+    auto ended = [&r] {
+      r.completed_sends.push_back(r.sends++);
+      return Status::Ok();
+    };
+    if (r.early_failure) return ended();
     if (!r.initialized) return bad(fmt::format("room {}: send() before init()", room_));
     PrefillEndpoint& ep = *m_.prefill();
-    if (ep.poll(room_) == KVPoll::Failed) return Status::Ok();
+    if (ep.poll(room_) == KVPoll::Failed) return ended();
     if (r.last_sent) return bad(fmt::format("room {}: send() after the last chunk", room_));
     if (!state_indices.empty() && !last)
       return bad(fmt::format("room {}: state indices go with the last chunk only", room_));
@@ -136,9 +141,15 @@ class SenderImpl final : public Sender {
       if (src[i] >= num_pages)
         return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, src[i], num_pages));
     // A room whose heads go to no decode rank (replicated heads) concludes on the last chunk.
-    Status st = ep.send(room_, first, src, m_.next_tag(), state_indices, last, *range);
-    if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? Status::Ok() : st;
-    if (!src.empty()) ++r.chunks_out;
+    const uint64_t tag = m_.next_tag();
+    Status st = ep.send(room_, first, src, tag, state_indices, last, *range);
+    if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? ended() : st;
+    if (!src.empty()) {
+      ++r.chunks_out;
+      r.send_of_tag.emplace(tag, r.sends++);
+    } else {
+      r.completed_sends.push_back(r.sends++);
+    }
     if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
     for (uint32_t l = range->begin; l < range->end; ++l) r.next_page[l] += src.size();
     r.last_sent = last;
@@ -168,7 +179,7 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const int64_t now = monotonic_ns();
-    if (!r.initialized) {
+    if (!r.initialized && !m_.open_sender_for_failure(room_, r, Failure{code, m_.self(), reason, now, 0}, true)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
       m_.prefill()->fail(room_, code, reason, m_.self(), now, true);
@@ -180,7 +191,7 @@ class SenderImpl final : public Sender {
   void fail_from_engine(const KVTransferError& e) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    if (!r.initialized) {
+    if (!r.initialized && !m_.open_sender_for_failure(room_, r, e.failure(), false)) {
       if (!r.early_failure || failure_precedes(e.failure(), r.early_failure->failure())) {
         r.early_failure = e;
         r.early_failure->bootstrap_room = room_;
@@ -208,6 +219,11 @@ class SenderImpl final : public Sender {
     TransferMetrics t = r.metrics;
     if (const SenderRoom* s = r.initialized ? m_.prefill()->room(room_) : nullptr) t.bytes = s->bytes;
     return t;
+  }
+
+  std::vector<uint64_t> take_completed_sends() override {
+    std::lock_guard lock(m_.mutex());
+    return std::exchange(m_.room(room_)->completed_sends, {});
   }
 
  private:

@@ -64,24 +64,27 @@ WriteFence::Pin UcxTransport::fence_pin(uint64_t room, uint64_t offset, uint64_t
   return pin;
 }
 
-// Counted on both the transport and the fence; one log line per kFenceLogIntervalNs at most,
-// naming the latest refusal and how many there were since the last line.
+// Counted on both the transport and the fence; one log line per kind per kFenceLogIntervalNs at
+// most, naming the latest refusal and how many there were since the last line of that kind. A
+// closed room's refusal is debug: it is the expected end of a failed room's late writes (the
+// room's failure is its one line above debug; docs/failure-model.md "Room fence"). Bytes outside
+// a room are a peer's lie: warning.
 void UcxTransport::count_fence_refusal(FenceVerdict v, uint64_t room, uint64_t offset,
                                        uint64_t length) {
   fence_refusals_.fetch_add(1);
   if (fence_) fence_->count_refusal(v);
-  ++fence_unlogged_;
+  const int k = v == FenceVerdict::kOutsideRoom ? 1 : 0;
+  ++fence_unlogged_[k];
   const int64_t now = monotonic_ns();
-  if (fence_logged_ns_ != 0 && now - fence_logged_ns_ < kFenceLogIntervalNs) return;
-  fence_logged_ns_ = now;
-  log_event(v == FenceVerdict::kOutsideRoom ? LogLevel::kWarning : LogLevel::kInfo,
-            "transport.fence",
-            "room fence refused " + std::to_string(fence_unlogged_) +
+  if (fence_logged_ns_[k] != 0 && now - fence_logged_ns_[k] < kFenceLogIntervalNs) return;
+  fence_logged_ns_[k] = now;
+  log_event(k == 1 ? LogLevel::kWarning : LogLevel::kDebug, "transport.fence",
+            "room fence refused " + std::to_string(fence_unlogged_[k]) +
                 " incoming write(s) since the last such line; latest [" + std::to_string(offset) +
                 ", +" + std::to_string(length) + "): " + fence_verdict_name(v) +
                 " (nothing written, the writer is told)",
             {.room = room});
-  fence_unlogged_ = 0;
+  fence_unlogged_[k] = 0;
 }
 
 ucs_status_t UcxTransport::am_write_cb(void* arg, const void* header, size_t header_length,

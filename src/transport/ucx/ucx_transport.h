@@ -267,8 +267,10 @@ class UcxTransport final : public Transport {
   std::unordered_map<uint64_t, ConnectCtx*> pings_;        // AM mode: ping token -> connect
   std::function<void(PeerId, Status)> peer_error_handler_;
   std::shared_ptr<WriteFence> fence_;  // null: no room fence (span checks only)
-  int64_t fence_logged_ns_ = 0;        // last fence log line (monotonic ns)
-  uint64_t fence_unlogged_ = 0;        // refusals since that line
+  // Per kind of refusal ([0] room not open, [1] bytes outside the room): the last log line
+  // (monotonic ns) and the refusals since it.
+  int64_t fence_logged_ns_[2] = {0, 0};
+  uint64_t fence_unlogged_[2] = {0, 0};
   std::atomic<uint64_t> fence_refusals_{0};
 
   std::atomic<uint64_t> bytes_written_{0}, writes_{0}, batches_done_{0}, failed_batches_{0},
