@@ -53,7 +53,10 @@ void BM_OnePageRoom(benchmark::State& state, const std::string& transport) {
   if (!d.ok()) return state.SkipWithError(d.status().str().c_str());
   std::unique_ptr<Manager> prefill = std::move(p).value(), decode = std::move(d).value();
   if (!spin_until([&] { return prefill->stats().peers == 1; })) return state.SkipWithError("no peer");
-  std::vector<double> us;
+  // The room's time in three stages (where it goes): decode's metadata until prefill's poll says
+  // WaitingForInput (control frame decode -> prefill, prefill's progress); init + send calls; the
+  // writes, prefill's status frame and decode's progress until decode's poll says Success.
+  std::vector<double> init_us, us, meta_us, call_us, land_us;
   uint64_t room = 1;
   for (auto _ : state) {
     ++room;
@@ -64,18 +67,33 @@ void BM_OnePageRoom(benchmark::State& state, const std::string& transport) {
     const auto t0 = std::chrono::steady_clock::now();
     if (!rx->send_metadata(dst, room % 64, {}).ok()) return state.SkipWithError("send_metadata");
     if (!spin_until([&] { return tx->poll() == KVPoll::WaitingForInput; })) return state.SkipWithError("metadata");
-    if (!tx->init(1, room % 64).ok() || !tx->send(src, {}, true).ok()) return state.SkipWithError("send");
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!tx->init(1, room % 64).ok()) return state.SkipWithError("send");
+    const auto t15 = std::chrono::steady_clock::now();
+    if (!tx->send(src, {}, true).ok()) return state.SkipWithError("send");
+    const auto t2 = std::chrono::steady_clock::now();
+    init_us.push_back(std::chrono::duration<double, std::micro>(t15 - t1).count());
     if (!spin_until([&] { return rx->poll() == KVPoll::Success; })) return state.SkipWithError("success");
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const auto t3 = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(t3 - t0).count();
     state.SetIterationTime(s);
     us.push_back(s * 1e6);
+    meta_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    call_us.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    land_us.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
   }
-  std::sort(us.begin(), us.end());
-  auto at = [&](double q) { return us.empty() ? 0.0 : us[std::min(us.size() - 1, size_t(q * us.size()))]; };
-  state.counters["p50_us"] = at(0.50);
-  state.counters["p90_us"] = at(0.90);
-  state.counters["p99_us"] = at(0.99);
+  auto at = [](std::vector<double>& v, double q) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, size_t(q * v.size()))];
+  };
+  state.counters["p50_us"] = at(us, 0.50);
+  state.counters["p90_us"] = at(us, 0.90);
+  state.counters["p99_us"] = at(us, 0.99);
   state.counters["max_us"] = us.empty() ? 0.0 : us.back();
+  state.counters["meta_p50_us"] = at(meta_us, 0.50);
+  state.counters["call_p50_us"] = at(call_us, 0.50);
+  state.counters["init_p50_us"] = at(init_us, 0.50);
+  state.counters["land_p50_us"] = at(land_us, 0.50);
 }
 
 BENCHMARK_CAPTURE(BM_OnePageRoom, shm, std::string("shm"))->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);

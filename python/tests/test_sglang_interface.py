@@ -189,6 +189,43 @@ def test_a_receiver_failed_by_its_group_defers_the_free(host_env, monkeypatch):
         d.close()
 
 
+def test_a_sender_decode_never_asks_for_fails_at_its_bootstrap_deadline(host_env, monkeypatch):
+    """SGLang's prefill (prefill.py, PrefillBootstrapQueue.pop_bootstrapped) polls a sender until
+    WaitingForInput and init()s it only then; a request decode never asks for must fail at the
+    bootstrap deadline (SGLang's backends: the sender's poll after bootstrap_timeout), which
+    kvferry's manager keeps (the adapter holds no deadline of its own). A decode rank that asks
+    later is answered with that cause, not left to its waiting timeout."""
+    monkeypatch.setenv("KVFERRY_BOOTSTRAP_TIMEOUT_MS", "300")
+    monkeypatch.setenv("KVFERRY_WAITING_TIMEOUT_MS", "3600000")
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
+    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
+    try:
+        addr = f"127.0.0.1:{server.port}"
+        assert d.try_ensure_parallel_info(addr) is True
+        s = ks.KVSender(p, addr, 13, [0], 0)
+        assert wait_until(lambda: s.poll() == ks.KVPoll.Failed)
+        with pytest.raises(ks.KVTransferError) as e:
+            s.failure_exception()
+        assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == \
+            ("bootstrap_timeout", "prefill/tp0", False)
+        r = ks.KVReceiver(d, addr, 13)
+        r.init(0)
+        r.send_metadata(np.array([1, 2], np.int32), 1, [])
+        assert wait_until(lambda: r.poll() == ks.KVPoll.Failed)
+        with pytest.raises(ks.KVTransferError) as e:
+            r.failure_exception()
+        assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == \
+            ("bootstrap_timeout", "prefill/tp0", True)
+        assert wait_until(lambda: r.release_safe() and s.release_safe())
+        s.clear()
+        r.clear()
+    finally:
+        p.close()
+        d.close()
+
+
 @pytest.mark.parametrize("field,value,needle", [
     ("dp_size", 2, "--dp-size"), ("pp_size", 2, "--pp-size"), ("attn_cp_size", 2, "context parallelism"),
 ])

@@ -6,6 +6,8 @@ namespace kvferry {
 
 std::vector<PageRun> coalesce_pages(std::span<const uint64_t> src, std::span<const uint64_t> dst) {
   std::vector<PageRun> runs;
+  // At most one run a page: one allocation, not a chain of regrowths and copies.
+  runs.reserve(std::min(src.size(), dst.size()));
   for (size_t i = 0; i < src.size() && i < dst.size(); ++i) {
     if (!runs.empty()) {
       PageRun& r = runs.back();

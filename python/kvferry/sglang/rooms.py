@@ -67,14 +67,6 @@ def _agreement_wait_s() -> float:
     return float(v) * 1e-3 if v else 1.0
 
 
-def _bootstrap_timeout_s() -> float:
-    for name, scale in (("KVFERRY_BOOTSTRAP_TIMEOUT_MS", 1e-3), ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 1.0)):
-        v = os.environ.get(name)
-        if v:
-            return float(v) * scale
-    return 300.0
-
-
 class _Common:
     """What sender and receiver share: the kvferry room, failures, release-safety."""
 
@@ -88,7 +80,6 @@ class _Common:
         self.init_time: Optional[float] = None
         self._room = None            # the kvferry sender/receiver
         self._local: Optional[KVTransferError] = None   # a failure before the kvferry room existed
-        self._created = time.monotonic()
         mgr._track(self)
 
     def _rank(self) -> str:
@@ -164,7 +155,6 @@ class KVSender(_Common):
         self.num_kv_indices: Optional[int] = None
         self.curr_idx = 0
         self._state_rows = 0
-        self._deadline = self._created + _bootstrap_timeout_s()
         try:
             self._room = _Sender(mgr.manager_for(bootstrap_addr), self.bootstrap_room)
         except (ValueError, RuntimeError) as e:
@@ -172,11 +162,9 @@ class KVSender(_Common):
                                           _code_of(e, "invalid_argument"))
 
     def poll(self) -> KVPoll:
+        # A sender never init()ed fails at its bootstrap deadline in kvferry's manager (SGLang's
+        # bootstrap_timeout: settings.deadlines_from_sglang_env), which tells decode too.
         p = super().poll()
-        if p == KVPoll.Bootstrapping and self.num_kv_indices is None and time.monotonic() > self._deadline:
-            self._fail_here("bootstrap_timeout", f"the decode side's metadata did not arrive within "
-                                                 f"{_bootstrap_timeout_s():.0f} s")
-            p = super().poll()
         if p == KVPoll.Bootstrapping and self.num_kv_indices is not None:
             p = KVPoll.WaitingForInput  # after init SGLang expects no Bootstrapping (its inflight queue)
         return p
