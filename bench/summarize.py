@@ -71,9 +71,14 @@ def main():
                           "tcp_vs_ucx_perftest": ratio(g.get("kvferry_tcp", 0), best_tcp)})
         for tr in ("shm", "tcp"):
             try:
-                faults.append((tr, load(os.path.join(out, f"kvferry_{tr}_r{r}.json")).get("faults_per_gb", float("nan"))))
+                rj = load(os.path.join(out, f"kvferry_{tr}_r{r}.json"))
             except OSError:
-                pass
+                continue
+            faults.append((tr, rj.get("faults_per_gb", float("nan"))))
+            # The round's stalls, next to its ratio: a room's transfer latency p99 and max.
+            lat = rj.get("transfer_latency_ms", {})
+            per_round[-1][f"{tr}_p99_ms"] = lat.get("p99", float("nan"))
+            per_round[-1][f"{tr}_max_ms"] = lat.get("max", float("nan"))
     shm = load(os.path.join(out, "kvferry_shm.json"))
     tcp = load(os.path.join(out, "kvferry_tcp.json"))
     memcpy = load(os.path.join(out, "memcpy.json"))
@@ -182,12 +187,14 @@ def main():
 
     print(f"write size {s['write_bytes']} bytes; {len(per_round)} interleaved rounds (GB/s)")
     print(f"{'round':>6}{'shm':>8}{'memcpy':>8}{'perftest':>9}{'tcp':>8}{'am':>8}{'am -O':>8}{'put':>8}"
-          f"{'shm/mc':>8}{'shm/pt':>8}{'tcp/pt':>8}")
+          f"{'shm/mc':>8}{'shm/pt':>8}{'tcp/pt':>8}  room latency p99/max ms: shm, tcp (the round's stalls)")
+    nan = float("nan")
     for x in per_round:
         print(f"{x['round']:>6}{x.get('kvferry_shm', 0):8.3f}{x.get('memcpy', 0):8.3f}{x.get('perftest_posix_put', 0):9.3f}"
               f"{x.get('kvferry_tcp', 0):8.3f}{x.get('perftest_tcp_am', 0):8.3f}{x.get('perftest_tcp_am_outstanding', 0):8.3f}"
               f"{x.get('perftest_tcp_put', 0):8.3f}{x['shm_vs_memcpy']:8.3f}{x['shm_vs_ucx_perftest']:8.3f}"
-              f"{x['tcp_vs_ucx_perftest']:8.3f}")
+              f"{x['tcp_vs_ucx_perftest']:8.3f}  {x.get('shm_p99_ms', nan):.0f}/{x.get('shm_max_ms', nan):.0f}, "
+              f"{x.get('tcp_p99_ms', nan):.0f}/{x.get('tcp_max_ms', nan):.0f}")
     for k in ("shm_vs_memcpy", "shm_vs_ucx_perftest", "tcp_vs_ucx_perftest"):
         print(f"{k}: median {s[k]['median']:.3f} (min {s[k]['min']:.3f}, max {s[k]['max']:.3f})")
     print(f"page faults per GB, worst rank of any round: shm {s['faults_per_gb']:.3f}, tcp {s['faults_per_gb_tcp']:.3f}")

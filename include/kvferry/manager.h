@@ -102,16 +102,22 @@ struct TransferMetrics {
 
 class Sender {
  public:
-  virtual ~Sender() = default;  // releases the room once drained (deferred, never blocks)
+  // Releases the room once drained (deferred, never blocks). A sender dropped before init()
+  // without a failure fails its room first (aborted, origin this rank), so decode is told.
+  virtual ~Sender() = default;
   virtual uint64_t room() const = 0;
   // The room has `num_pages` pages; `aux_index` is this rank's aux row copied to decode's row of
   // every aux buffer (ignored without aux buffers); `num_tokens` (0: num_pages * page_size) goes
-  // into the guard row. Errors: called twice, num_pages 0, aux_index out of range.
+  // into the guard row. May come before decode's metadata or after (SGLang: once poll() said
+  // WaitingForInput); the room's bootstrap deadline counts from the sender's creation either way.
+  // Errors: called twice, after the room failed (e.g. at its bootstrap deadline), num_pages 0,
+  // aux_index out of range.
   virtual Status init(uint64_t num_pages, uint64_t aux_index, uint64_t num_tokens = 0) = 0;
   // Writes the next pages of the room from local pages `pages` (a chunk) to every destination.
   // `last`: this is the final chunk (it may carry zero pages); `state_indices` (local state rows,
   // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
-  // after the last chunk, more pages than init said, an index out of range.
+  // after the last chunk, more pages than init said, an index out of range. On a room that
+  // failed (also before init) every call is accepted and writes nothing.
   virtual Status send(std::span<const uint64_t> pages, std::span<const uint64_t> state_indices, bool last) = 0;
   // Layer-wise: the same for the KV buffers of `layers` only (kvferry/geometry.h LayerRange:
   // [begin, end) of the model's layers, 0-based; layer l is KV buffers l + t x num_layers, its K
@@ -168,8 +174,11 @@ class Sender {
   // The per-chunk completion event. Each send() that returned OK has a number: 0, 1, 2 ... in call
   // order (both forms count). Returns, once each, the numbers of the sends whose writes have all
   // ended since the last call: completed at every destination (landed, or failed: the room then
-  // fails), or given up at the room's drain deadline. A send that wrote nothing (zero pages, or a
-  // room that had already failed) ends at once. Once a send's number came back the engine may
+  // fails), or given up at the room's drain deadline. The last send (`last`) ends with the room:
+  // its writes include the room's final batch (this rank's aux row, state rows and guard row,
+  // written once every KV write completed), so its number comes back once the room is Success,
+  // or Failed and release_safe(). Any other send of zero pages, and any send on a room that had
+  // already failed, ends at once. Once a send's number came back the engine may
   // reuse its source pages (a staging ring: the chunk's pages): no write of it reads them any more,
   // except one given up at the drain deadline, which can land only in pages decode keeps
   // quarantined (Receiver::quarantined()). Wake-ups: the manager's progress (wait_fds() with a
@@ -228,7 +237,9 @@ class Manager {
   virtual ~Manager() = default;  // stops the progress thread; the transport goes first
 
   // Prefill only. Errors (kInvalidArgument): a sender for the room exists (or its room is still
-  // being released), or this is a decode manager.
+  // being released), or this is a decode manager. Room ids are not to be reused (SGLang draws
+  // them at random from 2^63): a released failed room's id is remembered for up to 120 s, and a
+  // decode rank's late metadata for it is answered with that failure.
   virtual Result<std::unique_ptr<Sender>> sender(uint64_t room) = 0;
   // Decode only. `prefill_bootstrap` ("host:port"; empty: config.bootstrap_address) names the
   // prefill instance serving the room; it is looked up and connected on first use and cached

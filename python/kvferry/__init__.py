@@ -338,8 +338,10 @@ class KVSender(_Room):
     def take_completed_sends(self) -> list:
         """The per-chunk completion event: the numbers (0, 1, 2 ... in call order) of this room's
         send() calls whose writes have all ended since the last call, each once. A send's local
-        pages may be reused once its number came back (e.g. a staging ring). A send that wrote
-        nothing (no pages, or the room had failed) ends at once."""
+        pages may be reused once its number came back (e.g. a staging ring). The last send
+        (last=True) ends with the room (Success, or Failed and release-safe): its aux and state
+        rows are read after every KV write. Any other send of no pages, and any send on a room
+        that had failed, ends at once."""
         return list(self._mgr.sender_take_completed_sends(self.bootstrap_room))
 
 

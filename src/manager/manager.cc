@@ -288,6 +288,7 @@ void ManagerImpl::housekeeping(int64_t now) {
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
       if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
+      settle_last_send(id, r, now);
       if (p == KVPoll::Failed && !r.posted) {
         // The room's root cause as known here: the rank's own record, or one a peer told it (so a
         // record reaches the board even when its origin died before posting it).
@@ -302,8 +303,11 @@ void ManagerImpl::housekeeping(int64_t now) {
       // A sender never init()ed (SGLang inits once decode's metadata is here): its bootstrap
       // deadline counts from its creation, as an initialized room's does.
       const Failure f{ErrorCode::kBootstrapTimeout, self(),
-                      fmt::format("decode's metadata did not come within {} ms (the room was not init()ed)",
-                                  config_.deadlines.bootstrap_timeout_ms),
+                      prefill_->metadata_complete(id)
+                          ? fmt::format("decode's metadata came, but the sender was not init()ed within {} ms",
+                                        config_.deadlines.bootstrap_timeout_ms)
+                          : fmt::format("decode's metadata did not come within {} ms (the sender was not init()ed)",
+                                        config_.deadlines.bootstrap_timeout_ms),
                       now, 0};
       if (!open_sender_for_failure(id, r, f, true)) r.early_failure = KVTransferError::from(id, f, false);
     } else if (r.early_failure) {

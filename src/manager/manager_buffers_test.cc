@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "endpoint/endpoint_pair_test_util.h"
@@ -120,6 +121,69 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
   rx.reset();
   rx2.reset();
   EXPECT_TRUE(until([&] { return prefill.stats().live_rooms == 0 && decode.stats().live_rooms == 0; }));
+}
+
+// Sender::take_completed_sends(): the last send's number comes back only once its aux and state
+// rows were read (the final batch goes out after every KV write completed), so an engine that
+// reuses those rows then cannot corrupt decode's copy. Every write of the room is delayed, so the
+// final batch is still queued when the KV writes complete: before the fix the number came back
+// then, and the rows overwritten at that moment arrived overwritten.
+TEST(ManagerBuffers, TheLastSendEndsOnlyOnceItsAuxAndStateRowsWereRead) {
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  ASSERT_TRUE(server.ok());
+  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  auto pc = testing::test_manager_config({Role::kPrefill, 0, 0, 0});
+  ASSERT_TRUE(pc.ok()) << pc.status().str();
+  auto dc = testing::test_manager_config({Role::kDecode, 0, 0, 0});
+  ASSERT_TRUE(dc.ok());
+  auto probe = testing::make_test_layout();
+  ASSERT_TRUE(probe.ok());
+  EngineMemory pm(probe->page_bytes(), probe->num_buffers(), 1), dm(probe->page_bytes(), probe->num_buffers(), 100);
+  pc->buffers = pm.descs;
+  pc->bootstrap_address = bootstrap;
+  pc->fault_injection = true;
+  pc->progress_thread = true;
+  dc->buffers = dm.descs;
+  dc->bootstrap_address = bootstrap;
+  dc->progress_thread = true;
+  auto p = Manager::create(*pc);
+  ASSERT_TRUE(p.ok()) << p.status().str();
+  auto d = Manager::create(*dc);
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  Manager& prefill = **p;
+  Manager& decode = **d;
+  auto until = [](const std::function<bool()>& pred) {
+    for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(until([&] { return prefill.stats().peers == 1; }));
+  const uint64_t room = 77;
+  const std::vector<uint64_t> src{1, 2}, dst{3, 4}, pstate{2}, dstate{1};
+  const uint64_t paux = 3, daux = 5;
+  auto rx = decode.receiver(room).value();
+  auto tx = prefill.sender(room).value();
+  ASSERT_TRUE(rx->init().ok());
+  ASSERT_TRUE(rx->send_metadata(dst, daux, dstate).ok());
+  ASSERT_TRUE(until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx->init(2, paux).ok());
+  const std::vector<uint8_t> sent_aux = {pm.aux[0].begin() + paux * kAuxItem[0], pm.aux[0].begin() + (paux + 1) * kAuxItem[0]};
+  const std::vector<uint8_t> sent_state = {pm.state[0].begin() + pstate[0] * kStateItem,
+                                           pm.state[0].begin() + (pstate[0] + 1) * kStateItem};
+  prefill.faults()->delay_room(room, 300ms);
+  ASSERT_TRUE(tx->send(src, pstate, true).ok());  // send 0: every page, the state row, then aux/guard
+  std::vector<uint64_t> back;
+  ASSERT_TRUE(until([&] { return !(back = tx->take_completed_sends()).empty(); }));
+  EXPECT_EQ(back, std::vector<uint64_t>{0});
+  EXPECT_EQ(tx->poll(), KVPoll::Success) << "the number came back while the room's final batch was still out";
+  // The engine reuses its rows at once.
+  std::memset(pm.aux[0].data() + paux * kAuxItem[0], 0xEE, kAuxItem[0]);
+  std::memset(pm.state[0].data() + pstate[0] * kStateItem, 0xEE, kStateItem);
+  ASSERT_TRUE(until([&] { return rx->poll() == KVPoll::Success; })) << to_string(rx->poll());
+  EXPECT_EQ(std::memcmp(dm.aux[0].data() + daux * kAuxItem[0], sent_aux.data(), kAuxItem[0]), 0);
+  EXPECT_EQ(std::memcmp(dm.state[0].data() + dstate[0] * kStateItem, sent_state.data(), kStateItem), 0);
 }
 
 }  // namespace

@@ -72,6 +72,7 @@ class ManagerImpl final : public Manager {
     uint64_t sends = 0;        // sender: send() calls that returned OK (the next one's number)
     std::unordered_map<uint64_t, uint64_t> send_of_tag;  // sender: a chunk's tag -> its send's number
     std::vector<uint64_t> completed_sends;  // sender: not yet taken (Sender::take_completed_sends)
+    std::optional<uint64_t> last_send;  // sender: the last send's number, until the room's writes ended
     int64_t prefill_dp_rank = -1;  // receiver: init()
     bool dp_set = false;       // receiver: init() called
     std::optional<KVTransferError> early_failure;  // aborted before init
@@ -92,6 +93,16 @@ class ManagerImpl final : public Manager {
   // Nothing was written: release-safe once those ranks answered. False: it could not (the failure
   // then stays the room's early_failure, local).
   bool open_sender_for_failure(uint64_t id, Room& r, const Failure& f, bool observed_here);
+  // The last send's number goes to completed_sends once no write of the room can still read this
+  // rank's pages and rows: Success (the final batch landed), or Failed and release-safe.
+  void settle_last_send(uint64_t id, Room& r, int64_t now) {
+    if (!r.last_send || !r.initialized || !prefill_) return;
+    const KVPoll p = prefill_->poll(id);
+    if (p == KVPoll::Success || (p == KVPoll::Failed && release_safe_locked(id, r, now))) {
+      r.completed_sends.push_back(*r.last_send);
+      r.last_send.reset();
+    }
+  }
   void wake() { core_->waker().signal(); }
   // The failure board of the rooms' bootstrap service (prefill: config.bootstrap_address; decode:
   // the prefill instance looked up; empty: none). Takes the lock.

@@ -55,7 +55,16 @@ class SenderImpl final : public Sender {
   SenderImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
   ~SenderImpl() override {
     std::lock_guard lock(m_.mutex());
-    if (ManagerImpl::Room* r = m_.room(room_)) r->dropped = true;
+    if (ManagerImpl::Room* r = m_.room(room_)) {
+      // Dropped before init() without a failure: the engine gave the room up. It fails (aborted,
+      // origin this rank) so a decode rank that asked, or asks, is told rather than waiting out
+      // its waiting_timeout.
+      if (!r->initialized && !r->early_failure)
+        (void)m_.open_sender_for_failure(
+            room_, *r, Failure{ErrorCode::kAborted, m_.self(), "the sender was dropped before init()", monotonic_ns(), 0},
+            true);
+      r->dropped = true;
+    }
     m_.wake();
   }
   uint64_t room() const override { return room_; }
@@ -64,7 +73,9 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const PoolLayout& l = m_.layout();
-    if (r.initialized || r.early_failure) return bad(fmt::format("room {}: init() called twice or after abort", room_));
+    if (r.early_failure || (r.initialized && m_.prefill()->poll(room_) == KVPoll::Failed))
+      return bad(fmt::format("room {}: init() after the room failed", room_));
+    if (r.initialized) return bad(fmt::format("room {}: init() called twice", room_));
     if (num_pages == 0) return bad(fmt::format("room {}: a room needs at least one page", room_));
     if (num_pages > l.num_pages)
       return bad(fmt::format("room {}: {} pages exceed the pool's {} pages", room_, num_pages, l.num_pages));
@@ -144,8 +155,12 @@ class SenderImpl final : public Sender {
     const uint64_t tag = m_.next_tag();
     Status st = ep.send(room_, first, src, tag, state_indices, last, *range);
     if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? ended() : st;
-    if (!src.empty()) {
-      ++r.chunks_out;
+    if (!src.empty()) ++r.chunks_out;
+    if (last) {
+      // The last send's writes include the room's final batch (aux row, state rows, guard row:
+      // read from this rank's rows once every KV write completed): it ends with the room.
+      r.last_send = r.sends++;
+    } else if (!src.empty()) {
       r.send_of_tag.emplace(tag, r.sends++);
     } else {
       r.completed_sends.push_back(r.sends++);
@@ -223,7 +238,9 @@ class SenderImpl final : public Sender {
 
   std::vector<uint64_t> take_completed_sends() override {
     std::lock_guard lock(m_.mutex());
-    return std::exchange(m_.room(room_)->completed_sends, {});
+    ManagerImpl::Room& r = *m_.room(room_);
+    m_.settle_last_send(room_, r, monotonic_ns());
+    return std::exchange(r.completed_sends, {});
   }
 
  private:
