@@ -337,6 +337,34 @@ TEST_P(ManagerPair, SenderDroppedBeforeInitFailsTheRoomForDecode) {
   EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }, 20s));
 }
 
+// The decode side of the same: a receiver dropped after init() (its sources known) but before
+// send_metadata() (SGLang: a request dropped while it waited for memory), without abort(): the
+// prefill source is told, not left to its bootstrap deadline (1 h here).
+TEST_P(ManagerPair, ReceiverDroppedBeforeMetadataFailsTheRoomForPrefill) {
+  auto [transport, thread] = GetParam();
+  Deadlines d;
+  d.bootstrap_timeout_ms = 3'600'000;
+  auto r = make_ranks(transport, thread, d);
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(21).value();
+  auto tx = r->prefill->sender(21).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  rx.reset();
+  ASSERT_TRUE(r->until([&] { return tx->poll() != KVPoll::Bootstrapping; }, 20s));
+  if (tx->poll() == KVPoll::WaitingForInput) {
+    ASSERT_TRUE(tx->init(2, 0).ok());
+  }
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s));
+  auto pe = tx->failure();
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->code, ErrorCode::kAborted);
+  EXPECT_EQ(pe->origin, r->decode->self());
+  EXPECT_NE(pe->failure_reason.find("dropped before send_metadata()"), std::string::npos) << pe->failure_reason;
+  EXPECT_TRUE(r->until([&] { return tx->release_safe(); }, 20s));
+  tx.reset();
+  EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }, 20s));
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ManagerPair,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
                          [](const auto& info) {

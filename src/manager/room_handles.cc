@@ -253,7 +253,15 @@ class ReceiverImpl final : public Receiver {
   ReceiverImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
   ~ReceiverImpl() override {
     std::lock_guard lock(m_.mutex());
-    if (ManagerImpl::Room* r = m_.room(room_)) r->dropped = true;
+    if (ManagerImpl::Room* r = m_.room(room_)) {
+      // Dropped after init() (its sources known) but before send_metadata(), without a failure:
+      // the engine gave the request up. Every source is told (aborted, origin this rank) rather
+      // than waiting for its bootstrap deadline; no page was given out.
+      if (!r->initialized && open_for_failure(*r))
+        m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before send_metadata()", m_.self(),
+                          monotonic_ns(), true);
+      r->dropped = true;
+    }
     m_.wake();
   }
   uint64_t room() const override { return room_; }
@@ -386,7 +394,7 @@ class ReceiverImpl final : public Receiver {
   // pages and every source is told now; prefill fails the room with this cause at once instead of
   // at its bootstrap deadline. No page was given out: release-safe at once. True if it did.
   bool open_for_failure(ManagerImpl::Room& r) {
-    if (!r.dp_set || r.early_failure) return false;
+    if (r.initialized || !r.dp_set || r.early_failure) return false;
     m_.decode()->add_room(room_, 0, r.prefill_dp_rank);
     r.initialized = true;
     return true;
