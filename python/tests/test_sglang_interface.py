@@ -3,6 +3,7 @@ SGLang's public code): every method the stand-in declares exists on our class wi
 parameter names, kinds and defaults and the same declared return type, so a signature drift fails
 here; the attributes SGLang's schedulers read exist on live objects; unsupported setups fail at
 construction naming the setting; KVTransferError carries SGLang's fields and kvferry's."""
+import contextlib
 import inspect
 import os
 import sys
@@ -107,6 +108,23 @@ def host_env(monkeypatch):
         monkeypatch.setenv(k, v)
 
 
+@contextlib.contextmanager
+def _managers():
+    """A prefill and a decode KVManager behind one bootstrap server, as SGLang builds them; yields
+    (prefill, decode, bootstrap address) with decode's view of the prefill instance fetched."""
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
+    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
+    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
+    try:
+        addr = f"127.0.0.1:{server.port}"
+        assert d.try_ensure_parallel_info(addr) is True
+        yield p, d, addr
+    finally:
+        p.close()
+        d.close()
+
+
 def test_live_objects_have_what_the_schedulers_read(host_env):
     server = ks.KVBootstrapServer("127.0.0.1", 0)
     sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
@@ -155,13 +173,7 @@ def test_a_receiver_failed_by_its_group_defers_the_free(host_env, monkeypatch):
     room here, say is_from_another_rank, and set abort_notified, since a write can still land.
     Before the fix abort_notified was set by poll() only, so such a rank freed at once."""
     monkeypatch.setenv("KVFERRY_FAULT_INJECTION", "1")
-    server = ks.KVBootstrapServer("127.0.0.1", 0)
-    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
-    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
-    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
-    try:
-        addr = f"127.0.0.1:{server.port}"
-        assert d.try_ensure_parallel_info(addr) is True
+    with _managers() as (p, d, addr):
         s = ks.KVSender(p, addr, 12, [0], 0)
         r = ks.KVReceiver(d, addr, 12)
         r.init(0)
@@ -184,9 +196,6 @@ def test_a_receiver_failed_by_its_group_defers_the_free(host_env, monkeypatch):
         assert wait_until(lambda: d.is_abort_release_safe(12, 1))
         s.clear()
         r.clear()
-    finally:
-        p.close()
-        d.close()
 
 
 def test_a_sender_decode_never_asks_for_fails_at_its_bootstrap_deadline(host_env, monkeypatch):
@@ -197,13 +206,7 @@ def test_a_sender_decode_never_asks_for_fails_at_its_bootstrap_deadline(host_env
     later is answered with that cause, not left to its waiting timeout."""
     monkeypatch.setenv("KVFERRY_BOOTSTRAP_TIMEOUT_MS", "300")
     monkeypatch.setenv("KVFERRY_WAITING_TIMEOUT_MS", "3600000")
-    server = ks.KVBootstrapServer("127.0.0.1", 0)
-    sargs = ServerArgs(disaggregation_bootstrap_port=server.port, disaggregation_transfer_backend="kvferry")
-    p = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
-    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, sargs, False)
-    try:
-        addr = f"127.0.0.1:{server.port}"
-        assert d.try_ensure_parallel_info(addr) is True
+    with _managers() as (p, d, addr):
         s = ks.KVSender(p, addr, 13, [0], 0)
         assert wait_until(lambda: s.poll() == ks.KVPoll.Failed)
         with pytest.raises(ks.KVTransferError) as e:
@@ -221,9 +224,6 @@ def test_a_sender_decode_never_asks_for_fails_at_its_bootstrap_deadline(host_env
         assert wait_until(lambda: r.release_safe() and s.release_safe())
         s.clear()
         r.clear()
-    finally:
-        p.close()
-        d.close()
 
 
 @pytest.mark.parametrize("field,value,needle", [

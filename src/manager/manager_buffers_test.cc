@@ -43,27 +43,50 @@ struct EngineMemory {
   }
 };
 
-TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
+// A prefill and a decode manager over engine memory of their own, behind a bootstrap service.
+struct BufferRanks {
+  std::unique_ptr<BootstrapServer> server;
+  std::unique_ptr<EngineMemory> pm, dm;
+  std::unique_ptr<Manager> prefill, decode;
+  uint64_t page_bytes = 0;
+  uint32_t kv_buffers = 0;
+};
+std::unique_ptr<BufferRanks> make_buffer_ranks(bool fault_injection, bool progress_thread) {
+  auto r = std::make_unique<BufferRanks>();
   auto server = BootstrapServer::start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok());
-  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
   auto pc = testing::test_manager_config({Role::kPrefill, 0, 0, 0});
-  ASSERT_TRUE(pc.ok()) << pc.status().str();
   auto dc = testing::test_manager_config({Role::kDecode, 0, 0, 0});
-  ASSERT_TRUE(dc.ok());
   auto probe = testing::make_test_layout();
-  ASSERT_TRUE(probe.ok());
-  EngineMemory pm(probe->page_bytes(), probe->num_buffers(), 1), dm(probe->page_bytes(), probe->num_buffers(), 100);
-  pc->buffers = pm.descs;
-  pc->bootstrap_address = bootstrap;
-  dc->buffers = dm.descs;
-  dc->bootstrap_address = bootstrap;
+  if (!server.ok() || !pc.ok() || !dc.ok() || !probe.ok()) return nullptr;
+  r->server = std::move(server).value();
+  const std::string bootstrap = "127.0.0.1:" + std::to_string(r->server->port());
+  r->page_bytes = probe->page_bytes();
+  r->kv_buffers = probe->num_buffers();
+  r->pm = std::make_unique<EngineMemory>(r->page_bytes, r->kv_buffers, 1);
+  r->dm = std::make_unique<EngineMemory>(r->page_bytes, r->kv_buffers, 100);
+  pc->buffers = r->pm->descs;
+  dc->buffers = r->dm->descs;
+  for (ManagerConfig* c : {&*pc, &*dc}) {
+    c->bootstrap_address = bootstrap;
+    c->progress_thread = progress_thread;
+  }
+  pc->fault_injection = fault_injection;
   auto p = Manager::create(*pc);
-  ASSERT_TRUE(p.ok()) << p.status().str();
   auto d = Manager::create(*dc);
-  ASSERT_TRUE(d.ok()) << d.status().str();
-  Manager& prefill = **p;
-  Manager& decode = **d;
+  EXPECT_TRUE(p.ok() && d.ok()) << p.status().str() << " / " << d.status().str();
+  if (!p.ok() || !d.ok()) return nullptr;
+  r->prefill = std::move(p).value();
+  r->decode = std::move(d).value();
+  return r;
+}
+
+TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
+  auto ranks = make_buffer_ranks(false, false);
+  ASSERT_TRUE(ranks);
+  Manager& prefill = *ranks->prefill;
+  Manager& decode = *ranks->decode;
+  EngineMemory& pm = *ranks->pm;
+  EngineMemory& dm = *ranks->dm;
   EXPECT_EQ(prefill.layout().num_pages, kPages);
   EXPECT_EQ(decode.layout().aux_slots, kAuxRows);
   EXPECT_EQ(prefill.pool_base(), nullptr);
@@ -96,7 +119,7 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
       << "prefill " << to_string(tx->poll()) << ", decode " << to_string(rx->poll());
   EXPECT_TRUE(rx->release_safe());
 
-  const uint64_t pb = probe->page_bytes();
+  const uint64_t pb = ranks->page_bytes;
   uint64_t bad = 0;
   for (size_t b = 0; b < pm.kv.size(); ++b)
     for (size_t i = 0; i < src.size(); ++i)
@@ -108,7 +131,7 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
   EXPECT_EQ(std::memcmp(pm.state[0].data() + pstate[0] * kStateItem, dm.state[0].data() + dstate[0] * kStateItem,
                         kStateItem), 0);
   // Rows and pages the room does not name are untouched.
-  EngineMemory fresh(pb, probe->num_buffers(), 100);
+  EngineMemory fresh(pb, ranks->kv_buffers, 100);
   EXPECT_EQ(dm.aux[0][0], fresh.aux[0][0]);
   EXPECT_EQ(std::memcmp(dm.kv[0].data() + 4 * pb, fresh.kv[0].data() + 4 * pb, pb), 0);
 
@@ -129,29 +152,12 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
 // final batch is still queued when the KV writes complete: before the fix the number came back
 // then, and the rows overwritten at that moment arrived overwritten.
 TEST(ManagerBuffers, TheLastSendEndsOnlyOnceItsAuxAndStateRowsWereRead) {
-  auto server = BootstrapServer::start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok());
-  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
-  auto pc = testing::test_manager_config({Role::kPrefill, 0, 0, 0});
-  ASSERT_TRUE(pc.ok()) << pc.status().str();
-  auto dc = testing::test_manager_config({Role::kDecode, 0, 0, 0});
-  ASSERT_TRUE(dc.ok());
-  auto probe = testing::make_test_layout();
-  ASSERT_TRUE(probe.ok());
-  EngineMemory pm(probe->page_bytes(), probe->num_buffers(), 1), dm(probe->page_bytes(), probe->num_buffers(), 100);
-  pc->buffers = pm.descs;
-  pc->bootstrap_address = bootstrap;
-  pc->fault_injection = true;
-  pc->progress_thread = true;
-  dc->buffers = dm.descs;
-  dc->bootstrap_address = bootstrap;
-  dc->progress_thread = true;
-  auto p = Manager::create(*pc);
-  ASSERT_TRUE(p.ok()) << p.status().str();
-  auto d = Manager::create(*dc);
-  ASSERT_TRUE(d.ok()) << d.status().str();
-  Manager& prefill = **p;
-  Manager& decode = **d;
+  auto ranks = make_buffer_ranks(true, true);
+  ASSERT_TRUE(ranks);
+  Manager& prefill = *ranks->prefill;
+  Manager& decode = *ranks->decode;
+  EngineMemory& pm = *ranks->pm;
+  EngineMemory& dm = *ranks->dm;
   auto until = [](const std::function<bool()>& pred) {
     for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
       if (pred()) return true;

@@ -112,6 +112,28 @@ uint64_t mismatched(Manager& m, uint64_t room, const std::vector<uint64_t>& page
   return bad;
 }
 
+// Deadlines under which only a failure notice can end a room (bootstrap and waiting: 1 h).
+Deadlines notice_only(int64_t bootstrap_timeout_ms = 3'600'000) {
+  Deadlines d;
+  d.waiting_timeout_ms = 3'600'000;
+  d.bootstrap_timeout_ms = bootstrap_timeout_ms;
+  return d;
+}
+
+// A room decode asked for: receiver init()ed with its metadata (`pages`) sent, and a sender whose
+// poll says WaitingForInput (not init()ed: SGLang's order). Empty handles if it did not get there.
+struct AskedRoom {
+  std::unique_ptr<Receiver> rx;
+  std::unique_ptr<Sender> tx;
+};
+AskedRoom asked_room(Ranks& r, uint64_t room, const std::vector<uint64_t>& pages, uint64_t aux) {
+  AskedRoom a{r.decode->receiver(room).value(), r.prefill->sender(room).value()};
+  if (!a.rx->init(-1).ok() || !a.rx->send_metadata(pages, aux, {}).ok() ||
+      !r.until([&] { return a.tx->poll() == KVPoll::WaitingForInput; }, 20s))
+    return {};
+  return a;
+}
+
 class ManagerPair : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(ManagerPair, RoomEndToEndInChunksWithAnEmptyLastChunk) {
@@ -246,16 +268,10 @@ TEST_P(ManagerPair, AbortBeforeMetadataReachesEveryPrefillSource) {
 // not wait out its waiting_timeout (1 h here: the notice is the only route).
 TEST_P(ManagerPair, PrefillAbortBeforeInitReachesDecode) {
   auto [transport, thread] = GetParam();
-  Deadlines d;
-  d.waiting_timeout_ms = 3'600'000;
-  d.bootstrap_timeout_ms = 3'600'000;
-  auto r = make_ranks(transport, thread, d);
+  auto r = make_ranks(transport, thread, notice_only());
   ASSERT_TRUE(r);
-  auto rx = r->decode->receiver(17).value();
-  auto tx = r->prefill->sender(17).value();
-  ASSERT_TRUE(rx->init(-1).ok());
-  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{0, 1, 2}, 3, {}).ok());
-  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }, 20s));
+  auto [rx, tx] = asked_room(*r, 17, {0, 1, 2}, 3);
+  ASSERT_TRUE(rx && tx);
   tx->abort("request dropped before init");
   EXPECT_EQ(tx->poll(), KVPoll::Failed);
   EXPECT_FALSE(tx->init(3, 0).ok()) << "init() after the abort is refused";
@@ -275,10 +291,7 @@ TEST_P(ManagerPair, PrefillAbortBeforeInitReachesDecode) {
 // initialized room does; a decode rank that asks afterwards is answered with that cause.
 TEST_P(ManagerPair, SenderNeverInitedFailsAtItsBootstrapDeadline) {
   auto [transport, thread] = GetParam();
-  Deadlines d;
-  d.waiting_timeout_ms = 3'600'000;
-  d.bootstrap_timeout_ms = 300;
-  auto r = make_ranks(transport, thread, d);
+  auto r = make_ranks(transport, thread, notice_only(300));
   ASSERT_TRUE(r);
   auto tx = r->prefill->sender(18).value();
   ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s));
@@ -314,16 +327,10 @@ TEST_P(ManagerPair, SenderNeverInitedFailsAtItsBootstrapDeadline) {
 // And a sender that had decode's metadata but was never init()ed says so at its deadline.
 TEST_P(ManagerPair, SenderDroppedBeforeInitFailsTheRoomForDecode) {
   auto [transport, thread] = GetParam();
-  Deadlines d;
-  d.waiting_timeout_ms = 3'600'000;
-  d.bootstrap_timeout_ms = 3'600'000;
-  auto r = make_ranks(transport, thread, d);
+  auto r = make_ranks(transport, thread, notice_only());
   ASSERT_TRUE(r);
-  auto rx = r->decode->receiver(19).value();
-  auto tx = r->prefill->sender(19).value();
-  ASSERT_TRUE(rx->init(-1).ok());
-  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{0, 1}, 4, {}).ok());
-  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }, 20s));
+  auto [rx, tx] = asked_room(*r, 19, {0, 1}, 4);
+  ASSERT_TRUE(rx && tx);
   tx.reset();
   ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s));
   auto de = rx->failure();
@@ -342,9 +349,7 @@ TEST_P(ManagerPair, SenderDroppedBeforeInitFailsTheRoomForDecode) {
 // prefill source is told, not left to its bootstrap deadline (1 h here).
 TEST_P(ManagerPair, ReceiverDroppedBeforeMetadataFailsTheRoomForPrefill) {
   auto [transport, thread] = GetParam();
-  Deadlines d;
-  d.bootstrap_timeout_ms = 3'600'000;
-  auto r = make_ranks(transport, thread, d);
+  auto r = make_ranks(transport, thread, notice_only());
   ASSERT_TRUE(r);
   auto rx = r->decode->receiver(21).value();
   auto tx = r->prefill->sender(21).value();
