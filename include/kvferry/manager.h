@@ -17,6 +17,9 @@
 // aux rows and state rows (every source sent its terminal status, or died, or the drain deadline
 // passed: then the pages are reported as quarantined and must not be reused).
 //
+// A room that concluded here (Success) and then failed on another rank (fail_from_engine,
+// fail_from_agreement, or a failure told by a peer) polls Failed from then on, with that
+// failure(): the engine's room failed. No write can reach it any more (release_safe() holds).
 // Errors: calls return Status / Result (kInvalidArgument for a bad call, naming the value; nothing
 // is sent then). A room's failure is never an error of a call: it is KVPoll::Failed plus the
 // room's KVTransferError from failure() (non-destructive; the same answer every time).
@@ -33,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvferry/buffers.h"
@@ -106,9 +110,10 @@ class Sender {
   // without a failure fails its room first (aborted, origin this rank), so decode is told.
   virtual ~Sender() = default;
   virtual uint64_t room() const = 0;
-  // The room has `num_pages` pages; `aux_index` is this rank's aux row copied to decode's row of
-  // every aux buffer (ignored without aux buffers); `num_tokens` (0: num_pages * page_size) goes
-  // into the guard row. May come before decode's metadata or after (SGLang: once poll() said
+  // The room has `num_pages` pages (it may have more than this rank's pool: the pages are sent
+  // chunk by chunk from whatever local pages each send() names); `aux_index` is this rank's aux
+  // row copied to decode's row of every aux buffer (ignored without aux buffers); `num_tokens`
+  // (0: num_pages * page_size) goes into the guard row. May come before decode's metadata or after (SGLang: once poll() said
   // WaitingForInput); the room's bootstrap deadline counts from the sender's creation either way.
   // Errors: called twice, after the room failed (e.g. at its bootstrap deadline), num_pages 0,
   // aux_index out of range.
@@ -144,11 +149,18 @@ class Sender {
   // only once the decode side is ready (SGLang's order, docs/sglang.md).
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
+  // The room's destinations: the decode ranks this rank writes the room to (the transfer plan of
+  // the two engines' TP sizes and the room's decode DP group, kvferry/routing.h). Empty: this
+  // rank's heads go to no decode rank (replicated heads, MLA non-source); its room concludes on
+  // the last send without writing. Known from the sender's creation.
+  virtual std::vector<RankId> peers() const = 0;
   // Fails the room here (code aborted, origin this rank) and tells every destination.
   virtual void abort(const std::string& reason) = 0;
   // The same with another code: a failure this rank observed itself (e.g. the engine refused to
-  // go on with the room); the origin is this rank and the failure is local here.
-  virtual void fail(ErrorCode code, const std::string& reason) = 0;
+  // go on with the room); the origin is this rank and the failure is local here. `observed_ns`:
+  // when it observed it (CLOCK_MONOTONIC ns; 0: now), e.g. the step at which the engine's leader
+  // decided it, so every rank that hears of it names the same instant.
+  virtual void fail(ErrorCode code, const std::string& reason, int64_t observed_ns = 0) = 0;
   // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
   // recorded as from another rank, told to the destinations. If the room already failed here, the
   // root-cause rule (kvferry/error.h) decides which record the room keeps.
@@ -203,8 +215,11 @@ class Receiver {
   // stays on this rank (no source is known yet).
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
+  // The room's prefill sources: the prefill ranks whose writes land in this rank's pages (the
+  // transfer plan and the DP group init() chose). Empty before init().
+  virtual std::vector<RankId> peers() const = 0;
   virtual void abort(const std::string& reason) = 0;
-  virtual void fail(ErrorCode code, const std::string& reason) = 0;  // as Sender::fail
+  virtual void fail(ErrorCode code, const std::string& reason, int64_t observed_ns = 0) = 0;  // as Sender::fail
   virtual void fail_from_engine(const KVTransferError& e) = 0;
   virtual KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) = 0;  // as Sender's
   // True once no write of any prefill source can reach the room's pages, aux and state rows.
@@ -220,6 +235,18 @@ struct ManagerStats {
   uint64_t quarantined_rooms = 0;  // decode: rooms released quarantined, so far
   uint64_t quarantined_pages = 0;  // decode: their pages and rows not reclaimed yet (leaked now)
   uint64_t reclaimed_rooms = 0;    // decode: quarantined rooms reclaimed, so far
+  uint64_t failure_records = 0;    // rooms with a failure record held (released rooms drop theirs)
+  uint64_t aux_rows_in_use = 0;    // prefill with the contiguous pool: guard rows kvferry stages
+  // Incarnations (docs/failure-model.md "Incarnations"): frames refused as from a peer's earlier
+  // process, by kind, and peer restarts seen, so far.
+  uint64_t stale_registrations = 0;
+  uint64_t stale_metadata = 0;
+  uint64_t stale_statuses = 0;
+  uint64_t stale_heartbeats = 0;
+  uint64_t peer_restarts = 0;
+  // Frames refused from peers, by kind (docs/security.md names; "foreign": frames about rooms
+  // that are not the sender's), so far. Every kind is listed, zeros included.
+  std::vector<std::pair<std::string, uint64_t>> refusals;
   TransportStats transport;
 };
 

@@ -7,35 +7,49 @@
 #include <set>
 #include <utility>
 
-#include "manager/log_policy.h"
-#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/room_faults.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
+#include "manager/log_policy.h"
 
 namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "decode.driver";
 }
 
-DecodeDriver::DecodeDriver(Manager& manager)
-    : core_(internal(manager).core()), ep_(*internal(manager).decode()), pages_(core_.layout().num_pages),
-      aux_(core_.layout().aux_slots), verifier_(core_.waker()), tp_size_(internal(manager).config().tp_size) {}
+DecodeDriver::DecodeDriver(Manager& manager, DecodeDriverConfig config)
+    : manager_(manager), cfg_(config), pages_(manager.layout().num_pages), aux_(manager.layout().aux_slots) {}
 
 DecodeDriver::~DecodeDriver() = default;
 
+void DecodeDriver::fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns) {
+  if (r.handle) {
+    r.handle->fail(code, reason, observed_ns);
+  } else if (!r.local_failure) {
+    r.local_failure = KVTransferError{0, code, reason, manager_.self(), false, observed_ns ? observed_ns : monotonic_ns()};
+  }
+}
+
 void DecodeDriver::apply(const Decision& d) {
-  const RankId self = core_.self();
+  const RankId self = manager_.self();
   switch (d.op) {
     case Decision::Op::kNew: {
       if (rooms_.count(d.room)) return;
       Room& r = rooms_[d.room];
       r.req = d.request;
-      r.pages_needed = core_.layout().pages_for(d.request.input_tokens);
+      r.pages_needed = manager_.layout().pages_for(d.request.input_tokens);
       r.created_ns = monotonic_ns();
-      ep_.add_room(d.room, d.request.input_tokens);
+      auto receiver = manager_.receiver(d.room);
+      if (!receiver.ok()) {
+        r.local_failure = KVTransferError{d.room, ErrorCode::kInternal, "receiver() refused: " + receiver.status().str(),
+                                          self, false, monotonic_ns()};
+      } else {
+        r.handle = std::move(*receiver);
+        Status s = r.handle->init();  // the prefill DP group by the room (kvferry/routing.h)
+        if (!s.ok()) r.handle->fail(ErrorCode::kInternal, "init() refused: " + s.str());
+      }
       if (self.tp_rank == 0) prealloc_.push_back(d.room);
       log_event(LogLevel::kDebug, kComp, fmt::format("receiver created ({} pages)", r.pages_needed), {.room = d.room});
       return;
@@ -49,36 +63,37 @@ void DecodeDriver::apply(const Decision& d) {
       if (!kv || !slot) {  // the ranks' allocators diverged: a bug, fail the room loudly
         if (kv) pages_.free(*kv);
         if (slot) aux_.free(*slot);
-        ep_.fail(d.room, ErrorCode::kInternal, "page allocators of the engine's ranks diverged", self, monotonic_ns(), true);
+        fail_room(r, ErrorCode::kInternal, "page allocators of the engine's ranks diverged");
         return;
       }
       r.admitted = true;
       r.kv_indices = std::move(*kv);
       r.aux_slot = (*slot)[0];
+      if (!r.handle) return;
       const RoomFaults faults(r.req.fault, self);
       if (faults.fail_here()) {
-        ep_.fail(d.room, ErrorCode::kInjected, "injected decode failure (replay fault plan)", self, monotonic_ns(), true);
+        r.handle->fail(ErrorCode::kInjected, "injected decode failure (replay fault plan)");
         return;
       }
-      if (const ReceiverRoom* rr = ep_.room(d.room); rr && faults.silent_toward(rr->sources))
-        return;  // a source must time out waiting for us
-      Status s = ep_.init(d.room, r.kv_indices, static_cast<uint32_t>(*r.aux_slot));
-      if (!s.ok()) ep_.fail(d.room, ErrorCode::kInternal, "init() refused: " + s.str(), self, monotonic_ns(), true);
-      if (faults.peers_silent())
-        ep_.set_waiting_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
+      if (faults.silent_toward(r.handle->peers())) return;  // a source must time out waiting for us
+      Status s = r.handle->send_metadata(r.kv_indices, *r.aux_slot, {}, r.req.input_tokens);
+      if (!s.ok()) r.handle->fail(ErrorCode::kInternal, "send_metadata() refused: " + s.str());
+      if (faults.peers_silent()) r.fault_deadline_ns = monotonic_ns() + cfg_.fault_timeout_ms * 1'000'000;
       return;
     }
     case Decision::Op::kFail: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
+      Room& r = it->second;
       auto origin = RankId::parse(d.origin);
-      const RankId leader{self.role, self.engine_id, 0, self.dp_rank};
       Failure f = failure_of(d);
       f.origin = origin ? *origin : self;
-      ep_.fail(d.room, f, d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
-      if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
-      it->second.failure = d;
-      it->second.fail_decided = true;
+      if (d.observed_by_leader && f.origin == self) fail_room(r, f.code, f.reason, d.first_seen_ns);  // the leader's own
+      else if (r.handle) r.handle->fail_from_engine(KVTransferError::from(d.room, f, true));
+      else if (!r.local_failure) r.local_failure = KVTransferError::from(d.room, f, true);
+      if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
+      r.failure = d;
+      r.fail_decided = true;
       return;
     }
     case Decision::Op::kRelease: {
@@ -92,9 +107,10 @@ void DecodeDriver::apply(const Decision& d) {
         pages_.free(r.kv_indices);
         aux_.free({*r.aux_slot});
       }
-      ep_.release(d.room);  // the endpoint starts its own quarantine of the room, if it needs one
-      if (keep) quarantine(d.room, r);
-      rooms_.erase(it);
+      // This rank's receiver may need no quarantine (its sources confirmed by now): the room is
+      // then reclaimed here already and waits only for the other ranks.
+      if (keep) quarantine(d.room, r, r.handle && r.handle->quarantined());
+      rooms_.erase(it);  // drops the receiver: the manager releases the room
       std::erase(prealloc_, d.room);
       return;
     }
@@ -106,14 +122,12 @@ void DecodeDriver::apply(const Decision& d) {
   }
 }
 
-void DecodeDriver::quarantine(uint64_t room, Room& r) {
+void DecodeDriver::quarantine(uint64_t room, Room& r, bool quarantined_here) {
   quarantined_ += r.kv_indices.size();
   ++quarantined_aux_;
   // A room id quarantined twice: the older pages stay quarantined for good (still counted).
   if (quarantine_.erase(room)) std::erase(quarantine_order_, room);
-  // This rank's endpoint may need no quarantine at all (its sources confirmed by the release):
-  // then the room is reclaimed here already, and waits only for the other ranks.
-  quarantine_[room] = {std::move(r.kv_indices), *r.aux_slot, !ep_.is_quarantined(room)};
+  quarantine_[room] = {std::move(r.kv_indices), *r.aux_slot, !quarantined_here};
   quarantine_order_.push_back(room);
   while (quarantine_order_.size() > kMaxQuarantinedRooms) {
     quarantine_.erase(quarantine_order_.front());  // every rank drops the same room: lockstep
@@ -145,7 +159,7 @@ std::vector<RoomReport> DecodeDriver::reclaim_reports() const {
     if (!q.reclaimed_here) continue;
     RoomReport rep;
     rep.room = id;
-    rep.tp_rank = core_.self().tp_rank;
+    rep.tp_rank = manager_.self().tp_rank;
     rep.reclaimed = true;
     out.push_back(rep);
   }
@@ -157,22 +171,23 @@ void DecodeDriver::decide_reclaim(uint64_t room, const std::vector<RoomReport>& 
   if (!quarantine_.count(room)) return;
   std::set<uint32_t> ranks;
   for (const RoomReport& r : reps)
-    if (r.reclaimed && r.tp_rank < tp_size_) ranks.insert(r.tp_rank);
-  if (ranks.size() == tp_size_) out->push_back({Decision::Op::kReclaim, room});
+    if (r.reclaimed && r.tp_rank < cfg_.tp_size) ranks.insert(r.tp_rank);
+  if (ranks.size() == cfg_.tp_size) out->push_back({Decision::Op::kReclaim, room});
 }
 
 void DecodeDriver::log_release(uint64_t room, const Room& r, const Decision& release) {
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp,
               fmt::format("room released after success ({} bytes verified)", r.verified), {.room = room});
-    const ReceiverRoom* rr = ep_.room(room);
-    double latency = rr && rr->success_ns && rr->init_ns ? double(rr->success_ns - rr->init_ns) / 1e9 : -1;
+    const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};
+    double latency = m.done_ns && m.metadata_ns ? double(m.done_ns - m.metadata_ns) / 1e9 : -1;
     metrics_on_release({.latency_s = latency, .verified_bytes = r.verified, .mismatched_bytes = r.mismatched});
     return;
   }
   // The engine's root cause as the leader released the room (older leaders: the kFail decision).
   const Failure root = failure_of(release.code != ErrorCode::kOk ? release : r.failure);
-  const FailureLine line = failure_release_line(Role::kDecode, room, root, core_.registry().own(room));
+  const FailureLine line =
+      failure_release_line(Role::kDecode, room, root, own_failure(room_failure(r), manager_.self()));
   log_event(line.level, kComp, line.msg, line.fields);
   const bool from_another = line.is_from_another_rank;
   const Decision& f = release.code != ErrorCode::kOk ? release : r.failure;
@@ -182,8 +197,8 @@ void DecodeDriver::log_release(uint64_t room, const Room& r, const Decision& rel
 
 void DecodeDriver::start_verify(uint64_t room, Room& r) {
   r.verify_started = true;
-  const PoolLayout* layout = &core_.layout();
-  const uint8_t* base = core_.base();
+  const PoolLayout* layout = &manager_.layout();
+  const uint8_t* base = manager_.pool_base();
   std::vector<uint64_t> kv = r.kv_indices;
   verifier_.submit([this, layout, base, room, kv = std::move(kv)]() -> JobWorker::Completion {
     uint64_t checked = 0, bad = 0;
@@ -208,23 +223,33 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return;
     it->second.verify_done = true;
-    ep_.fail(room, ErrorCode::kInternal, "verify worker: " + what, core_.self(), monotonic_ns(), true);
+    fail_room(it->second, ErrorCode::kInternal, "verify worker: " + what);
   });
 }
 
 void DecodeDriver::pump(int64_t now_ns) {
   verifier_.drain();
-  ep_.tick(now_ns);
-  for (uint64_t id : ep_.take_reclaimed()) {
+  for (uint64_t id : manager_.take_reclaimed_rooms()) {
     auto q = quarantine_.find(id);
     if (q != quarantine_.end()) q->second.reclaimed_here = true;
   }
-  const RankId self = core_.self();
+  const RankId self = manager_.self();
   for (auto& [id, r] : rooms_) {
-    if (r.verify_started || ep_.poll(id) != KVPoll::Success || core_.registry().get(id)) continue;
+    if (!r.handle || r.verify_started) continue;
+    const KVPoll p = r.handle->poll();
+    if (r.fault_deadline_ns != 0 && now_ns >= r.fault_deadline_ns) {
+      r.fault_deadline_ns = 0;
+      if (p != KVPoll::Success && p != KVPoll::Failed) {
+        r.handle->fail(ErrorCode::kWaitingTimeout,
+                       fmt::format("no data from the room's prefill sources within {} ms of sending the metadata "
+                                   "(the request's timeout fault)",
+                                   cfg_.fault_timeout_ms));
+        continue;
+      }
+    }
+    if (p != KVPoll::Success) continue;
     if (RoomFaults(r.req.fault, self).fail_transfer()) {
-      ep_.fail(id, ErrorCode::kTransferError, "injected transfer error at the receiver (replay fault plan)", self,
-               now_ns, true);
+      r.handle->fail(ErrorCode::kTransferError, "injected transfer error at the receiver (replay fault plan)");
       continue;
     }
     start_verify(id, r);
@@ -237,30 +262,22 @@ std::vector<RoomReport> DecodeDriver::reports(int64_t now_ns) {
   for (auto& [id, r] : rooms_) {
     RoomReport rep;
     rep.room = id;
-    rep.tp_rank = core_.self().tp_rank;
-    const ReceiverRoom* rr = ep_.room(id);
-    auto e = core_.registry().get(id);
-    KVPoll p = ep_.poll(id);
-    if (e) p = KVPoll::Failed;
-    else if (p == KVPoll::Success && !r.verify_done) p = KVPoll::Transferring;
+    rep.tp_rank = manager_.self().tp_rank;
+    std::optional<KVTransferError> e = room_failure(r);
+    KVPoll p = e ? KVPoll::Failed : r.handle->poll();
+    const bool succeeded = p == KVPoll::Success;
+    if (succeeded && !r.verify_done) p = KVPoll::Transferring;
     rep.poll = p;
-    bool verifying = r.verify_started && !r.verify_done;
-    bool drained = ep_.drained(id, now_ns) && !verifying;
+    const bool verifying = r.verify_started && !r.verify_done;
+    const bool drained = (!r.handle || r.handle->release_safe()) && !verifying;
     rep.drained = drained;
+    const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};
     if (e) {
-      rep.has_failure = true;
-      rep.code = e->code;
-      rep.origin = e->origin.str();
-      rep.reason = e->failure_reason;
-      rep.first_seen_ns = e->first_seen_ns;
-      rep.wall_ns = e->wall_ns;
-      rep.failed_ns = rr && rr->failed_ns ? rr->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
-      if (rr && drained) {
-        for (const RankId& src : rr->metadata_sent)
-          if (!rr->terminal.count(src)) rep.quarantine = true;
-      }
+      report_failure(rep, *e);
+      rep.failed_ns = m.done_ns ? m.done_ns : (r.failed_ns ? r.failed_ns : now_ns);
+      rep.quarantine = drained && r.handle && r.handle->quarantined();
     }
-    if (rr) rep.success_ns = rr->success_ns;
+    if (succeeded) rep.success_ns = m.done_ns;
     rep.verified = r.verified;
     rep.mismatched = r.mismatched;
     out.push_back(std::move(rep));
@@ -272,7 +289,7 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
                                            std::vector<RouterRequest> new_requests, int64_t now_ns,
                                            std::vector<RoomResult>* results) {
   std::vector<Decision> out;
-  const RankId self = core_.self();
+  const RankId self = manager_.self();
   new_and_aborts(new_requests, self, [this](uint64_t id) -> bool* {
     auto it = rooms_.find(id);
     return it == rooms_.end() ? nullptr : &it->second.fail_decided;
@@ -309,18 +326,18 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
     Room& r = it->second;
-    if (r.admitted || r.fail_decided || core_.registry().get(id)) continue;
-    if (now_ns - r.created_ns > core_.config().deadlines.prealloc_timeout_ms * 1'000'000) {
+    if (r.admitted || r.fail_decided || room_failure(r)) continue;
+    if (now_ns - r.created_ns > cfg_.prealloc_timeout_ms * 1'000'000) {
       out.push_back(local_failure(
           id, ErrorCode::kPreallocTimeout,
           fmt::format("{} pages did not become free within {} ms ({} of {} free)", r.pages_needed,
-                      core_.config().deadlines.prealloc_timeout_ms, pages_.free_pages(), pages_.total_pages()),
+                      cfg_.prealloc_timeout_ms, pages_.free_pages(), pages_.total_pages()),
           self));
       r.fail_decided = true;
       continue;
     }
     if (r.pages_needed > pages_.total_pages()) {
-      const PoolLayout& l = core_.layout();
+      const PoolLayout& l = manager_.layout();
       Decision d;
       d.op = Decision::Op::kFail;
       d.room = id;
@@ -351,28 +368,18 @@ std::vector<Decision> DecodeDriver::decide(const std::map<uint64_t, std::vector<
 }
 
 std::vector<SiblingFailure> DecodeDriver::take_failures_to_fan_out() {
-  return collect_fan_out(rooms_, ep_, core_);
+  return collect_fan_out(rooms_, manager_.self());
 }
 
-bool DecodeDriver::on_sibling_failure(const SiblingFailure& f) {
-  return apply_sibling_failure(rooms_, ep_, core_, f, kComp);
-}
+bool DecodeDriver::on_sibling_failure(const SiblingFailure& f) { return apply_sibling_failure(rooms_, f, kComp); }
 
 RankLeakStats DecodeDriver::leak_stats() const {
-  RankLeakStats s;
-  s.rank = core_.self().str();
-  s.live_rooms = ep_.live_rooms() + rooms_.size();
-  s.records = core_.registry().records();
+  const ManagerStats m = manager_.stats();
+  RankLeakStats s = leak_stats_of(manager_.self(), m);
+  s.live_rooms = m.live_rooms + rooms_.size();
   s.pages_in_use = pages_.in_use() - quarantined_ + aux_.in_use() - quarantined_aux_;
   s.quarantined_pages = quarantined_ + quarantined_aux_;  // leaked: counted apart, not hidden
   s.reclaimed_pages = reclaimed_pages_;
-  s.peers = ep_.peers();
-  const IncarnationCounts& inc = core_.incarnation_counts();
-  s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
-  s.peer_restarts = inc.peer_restarts;
-  for (size_t k = 0; k < kRefusalKinds; ++k)
-    s.refusals.push_back({std::string(refusal_name(static_cast<Refusal>(k))), core_.refusals().count(static_cast<Refusal>(k))});
-  s.transport = core_.transport().stats();
   return s;
 }
 

@@ -19,26 +19,39 @@
 //                        never confirms; a rank of the engine is down) stay quarantined, counted.
 //                        At most kMaxQuarantinedRooms rooms are kept (the oldest is dropped first,
 //                        on every rank alike: its pages stay quarantined for good, still counted).
-// Built on a caller-pumped Manager (kvferry/manager.h), its endpoint driven through
-// manager/manager_internal.h. Thread contract: main thread only (see EngineLoop).
+// Built on a caller-pumped Manager (kvferry/manager.h) and driven only through its public
+// Receiver, as a serving engine drives it: receiver(room) and init() when the request arrives,
+// send_metadata() at admission, poll()/failure() each step, pages freed only once release_safe()
+// (kept while quarantined() until Manager::take_reclaimed_rooms() names the room).
+// Thread contract: main thread only (see EngineLoop).
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "driver/engine.h"
 #include "driver/job_worker.h"
-#include "endpoint/decode_endpoint.h"
 #include "endpoint/page_allocator.h"
 #include "kvferry/manager.h"
 
 namespace kvferry {
 
+struct DecodeDriverConfig {
+  uint32_t tp_size = 1;                // ranks of the engine (kReclaim needs every one)
+  int64_t prealloc_timeout_ms = 60000;  // Deadlines::prealloc_timeout_ms
+  // Replay timeout fault at this rank (RoomFaults::peers_silent): the room fails with
+  // waiting_timeout if it has not succeeded this long after its metadata went out
+  // (Deadlines::fault_timeout_ms).
+  int64_t fault_timeout_ms = 1000;
+};
+
 class DecodeDriver : public EngineDriver {
  public:
-  explicit DecodeDriver(Manager& manager);
+  DecodeDriver(Manager& manager, DecodeDriverConfig config);
   ~DecodeDriver() override;
 
   void apply(const Decision& d) override;
@@ -51,6 +64,7 @@ class DecodeDriver : public EngineDriver {
   bool on_sibling_failure(const SiblingFailure& f) override;
   RankLeakStats leak_stats() const override;
   bool idle() const override { return rooms_.empty(); }
+  std::vector<int> wait_fds() const override { return {verifier_.fd()}; }
   std::vector<RoomReport> reclaim_reports() const override;
 
   // Quarantined now (not yet reclaimed), and given back by kReclaim so far.
@@ -65,6 +79,8 @@ class DecodeDriver : public EngineDriver {
  private:
   struct Room {
     RouterRequest req;
+    std::unique_ptr<Receiver> handle;  // null: receiver(room) was refused (then local_failure)
+    std::optional<KVTransferError> local_failure;
     uint64_t pages_needed = 0;
     int64_t created_ns = 0;
     bool admitted = false;
@@ -75,6 +91,8 @@ class DecodeDriver : public EngineDriver {
     uint64_t verified = 0;
     uint64_t mismatched = 0;
     int64_t failed_ns = 0;
+    int64_t fault_deadline_ns = 0;  // replay timeout fault here: waiting_timeout at this time
+    bool failure_seen = false;   // the fan-out looked at its failure
     bool siblings_know = false;  // the fan-out: told, or learned from a sibling
     bool fail_decided = false;
     Decision failure;
@@ -85,15 +103,17 @@ class DecodeDriver : public EngineDriver {
     uint64_t aux_slot = 0;
     bool reclaimed_here = false;  // this rank's endpoint ended the quarantine
   };
+  // The room fails here (its handle's fail(); without one, the driver's own record).
+  void fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns = 0);
   void log_release(uint64_t room, const Room& r, const Decision& release);
   void start_verify(uint64_t room, Room& r);
-  void quarantine(uint64_t room, Room& r);
+  void quarantine(uint64_t room, Room& r, bool quarantined_here);
   void reclaim(uint64_t room);
   // Leader: kReclaim for a quarantined room every rank reported reclaimed.
   void decide_reclaim(uint64_t room, const std::vector<RoomReport>& reps, std::vector<Decision>* out) const;
 
-  EndpointCore& core_;
-  DecodeEndpoint& ep_;
+  Manager& manager_;
+  DecodeDriverConfig cfg_;
   PageAllocator pages_;
   PageAllocator aux_;
   JobWorker verifier_;
@@ -105,7 +125,6 @@ class DecodeDriver : public EngineDriver {
   std::deque<uint64_t> quarantine_order_;       // quarantine_'s rooms, oldest first
   uint64_t reclaimed_pages_ = 0;  // pages and aux rows
   uint64_t reclaimed_rooms_ = 0;
-  uint32_t tp_size_ = 1;          // ranks of the engine (kReclaim needs every one)
 };
 
 }  // namespace kvferry

@@ -32,9 +32,11 @@ class DriverPairTest : public ::testing::Test {
     auto p = EndpointPair::create(cfg);
     ASSERT_TRUE(p.ok()) << p.status().str();
     pair_ = std::move(p).value();
+    pc.fault_timeout_ms = cfg.prefill_deadlines.fault_timeout_ms;
     prefill_ = std::make_unique<PrefillDriver>(pair_->pmanager(), pc);
-    decode_ = std::make_unique<DecodeDriver>(pair_->dmanager());
-    pair_->on_chunk_done = [this](const ChunkDone& d) { prefill_->on_chunk_done(d); };
+    decode_ = std::make_unique<DecodeDriver>(
+        pair_->dmanager(), DecodeDriverConfig{cfg.tp_size, cfg.decode_deadlines.prealloc_timeout_ms,
+                                              cfg.decode_deadlines.fault_timeout_ms});
   }
   void TearDown() override {
     prefill_.reset();

@@ -67,6 +67,9 @@ class EngineDriver {
   void on_rank_up(const RankId& rank) { down_ranks_.erase(rank.str()); }
   virtual RankLeakStats leak_stats() const = 0;
   virtual bool idle() const = 0;  // no live rooms
+  // Fds the rank's loop waits on besides the manager's: readable when the driver has local work
+  // (a worker thread finished a job).
+  virtual std::vector<int> wait_fds() const { return {}; }
 
   // The fan-out (SiblingFailure). Failures this rank recorded since the last call that its
   // siblings must be told: first-hand, or learned from the other engine; never those that came

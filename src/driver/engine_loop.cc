@@ -10,10 +10,10 @@
 #include "core/stall_clock.h"
 #include "core/stop_request.h"
 #include "manager/log_policy.h"
-#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/sync_codec.h"
 #include "endpoint/peer_monitor.h"
+#include "endpoint/waker.h"
 #include "kvferry/log.h"
 #include "kvferry/net.h"
 #include "kvferry/port_file.h"
@@ -43,7 +43,7 @@ Result<std::unique_ptr<ControlSocket>> bind_engine_socket(const EngineLoopConfig
 }
 
 EngineLoop::EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& driver)
-    : cfg_(std::move(config)), manager_(manager), core_(internal(manager).core()), driver_(driver) {}
+    : cfg_(std::move(config)), manager_(manager), driver_(driver) {}
 
 int EngineLoop::run() {
   bool leader = cfg_.self.tp_rank == 0;
@@ -65,17 +65,18 @@ int EngineLoop::run() {
 void EngineLoop::pump_local(ControlSocket& engine) {
   std::vector<int> fds = manager_.wait_fds();
   fds.push_back(engine.fd());
+  for (int fd : driver_.wait_fds()) fds.push_back(fd);
   wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
-  manager_.progress();  // control frames, transport completions (chunk hooks), deadlines
+  manager_.progress();  // control frames, transport completions, deadlines
   // The time after the wait: what the driver observes now is stamped now (first_seen_ns), not
   // with the time the loop went to sleep, which can be before the news that caused it arrived.
   driver_.pump(monotonic_ns());
 }
 
-void EngineLoop::flush_outbox() {
+void EngineLoop::flush_outbox(ControlSocket& engine) {
   size_t sent = 0;
   for (; sent < outbox_.size(); ++sent) {
-    if (!core_.control().send(cfg_.router_endpoint, outbox_[sent]).ok()) break;
+    if (!engine.send(cfg_.router_endpoint, outbox_[sent]).ok()) break;
   }
   outbox_.erase(outbox_.begin(), outbox_.begin() + static_cast<long>(sent));
 }
@@ -253,7 +254,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         }
       }
     }
-    flush_outbox();
+    flush_outbox(engine);
     fan_out(engine, followers);
     if (followers.size() + down.size() + 1 < cfg_.tp_size) continue;  // still starting
     if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
@@ -313,7 +314,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
         for (auto& [tp, st] : follower_stats) stats.push_back(st);
         outbox_.push_back(encode_stats(role, stats, cfg_.self.dp_rank));
         for (int i = 0; i < 200 && !outbox_.empty(); ++i) {
-          flush_outbox();
+          flush_outbox(engine);
           if (!outbox_.empty()) wait_readable(nullptr, 0, 10);
         }
         metrics_on_step(driver_, driver_.reports(now), now, true);
@@ -338,7 +339,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     pending.clear();
     for (const Decision& d : decisions) driver_.apply(d);
     for (const RoomResult& r : results) outbox_.push_back(encode_result(r));
-    flush_outbox();
+    flush_outbox(engine);
     retry_early_fails(now);
     ++seq;
     std::vector<EngineMember> members;
@@ -445,6 +446,9 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       step_stall = stall.stalled_ns();
       if (f->has_members) set_siblings(engine, f->members);
       for (const Decision& d : f->decisions) driver_.apply(d);
+      // The step's releases dropped handles: the manager releases their rooms now, before this
+      // rank reports (the shutdown step's leak statistics may follow in the same batch).
+      manager_.progress();
       driver_.pump(last_step);
       retry_early_fails(last_step);
       fan_out(engine, fan_out_targets());

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "driver/engine.h"
-#include "endpoint/core.h"
+#include "kvferry/control.h"
 #include "kvferry/manager.h"
 
 namespace kvferry {
@@ -67,7 +67,7 @@ class EngineLoop {
   int run_leader(ControlSocket& engine);
   int run_follower(ControlSocket& engine);
   void pump_local(ControlSocket& engine);
-  void flush_outbox();
+  void flush_outbox(ControlSocket& engine);  // the router's frames go out on the engine socket
   // Sends every failure the driver has to fan out to `to` (tp_rank -> engine endpoint).
   void fan_out(ControlSocket& engine, const std::map<uint32_t, std::string>& to);
   // A sibling's fail frame: applied now, or kept until the room exists here (bounded).
@@ -88,7 +88,6 @@ class EngineLoop {
 
   EngineLoopConfig cfg_;
   Manager& manager_;
-  EndpointCore& core_;  // its control socket carries the router's frames
   EngineDriver& driver_;
   std::vector<std::string> outbox_;  // frames for the router not yet accepted
   std::map<uint32_t, std::string> siblings_;  // follower: the other followers' engine endpoints

@@ -7,7 +7,7 @@
 
 namespace kvferry {
 
-JobWorker::JobWorker(Waker& waker) : waker_(waker), thread_([this] { run(); }) {}
+JobWorker::JobWorker() : thread_([this] { run(); }) {}
 
 JobWorker::~JobWorker() {
   {
@@ -29,6 +29,7 @@ void JobWorker::submit(Job job, OnError on_error) {
 }
 
 size_t JobWorker::drain() {
+  waker_.drain();  // before taking the completions: a job finishing now signals again
   std::vector<Completion> done;
   {
     std::lock_guard<std::mutex> lock(mu_);

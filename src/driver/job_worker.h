@@ -1,7 +1,8 @@
 // JobWorker: one background thread that runs heavy per-room work (filling prefill pages,
 // verifying decode pages) off the rank's main loop. A job returns a completion that runs on the
-// main thread (drain()), so room state is only ever touched by the main thread.
-// Thread contract: submit()/drain() from the main thread; jobs run on the worker thread.
+// main thread (drain()), so room state is only ever touched by the main thread. A finished job
+// makes fd() readable (an eventfd) until the next drain(): the main loop waits on it.
+// Thread contract: submit()/drain()/fd() from the main thread; jobs run on the worker thread.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -23,16 +24,17 @@ class JobWorker {
   // Runs on the main thread when a job threw; the worker itself keeps going (docs/design.md §4 defect 6).
   using OnError = std::function<void(const std::string& what)>;
 
-  explicit JobWorker(Waker& waker);
+  JobWorker();
   ~JobWorker();  // finishes queued jobs' threads without running completions
   void submit(Job job, OnError on_error);
   // Runs completions of finished jobs; returns how many ran.
   size_t drain();
   size_t pending() const { return pending_; }
+  int fd() const { return waker_.fd(); }
 
  private:
   void run();
-  Waker& waker_;
+  Waker waker_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<Job, OnError>> jobs_;

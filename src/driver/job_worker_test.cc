@@ -19,8 +19,7 @@ void drain_until(JobWorker& w, size_t want, size_t* done) {
 // docs/design.md §4 defect 6: a worker that dies on an exception silently hangs its queue. Here the
 // throwing job's error reaches the main thread and the next job still runs.
 TEST(JobWorker, Defect6_ExceptionFailsTheJobNotTheWorker) {
-  Waker waker;
-  JobWorker w(waker);
+  JobWorker w;
   std::string error;
   int ran = 0;
   w.submit([]() -> JobWorker::Completion { throw std::runtime_error("boom"); },

@@ -7,13 +7,13 @@
 #include <thread>
 #include <utility>
 
-#include "manager/log_policy.h"
-#include "manager/manager_internal.h"
 #include "driver/metrics_hooks.h"
 #include "driver/room_faults.h"
 #include "driver/sibling_fanout.h"
 #include "kvferry/content.h"
+#include "kvferry/fault_transport.h"
 #include "kvferry/log.h"
+#include "manager/log_policy.h"
 
 namespace kvferry {
 namespace {
@@ -21,43 +21,62 @@ constexpr std::string_view kComp = "prefill.driver";
 }
 
 PrefillDriver::PrefillDriver(Manager& manager, PrefillDriverConfig config)
-    : manager_(manager), core_(internal(manager).core()), ep_(*internal(manager).prefill()), cfg_(config),
-      staging_(core_.layout().num_pages), filler_(core_.waker()) {
-  internal(manager_).set_chunk_done_hook([this](const ChunkDone& done) { on_chunk_done(done); });
+    : manager_(manager), cfg_(config), staging_(manager.layout().num_pages) {
   cfg_.chunk_pages = std::max<uint64_t>(1, std::min<uint64_t>(cfg_.chunk_pages, std::max<uint64_t>(1, staging_.total_pages() / 2)));
 }
 
-PrefillDriver::~PrefillDriver() { internal(manager_).set_chunk_done_hook({}); }
+PrefillDriver::~PrefillDriver() = default;
+
+std::optional<KVTransferError> PrefillDriver::failure_of_room(const Room& r) const { return room_failure(r); }
+
+void PrefillDriver::fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns) {
+  if (r.handle) {
+    r.handle->fail(code, reason, observed_ns);
+  } else if (!r.local_failure) {
+    r.local_failure = KVTransferError{0, code, reason, manager_.self(), false, observed_ns ? observed_ns : monotonic_ns()};
+  }
+}
 
 void PrefillDriver::apply(const Decision& d) {
+  const RankId self = manager_.self();
   switch (d.op) {
     case Decision::Op::kNew: {
       if (rooms_.count(d.room)) return;
       Room& r = rooms_[d.room];
       r.req = d.request;
-      ep_.add_room(d.room, d.request.input_tokens);
-      const RankId self = core_.self();
-      const RoomFaults faults(d.request.fault, self);
-      if (faults.fail_here()) {  // fails here, before any byte is sent
-        ep_.fail(d.room, ErrorCode::kInjected, "injected prefill failure (replay fault plan)", self,
-                 monotonic_ns(), true);
+      r.total_pages = manager_.layout().pages_for(d.request.input_tokens);
+      auto sender = manager_.sender(d.room);
+      if (!sender.ok()) {
+        r.local_failure = KVTransferError{d.room, ErrorCode::kInternal, "sender() refused: " + sender.status().str(), self,
+                                          false, monotonic_ns()};
         return;
       }
-      if (faults.fail_transfer() && core_.faults())  // the rank is built with the decorator
-        core_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
+      r.handle = std::move(*sender);
+      r.peers = r.handle->peers();
+      const RoomFaults faults(d.request.fault, self);
+      if (faults.fail_here()) {  // fails here, before any byte is sent
+        r.handle->fail(ErrorCode::kInjected, "injected prefill failure (replay fault plan)");
+        return;
+      }
+      if (faults.fail_transfer() && manager_.faults())  // the rank is built with the decorator
+        manager_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
       if (faults.peers_silent())  // our decode peer stays silent: bootstrap timeout here
-        ep_.set_bootstrap_deadline(d.room, monotonic_ns() + core_.config().deadlines.fault_timeout_ms * 1'000'000);
+        r.fault_deadline_ns = monotonic_ns() + cfg_.fault_timeout_ms * 1'000'000;
       // A destination must time out waiting for us: stay silent.
-      if (const SenderRoom* s = ep_.room(d.room)) r.silent = faults.silent_toward(s->dests);
+      r.silent = faults.silent_toward(r.peers);
       return;
     }
     case Decision::Op::kStart: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end() || it->second.started) return;
-      it->second.started = true;
-      const SenderRoom* s = ep_.room(d.room);
-      if (s && s->dests.empty()) {  // our heads go to no decode rank: conclude without writing
-        (void)ep_.conclude_without_writing(d.room);
+      Room& r = it->second;
+      r.started = true;
+      if (!r.handle) return;
+      // SGLang's order: init() once the engine agreed every rank is WaitingForInput. A room whose
+      // heads go to no decode rank still sends its chunks: it concludes on the last, writing nothing.
+      Status s = r.handle->init(r.total_pages, 0, r.req.input_tokens);
+      if (!s.ok()) {
+        if (!r.handle->failure()) r.handle->fail(ErrorCode::kInternal, "init() refused: " + s.str());
         return;
       }
       start_order_.push_back(d.room);
@@ -66,23 +85,32 @@ void PrefillDriver::apply(const Decision& d) {
     case Decision::Op::kFail: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
+      Room& r = it->second;
       auto origin = RankId::parse(d.origin);
-      const RankId self = core_.self(), leader{self.role, self.engine_id, 0, self.dp_rank};
       Failure f = failure_of(d);
       f.origin = origin ? *origin : self;
-      ep_.fail(d.room, f, d.observed_by_leader && d.origin == self.str(), self.tp_rank != 0 ? &leader : nullptr);
-      if (it->second.failed_ns == 0) it->second.failed_ns = monotonic_ns();
-      it->second.failure = d;
-      it->second.fail_decided = true;
+      if (d.observed_by_leader && f.origin == self) fail_room(r, f.code, f.reason, d.first_seen_ns);  // the leader's own
+      else if (r.handle) r.handle->fail_from_engine(KVTransferError::from(d.room, f, true));
+      else if (!r.local_failure) r.local_failure = KVTransferError::from(d.room, f, true);
+      if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
+      r.failure = d;
+      r.fail_decided = true;
       return;
     }
     case Decision::Op::kRelease: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
       log_release(d.room, it->second, d);
-      ep_.release(d.room);
-      if (core_.faults()) core_.faults()->clear_room(d.room);
-      rooms_.erase(it);
+      for (auto c = chunks_.begin(); c != chunks_.end();) {  // none: released rooms are drained
+        if (c->second.room != d.room) {
+          ++c;
+          continue;
+        }
+        staging_.free(c->second.pages);
+        c = chunks_.erase(c);
+      }
+      rooms_.erase(it);  // drops the sender: the manager releases the room
+      if (manager_.faults()) manager_.faults()->clear_room(d.room);
       std::erase(start_order_, d.room);
       return;
     }
@@ -93,8 +121,7 @@ void PrefillDriver::apply(const Decision& d) {
 }
 
 void PrefillDriver::log_release(uint64_t room, const Room& r, const Decision& release) {
-  const SenderRoom* s = ep_.room(room);
-  const uint64_t sent = s ? s->bytes : 0;
+  const uint64_t sent = r.handle ? r.handle->metrics().bytes : 0;
   if (!r.fail_decided) {
     log_event(LogLevel::kDebug, kComp, "room released after success", {.room = room});
     metrics_on_release({.sent_bytes = sent});
@@ -102,19 +129,25 @@ void PrefillDriver::log_release(uint64_t room, const Room& r, const Decision& re
   }
   // The engine's root cause as the leader released the room (older leaders: the kFail decision).
   const Failure root = failure_of(release.code != ErrorCode::kOk ? release : r.failure);
-  const FailureLine line = failure_release_line(Role::kPrefill, room, root, core_.registry().own(room));
+  const FailureLine line =
+      failure_release_line(Role::kPrefill, room, root, own_failure(failure_of_room(r), manager_.self()));
   log_event(line.level, kComp, line.msg, line.fields);
   const bool from_another = line.is_from_another_rank;
   const Decision& f = release.code != ErrorCode::kOk ? release : r.failure;
   metrics_on_release({.failed = true, .code = f.code, .from_another_rank = from_another, .sent_bytes = sent});
 }
 
-void PrefillDriver::on_chunk_done(const ChunkDone& done) {
-  auto it = send_tags_.find(done.tag);
-  if (it == send_tags_.end()) return;
-  const uint64_t id = it->second;
-  send_tags_.erase(it);
-  chunk_send_done(id);
+void PrefillDriver::take_completions() {
+  for (auto& [id, r] : rooms_) {
+    if (r.chunk_of_send.empty() || !r.handle) continue;
+    for (uint64_t n : r.handle->take_completed_sends()) {
+      auto c = r.chunk_of_send.find(n);
+      if (c == r.chunk_of_send.end()) continue;
+      const uint64_t chunk = c->second;
+      r.chunk_of_send.erase(c);
+      chunk_send_done(chunk);
+    }
+  }
 }
 
 void PrefillDriver::chunk_send_done(uint64_t id) {
@@ -130,27 +163,31 @@ void PrefillDriver::send_chunk(uint64_t id, LayerRange layers, bool last_of_chun
   auto c = chunks_.find(id);
   if (c == chunks_.end()) return;
   const Chunk& ch = c->second;
-  const uint64_t tag = next_tag_++;
-  Status s = core_.registry().get(ch.room)
-                 ? Status(ErrorCode::kAborted, "room failed")
-                 : ep_.send(ch.room, ch.first_page, ch.pages, tag, {}, ch.last && last_of_chunk, layers);
-  if (!s.ok()) {
-    if (s.code() != ErrorCode::kAborted)
-      ep_.fail(ch.room, ErrorCode::kInternal, "send() refused: " + s.str(), core_.self(), monotonic_ns(), true);
+  auto room = rooms_.find(ch.room);
+  if (room == rooms_.end() || !room->second.handle) {
     chunk_send_done(id);
     return;
   }
-  send_tags_[tag] = id;
+  Room& r = room->second;
+  // On a failed room the send is accepted, writes nothing and ends at once.
+  Status s = r.handle->send(ch.pages, layers, {}, ch.last && last_of_chunk);
+  if (!s.ok()) {
+    r.handle->fail(ErrorCode::kInternal, "send() refused: " + s.str());
+    chunk_send_done(id);
+    return;
+  }
+  r.chunk_of_send[r.sends++] = id;
 }
 
 void PrefillDriver::submit_fill(uint64_t id) {
   const Chunk& ch = chunks_.at(id);
-  const PoolLayout* layout = &core_.layout();
-  uint8_t* base = core_.base();
+  const PoolLayout* layout = &manager_.layout();
+  uint8_t* base = manager_.pool_base();
   const uint64_t room = ch.room, first_page = ch.first_page;
   const std::vector<uint64_t> pages = ch.pages;
   auto on_error = [this, room, id](const std::string& what) {
-    ep_.fail(room, ErrorCode::kInternal, "fill worker: " + what, core_.self(), monotonic_ns(), true);
+    auto r = rooms_.find(room);
+    if (r != rooms_.end()) fail_room(r->second, ErrorCode::kInternal, "fill worker: " + what);
     chunk_send_done(id);
   };
   const uint32_t nb = layout->num_buffers();
@@ -195,21 +232,26 @@ void PrefillDriver::schedule_chunks() {
     auto it = rooms_.find(id);
     if (it == rooms_.end()) continue;
     Room& r = it->second;
-    const SenderRoom* s = ep_.room(id);
-    if (!s || s->state.terminal() || core_.registry().get(id) || r.silent) continue;
-    while (r.chunks_out < 2 && r.next_page < s->total_pages) {
-      uint64_t want = std::min(cfg_.chunk_pages, s->total_pages - r.next_page);
+    if (r.silent || !r.handle) continue;
+    const KVPoll p = r.handle->poll();
+    if (p == KVPoll::Success || p == KVPoll::Failed) continue;
+    while (r.chunks_out < 2 && r.next_page < r.total_pages) {
+      uint64_t want = std::min(cfg_.chunk_pages, r.total_pages - r.next_page);
       uint64_t n = std::min(want, staging_.free_pages());
       if (n == 0) return;  // staging pool full: later rooms wait too (FIFO)
       std::vector<uint64_t> pages = std::move(*staging_.alloc(n));
-      const uint64_t chunk = next_tag_++;  // chunk ids and send tags share one counter
+      const uint64_t chunk = next_chunk_++;
       Chunk& ch = chunks_[chunk];
       ch = {id, r.next_page, std::move(pages)};
       r.next_page += n;
-      ch.last = r.next_page == s->total_pages;
-      // Layer-wise: one send per layer, each counted down by its completion.
-      ch.pending = (cfg_.layerwise ? core_.layout().model.num_layers : 1);
+      ch.last = r.next_page == r.total_pages;
       ++r.chunks_out;
+      if (r.peers.empty()) {  // nothing to write: no content to compute
+        send_chunk(chunk, {}, true);
+        continue;
+      }
+      // Layer-wise: one send per layer, each counted down by its completion.
+      ch.pending = (cfg_.layerwise ? manager_.layout().model.num_layers : 1);
       submit_fill(chunk);
     }
   }
@@ -217,8 +259,16 @@ void PrefillDriver::schedule_chunks() {
 
 void PrefillDriver::pump(int64_t now_ns) {
   filler_.drain();
+  take_completions();
+  for (auto& [id, r] : rooms_) {
+    if (r.fault_deadline_ns == 0 || now_ns < r.fault_deadline_ns) continue;
+    r.fault_deadline_ns = 0;
+    if (r.handle && r.handle->poll() == KVPoll::Bootstrapping)
+      r.handle->fail(ErrorCode::kBootstrapTimeout,
+                     fmt::format("decode's metadata did not come within {} ms (the request's timeout fault)",
+                                 cfg_.fault_timeout_ms));
+  }
   schedule_chunks();
-  ep_.tick(now_ns);
 }
 
 std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
@@ -227,25 +277,18 @@ std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
   for (auto& [id, r] : rooms_) {
     RoomReport rep;
     rep.room = id;
-    rep.tp_rank = core_.self().tp_rank;
-    const SenderRoom* s = ep_.room(id);
-    auto e = core_.registry().get(id);
-    rep.poll = e ? KVPoll::Failed : ep_.poll(id);
-    rep.drained = ep_.drained(id) && r.chunks_out == 0;
+    rep.tp_rank = manager_.self().tp_rank;
+    std::optional<KVTransferError> e = failure_of_room(r);
+    rep.poll = e ? KVPoll::Failed : r.handle->poll();
+    rep.drained = (!r.handle || r.handle->release_safe()) && r.chunks_out == 0;
+    const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};
     if (e) {
-      rep.has_failure = true;
-      rep.code = e->code;
-      rep.origin = e->origin.str();
-      rep.reason = e->failure_reason;
-      rep.first_seen_ns = e->first_seen_ns;
-      rep.wall_ns = e->wall_ns;
-      rep.failed_ns = s && s->failed_ns ? s->failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
+      report_failure(rep, *e);
+      rep.failed_ns = m.done_ns ? m.done_ns : (r.failed_ns ? r.failed_ns : now_ns);
     }
-    if (s) {
-      rep.send_ns = s->first_send_ns;
-      rep.compute_end_ns = r.compute_end_ns;
-      rep.bytes = s->bytes;
-    }
+    rep.send_ns = m.first_send_ns;
+    rep.compute_end_ns = r.compute_end_ns;
+    rep.bytes = m.bytes;
     out.push_back(std::move(rep));
   }
   return out;
@@ -255,7 +298,7 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
                                             std::vector<RouterRequest> new_requests, int64_t /*now_ns*/,
                                             std::vector<RoomResult>* results) {
   std::vector<Decision> out;
-  new_and_aborts(new_requests, core_.self(), [this](uint64_t id) -> bool* {
+  new_and_aborts(new_requests, manager_.self(), [this](uint64_t id) -> bool* {
     auto it = rooms_.find(id);
     return it == rooms_.end() ? nullptr : &it->second.fail_decided;
   }, &out);
@@ -282,27 +325,16 @@ std::vector<Decision> PrefillDriver::decide(const std::map<uint64_t, std::vector
 }
 
 std::vector<SiblingFailure> PrefillDriver::take_failures_to_fan_out() {
-  return collect_fan_out(rooms_, ep_, core_);
+  return collect_fan_out(rooms_, manager_.self());
 }
 
-bool PrefillDriver::on_sibling_failure(const SiblingFailure& f) {
-  return apply_sibling_failure(rooms_, ep_, core_, f, kComp);
-}
+bool PrefillDriver::on_sibling_failure(const SiblingFailure& f) { return apply_sibling_failure(rooms_, f, kComp); }
 
 RankLeakStats PrefillDriver::leak_stats() const {
-  RankLeakStats s;
-  s.rank = core_.self().str();
-  s.live_rooms = ep_.live_rooms() + rooms_.size();
-  s.records = core_.registry().records();
-  s.pages_in_use = staging_.in_use() + ep_.aux_in_use();
-  s.peers = ep_.peers();
-  const IncarnationCounts& inc = core_.incarnation_counts();
-  s.stale_messages = {inc.stale_registrations, inc.stale_metadata, inc.stale_statuses, inc.stale_heartbeats};
-  s.peer_restarts = inc.peer_restarts;
-  for (size_t k = 0; k < kRefusalKinds; ++k)
-    s.refusals.push_back({std::string(refusal_name(static_cast<Refusal>(k))), core_.refusals().count(static_cast<Refusal>(k))});
-  s.refusals.push_back({"foreign", ep_.foreign_messages()});
-  s.transport = core_.transport().stats();
+  const ManagerStats m = manager_.stats();
+  RankLeakStats s = leak_stats_of(manager_.self(), m);
+  s.live_rooms = m.live_rooms + rooms_.size();
+  s.pages_in_use = staging_.in_use() + m.aux_rows_in_use;
   return s;
 }
 

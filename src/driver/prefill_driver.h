@@ -14,22 +14,24 @@
 //                    leader then decides kRelease and reports the room to the router.
 // The staging pool is a ring: a chunk's pages return once its writes completed, so a prefill rank
 // needs far less memory than a request's KV (decode holds the whole request).
-// Built on a caller-pumped Manager (kvferry/manager.h) whose endpoint it drives through
-// manager/manager_internal.h: the staging ring needs each chunk's completion, which the public
-// Sender does not expose. Thread contract: main thread only (see EngineLoop).
+// Built on a caller-pumped Manager (kvferry/manager.h) and driven only through its public
+// Sender, as a serving engine drives it: sender(room) when the request arrives, init() once the
+// engine agreed decode is ready (SGLang's order), send() per chunk or layer, poll()/failure() each
+// step, the staging ring's pages back through take_completed_sends(), the handle dropped at
+// release. Thread contract: main thread only (see EngineLoop).
 #pragma once
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "driver/engine.h"
 #include "driver/job_worker.h"
 #include "endpoint/page_allocator.h"
-#include "endpoint/prefill_endpoint.h"
 #include "kvferry/manager.h"
 
 namespace kvferry {
@@ -38,14 +40,16 @@ struct PrefillDriverConfig {
   uint64_t chunk_pages = 128;  // pages per send() (chunked prefill)
   double ms_per_layer = 0;     // compute model: each layer of each chunk takes this long (0: none)
   bool layerwise = false;      // compute model: send each layer as its compute ends
+  // Replay timeout fault at this rank (RoomFaults::peers_silent): the room fails with
+  // bootstrap_timeout if decode's metadata has not come this long after the sender's creation
+  // (Deadlines::fault_timeout_ms).
+  int64_t fault_timeout_ms = 1000;
 };
 
 class PrefillDriver : public EngineDriver {
  public:
   PrefillDriver(Manager& manager, PrefillDriverConfig config);
   ~PrefillDriver() override;
-
-  void on_chunk_done(const ChunkDone& done);
 
   void apply(const Decision& d) override;
   void pump(int64_t now_ns) override;
@@ -57,16 +61,25 @@ class PrefillDriver : public EngineDriver {
   bool on_sibling_failure(const SiblingFailure& f) override;
   RankLeakStats leak_stats() const override;
   bool idle() const override { return rooms_.empty(); }
+  std::vector<int> wait_fds() const override { return {filler_.fd()}; }
 
  private:
   struct Room {
     RouterRequest req;
+    std::unique_ptr<Sender> handle;  // null: sender(room) was refused (then local_failure)
+    std::optional<KVTransferError> local_failure;
+    std::vector<RankId> peers;  // the room's destinations (Sender::peers)
+    uint64_t total_pages = 0;
     bool started = false;
     bool silent = false;  // replay timeout fault: never send, so the decode peer times out
+    int64_t fault_deadline_ns = 0;  // replay timeout fault here: bootstrap_timeout at this time
     uint64_t next_page = 0;
-    uint32_t chunks_out = 0;  // filling or writing
+    uint32_t chunks_out = 0;     // filling or writing
+    uint64_t sends = 0;          // send() calls that returned OK (the next one's number)
+    std::map<uint64_t, uint64_t> chunk_of_send;  // a send's number -> its chunk id
     int64_t compute_end_ns = 0;  // compute model: the room's last layer's compute ended
     int64_t failed_ns = 0;
+    bool failure_seen = false;   // the fan-out looked at its failure
     bool siblings_know = false;  // the fan-out: told, or learned from a sibling
     // leader only
     bool start_decided = false;
@@ -77,30 +90,31 @@ class PrefillDriver : public EngineDriver {
     uint64_t room;
     uint64_t first_page;
     std::vector<uint64_t> pages;
-    uint32_t pending = 1;  // sends not yet completed or given up (layer-wise: one per layer)
+    uint32_t pending = 1;  // sends not yet completed (layer-wise: one per layer)
     bool last = false;     // the room's final chunk
   };
+  std::optional<KVTransferError> failure_of_room(const Room& r) const;
+  // The room fails here (its handle's fail(); without one, the driver's own record).
+  void fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns = 0);
   void schedule_chunks();
   // The fill jobs of chunk `id`: one job (fill, send) without the compute model; else one per
   // layer (fill the layer, sleep out its compute, send it or, after the last, the chunk).
   void submit_fill(uint64_t id);
-  // Sends layers `layers` of chunk `id` (its last send: last if the room's final chunk); a room
-  // that failed meanwhile sends nothing. Each send's completion (or its skip) counts down pending.
+  // Sends layers `layers` of chunk `id` (its last send: last if the room's final chunk). Each
+  // send's completion (Sender::take_completed_sends) counts down the chunk's pending.
   void send_chunk(uint64_t id, LayerRange layers, bool last_of_chunk);
   void chunk_send_done(uint64_t id);
+  void take_completions();
   void log_release(uint64_t room, const Room& r, const Decision& release);
 
   Manager& manager_;
-  EndpointCore& core_;
-  PrefillEndpoint& ep_;
   PrefillDriverConfig cfg_;
   PageAllocator staging_;
   JobWorker filler_;
   std::map<uint64_t, Room> rooms_;
   std::deque<uint64_t> start_order_;
-  std::unordered_map<uint64_t, Chunk> chunks_;      // by chunk id
-  std::unordered_map<uint64_t, uint64_t> send_tags_;  // a send's tag (ChunkDone) -> its chunk id
-  uint64_t next_tag_ = 1;
+  std::unordered_map<uint64_t, Chunk> chunks_;  // by chunk id
+  uint64_t next_chunk_ = 1;
 };
 
 }  // namespace kvferry

@@ -1,11 +1,17 @@
 // PrefillDriver as the engine leader: decide() over the ranks' reports (the per-step agreement),
-// aborts and down ranks. One caller-pumped Manager, no peer: decide() needs no transfer.
+// aborts and down ranks. One caller-pumped Manager, no peer: decide() needs no transfer, and the
+// rooms' senders stay before init() (decode's metadata never comes), as a prefill engine's
+// bootstrap queue holds them. The manager's registry is read to check what the rank recorded.
 #include "driver/prefill_driver.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "endpoint/endpoint_pair_test_util.h"
@@ -50,8 +56,7 @@ class PrefillDriverTest : public ::testing::Test {
     ASSERT_TRUE(m.ok()) << m.status().str();
     manager_ = std::move(m).value();
     core_ = &internal(*manager_).core();
-    ep_ = internal(*manager_).prefill();
-    drv_ = std::make_unique<PrefillDriver>(*manager_, PrefillDriverConfig{4});
+    drv_ = std::make_unique<PrefillDriver>(*manager_, PrefillDriverConfig{.chunk_pages = 4, .fault_timeout_ms = 1});
   }
   void TearDown() override {
     drv_.reset();
@@ -64,19 +69,34 @@ class PrefillDriverTest : public ::testing::Test {
     for (const Decision& d : ds) drv_->apply(d);
     return ds;
   }
-  void add(uint64_t room, uint64_t tokens) {
+  void add(uint64_t room, uint64_t tokens, const std::string& fault_kind = "") {
     RouterRequest r;
     r.room = room;
     r.input_tokens = tokens;
+    if (!fault_kind.empty()) r.fault = fault_from_names(fault_kind, prefill_rank0().str());
     auto ds = step({}, {r});
     ASSERT_EQ(ds.size(), 1u);
     ASSERT_EQ(ds[0].op, Decision::Op::kNew);
-    ASSERT_TRUE(ep_->has_room(room));
+    ASSERT_TRUE(own(room));
+  }
+  // This rank's report of `room` (nullopt: the driver does not have it).
+  std::optional<RoomReport> own(uint64_t room) {
+    for (const RoomReport& r : drv_->reports(monotonic_ns()))
+      if (r.room == room) return r;
+    return std::nullopt;
+  }
+  // The manager released every room of a dropped sender (deferred to its progress).
+  bool manager_empty() {
+    for (int i = 0; i < 1000; ++i) {
+      manager_->progress();
+      if (manager_->stats().live_rooms == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return false;
   }
 
   std::unique_ptr<Manager> manager_;
-  EndpointCore* core_ = nullptr;   // manager_'s
-  PrefillEndpoint* ep_ = nullptr;  // manager_'s
+  EndpointCore* core_ = nullptr;  // manager_'s
   std::unique_ptr<PrefillDriver> drv_;
   std::vector<RoomResult> results_;
 };
@@ -104,7 +124,7 @@ TEST_F(PrefillDriverTest, Defect10_RanksAgree) {
   ASSERT_TRUE(e);
   EXPECT_EQ(e->origin.str(), "prefill/tp1");
   EXPECT_TRUE(e->is_from_another_rank);
-  EXPECT_EQ(ep_->poll(room), KVPoll::Failed);
+  EXPECT_EQ(own(room)->poll, KVPoll::Failed);
 
   // Not every rank Failed yet (a stale Success report): no release, and no second kFail.
   ds = step({{room, {rep(room, 0, KVPoll::Success, true),
@@ -114,15 +134,15 @@ TEST_F(PrefillDriverTest, Defect10_RanksAgree) {
   ds = step({{room, {failed_rep(room, 0, false, ErrorCode::kTransferError, "prefill/tp1", 1000),
                      failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
   EXPECT_TRUE(ops_for(ds, room).empty());
-  EXPECT_TRUE(ep_->has_room(room));
+  EXPECT_TRUE(own(room));
 
   // This rank's own report is Failed and drained; with the other rank's: release, one result.
-  auto own = drv_->reports(monotonic_ns());
-  ASSERT_EQ(own.size(), 1u);
-  EXPECT_EQ(own[0].poll, KVPoll::Failed);
-  EXPECT_TRUE(own[0].drained);
-  EXPECT_EQ(own[0].origin, "prefill/tp1");
-  ds = step({{room, {own[0], failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
+  auto reps = drv_->reports(monotonic_ns());
+  ASSERT_EQ(reps.size(), 1u);
+  EXPECT_EQ(reps[0].poll, KVPoll::Failed);
+  EXPECT_TRUE(reps[0].drained);
+  EXPECT_EQ(reps[0].origin, "prefill/tp1");
+  ds = step({{room, {reps[0], failed_rep(room, 1, true, ErrorCode::kTransferError, "prefill/tp1", 1000)}}});
   mine = ops_for(ds, room);
   ASSERT_EQ(mine.size(), 1u);
   EXPECT_EQ(mine[0].op, Decision::Op::kRelease);
@@ -131,8 +151,9 @@ TEST_F(PrefillDriverTest, Defect10_RanksAgree) {
   EXPECT_EQ(results_[0].code, ErrorCode::kTransferError);
   EXPECT_EQ(results_[0].origin, "prefill/tp1");
   EXPECT_EQ(results_[0].ranks_failed, 2u);
-  EXPECT_FALSE(ep_->has_room(room));
+  EXPECT_FALSE(own(room));
   EXPECT_TRUE(drv_->idle());
+  EXPECT_TRUE(manager_empty());
   RankLeakStats leaks = drv_->leak_stats();
   EXPECT_EQ(leaks.live_rooms, 0u);
   EXPECT_EQ(leaks.records, 0u);
@@ -191,9 +212,9 @@ TEST_F(PrefillDriverTest, AbortFailsWithTheLeaderAsOrigin) {
   drv_->on_abort(0x9999);  // an unknown room is ignored
   EXPECT_TRUE(step({}).empty());
 
-  auto own = drv_->reports(monotonic_ns());
-  ASSERT_EQ(own.size(), 1u);
-  ds = step({{room, own}});
+  auto reps = drv_->reports(monotonic_ns());
+  ASSERT_EQ(reps.size(), 1u);
+  ds = step({{room, reps}});
   ASSERT_EQ(ops_for(ds, room).size(), 1u);
   ASSERT_EQ(results_.size(), 1u);
   EXPECT_EQ(results_[0].code, ErrorCode::kAborted);
@@ -212,10 +233,10 @@ TEST_F(PrefillDriverTest, DownRankFailsItsRoomsWithItsOrigin) {
   EXPECT_EQ(mine[0].origin, "prefill/tp1");
   EXPECT_EQ(mine[0].reason, "no step reply for 1000 ms");
   // Released with this rank's report alone: the down rank is counted as lost, not as failed.
-  auto own = drv_->reports(monotonic_ns());
-  ASSERT_EQ(own.size(), 1u);
-  EXPECT_EQ(own[0].poll, KVPoll::Failed);
-  step({{room, {own[0]}}});
+  auto reps = drv_->reports(monotonic_ns());
+  ASSERT_EQ(reps.size(), 1u);
+  EXPECT_EQ(reps[0].poll, KVPoll::Failed);
+  step({{room, {reps[0]}}});
   ASSERT_EQ(results_.size(), 1u);
   EXPECT_EQ(results_[0].ranks_failed, 1u);
   EXPECT_EQ(results_[0].ranks_lost, 1u);
@@ -224,22 +245,23 @@ TEST_F(PrefillDriverTest, DownRankFailsItsRoomsWithItsOrigin) {
 // The fan-out (SiblingFailure): a first-hand failure goes out once; one learned from a sibling
 // fails the room here as from another rank and is never sent on; one from the agreement is not sent.
 TEST_F(PrefillDriverTest, FanOutSendsFirstHandFailuresOnceAndNeverForwards) {
-  add(1, 64);
+  add(1, 64, "timeout");  // this rank's bootstrap deadline cut to fault_timeout_ms (1 ms)
   add(2, 64);
   add(3, 64);
   const RankId self = prefill_rank0();
   const RankId decode1{Role::kDecode, 0, 1, 0};
-  // Room 1: first-hand (a transfer error here).
-  ep_->fail(1, ErrorCode::kTransferError, "write failed", self, 1000, true);
+  // Room 1: first-hand (decode's metadata did not come by the room's deadline).
+  EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
+  drv_->pump(monotonic_ns() + 1'000'000'000);
   auto out = drv_->take_failures_to_fan_out();
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(out[0].room, 1u);
   EXPECT_EQ(out[0].tp_rank, self.tp_rank);
-  EXPECT_EQ(out[0].code, ErrorCode::kTransferError);
+  EXPECT_EQ(out[0].code, ErrorCode::kBootstrapTimeout);
   EXPECT_EQ(out[0].origin, self.str());
-  EXPECT_EQ(out[0].reason, "write failed");
-  EXPECT_EQ(out[0].first_seen_ns, 1000);
-  ep_->fail(1, ErrorCode::kInternal, "a second cause", self, 2000, true);
+  EXPECT_NE(out[0].reason.find("did not come within 1 ms"), std::string::npos) << out[0].reason;
+  EXPECT_GT(out[0].first_seen_ns, 0);
+  drv_->pump(monotonic_ns() + 2'000'000'000);
   EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());  // once per room
 
   // Room 2: a sibling (tp1) tells us; origin and code unchanged, from another rank, not sent on.
@@ -251,7 +273,7 @@ TEST_F(PrefillDriverTest, FanOutSendsFirstHandFailuresOnceAndNeverForwards) {
   EXPECT_EQ(e->origin, decode1);
   EXPECT_EQ(e->first_seen_ns, 3000);
   EXPECT_TRUE(e->is_from_another_rank);
-  EXPECT_EQ(ep_->poll(2), KVPoll::Failed);
+  EXPECT_EQ(own(2)->poll, KVPoll::Failed);
   auto reps = drv_->reports(monotonic_ns());
   for (const RoomReport& r : reps) {
     if (r.room == 2) {
@@ -280,7 +302,7 @@ TEST_F(PrefillDriverTest, FanOutSendsFirstHandFailuresOnceAndNeverForwards) {
   d.reason = "aborted by the router";
   d.first_seen_ns = 4000;
   drv_->apply(d);
-  EXPECT_EQ(ep_->poll(3), KVPoll::Failed);
+  EXPECT_EQ(own(3)->poll, KVPoll::Failed);
   EXPECT_TRUE(drv_->take_failures_to_fan_out().empty());
 
   // A room this rank does not have: nothing changes, the caller keeps the frame.

@@ -127,12 +127,15 @@ int run_rank(const RankOptions& o) {
     pc.chunk_pages = std::max<uint64_t>(1, o.chunk_tokens / std::max<uint32_t>(1, o.page_size));
     pc.ms_per_layer = o.prefill_ms_per_layer;
     pc.layerwise = o.layerwise;
+    pc.fault_timeout_ms = o.deadlines.fault_timeout_ms;
     PrefillDriver driver(m, pc);
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
     write_final_metrics(o);
   } else {
-    DecodeDriver driver(m);
+    DecodeDriver driver(m, {.tp_size = o.tp_size,
+                            .prealloc_timeout_ms = o.deadlines.prealloc_timeout_ms,
+                            .fault_timeout_ms = o.deadlines.fault_timeout_ms});
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
     write_final_metrics(o);

@@ -334,7 +334,14 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
 }
 
 void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank) {
-  if (rooms_.count(room)) return;
+  if (auto it = rooms_.find(room); it != rooms_.end()) {
+    // Added before its size was known (Receiver::init): sized now, before init().
+    if (!it->second.init_called && input_tokens != 0) {
+      it->second.input_tokens = input_tokens;
+      it->second.total_pages = core_.layout().pages_for(input_tokens);
+    }
+    return;
+  }
   ReceiverRoom& r = rooms_[room];
   r.room = room;
   r.input_tokens = input_tokens;
@@ -465,6 +472,7 @@ void DecodeEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, c
   // A room that already succeeded here can still fail on another rank of the engine: its sources
   // are done with it, the registry holds the cause and the driver reports it; Success stays.
   if (r.state.terminal()) {
+    if (r.failed_ns == 0) r.failed_ns = monotonic_ns();  // concluded here, failed on another rank
     // The root cause moved after the sources were told (a record that precedes the told one, e.g.
     // a second source's local failure that came in later): they are told the new one, so every
     // rank ends with the same root cause (docs/failure-model.md "Root cause").

@@ -99,6 +99,8 @@ class DecodeEndpoint {
   bool admits(const RankId& sender);
 
   // `prefill_dp_rank`: the prefill DP group serving the room (-1: dp_rank_for_room(room, prefill_dp)).
+  // A room added with input_tokens 0 (its size not known yet) is sized by a later add_room with
+  // its tokens, before init().
   void add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank = -1);
   bool has_room(uint64_t room) const { return rooms_.count(room) != 0; }
   const ReceiverRoom* room(uint64_t room) const;

@@ -61,6 +61,16 @@ bool PrefillEndpoint::metadata_complete(uint64_t room) const {
   return true;
 }
 
+std::optional<RankId> PrefillEndpoint::dead_destination(uint64_t room) const {
+  if (dead_peers_.empty()) return std::nullopt;
+  const uint32_t dp = dp_rank_for_room(room, decode_dp_);
+  for (uint32_t d : dests_of(plan_, core_.self().tp_rank)) {
+    const RankId want{Role::kDecode, 0, d, dp};
+    if (dead_peers_.count(want)) return want;
+  }
+  return std::nullopt;
+}
+
 void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return;
@@ -462,6 +472,7 @@ void PrefillEndpoint::fail(uint64_t room, const Failure& f, bool observed_here, 
   const bool primary = core_.registry().record(room, f, observed_here);
   if (primary) fresh_failures_.push_back(room);
   if (r.state.terminal()) {
+    if (r.failed_ns == 0) r.failed_ns = monotonic_ns();  // concluded here, failed on another rank
     // The root cause moved (a record that precedes the one told) after the destinations were told
     // the room's failure: they are told the new one, so every rank ends with the same root cause
     // (docs/failure-model.md "Root cause"). It only moves earlier in the rule's order: it settles.

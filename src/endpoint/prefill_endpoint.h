@@ -122,6 +122,9 @@ class PrefillEndpoint {
   // rank has no destination for it. What a sender reports before init() (SGLang's prefill calls
   // init only once its sender is WaitingForInput; docs/sglang.md).
   bool metadata_complete(uint64_t room) const;
+  // A room not added yet: a destination of it that is dead now (declared dead and not back), if
+  // any. The manager fails such a sender before init() (its metadata can no longer come).
+  std::optional<RankId> dead_destination(uint64_t room) const;
 
   // Writes the room's pages [first_page, first_page + src_pages.size()) from the local pages
   // `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone once the

@@ -298,6 +298,11 @@ void ManagerImpl::housekeeping(int64_t now) {
         std::optional<KVTransferError> e = core_->registry().get(id);
         if (e && (e->origin != self() || core_->registry().own(id))) poster_.post(board_address(), id, e->failure());
       }
+    } else if (std::optional<RankId> dead = prefill_ && !r.early_failure ? prefill_->dead_destination(id) : std::nullopt) {
+      // A sender not init()ed yet whose destination died: its metadata can no longer come. It
+      // fails now (origin the dead rank), as an initialized room bound for it did.
+      const Failure f{ErrorCode::kPeerUnreachable, *dead, fmt::format("{} is down", dead->str()), now, 0};
+      if (!open_sender_for_failure(id, r, f, false)) r.early_failure = KVTransferError::from(id, f, true);
     } else if (prefill_ && !r.early_failure &&
                now - r.metrics.created_ns > config_.deadlines.bootstrap_timeout_ms * 1'000'000) {
       // A sender never init()ed (SGLang inits once decode's metadata is here): its bootstrap
@@ -397,6 +402,18 @@ ManagerStats ManagerImpl::stats() const {
     s.quarantined_pages = decode_->quarantined_pages();
     s.reclaimed_rooms = decode_->reclaimed_total();
   }
+  s.failure_records = core_->registry().records();
+  if (prefill_) s.aux_rows_in_use = prefill_->aux_in_use();
+  const IncarnationCounts& inc = core_->incarnation_counts();
+  s.stale_registrations = inc.stale_registrations;
+  s.stale_metadata = inc.stale_metadata;
+  s.stale_statuses = inc.stale_statuses;
+  s.stale_heartbeats = inc.stale_heartbeats;
+  s.peer_restarts = inc.peer_restarts;
+  for (size_t k = 0; k < kRefusalKinds; ++k)
+    s.refusals.emplace_back(std::string(refusal_name(static_cast<Refusal>(k))),
+                            core_->refusals().count(static_cast<Refusal>(k)));
+  s.refusals.emplace_back("foreign", prefill_ ? prefill_->foreign_messages() : 0);
   s.transport = core_->transport().stats();
   return s;
 }

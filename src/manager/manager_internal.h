@@ -47,6 +47,7 @@ class ManagerImpl final : public Manager {
   PrefillEndpoint* prefill() { return prefill_.get(); }  // null on a decode manager
   DecodeEndpoint* decode() { return decode_.get(); }     // null on a prefill manager
   const ManagerConfig& config() const { return config_; }
+  const std::vector<HeadTransfer>& plan() const { return plan_; }
   // Chunk completions of writes not issued by a Sender of this manager.
   void set_chunk_done_hook(std::function<void(const ChunkDone&)> hook) { chunk_hook_ = std::move(hook); }
   // Sees every decoded control frame before the endpoint does (the benchmark's bookkeeping).
@@ -74,7 +75,8 @@ class ManagerImpl final : public Manager {
     std::vector<uint64_t> completed_sends;  // sender: not yet taken (Sender::take_completed_sends)
     std::optional<uint64_t> last_send;  // sender: the last send's number, until the room's writes ended
     int64_t prefill_dp_rank = -1;  // receiver: init()
-    bool dp_set = false;       // receiver: init() called
+    bool dp_set = false;       // receiver: init() called (it put the room into the endpoint)
+    bool metadata_sent = false;  // receiver: send_metadata() accepted
     std::optional<KVTransferError> early_failure;  // aborted before init
     TransferMetrics metrics;
   };

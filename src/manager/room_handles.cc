@@ -7,7 +7,9 @@
 #include <set>
 #include <utility>
 
+#include "endpoint/topology.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 #include "manager/manager_internal.h"
 
 namespace kvferry {
@@ -77,8 +79,8 @@ class SenderImpl final : public Sender {
       return bad(fmt::format("room {}: init() after the room failed", room_));
     if (r.initialized) return bad(fmt::format("room {}: init() called twice", room_));
     if (num_pages == 0) return bad(fmt::format("room {}: a room needs at least one page", room_));
-    if (num_pages > l.num_pages)
-      return bad(fmt::format("room {}: {} pages exceed the pool's {} pages", room_, num_pages, l.num_pages));
+    // num_pages may exceed this rank's pool: a prefill engine may send a room's pages chunk by
+    // chunk from a staging ring it reuses (take_completed_sends).
     if (aux_index >= l.aux_slots)
       return bad(fmt::format("room {}: aux_index {} is out of range: the pool has {} aux rows", room_, aux_index, l.aux_slots));
     if (num_tokens == 0) num_tokens = num_pages * l.page_size;
@@ -177,29 +179,41 @@ class SenderImpl final : public Sender {
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
     if (!r.initialized) return m_.prefill()->metadata_complete(room_) ? KVPoll::WaitingForInput : KVPoll::Bootstrapping;
-    return m_.prefill()->poll(room_);
+    // A room whose transfer concluded here and that failed since (the engine's failure, told by
+    // fail_from_engine): the engine's room failed, so it polls Failed (manager.h).
+    const KVPoll p = m_.prefill()->poll(room_);
+    return p == KVPoll::Success && m_.core().registry().get(room_) ? KVPoll::Failed : p;
   }
 
   std::optional<KVTransferError> failure() const override {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return r.early_failure;
-    if (!r.initialized || m_.prefill()->poll(room_) != KVPoll::Failed) return std::nullopt;
+    if (!r.initialized) return std::nullopt;
+    const KVPoll p = m_.prefill()->poll(room_);
+    if (p != KVPoll::Failed && p != KVPoll::Success) return std::nullopt;
     return m_.core().registry().get(room_);
   }
 
-  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason); }
+  std::vector<RankId> peers() const override {
+    std::vector<RankId> out;
+    const uint32_t dp = dp_rank_for_room(room_, m_.config().peer_dp_size);
+    for (uint32_t d : dests_of(m_.plan(), m_.self().tp_rank)) out.push_back({Role::kDecode, 0, d, dp});
+    return out;
+  }
 
-  void fail(ErrorCode code, const std::string& reason) override {
+  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason, 0); }
+
+  void fail(ErrorCode code, const std::string& reason, int64_t observed_ns) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    const int64_t now = monotonic_ns();
+    const int64_t now = observed_ns > 0 ? observed_ns : monotonic_ns();
     if (!r.initialized && !m_.open_sender_for_failure(room_, r, Failure{code, m_.self(), reason, now, 0}, true)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
       m_.prefill()->fail(room_, code, reason, m_.self(), now, true);
     }
-    m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
+    m_.log_if_settled(room_, r, monotonic_ns());  // e.g. no peer involved: settled now
     m_.wake();
   }
 
@@ -232,7 +246,10 @@ class SenderImpl final : public Sender {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
     TransferMetrics t = r.metrics;
-    if (const SenderRoom* s = r.initialized ? m_.prefill()->room(room_) : nullptr) t.bytes = s->bytes;
+    if (const SenderRoom* s = r.initialized ? m_.prefill()->room(room_) : nullptr) {
+      t.bytes = s->bytes;
+      if (s->failed_ns) t.done_ns = s->failed_ns;  // the endpoint's instant, not the next progress's
+    }
     return t;
   }
 
@@ -257,7 +274,7 @@ class ReceiverImpl final : public Receiver {
       // Dropped after init() (its sources known) but before send_metadata(), without a failure:
       // the engine gave the request up. Every source is told (aborted, origin this rank) rather
       // than waiting for its bootstrap deadline; no page was given out.
-      if (!r->initialized && open_for_failure(*r))
+      if (r->initialized && !r->metadata_sent && m_.decode()->poll(room_) != KVPoll::Failed)
         m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before send_metadata()", m_.self(),
                           monotonic_ns(), true);
       r->dropped = true;
@@ -269,13 +286,22 @@ class ReceiverImpl final : public Receiver {
   Status init(int64_t prefill_dp_rank) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    if (r.dp_set || r.initialized) return bad(fmt::format("room {}: init() called twice or after send_metadata()", room_));
+    if (r.dp_set || r.metadata_sent)
+      return bad(fmt::format("room {}: init() called twice or after send_metadata()", room_));
     const uint32_t dp = m_.config().peer_dp_size;
     if (prefill_dp_rank < -1 || prefill_dp_rank >= static_cast<int64_t>(dp))
       return bad(fmt::format("room {}: prefill_dp_rank {} is outside the prefill engine's DP size {}", room_,
                              prefill_dp_rank, dp));
     r.dp_set = true;
     r.prefill_dp_rank = prefill_dp_rank;
+    // The room's sources are known now: the room goes into the endpoint (no pages yet), so a
+    // source's failure, or its death, reaches the receiver while the engine waits for memory,
+    // and the sources are told of a failure here at once.
+    if (!r.early_failure) {
+      m_.decode()->add_room(room_, 0, prefill_dp_rank);
+      r.initialized = true;
+    }
+    m_.wake();
     return Status::Ok();
   }
 
@@ -284,7 +310,7 @@ class ReceiverImpl final : public Receiver {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
     const PoolLayout& l = m_.layout();
-    if (r.initialized || r.early_failure)
+    if (r.metadata_sent || r.early_failure)
       return bad(fmt::format("room {}: send_metadata() called twice or after abort", room_));
     if (pages.empty()) return bad(fmt::format("room {}: a room needs at least one page", room_));
     if (num_tokens == 0) num_tokens = pages.size() * l.page_size;
@@ -301,15 +327,20 @@ class ReceiverImpl final : public Receiver {
       if (!seen.insert(dst[i]).second) return bad(fmt::format("room {}: kv_indices[{}] = {} appears twice", room_, i, dst[i]));
     }
     DecodeEndpoint& ep = *m_.decode();
-    ep.add_room(room_, num_tokens, r.prefill_dp_rank);
+    const bool opened = r.initialized;  // by init()
+    ep.add_room(room_, num_tokens, r.prefill_dp_rank);  // sizes a room init() opened
     r.initialized = true;
+    r.metadata_sent = true;
     r.total_pages = dst.size();
     r.metrics.metadata_ns = monotonic_ns();
     r.metrics.bytes = l.bytes_for_pages(dst.size());
     Status s = ep.init(room_, dst, aux_index, state_indices);
     if (!s.ok() && s.code() == ErrorCode::kInvalidArgument) {  // refused: nothing was sent
-      ep.release(room_);
-      r.initialized = false;
+      if (!opened) {
+        ep.release(room_);
+        r.initialized = false;
+      }
+      r.metadata_sent = false;
       return s;
     }
     m_.wake();
@@ -321,29 +352,45 @@ class ReceiverImpl final : public Receiver {
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
     if (!r.initialized) return KVPoll::Bootstrapping;
-    return m_.decode()->poll(room_);
+    // A room whose transfer concluded here and that failed since (the engine's failure, told by
+    // fail_from_engine): the engine's room failed, so it polls Failed (manager.h).
+    const KVPoll p = m_.decode()->poll(room_);
+    return p == KVPoll::Success && m_.core().registry().get(room_) ? KVPoll::Failed : p;
   }
 
   std::optional<KVTransferError> failure() const override {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return r.early_failure;
-    if (!r.initialized || m_.decode()->poll(room_) != KVPoll::Failed) return std::nullopt;
+    if (!r.initialized) return std::nullopt;
+    const KVPoll p = m_.decode()->poll(room_);
+    if (p != KVPoll::Failed && p != KVPoll::Success) return std::nullopt;
     return m_.core().registry().get(room_);
   }
 
-  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason); }
+  std::vector<RankId> peers() const override {
+    std::lock_guard lock(m_.mutex());
+    const ManagerImpl::Room& r = *m_.room(room_);
+    std::vector<RankId> out;
+    if (!r.dp_set) return out;
+    const uint32_t dp = r.prefill_dp_rank >= 0 ? static_cast<uint32_t>(r.prefill_dp_rank)
+                                               : dp_rank_for_room(room_, m_.config().peer_dp_size);
+    for (uint32_t p : sources_of(m_.plan(), m_.self().tp_rank)) out.push_back({Role::kPrefill, 0, p, dp});
+    return out;
+  }
 
-  void fail(ErrorCode code, const std::string& reason) override {
+  void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason, 0); }
+
+  void fail(ErrorCode code, const std::string& reason, int64_t observed_ns) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    const int64_t now = monotonic_ns();
+    const int64_t now = observed_ns > 0 ? observed_ns : monotonic_ns();
     if (!r.initialized && !open_for_failure(r)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
       m_.decode()->fail(room_, code, reason, m_.self(), now, true);
     }
-    m_.log_if_settled(room_, r, now);  // e.g. no peer involved: settled now
+    m_.log_if_settled(room_, r, monotonic_ns());  // e.g. no peer involved: settled now
     m_.wake();
   }
 
@@ -385,7 +432,14 @@ class ReceiverImpl final : public Receiver {
 
   TransferMetrics metrics() const override {
     std::lock_guard lock(m_.mutex());
-    return m_.room(room_)->metrics;
+    const ManagerImpl::Room& r = *m_.room(room_);
+    TransferMetrics t = r.metrics;
+    // The endpoint's instants, not the next progress's.
+    if (const ReceiverRoom* rr = r.initialized ? m_.decode()->room(room_) : nullptr) {
+      if (rr->failed_ns) t.done_ns = rr->failed_ns;  // also a room that failed after it concluded
+      else if (rr->success_ns) t.done_ns = rr->success_ns;
+    }
+    return t;
   }
 
  private:
@@ -394,7 +448,8 @@ class ReceiverImpl final : public Receiver {
   // pages and every source is told now; prefill fails the room with this cause at once instead of
   // at its bootstrap deadline. No page was given out: release-safe at once. True if it did.
   bool open_for_failure(ManagerImpl::Room& r) {
-    if (r.initialized || !r.dp_set || r.early_failure) return false;
+    if (r.initialized) return true;  // init() opened it
+    if (!r.dp_set || r.early_failure) return false;
     m_.decode()->add_room(room_, 0, r.prefill_dp_rank);
     r.initialized = true;
     return true;

@@ -1,0 +1,132 @@
+// Rooms whose other side is not there yet, or is gone, through the public Manager
+// (kvferry/manager.h) only: a decode request still waiting for memory (receiver init()ed, no
+// metadata) learns prefill's failure; a sender not init()ed yet fails when its destination dies;
+// a room that concluded on this rank polls Failed once its engine fails it (an engine-mate's
+// failure); and each handle names its room's peers. What the replay's engine ranks (src/driver)
+// rely on, as SGLang's scheduler does (docs/sglang.md).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "manager/manager_pair_test_util.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace kvferry::testing;
+
+class ManagerRooms : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+// SGLang's decode creates the receiver and init()s it when the request arrives, and sends its
+// metadata only once pages are free (the preallocation queue). A prefill failure meanwhile (here
+// an abort before the sender's init) reaches the waiting request with prefill's origin, instead
+// of after it found pages and sent metadata.
+TEST_P(ManagerRooms, PrefillFailureReachesADecodeRequestWaitingForMemory) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(31).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  auto tx = r->prefill->sender(31).value();
+  EXPECT_EQ(rx->poll(), KVPoll::Bootstrapping);
+  tx->abort("client went away before prefill started");
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s)) << to_string(rx->poll());
+  auto e = rx->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_EQ(e->origin, r->prefill->self());
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_EQ(e->failure_reason, "client went away before prefill started");
+  EXPECT_TRUE(rx->release_safe()) << "no metadata went out: nothing can be written";
+}
+
+// A sender SGLang has not init()ed yet (its poll says Bootstrapping: decode's metadata has not
+// come) whose decode rank dies fails then, with the dead rank as origin, rather than at its
+// bootstrap deadline (an hour here); so does a sender created while that rank is down.
+TEST_P(ManagerRooms, SenderBeforeInitFailsWhenItsDestinationDies) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  const RankId decode_rank = r->decode->self();
+  auto tx = r->prefill->sender(32).value();
+  EXPECT_EQ(tx->poll(), KVPoll::Bootstrapping);
+  r->decode.reset();  // the decode process is gone: its heartbeats stop, its sockets refuse
+  auto prefill_only = [&] {
+    if (r->pumped) r->prefill->progress();
+    std::vector<int> fds = r->prefill->wait_fds();
+    wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
+  };
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (tx->poll() != KVPoll::Failed && std::chrono::steady_clock::now() < end) prefill_only();
+  ASSERT_EQ(tx->poll(), KVPoll::Failed);
+  auto e = tx->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kPeerUnreachable);
+  EXPECT_EQ(e->origin, decode_rank);
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_TRUE(tx->release_safe());
+  auto later = r->prefill->sender(33).value();
+  while (later->poll() != KVPoll::Failed && std::chrono::steady_clock::now() < end) prefill_only();
+  ASSERT_EQ(later->poll(), KVPoll::Failed);
+  EXPECT_EQ(later->failure()->origin, decode_rank);
+}
+
+// The room succeeded on this pair of ranks; another rank of the engine failed it (SGLang: the
+// TP group's MIN poll says Failed). Both handles then poll Failed with that failure, so every rank
+// of the engine reports the room Failed and the engine can release it; nothing can be written.
+TEST_P(ManagerRooms, ARoomThatConcludedHereFailsWithItsEngine) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto [rx, tx] = asked_room(*r, 34, {4, 5}, 2);
+  ASSERT_TRUE(rx && tx);
+  ASSERT_TRUE(tx->init(2, 0).ok());
+  const std::vector<uint64_t> src{0, 1};
+  fill(*r->prefill, 34, 0, src);
+  ASSERT_TRUE(tx->send(src, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }, 20s));
+  const RankId mate_d{Role::kDecode, 0, 1, 0}, mate_p{Role::kPrefill, 0, 1, 0};
+  rx->fail_from_engine({34, ErrorCode::kTransferError, "a write of decode/tp1 failed", mate_d, true, monotonic_ns()});
+  tx->fail_from_engine({34, ErrorCode::kInjected, "prefill/tp1 failed", mate_p, true, monotonic_ns()});
+  EXPECT_EQ(rx->poll(), KVPoll::Failed);
+  EXPECT_EQ(tx->poll(), KVPoll::Failed);
+  ASSERT_TRUE(rx->failure());
+  EXPECT_EQ(rx->failure()->origin, mate_d);
+  EXPECT_TRUE(rx->failure()->is_from_another_rank);
+  ASSERT_TRUE(tx->failure());
+  EXPECT_EQ(tx->failure()->origin, mate_p);
+  EXPECT_TRUE(rx->release_safe());
+  EXPECT_FALSE(rx->quarantined());
+  EXPECT_TRUE(r->until([&] { return tx->release_safe(); }, 20s));
+  EXPECT_EQ(mismatched(*r->decode, 34, {4, 5}), 0u);
+}
+
+// Each handle names its room's peers from the transfer plan (1:1 TP here); a receiver knows
+// them once init() chose the prefill DP group.
+TEST_P(ManagerRooms, HandlesNameTheirRoomsPeers) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto tx = r->prefill->sender(35).value();
+  ASSERT_EQ(tx->peers().size(), 1u);
+  EXPECT_EQ(tx->peers()[0], r->decode->self());
+  auto rx = r->decode->receiver(35).value();
+  EXPECT_TRUE(rx->peers().empty());
+  ASSERT_TRUE(rx->init(-1).ok());
+  ASSERT_EQ(rx->peers().size(), 1u);
+  EXPECT_EQ(rx->peers()[0], r->prefill->self());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ManagerRooms,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_Thread" : "_Pumped");
+                         });
+
+}  // namespace
+}  // namespace kvferry
