@@ -99,15 +99,18 @@ struct TransferMetrics {
   int64_t created_ns = 0;        // sender()/receiver() returned
   int64_t metadata_ns = 0;       // prefill: every destination's metadata arrived; decode: sent
   int64_t first_send_ns = 0;     // prefill: first send()
-  int64_t done_ns = 0;           // Success or Failed
+  int64_t done_ns = 0;           // Success or Failed, whichever came first here
+  int64_t failed_ns = 0;         // the room failed here (also after a Success: the engine failed it)
   double latency_s() const { return done_ns && first_send_ns ? (done_ns - first_send_ns) * 1e-9 : 0; }
   double wait_metadata_s() const { return metadata_ns ? (metadata_ns - created_ns) * 1e-9 : 0; }
 };
 
 class Sender {
  public:
-  // Releases the room once drained (deferred, never blocks). A sender dropped before init()
-  // without a failure fails its room first (aborted, origin this rank), so decode is told.
+  // Releases the room once drained (deferred, never blocks). A sender dropped before its room
+  // ended (before init(), or before its last send() concluded the room) without a failure fails
+  // its room first (aborted, origin this rank), so decode is told rather than waiting out its
+  // waiting_timeout.
   virtual ~Sender() = default;
   virtual uint64_t room() const = 0;
   // The room has `num_pages` pages (it may have more than this rank's pool: the pages are sent
@@ -119,7 +122,7 @@ class Sender {
   // aux_index out of range.
   virtual Status init(uint64_t num_pages, uint64_t aux_index, uint64_t num_tokens = 0) = 0;
   // Writes the next pages of the room from local pages `pages` (a chunk) to every destination.
-  // `last`: this is the final chunk (it may carry zero pages); `state_indices` (local state rows,
+  // `last`: this is the final chunk (it may carry zero pages; no other chunk may); `state_indices` (local state rows,
   // one per state buffer row the room uses) go with the last chunk only. Errors: before init,
   // after the last chunk, more pages than init said, an index out of range. On a room that
   // failed (also before init) every call is accepted and writes nothing.
@@ -159,7 +162,9 @@ class Sender {
   // The same with another code: a failure this rank observed itself (e.g. the engine refused to
   // go on with the room); the origin is this rank and the failure is local here. `observed_ns`:
   // when it observed it (CLOCK_MONOTONIC ns; 0: now), e.g. the step at which the engine's leader
-  // decided it, so every rank that hears of it names the same instant.
+  // decided it, so every rank that hears of it names the same instant. An instant in the future
+  // or more than kMaxObservedAgeMs ago counts as now (the root-cause rule compares instants: a
+  // made-up one must not win it).
   virtual void fail(ErrorCode code, const std::string& reason, int64_t observed_ns = 0) = 0;
   // A failure this rank learned from its engine (the engine's agreement, another rank's failure):
   // recorded as from another rank, told to the destinations. If the room already failed here, the
@@ -184,23 +189,30 @@ class Sender {
   virtual bool release_safe() const = 0;
   virtual TransferMetrics metrics() const = 0;
   // The per-chunk completion event. Each send() that returned OK has a number: 0, 1, 2 ... in call
-  // order (both forms count). Returns, once each, the numbers of the sends whose writes have all
-  // ended since the last call: completed at every destination (landed, or failed: the room then
-  // fails), or given up at the room's drain deadline. The last send (`last`) ends with the room:
-  // its writes include the room's final batch (this rank's aux row, state rows and guard row,
-  // written once every KV write completed), so its number comes back once the room is Success,
-  // or Failed and release_safe(). Any other send of zero pages, and any send on a room that had
-  // already failed, ends at once. Once a send's number came back the engine may
-  // reuse its source pages (a staging ring: the chunk's pages): no write of it reads them any more,
-  // except one given up at the drain deadline, which can land only in pages decode keeps
-  // quarantined (Receiver::quarantined()). Wake-ups: the manager's progress (wait_fds() with a
-  // caller-pumped manager). Thread contract: as every Sender call.
+  // order (both forms count). Returns, once each, the numbers of the sends whose KV writes have
+  // all ended since the last call: completed at every destination (landed, or failed: the room
+  // then fails), or given up at the room's drain deadline. A send of zero pages (the last may
+  // carry none) and a send on a room that had already failed end at once. Once a send's number
+  // came back the engine may reuse its source pages (a staging ring: the chunk's pages): no write
+  // of it reads them any more, except one given up at the drain deadline, which can land only in
+  // pages decode keeps quarantined (Receiver::quarantined()). The room's aux row and state rows
+  // (init()'s aux_index, the last send's state_indices) are not part of any send's pages: the
+  // room's final batch reads them after every KV write completed, so keep them until the room
+  // ends (Success, or Failed and release_safe()). Wake-ups: the manager's progress (wait_fds()
+  // with a caller-pumped manager). Thread contract: as every Sender call.
   virtual std::vector<uint64_t> take_completed_sends() = 0;
 };
 
+// fail(code, reason, observed_ns): the oldest observation instant taken as given.
+inline constexpr int64_t kMaxObservedAgeMs = 60'000;
+
 class Receiver {
  public:
-  virtual ~Receiver() = default;  // releases the room once release-safe (deferred)
+  // Releases the room once release-safe (deferred). A receiver dropped before its room ended
+  // (Success or Failed) fails it first (aborted, origin this rank), so every source stops and is
+  // told; its pages, aux and state rows may still take a write until Manager::take_reclaimed_rooms()
+  // names the room: keep them until then (or drop a receiver only once release_safe()).
+  virtual ~Receiver() = default;
   virtual uint64_t room() const = 0;
   // Which DP group of the prefill engine serves the room (SGLang's init(prefill_dp_rank));
   // -1: dp_rank_for_room(room, peer_dp_size).
@@ -291,7 +303,8 @@ class Manager {
   virtual std::string control_endpoint() const = 0;  // advertised ("tcp://host:port")
   virtual ManagerStats stats() const = 0;
   // Decode: rooms released quarantined (Receiver::quarantined()) whose prefill sources have since
-  // confirmed the drain (or died), since the last call: their pages, aux and state rows may be
+  // confirmed the drain (or died), and rooms whose receiver was dropped before it was
+  // release-safe, once they are, since the last call: their pages, aux and state rows may be
   // reused now. Prefill: always empty.
   virtual std::vector<uint64_t> take_reclaimed_rooms() = 0;
   // The fault decorator (config.fault_injection), else nullptr.

@@ -337,11 +337,11 @@ class KVSender(_Room):
 
     def take_completed_sends(self) -> list:
         """The per-chunk completion event: the numbers (0, 1, 2 ... in call order) of this room's
-        send() calls whose writes have all ended since the last call, each once. A send's local
-        pages may be reused once its number came back (e.g. a staging ring). The last send
-        (last=True) ends with the room (Success, or Failed and release-safe): its aux and state
-        rows are read after every KV write. Any other send of no pages, and any send on a room
-        that had failed, ends at once."""
+        send() calls whose KV writes have all ended since the last call, each once. A send's local
+        pages may be reused once its number came back (e.g. a staging ring). A send of no pages
+        (only the last may carry none) and a send on a room that had failed end at once. The
+        room's aux and state rows are not a send's pages: they are read after every KV write, so
+        keep them until the room ends (Success, or Failed and release-safe)."""
         return list(self._mgr.sender_take_completed_sends(self.bootstrap_room))
 
 

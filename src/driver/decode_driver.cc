@@ -274,7 +274,7 @@ std::vector<RoomReport> DecodeDriver::reports(int64_t now_ns) {
     const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};
     if (e) {
       report_failure(rep, *e);
-      rep.failed_ns = m.done_ns ? m.done_ns : (r.failed_ns ? r.failed_ns : now_ns);
+      rep.failed_ns = m.failed_ns ? m.failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
       rep.quarantine = drained && r.handle && r.handle->quarantined();
     }
     if (succeeded) rep.success_ns = m.done_ns;

@@ -284,7 +284,7 @@ std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
     const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};
     if (e) {
       report_failure(rep, *e);
-      rep.failed_ns = m.done_ns ? m.done_ns : (r.failed_ns ? r.failed_ns : now_ns);
+      rep.failed_ns = m.failed_ns ? m.failed_ns : (r.failed_ns ? r.failed_ns : now_ns);
     }
     rep.send_ns = m.first_send_ns;
     rep.compute_end_ns = r.compute_end_ns;

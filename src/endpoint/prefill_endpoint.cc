@@ -85,6 +85,10 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     failed.push_back(id);
   }
+  // The manager's senders not init()ed yet that are bound for it fail too, named below.
+  if (unopened_hook_)
+    for (uint64_t id : unopened_hook_(peer, fmt::format("{} unreachable: {}", peer.str(), reason), now))
+      failed.push_back(id);
   std::sort(failed.begin(), failed.end());
   log_event(LogLevel::kWarning, kComp,
             fmt::format("decode peer {} unreachable: {}; {} failed: {}", peer.str(), reason,

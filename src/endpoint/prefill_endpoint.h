@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -125,6 +126,11 @@ class PrefillEndpoint {
   // A room not added yet: a destination of it that is dead now (declared dead and not back), if
   // any. The manager fails such a sender before init() (its metadata can no longer come).
   std::optional<RankId> dead_destination(uint64_t room) const;
+  // Rooms not added yet whose senders exist (the manager's, before init()): on a destination's
+  // death, on_peer_dead calls the hook (the dead rank, the failure's reason, its instant), which
+  // fails those bound for it (add_failed_room) and returns them; the death's warning names them.
+  using UnopenedHook = std::function<std::vector<uint64_t>(const RankId&, const std::string&, int64_t)>;
+  void set_unopened_rooms_hook(UnopenedHook hook) { unopened_hook_ = std::move(hook); }
 
   // Writes the room's pages [first_page, first_page + src_pages.size()) from the local pages
   // `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone once the
@@ -394,6 +400,7 @@ class PrefillEndpoint {
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
+  UnopenedHook unopened_hook_;
   // Decode ranks whose last registration was refused, with the refusal's record (until one of
   // theirs is accepted; at most kMaxRefused, oldest rank order dropped first).
   std::map<RankId, Failure> refused_;

@@ -10,6 +10,7 @@
 #include "kvferry/bootstrap.h"
 #include "kvferry/control.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
 
@@ -78,6 +79,20 @@ Status ManagerImpl::start() {
 
   if (prefill) {
     prefill_ = std::make_unique<PrefillEndpoint>(*core_, plan_, c.peer_dp_size);
+    // Senders not init()ed yet whose destination dies fail with the death (and are named in its
+    // warning), as init()ed rooms bound for it do. Runs under the lock (progress).
+    prefill_->set_unopened_rooms_hook([this](const RankId& dead, const std::string& reason, int64_t now) {
+      std::vector<uint64_t> failed;
+      const std::vector<uint32_t> dests = dests_of(plan_, self().tp_rank);
+      if (std::find(dests.begin(), dests.end(), dead.tp_rank) == dests.end()) return failed;
+      for (auto& [id, r] : rooms_) {
+        if (r.initialized || r.early_failure || dp_rank_for_room(id, config_.peer_dp_size) != dead.dp_rank) continue;
+        const Failure f{ErrorCode::kPeerUnreachable, dead, reason, now, 0};
+        if (!open_sender_for_failure(id, r, f, false)) r.early_failure = KVTransferError::from(id, f, true);
+        failed.push_back(id);
+      }
+      return failed;
+    });
     if (!c.bootstrap_address.empty()) {
       PrefillRankInfo info;
       info.engine_id = c.self.engine_id;
@@ -288,7 +303,6 @@ void ManagerImpl::housekeeping(int64_t now) {
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
       if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
-      settle_last_send(id, r, now);
       if (p == KVPoll::Failed && !r.posted) {
         // The room's root cause as known here: the rank's own record, or one a peer told it (so a
         // record reaches the board even when its origin died before posting it).
@@ -334,13 +348,19 @@ void ManagerImpl::housekeeping(int64_t now) {
           prefill_->release(id);
         } else {
           const ReceiverRoom* rr = decode_->room(id);
+          bool quarantined = false;
           if (rr && rr->failed_ns != 0)
             for (const RankId& src : rr->metadata_sent)
               if (!rr->terminal.count(src)) {
                 ++quarantined_rooms_;
+                quarantined = true;
                 break;
               }
           decode_->release(id);
+          // A receiver dropped while a write could land: its engine waits for the room's name
+          // (take_reclaimed_rooms); a quarantined one is named when its quarantine ends.
+          if (r.dropped_unsafe && !quarantined && reclaimed_dropped_.size() < kMaxReclaimedDropped)
+            reclaimed_dropped_.push_back(id);
         }
         if (core_->faults()) core_->faults()->clear_room(id);
       }
@@ -387,7 +407,11 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
 
 std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {
   std::lock_guard lock(mu_);
-  return decode_ ? decode_->take_reclaimed() : std::vector<uint64_t>{};
+  if (!decode_) return {};
+  std::vector<uint64_t> out = decode_->take_reclaimed();
+  out.insert(out.end(), reclaimed_dropped_.begin(), reclaimed_dropped_.end());
+  reclaimed_dropped_.clear();
+  return out;
 }
 
 ManagerStats ManagerImpl::stats() const {

@@ -146,12 +146,12 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
   EXPECT_TRUE(until([&] { return prefill.stats().live_rooms == 0 && decode.stats().live_rooms == 0; }));
 }
 
-// Sender::take_completed_sends(): the last send's number comes back only once its aux and state
-// rows were read (the final batch goes out after every KV write completed), so an engine that
-// reuses those rows then cannot corrupt decode's copy. Every write of the room is delayed, so the
-// final batch is still queued when the KV writes complete: before the fix the number came back
-// then, and the rows overwritten at that moment arrived overwritten.
-TEST(ManagerBuffers, TheLastSendEndsOnlyOnceItsAuxAndStateRowsWereRead) {
+// Sender::take_completed_sends(): the last send's number comes back once its KV writes ended, so
+// its pages may be reused at once: decode's copy of them is intact. Its aux and state rows are
+// read by the room's final batch, after every KV write: an engine keeps them until the room ends,
+// and then decode's copy of them is intact too. Every write of the room is delayed (300 ms), so
+// the number cannot come back before the pages were written.
+TEST(ManagerBuffers, TheLastSendEndsWhenItsPagesWereWrittenItsRowsWhenTheRoomEnds) {
   auto ranks = make_buffer_ranks(true, true);
   ASSERT_TRUE(ranks);
   Manager& prefill = *ranks->prefill;
@@ -178,16 +178,31 @@ TEST(ManagerBuffers, TheLastSendEndsOnlyOnceItsAuxAndStateRowsWereRead) {
   const std::vector<uint8_t> sent_aux = {pm.aux[0].begin() + paux * kAuxItem[0], pm.aux[0].begin() + (paux + 1) * kAuxItem[0]};
   const std::vector<uint8_t> sent_state = {pm.state[0].begin() + pstate[0] * kStateItem,
                                            pm.state[0].begin() + (pstate[0] + 1) * kStateItem};
+  // The pages as sent: every KV buffer's item of source pages 1 and 2.
+  auto pages_of = [](EngineMemory& m, const std::vector<uint64_t>& pages) {
+    std::vector<uint8_t> out;
+    for (auto& buf : m.kv) {
+      const uint64_t item = buf.size() / kPages;
+      for (uint64_t p : pages) out.insert(out.end(), buf.begin() + p * item, buf.begin() + (p + 1) * item);
+    }
+    return out;
+  };
+  const std::vector<uint8_t> sent_pages = pages_of(pm, src);
   prefill.faults()->delay_room(room, 300ms);
+  const int64_t sent_ns = monotonic_ns();
   ASSERT_TRUE(tx->send(src, pstate, true).ok());  // send 0: every page, the state row, then aux/guard
   std::vector<uint64_t> back;
   ASSERT_TRUE(until([&] { return !(back = tx->take_completed_sends()).empty(); }));
   EXPECT_EQ(back, std::vector<uint64_t>{0});
-  EXPECT_EQ(tx->poll(), KVPoll::Success) << "the number came back while the room's final batch was still out";
-  // The engine reuses its rows at once.
+  EXPECT_GE(monotonic_ns() - sent_ns, 300'000'000) << "the number came back before the delayed writes ended";
+  // The engine reuses the send's pages at once; it keeps the rows until the room ends.
+  for (auto& buf : pm.kv)
+    for (uint64_t p : src) std::memset(buf.data() + p * (buf.size() / kPages), 0xEE, buf.size() / kPages);
+  ASSERT_TRUE(until([&] { return rx->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }))
+      << to_string(rx->poll());
+  EXPECT_EQ(pages_of(dm, dst), sent_pages);
   std::memset(pm.aux[0].data() + paux * kAuxItem[0], 0xEE, kAuxItem[0]);
   std::memset(pm.state[0].data() + pstate[0] * kStateItem, 0xEE, kStateItem);
-  ASSERT_TRUE(until([&] { return rx->poll() == KVPoll::Success; })) << to_string(rx->poll());
   EXPECT_EQ(std::memcmp(dm.aux[0].data() + daux * kAuxItem[0], sent_aux.data(), kAuxItem[0]), 0);
   EXPECT_EQ(std::memcmp(dm.state[0].data() + dstate[0] * kStateItem, sent_state.data(), kStateItem), 0);
 }

@@ -64,6 +64,7 @@ class ManagerImpl final : public Manager {
   struct Room {
     bool initialized = false;  // in the endpoint (init / send_metadata called)
     bool dropped = false;      // the handle is gone: released once release-safe
+    bool dropped_unsafe = false;  // receiver: dropped while a write could still land (reclaim it)
     bool logged = false;       // the failure was logged (failure_log_component)
     bool posted = false;       // this rank's own failure of the room went to the failure board
     uint64_t total_pages = 0;
@@ -73,7 +74,6 @@ class ManagerImpl final : public Manager {
     uint64_t sends = 0;        // sender: send() calls that returned OK (the next one's number)
     std::unordered_map<uint64_t, uint64_t> send_of_tag;  // sender: a chunk's tag -> its send's number
     std::vector<uint64_t> completed_sends;  // sender: not yet taken (Sender::take_completed_sends)
-    std::optional<uint64_t> last_send;  // sender: the last send's number, until the room's writes ended
     int64_t prefill_dp_rank = -1;  // receiver: init()
     bool dp_set = false;       // receiver: init() called (it put the room into the endpoint)
     bool metadata_sent = false;  // receiver: send_metadata() accepted
@@ -95,16 +95,6 @@ class ManagerImpl final : public Manager {
   // Nothing was written: release-safe once those ranks answered. False: it could not (the failure
   // then stays the room's early_failure, local).
   bool open_sender_for_failure(uint64_t id, Room& r, const Failure& f, bool observed_here);
-  // The last send's number goes to completed_sends once no write of the room can still read this
-  // rank's pages and rows: Success (the final batch landed), or Failed and release-safe.
-  void settle_last_send(uint64_t id, Room& r, int64_t now) {
-    if (!r.last_send || !r.initialized || !prefill_) return;
-    const KVPoll p = prefill_->poll(id);
-    if (p == KVPoll::Success || (p == KVPoll::Failed && release_safe_locked(id, r, now))) {
-      r.completed_sends.push_back(*r.last_send);
-      r.last_send.reset();
-    }
-  }
   void wake() { core_->waker().signal(); }
   // The failure board of the rooms' bootstrap service (prefill: config.bootstrap_address; decode:
   // the prefill instance looked up; empty: none). Takes the lock.
@@ -115,6 +105,9 @@ class ManagerImpl final : public Manager {
   // whose failures are never posted (no board, an old peer) is not stalled room after room.
   std::optional<Failure> look_up_failure(uint64_t room, int64_t wait_ms);
   static constexpr int64_t kBoardQuietNs = 10'000'000'000;
+  // Rooms of receivers dropped unsafe waiting to be taken (an engine that never takes them: later
+  // names beyond this are dropped; their pages then stay with the engine, as leaked).
+  static constexpr size_t kMaxReclaimedDropped = 65536;
 
  private:
   friend class Manager;
@@ -139,6 +132,7 @@ class ManagerImpl final : public Manager {
   std::map<uint64_t, Room> rooms_;
   uint64_t next_tag_ = kSenderTagBase;
   uint64_t quarantined_rooms_ = 0;
+  std::vector<uint64_t> reclaimed_dropped_;  // decode: dropped_unsafe rooms released since the last take
   FailurePoster poster_;  // this rank's own failures to the board (housekeeping)
   std::atomic<int64_t> board_quiet_until_ns_{0};
   std::atomic<bool> stop_{false};

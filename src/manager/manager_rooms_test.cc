@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <climits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kvferry/log.h"
 #include "manager/manager_pair_test_util.h"
 
 namespace kvferry {
@@ -53,6 +56,18 @@ TEST_P(ManagerRooms, SenderBeforeInitFailsWhenItsDestinationDies) {
   auto r = make_ranks(transport, thread, notice_only());
   ASSERT_TRUE(r);
   const RankId decode_rank = r->decode->self();
+  std::mutex mu;
+  std::vector<std::string> deaths;  // the peer_dead lines' messages
+  set_log_callback([&](LogLevel, std::string_view, std::string_view msg, const LogFields& f) {
+    for (const auto& [k, v] : f.extra)
+      if (k == "event" && v == "peer_dead") {
+        std::lock_guard lk(mu);
+        deaths.emplace_back(msg);
+      }
+  });
+  struct Unset {
+    ~Unset() { set_log_callback({}); }
+  } unset;
   auto tx = r->prefill->sender(32).value();
   EXPECT_EQ(tx->poll(), KVPoll::Bootstrapping);
   r->decode.reset();  // the decode process is gone: its heartbeats stop, its sockets refuse
@@ -70,6 +85,13 @@ TEST_P(ManagerRooms, SenderBeforeInitFailsWhenItsDestinationDies) {
   EXPECT_EQ(e->origin, decode_rank);
   EXPECT_TRUE(e->is_from_another_rank);
   EXPECT_TRUE(tx->release_safe());
+  {
+    // The death's one warning names the room (issue 30 item 5), though it was not init()ed.
+    std::lock_guard lk(mu);
+    ASSERT_EQ(deaths.size(), 1u);
+    EXPECT_NE(deaths[0].find("1 room"), std::string::npos) << deaths[0];
+    EXPECT_NE(deaths[0].find("32"), std::string::npos) << deaths[0];
+  }
   auto later = r->prefill->sender(33).value();
   while (later->poll() != KVPoll::Failed && std::chrono::steady_clock::now() < end) prefill_only();
   ASSERT_EQ(later->poll(), KVPoll::Failed);
@@ -104,6 +126,79 @@ TEST_P(ManagerRooms, ARoomThatConcludedHereFailsWithItsEngine) {
   EXPECT_FALSE(rx->quarantined());
   EXPECT_TRUE(r->until([&] { return tx->release_safe(); }, 20s));
   EXPECT_EQ(mismatched(*r->decode, 34, {4, 5}), 0u);
+}
+
+// An engine that drops a sender in the middle of its room (its last send() not made) gave the
+// request up: decode is told at once (aborted, origin prefill), not at its waiting deadline.
+TEST_P(ManagerRooms, SenderDroppedMidRoomTellsDecode) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto [rx, tx] = asked_room(*r, 36, {4, 5, 6}, 2);
+  ASSERT_TRUE(rx && tx);
+  ASSERT_TRUE(tx->init(3, 0).ok());
+  const std::vector<uint64_t> src{0};
+  fill(*r->prefill, 36, 0, src);
+  ASSERT_TRUE(tx->send(src, {}, false).ok());
+  tx.reset();
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s)) << to_string(rx->poll());
+  EXPECT_EQ(rx->failure()->code, ErrorCode::kAborted);
+  EXPECT_EQ(rx->failure()->origin, r->prefill->self());
+  EXPECT_TRUE(r->until([&] { return rx->release_safe(); }, 20s));
+  EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0; }, 20s));
+}
+
+// An engine that drops a receiver in the middle of its room: every source stops (aborted, origin
+// decode), and since the handle is gone, take_reclaimed_rooms() says when the pages are free (no
+// write can reach them any more).
+TEST_P(ManagerRooms, ReceiverDroppedMidRoomIsNamedWhenItsPagesAreFree) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto [rx, tx] = asked_room(*r, 37, {4, 5, 6}, 2);
+  ASSERT_TRUE(rx && tx);
+  ASSERT_TRUE(tx->init(3, 0).ok());
+  const std::vector<uint64_t> src{0};
+  fill(*r->prefill, 37, 0, src);
+  ASSERT_TRUE(tx->send(src, {}, false).ok());
+  rx.reset();
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s)) << to_string(tx->poll());
+  EXPECT_EQ(tx->failure()->code, ErrorCode::kAborted);
+  EXPECT_EQ(tx->failure()->origin, r->decode->self());
+  std::vector<uint64_t> named;
+  ASSERT_TRUE(r->until([&] {
+    for (uint64_t id : r->decode->take_reclaimed_rooms()) named.push_back(id);
+    return !named.empty();
+  }, 20s));
+  EXPECT_EQ(named, std::vector<uint64_t>{37});
+  EXPECT_TRUE(r->until([&] { return tx->release_safe(); }, 20s));
+  EXPECT_EQ(r->decode->stats().live_rooms, 0u);
+}
+
+// fail(code, reason, observed_ns): an instant in the future, or older than kMaxObservedAgeMs,
+// counts as now, so a made-up instant cannot win the root-cause rule; a recent one is kept.
+TEST_P(ManagerRooms, AnObservationInstantOutsideItsWindowCountsAsNow) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  const int64_t before = monotonic_ns();
+  auto a = r->prefill->sender(38).value();
+  a->fail(ErrorCode::kInjected, "ancient", 1);
+  auto b = r->prefill->sender(39).value();
+  b->fail(ErrorCode::kInjected, "future", INT64_MAX);
+  auto c = r->prefill->sender(40).value();
+  c->fail(ErrorCode::kInjected, "an hour ago", before - 3'600'000'000'000);
+  auto d = r->prefill->sender(41).value();
+  d->fail(ErrorCode::kInjected, "a step ago", before - 2'000'000);
+  const int64_t after = monotonic_ns();
+  for (Sender* s : {a.get(), b.get(), c.get()}) {
+    ASSERT_TRUE(s->failure());
+    EXPECT_GE(s->failure()->first_seen_ns, before) << s->failure()->failure_reason;
+    EXPECT_LE(s->failure()->first_seen_ns, after) << s->failure()->failure_reason;
+    EXPECT_GT(s->failure()->failure().wall_ns, 0) << s->failure()->failure_reason;
+  }
+  ASSERT_TRUE(d->failure());
+  EXPECT_EQ(d->failure()->first_seen_ns, before - 2'000'000);
 }
 
 // Each handle names its room's peers from the transfer plan (1:1 TP here); a receiver knows

@@ -17,6 +17,14 @@ namespace {
 
 Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(what)}; }
 
+// fail()'s observation instant: as given if it is in the past and at most kMaxObservedAgeMs old,
+// else now (a made-up instant must not win the root-cause rule, nor overflow the wall clock).
+int64_t observed_instant(int64_t observed_ns) {
+  const int64_t now = monotonic_ns();
+  if (observed_ns <= 0 || observed_ns > now || now - observed_ns > kMaxObservedAgeMs * 1'000'000) return now;
+  return observed_ns;
+}
+
 // Sender/Receiver::fail_from_agreement (kvferry/manager.h): the room's failure here, or its record
 // on the failure board, or `fallback`; the board is asked without the manager's lock.
 template <typename Handle>
@@ -65,6 +73,12 @@ class SenderImpl final : public Sender {
         (void)m_.open_sender_for_failure(
             room_, *r, Failure{ErrorCode::kAborted, m_.self(), "the sender was dropped before init()", monotonic_ns(), 0},
             true);
+      // Dropped in the middle of the room (its last send() not made): decode would wait for the
+      // rest until its waiting_timeout; it is told now.
+      else if (r->initialized && !r->last_sent && m_.prefill()->poll(room_) != KVPoll::Success &&
+               m_.prefill()->poll(room_) != KVPoll::Failed)
+        m_.prefill()->fail(room_, ErrorCode::kAborted, "the sender was dropped before its last send()", m_.self(),
+                           monotonic_ns(), true);
       r->dropped = true;
     }
     m_.wake();
@@ -158,15 +172,10 @@ class SenderImpl final : public Sender {
     Status st = ep.send(room_, first, src, tag, state_indices, last, *range);
     if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? ended() : st;
     if (!src.empty()) ++r.chunks_out;
-    if (last) {
-      // The last send's writes include the room's final batch (aux row, state rows, guard row:
-      // read from this rank's rows once every KV write completed): it ends with the room.
-      r.last_send = r.sends++;
-    } else if (!src.empty()) {
-      r.send_of_tag.emplace(tag, r.sends++);
-    } else {
-      r.completed_sends.push_back(r.sends++);
-    }
+    // A send ends when its KV writes ended: its pages are not read any more. (The room's aux and
+    // state rows are read by the final batch, after every KV write: until the room ends.)
+    if (!src.empty()) r.send_of_tag.emplace(tag, r.sends++);
+    else r.completed_sends.push_back(r.sends++);
     if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
     for (uint32_t l = range->begin; l < range->end; ++l) r.next_page[l] += src.size();
     r.last_sent = last;
@@ -207,7 +216,7 @@ class SenderImpl final : public Sender {
   void fail(ErrorCode code, const std::string& reason, int64_t observed_ns) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    const int64_t now = observed_ns > 0 ? observed_ns : monotonic_ns();
+    const int64_t now = observed_instant(observed_ns);
     if (!r.initialized && !m_.open_sender_for_failure(room_, r, Failure{code, m_.self(), reason, now, 0}, true)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
@@ -248,7 +257,8 @@ class SenderImpl final : public Sender {
     TransferMetrics t = r.metrics;
     if (const SenderRoom* s = r.initialized ? m_.prefill()->room(room_) : nullptr) {
       t.bytes = s->bytes;
-      if (s->failed_ns) t.done_ns = s->failed_ns;  // the endpoint's instant, not the next progress's
+      t.failed_ns = s->failed_ns;  // the endpoint's instant, not the next progress's
+      if (s->failed_ns && (t.done_ns == 0 || s->state.get() == KVPoll::Failed)) t.done_ns = s->failed_ns;
     }
     return t;
   }
@@ -256,7 +266,6 @@ class SenderImpl final : public Sender {
   std::vector<uint64_t> take_completed_sends() override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    m_.settle_last_send(room_, r, monotonic_ns());
     return std::exchange(r.completed_sends, {});
   }
 
@@ -274,9 +283,16 @@ class ReceiverImpl final : public Receiver {
       // Dropped after init() (its sources known) but before send_metadata(), without a failure:
       // the engine gave the request up. Every source is told (aborted, origin this rank) rather
       // than waiting for its bootstrap deadline; no page was given out.
-      if (r->initialized && !r->metadata_sent && m_.decode()->poll(room_) != KVPoll::Failed)
+      const KVPoll p = r->initialized ? m_.decode()->poll(room_) : KVPoll::Failed;
+      if (r->initialized && !r->metadata_sent && p != KVPoll::Failed)
         m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before send_metadata()", m_.self(),
                           monotonic_ns(), true);
+      // Dropped before the room ended: every source stops and is told; the pages may still take a
+      // write until the room is release-safe, which take_reclaimed_rooms() then says (manager.h).
+      else if (r->metadata_sent && p != KVPoll::Success && p != KVPoll::Failed)
+        m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before the room ended", m_.self(),
+                          monotonic_ns(), true);
+      r->dropped_unsafe = r->metadata_sent && !m_.decode()->drained(room_, monotonic_ns());
       r->dropped = true;
     }
     m_.wake();
@@ -384,7 +400,7 @@ class ReceiverImpl final : public Receiver {
   void fail(ErrorCode code, const std::string& reason, int64_t observed_ns) override {
     std::lock_guard lock(m_.mutex());
     ManagerImpl::Room& r = *m_.room(room_);
-    const int64_t now = observed_ns > 0 ? observed_ns : monotonic_ns();
+    const int64_t now = observed_instant(observed_ns);
     if (!r.initialized && !open_for_failure(r)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
@@ -436,8 +452,8 @@ class ReceiverImpl final : public Receiver {
     TransferMetrics t = r.metrics;
     // The endpoint's instants, not the next progress's.
     if (const ReceiverRoom* rr = r.initialized ? m_.decode()->room(room_) : nullptr) {
-      if (rr->failed_ns) t.done_ns = rr->failed_ns;  // also a room that failed after it concluded
-      else if (rr->success_ns) t.done_ns = rr->success_ns;
+      t.failed_ns = rr->failed_ns;  // also a room that failed after it concluded here
+      t.done_ns = rr->success_ns ? rr->success_ns : rr->failed_ns;
     }
     return t;
   }
