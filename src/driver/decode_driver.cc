@@ -24,14 +24,6 @@ DecodeDriver::DecodeDriver(Manager& manager, DecodeDriverConfig config)
 
 DecodeDriver::~DecodeDriver() = default;
 
-void DecodeDriver::fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns) {
-  if (r.handle) {
-    r.handle->fail(code, reason, observed_ns);
-  } else if (!r.local_failure) {
-    r.local_failure = KVTransferError{0, code, reason, manager_.self(), false, observed_ns ? observed_ns : monotonic_ns()};
-  }
-}
-
 void DecodeDriver::apply(const Decision& d) {
   const RankId self = manager_.self();
   switch (d.op) {
@@ -63,7 +55,7 @@ void DecodeDriver::apply(const Decision& d) {
       if (!kv || !slot) {  // the ranks' allocators diverged: a bug, fail the room loudly
         if (kv) pages_.free(*kv);
         if (slot) aux_.free(*slot);
-        fail_room(r, ErrorCode::kInternal, "page allocators of the engine's ranks diverged");
+        fail_room(r, ErrorCode::kInternal, "page allocators of the engine's ranks diverged", self);
         return;
       }
       r.admitted = true;
@@ -84,16 +76,7 @@ void DecodeDriver::apply(const Decision& d) {
     case Decision::Op::kFail: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
-      Room& r = it->second;
-      auto origin = RankId::parse(d.origin);
-      Failure f = failure_of(d);
-      f.origin = origin ? *origin : self;
-      if (d.observed_by_leader && f.origin == self) fail_room(r, f.code, f.reason, d.first_seen_ns);  // the leader's own
-      else if (r.handle) r.handle->fail_from_engine(KVTransferError::from(d.room, f, true));
-      else if (!r.local_failure) r.local_failure = KVTransferError::from(d.room, f, true);
-      if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
-      r.failure = d;
-      r.fail_decided = true;
+      apply_engine_failure(it->second, d, self);
       return;
     }
     case Decision::Op::kRelease: {
@@ -223,7 +206,7 @@ void DecodeDriver::start_verify(uint64_t room, Room& r) {
     auto it = rooms_.find(room);
     if (it == rooms_.end()) return;
     it->second.verify_done = true;
-    fail_room(it->second, ErrorCode::kInternal, "verify worker: " + what);
+    fail_room(it->second, ErrorCode::kInternal, "verify worker: " + what, manager_.self());
   });
 }
 

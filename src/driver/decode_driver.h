@@ -103,8 +103,6 @@ class DecodeDriver : public EngineDriver {
     uint64_t aux_slot = 0;
     bool reclaimed_here = false;  // this rank's endpoint ended the quarantine
   };
-  // The room fails here (its handle's fail(); without one, the driver's own record).
-  void fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns = 0);
   void log_release(uint64_t room, const Room& r, const Decision& release);
   void start_verify(uint64_t room, Room& r);
   void quarantine(uint64_t room, Room& r, bool quarantined_here);

@@ -27,16 +27,6 @@ PrefillDriver::PrefillDriver(Manager& manager, PrefillDriverConfig config)
 
 PrefillDriver::~PrefillDriver() = default;
 
-std::optional<KVTransferError> PrefillDriver::failure_of_room(const Room& r) const { return room_failure(r); }
-
-void PrefillDriver::fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns) {
-  if (r.handle) {
-    r.handle->fail(code, reason, observed_ns);
-  } else if (!r.local_failure) {
-    r.local_failure = KVTransferError{0, code, reason, manager_.self(), false, observed_ns ? observed_ns : monotonic_ns()};
-  }
-}
-
 void PrefillDriver::apply(const Decision& d) {
   const RankId self = manager_.self();
   switch (d.op) {
@@ -85,16 +75,7 @@ void PrefillDriver::apply(const Decision& d) {
     case Decision::Op::kFail: {
       auto it = rooms_.find(d.room);
       if (it == rooms_.end()) return;
-      Room& r = it->second;
-      auto origin = RankId::parse(d.origin);
-      Failure f = failure_of(d);
-      f.origin = origin ? *origin : self;
-      if (d.observed_by_leader && f.origin == self) fail_room(r, f.code, f.reason, d.first_seen_ns);  // the leader's own
-      else if (r.handle) r.handle->fail_from_engine(KVTransferError::from(d.room, f, true));
-      else if (!r.local_failure) r.local_failure = KVTransferError::from(d.room, f, true);
-      if (r.failed_ns == 0) r.failed_ns = monotonic_ns();
-      r.failure = d;
-      r.fail_decided = true;
+      apply_engine_failure(it->second, d, self);
       return;
     }
     case Decision::Op::kRelease: {
@@ -130,7 +111,7 @@ void PrefillDriver::log_release(uint64_t room, const Room& r, const Decision& re
   // The engine's root cause as the leader released the room (older leaders: the kFail decision).
   const Failure root = failure_of(release.code != ErrorCode::kOk ? release : r.failure);
   const FailureLine line =
-      failure_release_line(Role::kPrefill, room, root, own_failure(failure_of_room(r), manager_.self()));
+      failure_release_line(Role::kPrefill, room, root, own_failure(room_failure(r), manager_.self()));
   log_event(line.level, kComp, line.msg, line.fields);
   const bool from_another = line.is_from_another_rank;
   const Decision& f = release.code != ErrorCode::kOk ? release : r.failure;
@@ -187,7 +168,7 @@ void PrefillDriver::submit_fill(uint64_t id) {
   const std::vector<uint64_t> pages = ch.pages;
   auto on_error = [this, room, id](const std::string& what) {
     auto r = rooms_.find(room);
-    if (r != rooms_.end()) fail_room(r->second, ErrorCode::kInternal, "fill worker: " + what);
+    if (r != rooms_.end()) fail_room(r->second, ErrorCode::kInternal, "fill worker: " + what, manager_.self());
     chunk_send_done(id);
   };
   const uint32_t nb = layout->num_buffers();
@@ -278,7 +259,7 @@ std::vector<RoomReport> PrefillDriver::reports(int64_t now_ns) {
     RoomReport rep;
     rep.room = id;
     rep.tp_rank = manager_.self().tp_rank;
-    std::optional<KVTransferError> e = failure_of_room(r);
+    std::optional<KVTransferError> e = room_failure(r);
     rep.poll = e ? KVPoll::Failed : r.handle->poll();
     rep.drained = (!r.handle || r.handle->release_safe()) && r.chunks_out == 0;
     const TransferMetrics m = r.handle ? r.handle->metrics() : TransferMetrics{};

@@ -93,9 +93,6 @@ class PrefillDriver : public EngineDriver {
     uint32_t pending = 1;  // sends not yet completed (layer-wise: one per layer)
     bool last = false;     // the room's final chunk
   };
-  std::optional<KVTransferError> failure_of_room(const Room& r) const;
-  // The room fails here (its handle's fail(); without one, the driver's own record).
-  void fail_room(Room& r, ErrorCode code, const std::string& reason, int64_t observed_ns = 0);
   void schedule_chunks();
   // The fill jobs of chunk `id`: one job (fill, send) without the compute model; else one per
   // layer (fill the layer, sleep out its compute, send it or, after the last, the chunk).
