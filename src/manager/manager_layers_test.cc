@@ -17,6 +17,7 @@
 #include "kvferry/content.h"
 #include "kvferry/fault_transport.h"
 #include "kvferry/manager.h"
+#include "manager/manager_pair_test_util.h"
 
 namespace kvferry {
 namespace {
@@ -46,20 +47,11 @@ struct Ranks {
 
 ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const std::string& transport,
                      const std::string& bootstrap) {
-  ManagerConfig c;
+  ManagerConfig c = testing::base_config(self.role, transport, false);  // Qwen2.5-7B: 28 layers, 4 KV heads
   c.self = self;
   c.tp_size = tp;
   c.peer_tp_size = peer_tp;
-  auto model = testing::load_test_model("Qwen2.5-7B");  // 28 layers, 4 KV heads
-  EXPECT_TRUE(model.ok()) << model.status().str();
-  if (model.ok()) c.model = *model;
-  c.page_size = 16;
-  c.pool_bytes = 16ull << 20;
-  c.aux_rows = 64;
-  c.transport = transport;
   c.bootstrap_address = bootstrap;
-  c.progress_thread = false;
-  c.fault_injection = true;
   return c;
 }
 
