@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "endpoint/prefill_endpoint.h"
+#include "endpoint/room_list.h"
 #include "endpoint/span_compat.h"
 #include "kvferry/log.h"
 
@@ -360,15 +361,21 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
   // one of the same incarnation never replaces it; a confirmed restart erased it).
   if (before == dead_regs_.end() || known_incarnation(peer) == 0 || before->second.incarnation != known_incarnation(peer))
     dead_regs_[peer] = reg;  // first: the rooms' failures below are told to it there
-  size_t failed = 0;
+  std::vector<uint64_t> failed;
   for (auto& [id, r] : rooms_) {
     if (r.state.terminal()) continue;
     if (std::find(r.dests.begin(), r.dests.end(), peer) == r.dests.end()) continue;
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("cannot connect to {}: {}", peer.str(), why), peer, now, false);
-    ++failed;
+    failed.push_back(id);
   }
-  log_event(again && failed == 0 ? LogLevel::kDebug : LogLevel::kWarning, kComp,
-            fmt::format("cannot connect to decode peer {}: {}; {} rooms failed", peer.str(), why, failed),
+  // The manager's senders not init()ed yet that are bound for it fail too, named below.
+  if (unopened_hook_)
+    for (uint64_t id : unopened_hook_(peer, fmt::format("cannot connect to {}: {}", peer.str(), why), now))
+      failed.push_back(id);
+  std::sort(failed.begin(), failed.end());
+  log_event(again && failed.empty() ? LogLevel::kDebug : LogLevel::kWarning, kComp,
+            fmt::format("cannot connect to decode peer {}: {}; {} failed: {}", peer.str(), why,
+                        failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
              .extra = {{"peer", peer.str()}, {"event", "connect_failed"}}});
   if (auto old = peers_.find(peer); old != peers_.end()) {  // its previous incarnation's endpoint

@@ -57,10 +57,10 @@ TEST_P(ManagerRooms, SenderBeforeInitFailsWhenItsDestinationDies) {
   ASSERT_TRUE(r);
   const RankId decode_rank = r->decode->self();
   std::mutex mu;
-  std::vector<std::string> deaths;  // the peer_dead lines' messages
+  std::vector<std::string> deaths;  // the death's warning (peer_dead, or connect_failed)
   set_log_callback([&](LogLevel, std::string_view, std::string_view msg, const LogFields& f) {
     for (const auto& [k, v] : f.extra)
-      if (k == "event" && v == "peer_dead") {
+      if (k == "event" && (v == "peer_dead" || v == "connect_failed")) {  // dead, or dead while being connected
         std::lock_guard lk(mu);
         deaths.emplace_back(msg);
       }
