@@ -2,7 +2,8 @@
 # kvferry against its references, in one run (issue 5; docs/BENCHMARKS.md). Run by `make bench`.
 #   bench/compare.sh [BUILD_DIR [OUT_DIR]]      (defaults: build, out/bench)
 # Measures, on this machine:
-#   1. Google Benchmark micro-benchmarks of the hot pieces (BUILD/bench/kvferry_micro_*)
+#   1. Google Benchmark micro-benchmarks of the hot pieces (BUILD/bench/kvferry_micro_*), and
+#      1-page rooms at concurrency 1 through the SGLang backend (bench/sglang_room_latency.py)
 #   2. ROUNDS interleaved rounds (A B A B: the machine's drift hits every contender alike), each:
 #      `kvferry bench` 1+1 over shm (Llama-3.1-8B, 4096 tokens/room, 64-token pages, BENCH_SHARDS
 #      transfer shards), the memcpy of the same pieces with as many threads (bench/memcpy_bw.cc),
@@ -64,6 +65,13 @@ for exe in "$BUILD"/bench/kvferry_micro_*; do
   name=$(basename "$exe")
   "$exe" --benchmark_min_time=0.05 --benchmark_out="$OUT/micro_${name#kvferry_micro_}.json" \
     --benchmark_out_format=json 2>&1 | grep -v '^\*\*\*WARNING\|^Run on\|^CPU Caches\|^  L[0-9]\|^Load Average\|^[0-9-]*T[0-9:]*' || true
+done
+# One-page rooms through the SGLang backend (issue 30 item 4): the C++ API's are the micro-benchmark
+# kvferry_micro_room_latency above; summarize.py prints both.
+step "one-page rooms through kvferry.sglang, concurrency 1, tcp and shm"
+for tr in tcp shm; do
+  PYTHONPATH="$BUILD/python" "$PY" "$(dirname "$0")/sglang_room_latency.py" --transport "$tr" \
+    --json "$OUT/sglang_room_latency_$tr.json" || echo "compare.sh: sglang_room_latency.py $tr failed" >&2
 done
 
 # --- 2-4. interleaved rounds: kvferry against its references ---------------------------------------

@@ -179,6 +179,22 @@ def main():
     except (OSError, KeyError, ValueError):
         print("summarize.py: no layer-wise pair (layerwise_off/on.json)", file=sys.stderr)
         s["layerwise_tail_ratio"] = float("nan")
+    # One-page rooms at concurrency 1 (issue 30 item 4): the C++ API (micro_room_latency.json,
+    # Google Benchmark counters) and the SGLang backend (sglang_room_latency_*.json), p50 in us.
+    rooms = {}
+    try:
+        for b in load(os.path.join(out, "micro_room_latency.json")).get("benchmarks", []):
+            tr = b["name"].split("/")[1]
+            rooms[f"cpp_{tr}"] = {k: b[k] for k in ("p50_us", "p90_us", "p99_us", "max_us") if k in b}
+    except (OSError, ValueError, KeyError, IndexError):
+        print("summarize.py: no micro_room_latency.json", file=sys.stderr)
+    for tr in ("tcp", "shm"):
+        try:
+            j = load(os.path.join(out, f"sglang_room_latency_{tr}.json"))
+            rooms[f"sglang_{tr}"] = {k: j[k] for k in ("p50_us", "p90_us", "p99_us", "max_us")}
+        except (OSError, ValueError, KeyError):
+            print(f"summarize.py: no sglang_room_latency_{tr}.json", file=sys.stderr)
+    s["one_page_room_us"] = rooms
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     write_cdf(os.path.join(out, "latency_cdf_shm.csv"), shm["transfer_latency_cdf_ms"])
@@ -224,6 +240,9 @@ def main():
         t = s["layerwise"]["tail_ms"]
         print(f"layer-wise ({s['layerwise']['ms_per_layer']} ms/layer): transfer tail p50/p99 "
               f"{t['on']['p50']:.2f}/{t['on']['p99']:.2f} ms, without {t['off']['p50']:.2f}/{t['off']['p99']:.2f} ms")
+    for k, v in s["one_page_room_us"].items():
+        print(f"one-page room, concurrency 1, {k.replace('_', ' ')}: p50 {v.get('p50_us', nan):.0f} "
+              f"p90 {v.get('p90_us', nan):.0f} p99 {v.get('p99_us', nan):.0f} max {v.get('max_us', nan):.0f} us")
     lw = s.get("layerwise_tail_ratio", float("nan"))
     print(f"shm_vs_memcpy={s['shm_vs_memcpy']['median']:.3f} shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']['median']:.3f} "
           f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']['median']:.3f} frag_4k_vs_memcpy={s['frag_4k_vs_memcpy']:.3f} "

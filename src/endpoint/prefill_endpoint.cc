@@ -248,6 +248,8 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     maybe_finish(r);
     return Status::Ok();
   }
+  FinalBatches finals;  // a last chunk with pages carries the final batch (prefill_final.cc)
+  if (last && stage_final(r, finals) == FinalStage::kFailed) return Status::Ok();
   const PoolLayout& l = core_.layout();
   ChunkState& cs = chunks_[tag];
   cs = {room, 0, true, units};
@@ -290,6 +292,8 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
         append_slice_writes(runs, local, remote, g, ops);
       }
     }
+    for (auto& [fd, fops] : finals)
+      if (fd == d) ops.insert(ops.end(), fops.begin(), fops.end());
     uint64_t bytes = 0;
     for (const WriteOp& op : ops) bytes += op.length;
     ++cs.remaining;
@@ -348,6 +352,7 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
     if (done.ok) {
       r->units_done += chunk_units;  // once every destination has them
       maybe_finish(*r);
+      maybe_succeed(*r);
     }
     maybe_send_terminal(*r);
   }
@@ -359,74 +364,6 @@ void PrefillEndpoint::conclude_room(SenderRoom& r) {
   r.state.advance(KVPoll::Success);
   log_event(LogLevel::kDebug, kComp, "concluded without writing (no destination holds our heads)",
             room_fields(r.room));
-}
-
-std::string PrefillEndpoint::final_ops(const SenderRoom& r, const RankId& d, uint64_t guard,
-                                       std::vector<WriteOp>& ops) const {
-  const MemoryShape& ours = core_.shape();
-  const MemoryShape& theirs = peers_.at(d).shape;
-  const RoomMetadata& md = r.meta.at(d);
-  if (md.state_indices.size() != r.state_indices.size())
-    return fmt::format("{} state indices here, {} gave {}", r.state_indices.size(), d.str(), md.state_indices.size());
-  if (r.aux_index) {
-    for (size_t a = 0; a < ours.aux_offsets.size(); ++a)
-      ops.push_back({ours.aux(a, *r.aux_index), theirs.aux(a, md.aux_index), ours.aux_item_bytes[a]});
-  }
-  for (size_t s = 0; s < ours.state_offsets.size(); ++s)
-    for (size_t j = 0; j < r.state_indices.size(); ++j)
-      ops.push_back({ours.state(s, r.state_indices[j]), theirs.state(s, md.state_indices[j]), ours.state_item_bytes[s]});
-  ops.push_back({ours.guard(guard), theirs.guard(md.aux_index), sizeof(AuxRecord)});  // last
-  return "";
-}
-
-void PrefillEndpoint::maybe_finish(SenderRoom& r) {
-  if (r.state.get() != KVPoll::Transferring || r.aux_submitted || r.inflight != 0 || !r.last_received ||
-      r.units_done != r.total_pages * r.layer_pages.size())
-    return;
-  if (r.dests.empty()) return conclude_room(r);
-  uint64_t guard = 0;
-  if (r.aux_index) {
-    guard = *r.aux_index;
-  } else {
-    auto slot = aux_alloc_.alloc(1);
-    if (!slot) return;  // retried from tick()
-    r.aux_staging = (*slot)[0];
-    guard = *r.aux_staging;
-  }
-  r.aux_submitted = true;
-  r.progress_ns = monotonic_ns();
-  AuxRecord rec = make_aux(r.room, r.input_tokens, r.total_pages);
-  std::memcpy(core_.guard_row(guard), &rec, sizeof rec);
-  // Every batch is built before any is written: a mismatch fails the room with nothing sent.
-  std::vector<std::pair<const DecodePeer*, std::vector<WriteOp>>> batches;
-  for (const RankId& d : r.dests) {
-    auto srcs = sources_of(plan_, d.tp_rank);
-    if (srcs.empty() || srcs.front() != core_.self().tp_rank) continue;  // its lowest source writes aux
-    std::vector<WriteOp> ops;
-    std::string bad = final_ops(r, d, guard, ops);
-    if (!bad.empty()) {
-      fail(r.room, ErrorCode::kProtocolError, "state rows do not match: " + bad, core_.self(), monotonic_ns(), true);
-      return;
-    }
-    batches.push_back({&peers_.at(d), std::move(ops)});
-  }
-  for (auto& [peer, ops] : batches) {
-    uint64_t bytes = 0;
-    for (const WriteOp& op : ops) bytes += op.length;
-    uint64_t tag = next_aux_tag_++;
-    aux_tags_[tag] = r.room;
-    ++r.inflight;
-    EndpointCore* core = &core_;
-    uint64_t room = r.room;
-    PeerId pid = peer->peer;
-    core_.transport().write(pid, room, std::move(ops), [core, room, tag, pid, bytes](Status st) {
-      core->post({room, tag, std::move(st), bytes, pid});
-    });
-  }
-  if (batches.empty()) {  // another rank writes this destination's aux record: we are done
-    send_status(r, KVPoll::Success);
-    r.state.advance(KVPoll::Success);
-  }
 }
 
 Status PrefillEndpoint::conclude_without_writing(uint64_t room) {

@@ -62,6 +62,7 @@ struct SenderRoom {
   uint64_t units_done = 0;       // units (page x layer) whose writes completed at every destination
   uint32_t inflight = 0;         // write batches in flight (chunks x destinations, aux)
   bool aux_submitted = false;      // the final batch (aux rows, state rows, guard row) went out
+  bool final_in_chunk = false;     // ... behind the last chunk's KV writes (prefill_final.cc)
   bool last_received = false;      // send() with last: no more chunks
   std::optional<uint64_t> aux_index;  // this rank's aux row (init's aux_index), if given
   std::vector<uint64_t> state_indices;  // this rank's state rows, given with the last chunk
@@ -359,7 +360,18 @@ class PrefillEndpoint {
   // group say so; no peer's claim does). from_destination() counts and logs a refusal.
   bool is_destination(uint64_t room, const RankId& r) const;
   bool from_destination(std::string_view kind, uint64_t room, const RankId& sender);
+  // prefill_final.cc: the room's final batch (aux, state and guard rows) and its Success.
+  using FinalBatches = std::vector<std::pair<RankId, std::vector<WriteOp>>>;
+  enum class FinalStage { kBuilt, kNotYet, kFailed };
+  // Stages the guard record and builds the final batch per destination this rank writes aux to
+  // (kNotYet: no staging guard row free; kFailed: the room failed, nothing is sent).
+  FinalStage build_final(SenderRoom& r, FinalBatches& out);
+  // build_final for the last chunk: its batches go behind that chunk's KV writes.
+  FinalStage stage_final(SenderRoom& r, FinalBatches& out);
+  // Every KV write completed, the last chunk came: the final batch as its own writes.
   void maybe_finish(SenderRoom& r);
+  // The final batch rode with the last chunk and every write completed: Success.
+  void maybe_succeed(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);
   // The final batch to destination `d` (aux rows, state rows, guard row from local guard row

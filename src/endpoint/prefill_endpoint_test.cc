@@ -2,6 +2,7 @@
 // sends, failures and their causes, late frames and tombstones, early failure notices.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -247,6 +248,51 @@ TEST(EndpointPair, PrefillFailureReachesDecodeBeforeWritesDrainPagesKeptUntilTer
   EXPECT_EQ(f->code, ErrorCode::kTransferError);  // decode did not echo a second cause back
   EXPECT_FALSE(f->is_from_another_rank);
   EXPECT_EQ(lines_above_debug(), lines0);  // endpoints log failures at debug; the driver reports
+}
+
+// The last chunk's writes carry the room's final batch (aux, state and guard rows) to each
+// destination, so a room costs one write round, not two (prefill_final.cc): the batch is out as
+// soon as the last send() returns, beside the earlier chunk still in flight, and no further batch
+// follows the KV writes' completion.
+TEST(EndpointPair, TheLastChunkCarriesTheFinalBatch) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1A01;
+  const std::vector<uint64_t> kv{4, 5, 6, 7};
+  open_room(*p, room, 64, kv, 2);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1}, 1).ok());
+  EXPECT_FALSE(p->prefill().room(room)->aux_submitted);
+  ASSERT_TRUE(p->send_chunk(room, 2, {2, 3}, 2).ok());  // the last chunk
+  EXPECT_TRUE(p->prefill().room(room)->aux_submitted);
+  EXPECT_TRUE(p->prefill().room(room)->final_in_chunk);
+  EXPECT_EQ(p->prefill().room(room)->inflight, 2u);  // the two chunks' batches, nothing else
+  uint32_t most_inflight = 0;
+  auto watch = [&] {
+    p->pump();
+    if (const SenderRoom* r = p->prefill().room(room)) most_inflight = std::max(most_inflight, r->inflight);
+  };
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s, watch));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Success);
+  EXPECT_LE(most_inflight, 2u);
+  EXPECT_EQ(p->verify_decode(room, kv), 0u);
+}
+
+// A last send of zero pages has no writes to ride with: the final batch goes out on its own once
+// every KV write completed, and the room succeeds as before.
+TEST(EndpointPair, AnEmptyLastChunkSendsTheFinalBatchAfterTheWrites) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1A02;
+  const std::vector<uint64_t> kv{4, 5, 6, 7};
+  open_room(*p, room, 64, kv, 2);
+  const std::vector<uint64_t> all{0, 1, 2, 3};
+  p->fill_staging(room, 0, all);
+  ASSERT_TRUE(p->prefill().send(room, 0, all, 1, {}, false).ok());
+  ASSERT_TRUE(p->prefill().send(room, 4, {}, 2, {}, true).ok());
+  EXPECT_FALSE(p->prefill().room(room)->final_in_chunk);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(room) == KVPoll::Success; }, 5s));
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Success);
+  EXPECT_EQ(p->verify_decode(room, kv), 0u);
 }
 
 // A failure with nothing in flight goes out once, terminal: no early notice precedes it.

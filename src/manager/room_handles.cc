@@ -173,7 +173,8 @@ class SenderImpl final : public Sender {
     if (!st.ok()) return ep.poll(room_) == KVPoll::Failed ? ended() : st;
     if (!src.empty()) ++r.chunks_out;
     // A send ends when its KV writes ended: its pages are not read any more. (The room's aux and
-    // state rows are read by the final batch, after every KV write: until the room ends.)
+    // state rows go out with the last chunk's writes, or after every KV write: keep them until the
+    // room ends.)
     if (!src.empty()) r.send_of_tag.emplace(tag, r.sends++);
     else r.completed_sends.push_back(r.sends++);
     if (r.metrics.first_send_ns == 0) r.metrics.first_send_ns = monotonic_ns();
