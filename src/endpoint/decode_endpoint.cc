@@ -323,9 +323,14 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   std::memcpy(&rec, core_.guard_row(r.aux_index), sizeof rec);
   if (rec.room != r.room || rec.cached_tokens != r.input_tokens || rec.num_pages != r.total_pages) {
     fail(r.room, ErrorCode::kProtocolError,
-         fmt::format("aux guard mismatch in row {}: holds room {} ({} tokens, {} pages)", r.aux_index, rec.room,
-                     rec.cached_tokens, rec.num_pages),
+         fmt::format("aux guard mismatch in row {}: holds room {} ({} tokens, {} pages), expected room {} ({} "
+                     "tokens, {} pages)", r.aux_index, rec.room, rec.cached_tokens, rec.num_pages, r.room,
+                     r.input_tokens, r.total_pages),
          core_.self(), monotonic_ns(), true);
+    // Every source said Success, so fail() told none of them: they are told now (their rooms
+    // concluded; a sender still held then polls Failed with this cause, as for its engine's).
+    if (auto e = core_.registry().get(r.room))
+      send_to_sources(r, RoomStatus{r.room, core_.self(), KVPoll::Failed, e->failure(), true}, /*succeeded=*/true);
     return;
   }
   r.success_ns = monotonic_ns();
@@ -424,11 +429,11 @@ void DecodeEndpoint::tell_sources(ReceiverRoom& r, const KVTransferError& e, boo
   send_to_sources(r, RoomStatus{r.room, core_.self(), KVPoll::Failed, e.failure(), r.final_told});
 }
 
-void DecodeEndpoint::send_to_sources(ReceiverRoom& r, const RoomStatus& st) {
+void DecodeEndpoint::send_to_sources(ReceiverRoom& r, const RoomStatus& st, bool succeeded) {
   for (const RankId& src : r.sources) {
     // A source that succeeded is done with the room; every other one waits for our failure (even
     // one that told us first: it is the answer that lets it release, docs/failure-model.md).
-    if (r.succeeded.count(src)) continue;
+    if (r.succeeded.count(src) && !succeeded) continue;
     auto peer = peers_.find(src);
     if (peer == peers_.end()) continue;
     if (dead_peers_.count(src)) {  // it may be back with this room before we find it again

@@ -188,7 +188,8 @@ class DecodeEndpoint {
   // Tells every source that has not succeeded the room's failure (once; `update`: again, the root
   // cause moved).
   void tell_sources(ReceiverRoom& r, const KVTransferError& e, bool update = false);
-  void send_to_sources(ReceiverRoom& r, const RoomStatus& st);
+  // `st` to the room's live sources; those that succeeded only if `succeeded`.
+  void send_to_sources(ReceiverRoom& r, const RoomStatus& st, bool succeeded = false);
   // The final answer: the root cause, terminal, to every source that has not succeeded, once every
   // source is terminal or dead (its own failure, if any, is a candidate here) or the drain
   // deadline passed (or `force`: the room is released); once per room.

@@ -128,6 +128,40 @@ TEST_P(ManagerRooms, ARoomThatConcludedHereFailsWithItsEngine) {
   EXPECT_EQ(mismatched(*r->decode, 34, {4, 5}), 0u);
 }
 
+// Prefill's init() and decode's send_metadata() disagree on the room's token count (5 and 16 in
+// one page): decode's check of the guard row, after every source's Success, fails the room
+// (protocol_error, origin decode, both counts named). The prefill rank, whose room had concluded,
+// is told and polls Failed with that cause: both engines report one failure of the room.
+TEST_P(ManagerRooms, ATokenCountTheSidesDisagreeOnFailsTheRoomOnBoth) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto rx = r->decode->receiver(36).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  auto tx = r->prefill->sender(36).value();
+  const std::vector<uint64_t> dst{4};
+  ASSERT_TRUE(rx->send_metadata(dst, 3, {}, 16).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }, 20s));
+  ASSERT_TRUE(tx->init(1, 0, 5).ok());
+  const std::vector<uint64_t> src{0};
+  fill(*r->prefill, 36, 0, src);
+  ASSERT_TRUE(tx->send(src, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return rx->poll() == KVPoll::Failed; }, 20s)) << to_string(rx->poll());
+  auto e = rx->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kProtocolError);
+  EXPECT_EQ(e->origin, r->decode->self());
+  EXPECT_NE(e->failure_reason.find("5 tokens"), std::string::npos) << e->failure_reason;
+  EXPECT_NE(e->failure_reason.find("16 tokens"), std::string::npos) << e->failure_reason;
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed; }, 20s)) << "prefill still says " << to_string(tx->poll());
+  auto pe = tx->failure();
+  ASSERT_TRUE(pe);
+  EXPECT_EQ(pe->code, ErrorCode::kProtocolError);
+  EXPECT_EQ(pe->origin, r->decode->self());
+  EXPECT_TRUE(pe->is_from_another_rank);
+  EXPECT_TRUE(rx->release_safe());
+}
+
 // An engine that drops a sender in the middle of its room (its last send() not made) gave the
 // request up: decode is told at once (aborted, origin prefill), not at its waiting deadline.
 TEST_P(ManagerRooms, SenderDroppedMidRoomTellsDecode) {
