@@ -135,6 +135,8 @@ Status EndpointCore::build_map() {
 
 Status EndpointCore::send(const std::string& endpoint, const Message& m) {
   if (send_filter_ && !send_filter_(endpoint, m)) return Status::Ok();  // lost on the way (tests)
+  if (send_refusal_ && send_refusal_(endpoint, m))  // the peer's queue is full (tests)
+    return {ErrorCode::kResourceExhausted, "control socket: " + endpoint + " is not connected or its queue is full"};
   const bool unstamped = std::visit([](const auto& msg) { return msg.incarnation == 0; }, m);
   if (!unstamped) return control_->send(endpoint, encode(m));
   Message stamped = m;

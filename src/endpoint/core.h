@@ -178,6 +178,11 @@ class EndpointCore {
   void set_send_filter(std::function<bool(const std::string& endpoint, const Message& m)> filter) {
     send_filter_ = std::move(filter);
   }
+  // Test-only: a message for which `refuse` returns true is not sent and send() fails as when
+  // ZeroMQ's queue to the peer is full (kResourceExhausted). Null: none. Main thread only.
+  void set_send_refusal(std::function<bool(const std::string& endpoint, const Message& m)> refuse) {
+    send_refusal_ = std::move(refuse);
+  }
 
   // Thread-safe: queue a completion for the main thread and wake it.
   void post(TransportEvent e);
@@ -209,6 +214,7 @@ class EndpointCore {
   std::unique_ptr<PeerMonitor> monitor_;
   std::unique_ptr<Connector> connector_;  // before transport_ goes (~EndpointCore)
   std::function<bool(const std::string&, const Message&)> send_filter_;
+  std::function<bool(const std::string&, const Message&)> send_refusal_;
 };
 
 // Challenges this rank sent to peers' known control endpoints (docs/security.md, "Checked without

@@ -442,8 +442,7 @@ void DecodeEndpoint::send_to_sources(ReceiverRoom& r, const RoomStatus& st, bool
     }
     RoomStatus to = st;
     to.peer_incarnation = peer->second.incarnation;  // the incarnation it registered us with
-    Status s = core_.send(peer->second.control_endpoint, to);
-    if (!s.ok()) log_event(LogLevel::kDebug, kComp, "failure not delivered: " + s.str(), {.room = r.room});
+    send_or_hold(src, peer->second.control_endpoint, to);
   }
 }
 
@@ -559,6 +558,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   tick_fences();
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
+  flush_held_statuses();
   reask(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)

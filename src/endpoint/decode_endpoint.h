@@ -304,6 +304,15 @@ class DecodeEndpoint {
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.
   std::map<RankId, std::vector<RoomStatus>> owed_;
+  // decode_reask.cc: failure statuses the control socket could not take (the source's queue was
+  // full, e.g. tens of thousands of rooms failing at once), sent again from tick() in order, at
+  // most kMaxHeldStatuses in all; a source's own statuses queue behind its held ones.
+  void send_or_hold(const RankId& src, const std::string& endpoint, const RoomStatus& st);
+  void flush_held_statuses();
+  static constexpr size_t kMaxHeldStatuses = 1 << 16;
+  std::map<RankId, std::deque<RoomStatus>> held_statuses_;
+  size_t held_count_ = 0;
+  uint64_t statuses_dropped_ = 0;  // past kMaxHeldStatuses (the source's bootstrap deadline acts)
   std::map<RankId, std::unique_ptr<Rediscovery>> rediscovery_;
   std::unordered_map<uint64_t, ReceiverRoom> rooms_;
   std::shared_ptr<WriteFence> fence_ = std::make_shared<WriteFence>();

@@ -325,3 +325,46 @@ TEST(EndpointPair, Defect8_BusyPeerNotDeclaredDead) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::make_pair;
+
+// A decode request aborted while it waits for memory (its room open, no metadata sent) tells its
+// source; when the control socket refuses that status (its queue to the source is full: a burst
+// of thousands of rooms failing at once), nothing else would ever tell it, since no metadata
+// went out to ask again: the status is held and sent again from tick(), and the source fails the
+// room with decode's cause instead of waiting for its bootstrap deadline (decode_reask.cc).
+TEST(EndpointPair, AFailureStatusTheControlSocketRefusedIsSentAgain) {
+  auto p = make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x1B01;
+  p->prefill().add_room(room, 64);
+  p->decode().add_room(room, 0, -1);
+  bool full = true;
+  int refused = 0;
+  p->dcore().set_send_refusal([&](const std::string&, const Message& m) {
+    const bool refuse = full && std::holds_alternative<RoomStatus>(m);
+    refused += refuse;
+    return refuse;
+  });
+  p->decode().fail(room, ErrorCode::kAborted, "aborted while waiting for memory", p->dcore().self(), monotonic_ns(),
+                   true);
+  p->pump_for(50ms);
+  EXPECT_GT(refused, 0);
+  EXPECT_EQ(p->prefill().poll(room), KVPoll::Bootstrapping) << "the queue is full: nothing reached the source";
+  full = false;  // the queue drained
+  ASSERT_TRUE(p->pump_until([&] { return p->prefill().poll(room) == KVPoll::Failed; }, 5s))
+      << "the refused status was never sent again";
+  auto f = p->pcore().registry().get(room);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->code, ErrorCode::kAborted);
+  EXPECT_EQ(f->origin, p->dcore().self());
+  EXPECT_EQ(f->failure_reason, "aborted while waiting for memory");
+  p->dcore().set_send_refusal({});
+}
+
+}  // namespace
+}  // namespace kvferry

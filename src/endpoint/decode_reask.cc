@@ -7,6 +7,12 @@
 // none of its writes can land), or nothing while the room is still in progress there. A failed
 // room also repeats its own failure (the source may have lost it; its registry drops
 // duplicates). Nothing here grows with what a peer sends: the state is two fields per room.
+//
+// A failure status the control socket refuses (its queue to the source is full: a burst of rooms
+// failing at once) is held and sent again from tick(), in order per source, up to
+// kMaxHeldStatuses in all. Without it a room that failed before its metadata went out (a decode
+// request aborted while it waited for memory) has nothing that asks again, and its source would
+// wait for its bootstrap deadline and report a timeout instead of the cause.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -59,6 +65,43 @@ void DecodeEndpoint::reask(int64_t now_ns) {
               fmt::format("no status from {} source(s) yet: asked again ({} of {})", asked, r.asks, kMaxAsks),
               {.room = id});
     arm_reask(r, now_ns);
+  }
+}
+
+void DecodeEndpoint::send_or_hold(const RankId& src, const std::string& endpoint, const RoomStatus& st) {
+  auto held = held_statuses_.find(src);
+  if (held == held_statuses_.end() || held->second.empty()) {
+    Status s = core_.send(endpoint, st);
+    if (s.ok()) return;
+    log_event(LogLevel::kDebug, kComp, "failure not delivered, held to send again: " + s.str(), {.room = st.room});
+  }
+  if (held_count_ >= kMaxHeldStatuses) {
+    if (statuses_dropped_++ == 0)
+      log_event(LogLevel::kWarning, kComp,
+                fmt::format("{} failure statuses wait for full control queues: further ones are dropped (their "
+                            "sources fail the rooms at their bootstrap deadline)", held_count_),
+                {.room = st.room});
+    return;
+  }
+  held_statuses_[src].push_back(st);
+  ++held_count_;
+}
+
+void DecodeEndpoint::flush_held_statuses() {
+  for (auto it = held_statuses_.begin(); it != held_statuses_.end();) {
+    auto peer = peers_.find(it->first);
+    const bool gone = peer == peers_.end() || dead_peers_.count(it->first);
+    std::deque<RoomStatus>& q = it->second;
+    while (!q.empty()) {
+      if (gone) {  // a dead source gets its terminal statuses when it registers again (owed_)
+        if (peer != peers_.end() && q.front().terminal) owed_[it->first].push_back(q.front());
+      } else if (!core_.send(peer->second.control_endpoint, q.front()).ok()) {
+        break;  // still full: keep the order, try at the next tick
+      }
+      q.pop_front();
+      --held_count_;
+    }
+    it = q.empty() ? held_statuses_.erase(it) : std::next(it);
   }
 }
 
