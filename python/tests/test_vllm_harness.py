@@ -120,9 +120,10 @@ def test_unequal_tp_and_mla(cluster, prefill_tp, decode_tp, mla):
 def test_layerwise_when_decode_is_ready_first(cluster):
     """A router that sends the request to decode first (with the room and prefill's bootstrap
     address it chose) and then to prefill: decode's metadata is there before prefill's forward
-    pass, so prefill sends each layer from save_kv_layer; the KV is whole all the same."""
-    c = cluster(1, 1)
-    _, out = c.request(10, PROMPTS[10])  # connects decode to prefill (the handshake) first
+    pass (each layer's compute takes 100 ms here, kvferry applies decode's kept metadata to the new
+    room within a few ms), so prefill sends the layers from save_kv_layer; the KV is whole all the same."""
+    c = cluster(1, 1, layer_ms=100)
+    c.request(10, PROMPTS[10])  # connects decode to prefill (the handshake) first
     prompt = PROMPTS[11]
     kvp = {"do_remote_prefill": True, "do_remote_decode": False, "kvferry_room": 70010, "tp_size": 1,
            "kvferry_bootstrap": f"127.0.0.1:{c.cfg['prefill']['extra']['kvferry_bootstrap_port']}",
@@ -131,6 +132,7 @@ def test_layerwise_when_decode_is_ready_first(cluster):
     time.sleep(0.5)  # lets decode's metadata reach prefill first (either order gives the same bytes)
     c.prefill(11, prompt, params={"kvferry_room": 70010})
     check_success(c, 11, c.output("decode", "d-11"), 1)
+    c.kv("prefill", lambda k: k["layerwise"] == 1, what="room 70010 sent from save_kv_layer")
     all_blocks_back(c)
 
 

@@ -30,13 +30,13 @@ def free_port() -> int:
 
 class Cluster:
     def __init__(self, prefill_tp=1, decode_tp=1, *, mla=False, faults=None, extra=None, env=None, policy="recompute",
-                 decode_block_size=None, factory_rule="module_path_first"):
+                 decode_block_size=None, factory_rule="module_path_first", layer_ms=0):
         self.log_dir = tempfile.mkdtemp(prefix="kvf-vllm-")
         port = free_port()
         base_env = {"KVFERRY_FAULT_INJECTION": "1", "KVFERRY_TRANSPORT": "tcp", "KVFERRY_LOOKUP_TIMEOUT_MS": "30000",
                     "KVFERRY_HEARTBEAT_TIMEOUT_MS": "10000", **(env or {})}
         common = {"mla": mla, "faults": faults or {}, "log_dir": self.log_dir, "env": base_env, "policy": policy,
-                  "factory_rule": factory_rule}
+                  "factory_rule": factory_rule, "layer_ms": layer_ms}
         self.cfg = {
             "prefill": {**common, "role": "prefill", "kv_role": "kv_producer", "tp": prefill_tp,
                         "extra": {"kvferry_bootstrap_port": port, "kvferry_decode_tp_size": decode_tp, **(extra or {})}},

@@ -151,6 +151,7 @@ class Model:
             if so.total_num_scheduled_tokens:
                 for l, name in enumerate(self.names):
                     self.connector.wait_for_layer_load(name)
+                    time.sleep(self.cfg.get("layer_ms", 0) / 1000)  # the layer's compute
                     for rid, n in so.num_scheduled_tokens.items():
                         seed, ids = self.reqs[rid]
                         for k in range(self.tensors):
@@ -270,7 +271,8 @@ def engine_main(cfg, in_q, out_q):
                               "finished_recving": sorted(kvo.finished_recving or ()),
                               "invalid": sorted(kvo.invalid_block_ids or ()),
                               "failures": list(stats.data.get("failures", [])) if stats else [],
-                              "succeeded": stats.data.get("succeeded", 0) if stats else 0}))
+                              "succeeded": stats.data.get("succeeded", 0) if stats else 0,
+                              "layerwise": stats.data.get("layerwise", 0) if stats else 0}))
         if len(sched.kv_cache_manager.free_blocks) != free:
             free = len(sched.kv_cache_manager.free_blocks)
             out_q.put(("free_blocks", free))

@@ -61,7 +61,8 @@ class KvferryConnectorMetadata(KVConnectorMetadata):
 
 class KvferryConnectorStats(KVConnectorStats):
     """Per-interval counters of one or more workers (vLLM aggregates them across workers and
-    reduces them for its logs): rooms that succeeded and failed, bytes, and each failure's
+    reduces them for its logs): rooms that succeeded and failed, bytes, rooms prefill sent layer
+    by layer from save_kv_layer, and each failure's
     request, room, code, origin and whether it came from another rank."""
 
     def __init__(self, data: Optional[Dict[str, Any]] = None):
@@ -70,11 +71,11 @@ class KvferryConnectorStats(KVConnectorStats):
             self.reset()
 
     def reset(self) -> None:
-        self.data = {"succeeded": 0, "failed": 0, "bytes": 0, "failures": []}
+        self.data = {"succeeded": 0, "failed": 0, "bytes": 0, "layerwise": 0, "failures": []}
 
     def aggregate(self, other: "KvferryConnectorStats") -> "KvferryConnectorStats":
         if other is not None and other.data:
-            for k in ("succeeded", "failed", "bytes"):
+            for k in ("succeeded", "failed", "bytes", "layerwise"):
                 self.data[k] = self.data.get(k, 0) + other.data.get(k, 0)
             self.data["failures"] = list(self.data.get("failures", [])) + list(other.data.get("failures", []))
         return self

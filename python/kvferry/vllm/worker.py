@@ -58,7 +58,7 @@ def _total_kv_heads(vllm_config) -> Optional[int]:
 
 
 class _Send:
-    __slots__ = ("spec", "room", "held", "written", "layers_sent", "layerwise")
+    __slots__ = ("spec", "room", "held", "written", "layers_sent", "layerwise", "candidate")
 
     def __init__(self, spec: SendSpec, room: KVSender):
         self.spec, self.room = spec, room
@@ -66,6 +66,7 @@ class _Send:
         self.written = False     # every page went to send() (or the room failed)
         self.layers_sent = 0     # layer-wise: layers [0, layers_sent) sent
         self.layerwise = False   # this step's save_kv_layer sends it
+        self.candidate = False   # its prompt is computed in this step (decided at the first layer)
 
 
 class _Recv:
@@ -143,8 +144,8 @@ class WorkerSide:
         with self._lock:
             for rid, spec in meta.layerwise.items():
                 st = self._open_send(rid, spec)
-                if st is not None and st.room.poll() == KVPoll.WaitingForInput:
-                    st.layerwise = True  # decode is waiting: this step's layers go as they are saved
+                if st is not None:
+                    st.candidate = True  # its layers may go as they are saved, if decode waits by then
             for rid, spec in meta.sends.items():
                 st = self._open_send(rid, spec)
                 if st is not None:
@@ -268,6 +269,13 @@ class WorkerSide:
         if l is None or not self._sends:
             return
         with self._lock:
+            for rid, st in self._sends.items():
+                if st.candidate and st.room.poll() == KVPoll.WaitingForInput:
+                    # Decode waits: the layers saved so far go at once, the next ones as they are saved.
+                    st.candidate, st.layerwise = False, True
+                    self._stats.data["layerwise"] += 1
+                    if l > 0:
+                        self._write(rid, st, 0, l)
             rooms = [(rid, st) for rid, st in self._sends.items() if st.layerwise and st.layers_sent == l]
             if rooms and self.geometry.memory == "cuda":
                 import torch  # the layer's kernels must have written the blocks before they are read
@@ -279,10 +287,9 @@ class WorkerSide:
         """The forward pass is over: layer-wise rooms send the layers save_kv_layer did not."""
         with self._lock:
             for rid, st in self._sends.items():
-                if st.layerwise:
-                    if not st.written:
-                        self._write(rid, st, st.layers_sent, self.geometry.num_layers)
-                    st.layerwise = False
+                if st.layerwise and not st.written:
+                    self._write(rid, st, st.layers_sent, self.geometry.num_layers)
+                st.layerwise = st.candidate = False
 
     def get_finished(self, finished_req_ids) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         with self._lock:
