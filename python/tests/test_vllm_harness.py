@@ -195,3 +195,18 @@ def test_preempted_on_decode_after_the_transfer(cluster):
     assert len(c.checks("d-14")) == 1  # the recompute read no remote KV
     all_blocks_back(c)
     assert not c.lines_above_debug()
+
+
+def test_block_size_mismatch_is_refused(cluster):
+    """Decode's block size (8) differs from prefill's (4): decode refuses the request's params and
+    computes it (one error line on decode naming both sizes); prefill, which cannot be told (kvferry's
+    handshake refuses the geometry too), frees the blocks at its lease (1 s, a warning there)."""
+    c = cluster(1, 1, decode_block_size=8, extra={"kv_lease_duration": 1})
+    kvp, out = c.request(15, PROMPTS[15], params={"kvferry_room": 70015})
+    assert out["token_ids"] == C.expected_tokens(PROMPTS[15], 3) and not c.checks("d-15")
+    c.kv("prefill", lambda k: "p-15" in k["finished_sending"], what="p-15 freed at the lease's end")
+    lines = c.lines_above_debug(70015)
+    dec = [r for r in lines if r["proc"] == "decode-tp0"]
+    assert len(dec) == 1 and dec[0]["level"] == 40 and "block size mismatch: prefill 4 tokens, decode 8" in \
+        dec[0]["msg"], lines
+    assert [r["proc"] for r in lines if r not in dec] == ["prefill-tp0"], lines

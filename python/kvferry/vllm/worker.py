@@ -212,7 +212,14 @@ class WorkerSide:
                     room = KVReceiver(self.manager_for(spec.bootstrap, spec.peer_tp), spec.room,
                                       bootstrap_addr=spec.bootstrap)
                 except (ValueError, RuntimeError) as e:
-                    logger.debug("request %s: room %d not opened to end it: %s", rid, spec.room, e)
+                    # Refused by kvferry's handshake (another geometry or block size): nothing was
+                    # opened, so this rank's line is the failure's only one here; the prefill
+                    # instance is not told and frees the blocks at its lease.
+                    if self.tp_rank == 0:
+                        logger.log(logging.INFO if spec.code == "aborted" else logging.ERROR,
+                                   "room %d failed: %s at decode/tp0: %s; the prefill instance %s could not be "
+                                   "told (%s)", spec.room, spec.code, spec.reason, spec.bootstrap, e,
+                                   extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
                     return
                 r = self._recvs[rid] = _Recv(spec, room, rid, spec.report, True)
             r.ending, r.report = True, spec.report
