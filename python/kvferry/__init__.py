@@ -197,6 +197,12 @@ class KVManager(_kvferry.Manager):
         """Peer ranks connected (prefill: decode pools registered; decode: prefill ranks found)."""
         return super().peers()
 
+    def take_reclaimed_rooms(self) -> list:
+        """Decode: rooms closed while quarantined (``KVReceiver.quarantined()``), or closed before
+        they were release-safe, whose pages, aux and state rows may be reused now (every source
+        confirmed the drain or died), each once. Prefill: always empty."""
+        return list(super().take_reclaimed_rooms())
+
     def close(self) -> None:
         """Tears the rank down (transport first), then lets go of its memory. Idempotent."""
         if getattr(self, "_constructed", False):  # a failed constructor left no compiled manager

@@ -320,6 +320,11 @@ size_t Connector::live_rooms() {
   return m_ ? m_->stats().live_rooms : 0;
 }
 
+std::vector<uint64_t> Connector::take_reclaimed_rooms() {
+  std::lock_guard lock(mu_);
+  return m_ ? m_->take_reclaimed_rooms() : std::vector<uint64_t>{};
+}
+
 size_t Connector::peers() {
   std::lock_guard lock(mu_);
   return m_ ? m_->stats().peers : 0;

@@ -137,6 +137,9 @@ class Connector {
   Result<AuxRecord> aux(int64_t slot);
   size_t live_rooms();
   size_t peers();
+  // Decode: Manager::take_reclaimed_rooms() (kvferry/manager.h): rooms closed quarantined, or
+  // closed before they were release-safe, whose pages may be reused now; each once.
+  std::vector<uint64_t> take_reclaimed_rooms();
 
  private:
   struct Room {

@@ -458,6 +458,11 @@ PYBIND11_MODULE(_kvferry, mod) {
         std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;
         return m->peers();
+      })
+      .def("take_reclaimed_rooms", [](PyManager& p) {
+        std::shared_ptr<Connector> m = p.m();
+        py::gil_scoped_release nogil;
+        return m->take_reclaimed_rooms();
       });
 
   mod.def(

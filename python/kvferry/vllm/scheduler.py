@@ -1,0 +1,205 @@
+"""The scheduler-side half of kvferry's vLLM connector (one per engine, in vLLM's scheduler
+process). It holds no kvferry objects: it decides, from vLLM's calls, which rooms the workers open
+and end, and carries that to them in each step's metadata (docs/vllm.md "Data flow").
+
+vLLM's scheduler calls it (vllm/v1/core/sched/scheduler.py, Scheduler.schedule /
+update_from_output / _free_request): get_num_new_matched_tokens for a waiting request,
+update_state_after_alloc once its blocks are allocated, build_connector_meta at the end of every
+schedule(), update_connector_output with the workers' aggregated output, request_finished (or
+request_finished_all_groups) when a request finishes, before its blocks are freed.
+
+Prefill (kv_producer): a request with ``do_remote_decode`` gets a room at allocation (the
+router's ``kvferry_room`` if it gave one, else a random 63-bit id); at its finish the connector
+keeps its blocks (returns True) and returns the kv_transfer_params the proxy hands to decode
+(kvferry/vllm/params.py). The workers then hold the room until decode's metadata came and the
+pages were written, or the lease ended (kvferry's bootstrap deadline), and report it in
+``get_finished`` so vLLM frees the blocks.
+Decode (kv_consumer): a request with kvferry's params loads its prompt's KV asynchronously
+(get_num_new_matched_tokens returns (tokens, True)); once blocks are allocated the workers open
+the room and send kvferry's metadata; a request that finishes (aborted) while loading ends its
+room, and vLLM keeps its blocks until the workers report it (release-safe).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any, Dict, Optional, Set, Tuple
+
+from . import params as P
+from .config import Settings
+from .metadata import EndSpec, KvferryConnectorMetadata, RecvSpec, SendSpec
+
+logger = logging.getLogger("kvferry.vllm")
+_rng = random.SystemRandom()
+_DONE = ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")  # prefill finished normally: its KV is whole
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _group0(block_ids) -> list:
+    """vLLM's block ids: a list (one group) or a tuple/list of per-group lists."""
+    if block_ids and isinstance(block_ids[0], (list, tuple)):
+        return [int(b) for b in block_ids[0]]
+    return [int(b) for b in (block_ids or [])]
+
+
+def _status_name(request) -> str:
+    s = getattr(request, "status", None)
+    return getattr(s, "name", str(s))
+
+
+class _Prefilling:
+    __slots__ = ("room", "block_ids", "num_prompt", "seen")
+
+    def __init__(self, room: int, block_ids: list, num_prompt: int):
+        self.room, self.block_ids, self.num_prompt = room, block_ids, num_prompt
+        self.seen = False  # build_connector_meta saw it scheduled (layer-wise was decided)
+
+
+class SchedulerSide:
+    def __init__(self, settings: Settings):
+        self.s = settings
+        self._prefilling: Dict[str, _Prefilling] = {}   # prefill: rooms of requests being computed
+        self._holding: Set[str] = set()                 # prefill: finished requests whose blocks we keep
+        self._loading: Dict[str, RecvSpec] = {}         # decode: requests whose KV is on its way
+        self._ending: Set[str] = set()                  # decode: finished while loading, not reported yet
+        self._meta = KvferryConnectorMetadata()         # the next step's work
+
+    # -- vLLM's scheduler-side calls -------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:
+        """Decode: the prompt's tokens beyond what is computed here come from prefill, loaded
+        asynchronously. (0, False) for anything else, and for a request kvferry cannot serve
+        (malformed params, unequal block size, a local prefix hit): vLLM computes it here and
+        update_state_after_alloc ends its room. Side-effect free (vLLM may call it repeatedly)."""
+        p = request.kv_transfer_params
+        if not (self.s.consumes and P.is_kvferry_decode(p)) or self._refusal(request, num_computed_tokens):
+            return 0, False
+        count = len(request.prompt_token_ids or []) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def _refusal(self, request, num_computed_tokens: int) -> Optional[Tuple[str, str]]:
+        """Why kvferry cannot load this decode request's KV: (code, reason), or None."""
+        try:
+            rp = P.parse_remote_prefill(request.kv_transfer_params)
+        except P.ParamsError as e:
+            return "protocol_error", f"kv_transfer_params refused: {e}"
+        if rp.block_size != self.s.block_size:
+            return "protocol_error", (f"block size mismatch: prefill {rp.block_size} tokens, decode "
+                                      f"{self.s.block_size}: the engines must use the same --block-size")
+        n = len(request.prompt_token_ids or [])
+        if rp.num_tokens != n:
+            return "protocol_error", f"prefill holds {rp.num_tokens} tokens, the decode request has {n}"
+        if num_computed_tokens > 0:
+            return "aborted", (f"decode found {num_computed_tokens} of the prompt's tokens in its own prefix "
+                               "cache: the rest is computed here")
+        return None
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        p = request.kv_transfer_params
+        if not p:
+            return
+        rid = request.request_id
+        if p.get("do_remote_decode") and self.s.produces:
+            if rid not in self._prefilling:
+                room = p.get(P.ROOM)
+                try:
+                    room = P.valid_room(room) if room is not None else _rng.randrange(1, P.MAX_ROOM)
+                except P.ParamsError as e:  # the router's room: refused, draw one
+                    logger.warning("request %s: %s; drawing a room", rid, e)
+                    room = _rng.randrange(1, P.MAX_ROOM)
+                p[P.ROOM] = room
+                num_prompt = int(getattr(request, "num_prompt_tokens", 0) or len(request.prompt_token_ids or []))
+                self._prefilling[rid] = _Prefilling(room, _group0(blocks.get_block_ids()), num_prompt)
+            return
+        if not (self.s.consumes and P.is_kvferry_decode(p)):
+            return
+        p["do_remote_prefill"] = False  # one transfer per request (a preempted request recomputes)
+        why = self._refusal(request, request.num_computed_tokens)
+        try:
+            rp = P.parse_remote_prefill(p)
+        except P.ParamsError as e:
+            logger.error("request %s: computing its prompt here: %s", rid, e)
+            return  # no room to tell
+        ids = _group0(blocks.get_block_ids())[:_cdiv(rp.num_tokens, self.s.block_size)]
+        if why is None and num_external_tokens > 0 and len(ids) == _cdiv(rp.num_tokens, self.s.block_size):
+            spec = RecvSpec(rp.room, rp.bootstrap, ids, rp.num_tokens, rp.tp_size)
+            self._meta.recvs[rid] = spec
+            self._loading[rid] = spec
+            return
+        code, reason = why or ("protocol_error", f"{len(ids)} blocks allocated for {rp.num_tokens} tokens")
+        self._meta.ends[rid] = EndSpec(rp.room, rp.bootstrap, code, reason, False, rp.tp_size)
+
+    def build_connector_meta(self, scheduler_output) -> KvferryConnectorMetadata:
+        meta, self._meta = self._meta, KvferryConnectorMetadata()
+        # Prefill requests whose whole prompt is computed in this step, with every block known
+        # since allocation: the workers may send each layer as it is saved (if decode is ready).
+        scheduled = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        for rid, st in self._prefilling.items():
+            n = scheduled.get(rid)
+            if n is None or st.seen:
+                continue
+            st.seen = True  # its first step: the only one whose blocks update_state_after_alloc gave
+            npages = _cdiv(st.num_prompt, self.s.block_size)
+            if n >= st.num_prompt and len(st.block_ids) >= npages:
+                meta.layerwise[rid] = SendSpec(st.room, st.block_ids[:npages], st.num_prompt)
+        return meta
+
+    def update_connector_output(self, connector_output) -> None:
+        for rid in getattr(connector_output, "finished_sending", None) or ():
+            self._holding.discard(rid)
+        for rid in getattr(connector_output, "finished_recving", None) or ():
+            self._loading.pop(rid, None)
+            self._ending.discard(rid)
+
+    def request_finished(self, request, block_ids) -> Tuple[bool, Optional[Dict[str, Any]]]:
+        p = request.kv_transfer_params
+        if not p:
+            return False, None
+        rid = request.request_id
+        if self.s.consumes and P.is_kvferry_decode(p):
+            # Finished (aborted) before it had blocks: prefill is told at once, not at its lease.
+            p["do_remote_prefill"] = False
+            try:
+                rp = P.parse_remote_prefill(p)
+            except P.ParamsError:
+                return False, None
+            self._meta.ends[rid] = EndSpec(rp.room, rp.bootstrap, "aborted",
+                                           f"request {rid} was aborted on decode before it had blocks", False,
+                                           rp.tp_size)
+            return False, None
+        spec = self._loading.pop(rid, None)
+        if spec is not None:
+            # Finished while its KV was loading: vLLM keeps its blocks until the workers report it
+            # in get_finished (once no prefill write can reach them).
+            self._meta.ends[rid] = EndSpec(spec.room, spec.bootstrap, "aborted",
+                                           f"request {rid} finished ({_status_name(request)}) on decode before its "
+                                           "KV arrived", True, spec.prefill_tp)
+            self._ending.add(rid)
+            return False, None
+        st = self._prefilling.pop(rid, None)
+        if not (self.s.produces and p.get("do_remote_decode")) or st is None:
+            return False, None
+        ids = _group0(block_ids)
+        num_tokens = int(getattr(request, "num_prompt_tokens", 0) or len(request.prompt_token_ids or []))
+        npages = _cdiv(num_tokens, self.s.block_size)
+        if _status_name(request) not in _DONE or num_tokens <= 0 or len(ids) < npages:
+            if st.seen:  # the workers may have opened the room: end it (decode is told)
+                self._meta.ends[rid] = EndSpec(st.room, "", "aborted", f"request {rid} finished "
+                                               f"({_status_name(request)}) on prefill without its KV", False, 0)
+            return False, None
+        self._meta.sends[rid] = SendSpec(st.room, ids[:npages], num_tokens)
+        self._holding.add(rid)
+        return True, P.prefill_output(room=st.room, bootstrap=self.s.bootstrap_address, engine_id=self.s.engine_id,
+                                      request_id=rid, block_ids=ids[:npages], block_size=self.s.block_size,
+                                      num_tokens=num_tokens, tp_size=self.s.tp_size,
+                                      lease_expiry=time.time() + self.s.lease_s)
+
+    def has_pending_push_work(self) -> bool:
+        """Prefill holds finished requests' blocks, or decode keeps an aborted request's blocks until
+        no prefill write can reach them: vLLM keeps stepping so get_finished reports them (vLLM
+        does not step for them otherwise: they are no longer running or waiting)."""
+        return bool(self._holding or self._ending)

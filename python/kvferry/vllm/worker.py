@@ -1,0 +1,394 @@
+"""The worker-side half of kvferry's vLLM connector (one per TP rank, in vLLM's worker process).
+
+It maps vLLM's worker calls onto kvferry's public rooms (kvferry.KVManager, KVSender, KVReceiver);
+it keeps no failure or release state of its own: a room's state, its failure (origin, code,
+reason) and when its pages may be reused are kvferry's (poll, failure, release_safe).
+
+vLLM's model runner calls it every step (vllm/v1/worker/kv_connector_model_runner_mixin.py):
+bind_connector_metadata, start_load_kv, the forward pass (per attention layer
+wait_for_layer_load before, save_kv_layer after), wait_for_save, get_finished(finished_req_ids),
+get_block_ids_with_load_errors, get_kv_connector_stats, clear_connector_metadata.
+
+Prefill: one kvferry manager (registered at the engine's bootstrap service, which TP rank 0 runs).
+A finished request's room is opened (a KVSender over the request's blocks); once decode's metadata
+came (poll WaitingForInput) the pages are written with one send, from get_finished or from a small
+thread (an idle engine may not step). A room whose prompt is computed in the current step and
+whose decode is already waiting is sent layer by layer from save_kv_layer instead. The room is
+reported in get_finished (vLLM frees the blocks) once it succeeded, or failed and no write reads
+the blocks any more (release_safe). The lease is kvferry's bootstrap deadline: decode's metadata
+must come within kv_lease_duration of the room's opening, else the room fails (bootstrap_timeout,
+origin this rank) and the blocks are freed; decode, if it comes later, is told that failure.
+Decode: one kvferry manager per prefill instance. A request's room is opened with its blocks
+(KVReceiver: kvferry's metadata goes to every prefill source); Success reports it in get_finished;
+Failed reports its blocks in get_block_ids_with_load_errors at once, and the request in
+get_finished once release_safe, so vLLM's kv_load_failure_policy applies and no late write lands in
+reused blocks. Rooms released quarantined are reported only when kvferry reclaims them.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Dict, List, Optional, Set, Tuple
+
+from .. import BootstrapServer, KVManager, KVPoll, KVReceiver, KVSender, KVTransferError
+from ..buffers import EngineBuffers
+from .config import Geometry, Settings, geometry_of, layer_order
+from .metadata import EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
+
+logger = logging.getLogger("kvferry.vllm")
+_PUMP_S = 0.002  # how often the send thread looks at held rooms while some wait for decode
+
+
+def _tp_rank(vllm_config) -> int:
+    try:  # inside vLLM's worker: its TP group
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
+        return int(get_tensor_model_parallel_rank())
+    except Exception:
+        return int(getattr(vllm_config.parallel_config, "rank", 0) or 0)
+
+
+def _total_kv_heads(vllm_config) -> Optional[int]:
+    mc = getattr(vllm_config, "model_config", None)
+    try:
+        return int(mc.get_total_num_kv_heads(vllm_config.parallel_config)) if mc is not None else None
+    except TypeError:
+        return int(mc.get_total_num_kv_heads())
+    except Exception:
+        return None
+
+
+class _Send:
+    __slots__ = ("spec", "room", "held", "written", "layers_sent", "layerwise", "candidate")
+
+    def __init__(self, spec: SendSpec, room: KVSender):
+        self.spec, self.room = spec, room
+        self.held = False        # vLLM finished the request and keeps its blocks for us
+        self.written = False     # every page went to send() (or the room failed)
+        self.layers_sent = 0     # layer-wise: layers [0, layers_sent) sent
+        self.layerwise = False   # this step's save_kv_layer sends it
+        self.candidate = False   # its prompt is computed in this step (decided at the first layer)
+
+
+class _Recv:
+    __slots__ = ("spec", "room", "req_id", "report", "ending", "load_error")
+
+    def __init__(self, spec, room: KVReceiver, req_id: str, report: bool, ending: bool):
+        self.spec, self.room, self.req_id, self.report, self.ending = spec, room, req_id, report, ending
+        self.load_error = False  # its blocks went to get_block_ids_with_load_errors
+
+
+class WorkerSide:
+    def __init__(self, settings: Settings, vllm_config):
+        self.s = settings
+        self.vllm_config = vllm_config
+        self.tp_rank = _tp_rank(vllm_config)
+        self.geometry: Optional[Geometry] = None
+        self._layer_index: Dict[str, int] = {}
+        self._server = None
+        self.prefill: Optional[KVManager] = None
+        self.decode: Dict[str, KVManager] = {}
+        self._sends: Dict[str, _Send] = {}
+        self._recvs: Dict[str, _Recv] = {}
+        self._quarantined: Dict[Tuple[str, int], _Recv] = {}
+        self._finished: Set[str] = set()     # finished_req_ids vLLM gave get_finished, not reported yet
+        self._unopened_sends: Set[str] = set()  # held requests whose room kvferry refused to open
+        self._unopened_recvs: Set[str] = set()  # loading requests whose room was refused at the handshake
+        self._invalid: Set[int] = set()
+        self._reported: Dict[str, None] = {}  # decode: requests reported finished_recving (the last 4096)
+        self._stats = KvferryConnectorStats()
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+
+    # -- registration ----------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches) -> None:
+        self.geometry = geometry_of(kv_caches, self.s.block_size, _total_kv_heads(self.vllm_config),
+                                    self.s.kv_memory)
+        self._layer_index = {n: i for i, n in enumerate(layer_order(list(kv_caches)))}
+        self._kv_caches = kv_caches  # keeps the tensors referenced while registered
+        if self.s.produces:
+            if self.tp_rank == 0:  # the engine's bootstrap service, before any rank registers there
+                self._server = BootstrapServer(self.s.bootstrap_host, self.s.bootstrap_port)
+            self.prefill = self._build("prefill", self.s.bootstrap_address, self.s.decode_tp_size)
+            self._thread = threading.Thread(target=self._send_loop, name="kvferry-vllm-send", daemon=True)
+            self._thread.start()
+
+    def _build(self, role: str, bootstrap: str, peer_tp: int) -> KVManager:
+        g = self.geometry
+        log_file = self.s.log_file.replace("{rank}", f"{role}-tp{self.tp_rank}") if self.s.log_file else None
+        deadlines = {"bootstrap_timeout_ms": max(1, int(self.s.lease_s * 1000))} if role == "prefill" else {}
+        return KVManager(role, buffers=EngineBuffers(list(g.descs), []), bootstrap_addr=bootstrap,
+                         transport=self.s.transport, tp_rank=self.tp_rank, tp_size=self.s.tp_size,
+                         peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
+                         transfer_shards=self.s.transfer_shards, log_failures=True,
+                         control_bind=self.s.control_host, control_advertise=self.s.control_host,
+                         fault_injection=self.s.fault_injection, **g.manager_kwargs())
+
+    def manager_for(self, bootstrap: str, prefill_tp: int) -> KVManager:
+        """Decode: the kvferry manager serving that prefill instance (built on first use)."""
+        mgr = self.decode.get(bootstrap)
+        if mgr is None:
+            if len(self.decode) >= self.s.max_prefill_instances:
+                raise RuntimeError(f"this decode rank already serves {len(self.decode)} prefill instances "
+                                   f"(kvferry_max_prefill_instances={self.s.max_prefill_instances})")
+            mgr = self.decode[bootstrap] = self._build("decode", "", prefill_tp)
+        return mgr
+
+    # -- per step --------------------------------------------------------------------------------
+
+    def start_load_kv(self, meta: Optional[KvferryConnectorMetadata]) -> None:
+        if meta is None:
+            return
+        with self._lock:
+            for rid, spec in meta.layerwise.items():
+                st = self._open_send(rid, spec)
+                if st is not None:
+                    st.candidate = True  # its layers may go as they are saved, if decode waits by then
+            for rid, spec in meta.sends.items():
+                st = self._open_send(rid, spec)
+                if st is not None:
+                    st.held = True
+                else:  # the room could not be opened: vLLM frees the blocks at once
+                    self._unopened_sends.add(rid)
+            for rid, spec in meta.recvs.items():
+                self._open_recv(rid, spec)
+            for rid, spec in meta.ends.items():
+                self._end(rid, spec)
+            self._pump()
+        self._wake.set()
+
+    def _open_send(self, rid: str, spec: SendSpec) -> Optional[_Send]:
+        st = self._sends.get(rid)
+        if st is not None:
+            return st
+        try:
+            room = KVSender(self.prefill, spec.room)
+            room.init(len(spec.block_ids), num_tokens=spec.num_tokens)
+        except (ValueError, RuntimeError) as e:
+            logger.warning("request %s: kvferry room %d not opened on prefill: %s", rid, spec.room, e,
+                           extra={"room": spec.room, "code": getattr(e, "code", "invalid_argument")})
+            self._stats.data["failed"] += 1
+            return None
+        st = self._sends[rid] = _Send(spec, room)
+        return st
+
+    def _open_recv(self, rid: str, spec: RecvSpec) -> None:
+        try:
+            room = KVReceiver(self.manager_for(spec.bootstrap, spec.prefill_tp), spec.room,
+                              bootstrap_addr=spec.bootstrap)
+        except (ValueError, RuntimeError) as e:
+            # Refused at the handshake (another geometry or block size, no such prefill): nothing
+            # was opened in kvferry, so this is the failure's only line; vLLM's policy applies.
+            logger.error("request %s: kvferry room %d refused at the handshake with %s: %s", rid, spec.room,
+                         spec.bootstrap, e, extra={"room": spec.room, "code": getattr(e, "code", "protocol_error"),
+                                                   "origin": f"decode/tp{self.tp_rank}"})
+            self._invalid.update(spec.block_ids)
+            self._record_failure(rid, spec.room, getattr(e, "code", "protocol_error"), f"decode/tp{self.tp_rank}",
+                                 False, str(e))
+            self._unopened_recvs.add(rid)
+            return
+        self._recvs[rid] = _Recv(spec, room, rid, True, False)
+        try:
+            room.send_metadata(spec.block_ids, 0, num_tokens=spec.num_tokens)
+        except ValueError as e:
+            room.fail("protocol_error", f"metadata refused: {e}")
+
+    def _end(self, rid: str, spec: EndSpec) -> None:
+        """A room the engine gave up before its transfer (vLLM's scheduler decided it once for the
+        whole engine): TP rank 0 fails it as its own failure (origin, one line above debug), the
+        other ranks as learned from it (fail_from_engine: debug), and each tells its peers."""
+        role = "decode" if spec.bootstrap else "prefill"
+        if spec.bootstrap:
+            r = self._recvs.get(rid)
+            if r is None and rid in self._reported:  # this rank's part concluded and was reported
+                if self.tp_rank == 0:
+                    logger.info("room %d failed: %s at decode/tp0: %s", spec.room, spec.code, spec.reason,
+                                extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
+                return
+            if r is None:
+                try:
+                    room = KVReceiver(self.manager_for(spec.bootstrap, spec.peer_tp), spec.room,
+                                      bootstrap_addr=spec.bootstrap)
+                except (ValueError, RuntimeError) as e:
+                    # Refused by kvferry's handshake (another geometry or block size): nothing was
+                    # opened, so this rank's line is the failure's only one here; the prefill
+                    # instance is not told and frees the blocks at its lease.
+                    if self.tp_rank == 0:
+                        logger.log(logging.INFO if spec.code == "aborted" else logging.ERROR,
+                                   "room %d failed: %s at decode/tp0: %s; the prefill instance %s could not be "
+                                   "told (%s)", spec.room, spec.code, spec.reason, spec.bootstrap, e,
+                                   extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
+                    return
+                r = self._recvs[rid] = _Recv(spec, room, rid, spec.report, True)
+            r.ending, r.report = True, spec.report
+            target = r.room
+        else:
+            st = self._sends.pop(rid, None)
+            if st is None:
+                return
+            target = st.room
+        if self.tp_rank == 0:
+            if spec.code == "aborted":
+                target.abort(spec.reason)
+            else:
+                target.fail(spec.code, spec.reason)
+        else:
+            target.fail_from_engine(KVTransferError(spec.room, spec.reason, True, f"{role}/tp0", spec.code))
+        if not spec.bootstrap:
+            target.close()
+
+    def _pump(self) -> bool:
+        """Writes every held room whose decode metadata came. True if some still wait for it."""
+        waiting = False
+        for rid, st in self._sends.items():
+            if not st.held or st.written or st.layerwise:
+                continue
+            p = st.room.poll()
+            if p == KVPoll.WaitingForInput:
+                self._write(rid, st, st.layers_sent, self.geometry.num_layers)
+            elif p in (KVPoll.Failed, KVPoll.Success, KVPoll.Transferring):
+                st.written = True
+            else:
+                waiting = True
+        return waiting
+
+    def _write(self, rid: str, st: _Send, first_layer: int, end_layer: int) -> None:
+        layers = None if (first_layer, end_layer) == (0, self.geometry.num_layers) else (first_layer, end_layer)
+        try:
+            st.room.send(st.spec.block_ids, layers=layers)
+        except ValueError as e:
+            st.room.fail("protocol_error", f"send refused: {e}")
+        st.layers_sent = end_layer
+        st.written = end_layer >= self.geometry.num_layers
+
+    def _send_loop(self) -> None:
+        while not self._stop:
+            with self._lock:
+                waiting = self._pump()
+            self._wake.wait(_PUMP_S if waiting else 0.1)
+            self._wake.clear()
+
+    def save_kv_layer(self, layer_name: str) -> None:
+        """Layer-wise: the layer's KV is in the blocks now; send it for rooms decode waits for."""
+        l = self._layer_index.get(layer_name)
+        if l is None or not self._sends:
+            return
+        with self._lock:
+            for rid, st in self._sends.items():
+                if st.candidate and st.room.poll() == KVPoll.WaitingForInput:
+                    # Decode waits: the layers saved so far go at once, the next ones as they are saved.
+                    st.candidate, st.layerwise = False, True
+                    self._stats.data["layerwise"] += 1
+                    if l > 0:
+                        self._write(rid, st, 0, l)
+            rooms = [(rid, st) for rid, st in self._sends.items() if st.layerwise and st.layers_sent == l]
+            if rooms and self.geometry.memory == "cuda":
+                import torch  # the layer's kernels must have written the blocks before they are read
+                torch.cuda.current_stream().synchronize()
+            for rid, st in rooms:
+                self._write(rid, st, l, l + 1)
+
+    def wait_for_save(self) -> None:
+        """The forward pass is over: layer-wise rooms send the layers save_kv_layer did not."""
+        with self._lock:
+            for rid, st in self._sends.items():
+                if st.layerwise and not st.written:
+                    self._write(rid, st, st.layers_sent, self.geometry.num_layers)
+                st.layerwise = st.candidate = False
+
+    def get_finished(self, finished_req_ids) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
+        with self._lock:
+            self._finished.update(finished_req_ids or ())
+            self._pump()
+            sending = {rid for rid in self._unopened_sends if rid in self._finished}
+            self._unopened_sends -= sending
+            for rid, st in list(self._sends.items()):
+                p = st.room.poll()
+                if not (st.held and rid in self._finished) or not (
+                        p == KVPoll.Success or p == KVPoll.Failed and st.room.release_safe()):
+                    continue
+                self._record_end(rid, st.room, p)
+                st.room.close()
+                del self._sends[rid]
+                self._finished.discard(rid)
+                sending.add(rid)
+            recving = self._finished_recvs() | self._unopened_recvs
+            self._unopened_recvs = set()
+            for rid in recving:
+                self._reported[rid] = None
+            while len(self._reported) > 4096:
+                del self._reported[next(iter(self._reported))]
+            self._finished -= sending
+        return sending or None, recving or None
+
+    def _finished_recvs(self) -> Set[str]:
+        out: Set[str] = set()
+        for rid, r in list(self._recvs.items()):
+            p = r.room.poll()
+            if p == KVPoll.Failed and not r.ending and not r.load_error:
+                r.load_error = True  # vLLM's policy (recompute or fail) applies to these blocks
+                self._invalid.update(r.spec.block_ids)
+            if p != KVPoll.Success and not (p == KVPoll.Failed and r.room.release_safe()):
+                continue
+            if not r.ending:
+                self._record_end(rid, r.room, p)
+            quarantined = p == KVPoll.Failed and r.room.quarantined()
+            r.room.close()
+            del self._recvs[rid]
+            if quarantined:  # reported once kvferry reclaims the pages
+                self._quarantined[(r.spec.bootstrap, r.spec.room)] = r
+            elif r.report:
+                out.add(rid)
+        for addr, mgr in self.decode.items():
+            for room in mgr.take_reclaimed_rooms():
+                r = self._quarantined.pop((addr, room), None)
+                if r is not None and r.report:
+                    out.add(r.req_id)
+        return out
+
+    def _record_end(self, rid: str, room, p: KVPoll) -> None:
+        d = self._stats.data
+        if p == KVPoll.Success:
+            d["succeeded"] += 1
+            try:
+                d["bytes"] += int(room.metrics().get("bytes", 0))
+            except (ValueError, RuntimeError):
+                pass
+            return
+        e = room.failure()
+        if e is not None:
+            self._record_failure(rid, room.bootstrap_room, e.code, e.origin, e.is_from_another_rank, e.failure_reason)
+
+    def _record_failure(self, rid: str, room: int, code: str, origin: str, from_another: bool, reason: str) -> None:
+        self._stats.data["failed"] += 1
+        self._stats.data["failures"].append({"request_id": rid, "room": room, "code": code, "origin": origin,
+                                             "is_from_another_rank": from_another, "reason": reason[:500]})
+
+    def get_block_ids_with_load_errors(self) -> Set[int]:
+        with self._lock:
+            out, self._invalid = self._invalid, set()
+        return out
+
+    def get_kv_connector_stats(self) -> Optional[KvferryConnectorStats]:
+        with self._lock:
+            return None if self._stats.is_empty() else self._stats.clone_and_reset()
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+            self._thread = None
+        with self._lock:
+            for st in self._sends.values():
+                st.room.close()
+            for r in self._recvs.values():
+                r.room.close()
+            self._sends.clear()
+            self._recvs.clear()
+            for mgr in [self.prefill] + list(self.decode.values()):
+                if mgr is not None:
+                    mgr.close()
+            self.prefill, self.decode, self._server = None, {}, None

@@ -1,0 +1,1 @@
+"""STAND-IN for vLLM (tests only; README.md)."""

@@ -1,0 +1,212 @@
+"""kvferry's vLLM connector in engines of the fake vLLM (vllm_engine.py, vllm_cluster.py): a
+prefill and a decode engine, each a scheduler process plus one worker process per TP rank, over
+the tcp transport on loopback, requests flowing as vLLM's proxy sends them (prefill first, then
+decode with prefill's kv_transfer_params). The calls follow vLLM's scheduler
+(vllm/v1/core/sched/scheduler.py) and worker (vllm/v1/worker/kv_connector_model_runner_mixin.py).
+
+Every successful request: decode's tokens are the model's, and every byte of the remote KV (each
+layer, K and V or the MLA latent, each token but the last, this rank's heads) is checked on every
+decode rank before its first forward; both engines get all their blocks back. Every failure: the
+request takes vLLM's kv_load_failure_policy on decode, prefill frees its blocks, every rank names
+the same origin and code, and kvferry logs exactly one line above debug for it, on its origin.
+"""
+import os
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import vllm_cluster as C  # noqa: E402
+import vllm_engine as E  # noqa: E402
+
+PROMPTS = {n: [1000 + n] + list(range(n % 5 + 6)) for n in range(1, 40)}
+
+
+@pytest.fixture
+def cluster():
+    made = []
+
+    def make(*a, **kw):
+        c = C.Cluster(*a, **kw)
+        made.append(c)
+        return c
+    yield make
+    for c in made:
+        c.stop()
+
+
+def check_success(c, n, out, decode_tp, max_tokens=3, mla=False):
+    prompt = PROMPTS[n]
+    assert out["token_ids"] == C.expected_tokens(prompt, max_tokens), out
+    checks = c.checks(f"d-{n}")
+    assert len(checks) == decode_tp, checks  # every decode rank checked its heads
+    for chk in checks:
+        assert chk == {"bytes": C.expected_bytes(len(prompt), decode_tp, mla), "bad": 0}, chk
+
+
+def all_blocks_back(c):
+    for role in ("prefill", "decode"):
+        c.wait(role, lambda e: e[0] == "free_blocks" and e[1] == E.NUM_BLOCKS
+               and c.free_blocks(role) == E.NUM_BLOCKS, what=f"{role}: every block free")
+
+
+def failures(c, role, room):
+    return [f for e in c.events[role] if e[0] == "kv" for f in e[1]["failures"] if f["room"] == room]
+
+
+def one_line_at_origin(c, room, origin, code, level):
+    """kvferry's lines above debug for the room: exactly one, on its origin, at `level`."""
+    import kvferry  # noqa: F401  (records of the engines' processes are in their files)
+    lines = c.lines_above_debug(room)
+    assert len(lines) == 1, f"room {room}: {len(lines)} kvferry lines above debug: {lines}"
+    assert lines[0]["proc"].replace("-", "/") == origin and lines[0]["level"] == level, lines[0]
+    assert code in lines[0]["msg"] or lines[0]["code"] == code, lines[0]
+
+
+@pytest.mark.parametrize("factory_rule", ["registry_first", "module_path_first"])
+def test_one_prefill_one_decode(cluster, factory_rule):
+    c = cluster(1, 1, factory_rule=factory_rule)
+    for n in (1, 2, 3):
+        kvp, out = c.request(n, PROMPTS[n])
+        check_success(c, n, out, 1)
+        assert kvp["kvferry_bootstrap"].startswith("127.0.0.1:") and kvp["tp_size"] == 1
+    all_blocks_back(c)
+    assert not c.lines_above_debug()
+
+
+def test_two_prefill_two_decode_with_a_write_failure_and_an_abort(cluster):
+    """2+2 as separate processes. Room 70001: every write of prefill/tp1 fails (kvferry's fault
+    decorator): it fails on all four ranks with that origin; decode recomputes it (policy
+    recompute). Room 70002: prefill's writes are held in flight when the client aborts the decode
+    request: prefill is told at once, decode keeps the blocks until no write can land (vLLM frees
+    them when get_finished reports the request)."""
+    c = cluster(2, 2, faults={"prefill/tp1": {"write_failure": [70001]}, "prefill/tp0": {"hold": [70002]},
+                              "prefill/tp1 ": {}})
+    for n in (4, 5):
+        _, out = c.request(n, PROMPTS[n])
+        check_success(c, n, out, 2)
+    # The write failure: the request is recomputed on decode (its tokens are still the model's).
+    kvp, out = c.request(6, PROMPTS[6], params={"kvferry_room": 70001})
+    assert kvp["kvferry_room"] == 70001
+    assert out["token_ids"] == C.expected_tokens(PROMPTS[6], 3) and not c.checks("d-6")
+    f_dec = failures(c, "decode", 70001)
+    assert f_dec and all((f["code"], f["origin"], f["is_from_another_rank"]) ==
+                         ("transfer_error", "prefill/tp1", True) for f in f_dec), f_dec
+    one_line_at_origin(c, 70001, "prefill/tp1", "transfer_error", 30)
+    # The abort on decode while prefill's writes are in flight.
+    kvp = c.prefill(7, PROMPTS[7], params={"kvferry_room": 70002})
+    c.add("decode", "d-7", PROMPTS[7], 3, kvp)
+    c.wait("prefill", lambda e: e == ("held", 70002), what="writes of 70002 held in flight")
+    c.send("decode", "abort", "d-7")
+    c.kv("decode", lambda k: "d-7" in k["finished_recving"], what="d-7 reported once release-safe")
+    c.kv("prefill", lambda k: "p-7" in k["finished_sending"], what="p-7's blocks freed on prefill")
+    one_line_at_origin(c, 70002, "decode/tp0", "aborted", 20)
+    all_blocks_back(c)
+
+
+@pytest.mark.parametrize("prefill_tp,decode_tp,mla", [(2, 1, False), (1, 2, False), (2, 1, True)])
+def test_unequal_tp_and_mla(cluster, prefill_tp, decode_tp, mla):
+    c = cluster(prefill_tp, decode_tp, mla=mla)
+    for n in (8, 9):
+        _, out = c.request(n, PROMPTS[n])
+        check_success(c, n, out, decode_tp, mla=mla)
+    all_blocks_back(c)
+    assert not c.lines_above_debug()
+
+
+def test_layerwise_when_decode_is_ready_first(cluster):
+    """A router that sends the request to decode first (with the room and prefill's bootstrap
+    address it chose) and then to prefill: decode's metadata is there before prefill's forward
+    pass (each layer's compute takes 100 ms here, kvferry applies decode's kept metadata to the new
+    room within a few ms), so prefill sends the layers from save_kv_layer; the KV is whole all the same."""
+    c = cluster(1, 1, layer_ms=100)
+    c.request(10, PROMPTS[10])  # connects decode to prefill (the handshake) first
+    prompt = PROMPTS[11]
+    kvp = {"do_remote_prefill": True, "do_remote_decode": False, "kvferry_room": 70010, "tp_size": 1,
+           "kvferry_bootstrap": f"127.0.0.1:{c.cfg['prefill']['extra']['kvferry_bootstrap_port']}",
+           "kvferry_block_size": 4, "kvferry_num_tokens": len(prompt)}
+    c.add("decode", "d-11", prompt, 3, kvp)
+    time.sleep(0.5)  # lets decode's metadata reach prefill first (either order gives the same bytes)
+    c.prefill(11, prompt, params={"kvferry_room": 70010})
+    check_success(c, 11, c.output("decode", "d-11"), 1)
+    c.kv("prefill", lambda k: k["layerwise"] == 1, what="room 70010 sent from save_kv_layer")
+    all_blocks_back(c)
+
+
+def test_lease_expires_when_decode_never_comes(cluster):
+    """kv_lease_duration 1 s: prefill frees the blocks at its end (bootstrap_timeout, origin
+    prefill, one warning there); a decode that comes later is told that failure and recomputes."""
+    c = cluster(1, 1, extra={"kv_lease_duration": 1})
+    kvp = c.prefill(12, PROMPTS[12], params={"kvferry_room": 70012})
+    c.kv("prefill", lambda k: "p-12" in k["finished_sending"], what="p-12 freed at the lease's end")
+    f = failures(c, "prefill", 70012)
+    assert [(x["code"], x["origin"]) for x in f] == [("bootstrap_timeout", "prefill/tp0")], f
+    c.add("decode", "d-12", PROMPTS[12], 3, kvp)
+    out = c.output("decode", "d-12")
+    assert out["token_ids"] == C.expected_tokens(PROMPTS[12], 3)
+    f = failures(c, "decode", 70012)
+    assert [(x["code"], x["origin"], x["is_from_another_rank"]) for x in f] == \
+        [("bootstrap_timeout", "prefill/tp0", True)], f
+    one_line_at_origin(c, 70012, "prefill/tp0", "bootstrap_timeout", 30)
+    all_blocks_back(c)
+
+
+def test_prefill_killed_while_holding_blocks(cluster):
+    """Prefill's writes of room 70013 are held in flight when the prefill engine is killed: decode
+    fails the room (peer_unreachable, origin the dead prefill rank) by its heartbeat timeout, long
+    before any transfer deadline, and reports its blocks as load errors at once (one line above
+    debug, on decode, for the dead peer). kvferry counts a rank silent on heartbeats as possibly
+    still writing until a new incarnation of it registers, so the room is released quarantined at
+    the drain deadline (1 s here) and its blocks stay out of vLLM's pool (the request is not
+    reported finished) while that prefill stays down (docs/vllm.md "Failures")."""
+    c = cluster(1, 1, faults={"prefill/tp0": {"hold": [70013]}},
+                env={"KVFERRY_HEARTBEAT_TIMEOUT_MS": "800", "KVFERRY_WAITING_TIMEOUT_MS": "120000",
+                     "KVFERRY_TRANSFER_TIMEOUT_MS": "120000", "KVFERRY_DRAIN_TIMEOUT_MS": "1000"})
+    kvp = c.prefill(13, PROMPTS[13], params={"kvferry_room": 70013})
+    c.add("decode", "d-13", PROMPTS[13], 3, kvp)
+    c.wait("prefill", lambda e: e == ("held", 70013), what="writes of 70013 held in flight")
+    c.kill("prefill")
+    # The deadline: far below the 120 s waiting and transfer deadlines (only the heartbeat path fits).
+    k = c.kv("decode", lambda k: k["invalid"], deadline_s=60, what="the room's blocks reported as load errors")
+    f = c.kv("decode", lambda k: k["failures"], deadline_s=60, what="the room's failure")["failures"]
+    assert [(x["room"], x["code"], x["origin"]) for x in f] == [(70013, "peer_unreachable", "prefill/tp0")], f
+    assert len(k["invalid"]) == 3, k
+    time.sleep(3)  # past the drain deadline: the room is released quarantined, not reported
+    c._drain("decode", 0.1)
+    assert not [e for e in c.events["decode"] if e[0] == "kv" and "d-13" in e[1]["finished_recving"]]
+    lines = c.lines_above_debug()
+    assert len(lines) == 1 and lines[0]["proc"] == "decode-tp0" and "prefill/tp0" in lines[0]["msg"], lines
+
+
+def test_preempted_on_decode_after_the_transfer(cluster):
+    """A decode request preempted after its KV arrived recomputes locally (vLLM flipped
+    do_remote_prefill at allocation): no second room, no line above debug, the same tokens."""
+    c = cluster(1, 1)
+    kvp = c.prefill(14, PROMPTS[14], params={"kvferry_room": 70014})
+    c.add("decode", "d-14", PROMPTS[14], 40, kvp)
+    c.wait("decode", lambda e: e[0] == "check" and e[1] == "d-14", what="d-14's KV checked")
+    c.send("decode", "preempt", "d-14")
+    assert c.wait("decode", lambda e: e[0] == "preempted" and e[1] == "d-14")[2] is True
+    out = c.output("decode", "d-14")
+    assert out["token_ids"] == C.expected_tokens(PROMPTS[14], 40)
+    assert len(c.checks("d-14")) == 1  # the recompute read no remote KV
+    all_blocks_back(c)
+    assert not c.lines_above_debug()
+
+
+def test_block_size_mismatch_is_refused(cluster):
+    """Decode's block size (8) differs from prefill's (4): decode refuses the request's params and
+    computes it (one error line on decode naming both sizes); prefill, which cannot be told (kvferry's
+    handshake refuses the geometry too), frees the blocks at its lease (1 s, a warning there)."""
+    c = cluster(1, 1, decode_block_size=8, extra={"kv_lease_duration": 1})
+    kvp, out = c.request(15, PROMPTS[15], params={"kvferry_room": 70015})
+    assert out["token_ids"] == C.expected_tokens(PROMPTS[15], 3) and not c.checks("d-15")
+    c.kv("prefill", lambda k: "p-15" in k["finished_sending"], what="p-15 freed at the lease's end")
+    lines = c.lines_above_debug(70015)
+    dec = [r for r in lines if r["proc"] == "decode-tp0"]
+    assert len(dec) == 1 and dec[0]["level"] == 40 and "block size mismatch: prefill 4 tokens, decode 8" in \
+        dec[0]["msg"], lines
+    assert [r["proc"] for r in lines if r not in dec] == ["prefill-tp0"], lines
