@@ -53,7 +53,8 @@ FAULT_ARGS := --trace $(FAULTS_OUT)/azure_paced.jsonl --model Qwen2.5-7B --prefi
 DEBIAN_PACKAGES := nftables build-essential cmake pkg-config libucx-dev ucx-utils libzmq3-dev cppzmq-dev \
   libcpp-httplib-dev libsodium-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcli11-dev libxxhash-dev \
   libgtest-dev libgmock-dev libbenchmark-dev python3 python3-dev pybind11-dev python3-pytest \
-  python3-numpy gnuplot-nox jq stress-ng iproute2 clang libclang-rt-14-dev
+  python3-numpy python3-venv python3-pip python3-setuptools python3-wheel gnuplot-nox jq stress-ng iproute2 clang \
+  libclang-rt-14-dev
 
 .PHONY: deps build run run-hosts faults bench test test-hog sanitize-configure test-sanitize test-sanitize-ci \
   test-tsan fuzz fuzz-build fuzz-smoke clean
