@@ -249,7 +249,8 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
     return Status::Ok();
   }
   FinalBatches finals;  // a last chunk with pages carries the final batch (prefill_final.cc)
-  if (last && stage_final(r, finals) == FinalStage::kFailed) return Status::Ok();
+  if (last && stage_final(r, finals) == FinalStage::kFailed)  // the room failed: this send writes nothing
+    return {ErrorCode::kProtocolError, "the room's final batch does not match its destinations (the room failed)"};
   const PoolLayout& l = core_.layout();
   ChunkState& cs = chunks_[tag];
   cs = {room, 0, true, units};
@@ -327,6 +328,7 @@ std::optional<ChunkDone> PrefillEndpoint::on_transport_event(const TransportEven
   if (!e.status.ok() && r && !deferred) {
     fail(e.room, e.status.code(), e.status.message(), core_.self(), monotonic_ns(), true);
   }
+  if (r) free_staging_row(*r);
   auto aux = aux_tags_.find(e.tag);
   if (aux != aux_tags_.end()) {
     aux_tags_.erase(aux);

@@ -372,6 +372,10 @@ class PrefillEndpoint {
   void maybe_finish(SenderRoom& r);
   // The final batch rode with the last chunk and every write completed: Success.
   void maybe_succeed(SenderRoom& r);
+  // The guard row staged for a room without an aux_index is free once no write of the room is
+  // in flight after its final batch went out (not only when the room is released: a room an
+  // engine holds on to must not keep other rooms from their final batch).
+  void free_staging_row(SenderRoom& r);
   // A room without destinations: Success without writing.
   void conclude_room(SenderRoom& r);
   // The final batch to destination `d` (aux rows, state rows, guard row from local guard row

@@ -295,6 +295,24 @@ TEST(EndpointPair, AnEmptyLastChunkSendsTheFinalBatchAfterTheWrites) {
   EXPECT_EQ(p->verify_decode(room, kv), 0u);
 }
 
+// Rooms without an aux_index stage their guard record in one of the prefill rank's few staging
+// rows (at most its aux rows). A row is free again once the room's final batch completed, not
+// only when the engine releases the room: six rooms through four rows, none released, all succeed.
+// Before, the fifth sat in Transferring with every byte landed until decode's waiting deadline.
+TEST(EndpointPair, StagingGuardRowsComeBackWhenTheFinalBatchCompleted) {
+  PairConfig cfg;
+  cfg.layout.aux_slots = 4;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  for (uint64_t i = 0; i < 6; ++i) {
+    const uint64_t room = 0x1C00 + i;
+    SCOPED_TRACE(room);
+    transfer_room(*p, room, 16, {i}, static_cast<uint32_t>(i % 4));
+    EXPECT_EQ(p->prefill().poll(room), KVPoll::Success);
+    EXPECT_FALSE(p->prefill().room(room)->aux_staging.has_value());
+  }
+}
+
 // A failure with nothing in flight goes out once, terminal: no early notice precedes it.
 TEST(EndpointPair, PrefillFailureWithNothingInFlightIsTerminalAtOnce) {
   auto p = make_pair();

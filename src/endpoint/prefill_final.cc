@@ -119,4 +119,10 @@ void PrefillEndpoint::maybe_succeed(SenderRoom& r) {
   log_event(LogLevel::kDebug, kComp, "transfer complete", room_fields(r.room));
 }
 
+void PrefillEndpoint::free_staging_row(SenderRoom& r) {
+  if (!r.aux_staging || !r.aux_submitted || r.inflight != 0) return;
+  aux_alloc_.free({*r.aux_staging});
+  r.aux_staging.reset();
+}
+
 }  // namespace kvferry

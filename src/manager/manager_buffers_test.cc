@@ -207,5 +207,48 @@ TEST(ManagerBuffers, TheLastSendEndsWhenItsPagesWereWrittenItsRowsWhenTheRoomEnd
   EXPECT_EQ(std::memcmp(dm.state[0].data() + dstate[0] * kStateItem, sent_state.data(), kStateItem), 0);
 }
 
+// The last send carries pages and one state row where decode's metadata gave two: its final
+// batch cannot be built, so the room fails (protocol_error at prefill) with nothing of that send
+// written. The send still ends (its number comes back), the sender becomes release-safe, and
+// dropping it releases the room: before, the failed send was counted as in flight for good.
+TEST(ManagerBuffers, ALastSendWhoseStateRowsDoNotMatchFailsTheRoomAndEnds) {
+  auto ranks = make_buffer_ranks(true, true);
+  ASSERT_TRUE(ranks);
+  Manager& prefill = *ranks->prefill;
+  Manager& decode = *ranks->decode;
+  auto until = [](const std::function<bool()>& pred) {
+    for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  };
+  ASSERT_TRUE(until([&] { return prefill.stats().peers == 1; }));
+  const uint64_t room = 78;
+  auto rx = decode.receiver(room).value();
+  auto tx = prefill.sender(room).value();
+  ASSERT_TRUE(rx->init().ok());
+  const std::vector<uint64_t> dst{3, 4}, dstate{0, 1}, src0{1}, src1{2}, pstate{2};
+  ASSERT_TRUE(rx->send_metadata(dst, 5, dstate).ok());
+  ASSERT_TRUE(until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx->init(2, 3).ok());
+  ASSERT_TRUE(tx->send(src0, {}, false).ok());     // send 0
+  (void)tx->send(src1, pstate, true);              // send 1: one state row for decode's two
+  ASSERT_TRUE(until([&] { return tx->poll() == KVPoll::Failed; }));
+  auto e = tx->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kProtocolError);
+  EXPECT_EQ(e->origin, prefill.self());
+  std::vector<uint64_t> back;
+  ASSERT_TRUE(until([&] {
+    for (uint64_t n : tx->take_completed_sends()) back.push_back(n);
+    return back.size() == 2;
+  })) << back.size() << " of 2 sends ended";
+  ASSERT_TRUE(until([&] { return tx->release_safe() && rx->poll() == KVPoll::Failed && rx->release_safe(); }));
+  tx.reset();
+  rx.reset();
+  EXPECT_TRUE(until([&] { return prefill.stats().live_rooms == 0; })) << prefill.stats().live_rooms << " live rooms";
+}
+
 }  // namespace
 }  // namespace kvferry
