@@ -123,8 +123,13 @@ void PrefillEndpoint::on_status(const RoomStatus& st) {
     if (st.terminal) (void)answer_released(st.room, st.sender);
     return;
   }
-  if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
-  pending_fail_[st.room] = {monotonic_ns(), st};
+  if (unopened_failure_hook_ && unopened_failure_hook_(st.room, st.failure)) {  // a sender not init()ed
+    auto opened = rooms_.find(st.room);
+    if (opened != rooms_.end() && st.terminal) opened->second.failure_heard.insert(st.sender);
+  } else {
+    if (!pending_fail_.count(st.room) && pending_fail_.size() >= kMaxPendingRooms) return;
+    pending_fail_[st.room] = {monotonic_ns(), st};
+  }
   // A destination's failure of a room this rank never had (e.g. its engine failed the room while
   // this rank was out of it): nothing was written, and nothing will be (an add_room now fails at
   // once from pending_fail_, and the metadata kept is dropped), so the room is drained here: say

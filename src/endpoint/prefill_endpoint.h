@@ -132,6 +132,12 @@ class PrefillEndpoint {
   // fails those bound for it (add_failed_room) and returns them; the death's warning names them.
   using UnopenedHook = std::function<std::vector<uint64_t>(const RankId&, const std::string&, int64_t)>;
   void set_unopened_rooms_hook(UnopenedHook hook) { unopened_hook_ = std::move(hook); }
+  // A destination's failure of a room not added yet (its sender exists but was not init()ed):
+  // on_status calls the hook, which opens the room failed with it (add_failed_room) and returns
+  // true, so the engine's next poll says Failed rather than WaitingForInput (no prefill forward
+  // for a request decode already gave up). False: no such sender; the failure waits for add_room.
+  using UnopenedFailureHook = std::function<bool(uint64_t room, const Failure& f)>;
+  void set_unopened_failure_hook(UnopenedFailureHook hook) { unopened_failure_hook_ = std::move(hook); }
 
   // Writes the room's pages [first_page, first_page + src_pages.size()) from the local pages
   // `src_pages` to every destination. `tag` (> 0, unique) comes back in ChunkDone once the
@@ -417,6 +423,7 @@ class PrefillEndpoint {
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   UnopenedHook unopened_hook_;
+  UnopenedFailureHook unopened_failure_hook_;
   // Decode ranks whose last registration was refused, with the refusal's record (until one of
   // theirs is accepted; at most kMaxRefused, oldest rank order dropped first).
   std::map<RankId, Failure> refused_;

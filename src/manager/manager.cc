@@ -93,6 +93,10 @@ Status ManagerImpl::start() {
       }
       return failed;
     });
+    prefill_->set_unopened_failure_hook([this](uint64_t id, const Failure& f) {
+      auto it = rooms_.find(id);
+      return it != rooms_.end() && open_sender_for_failure(id, it->second, f, false);
+    });
     if (!c.bootstrap_address.empty()) {
       PrefillRankInfo info;
       info.engine_id = c.self.engine_id;

@@ -162,6 +162,32 @@ TEST_P(ManagerRooms, ATokenCountTheSidesDisagreeOnFailsTheRoomOnBoth) {
   EXPECT_TRUE(rx->release_safe());
 }
 
+// SGLang's prefill creates the sender when the request arrives and init()s it (then runs the
+// forward) once its poll says WaitingForInput. A decode request aborted before it sent metadata
+// tells the source: the sender, not init()ed yet, then polls Failed with decode's cause, so the
+// engine does not run a prefill forward for a request decode gave up. Before, it polled
+// WaitingForInput and learned of the failure only after init().
+TEST_P(ManagerRooms, ADecodeAbortBeforeMetadataFailsASenderNotInitializedYet) {
+  auto [transport, thread] = GetParam();
+  auto r = make_ranks(transport, thread, notice_only());
+  ASSERT_TRUE(r);
+  auto tx = r->prefill->sender(37).value();
+  auto rx = r->decode->receiver(37).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  rx->abort("client went away while the request waited for memory");
+  ASSERT_TRUE(r->until([&] { return tx->poll() != KVPoll::Bootstrapping; }, 20s));
+  EXPECT_EQ(tx->poll(), KVPoll::Failed) << "the engine would init() and run a forward for an aborted request";
+  auto e = tx->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kAborted);
+  EXPECT_EQ(e->origin, r->decode->self());
+  EXPECT_TRUE(e->is_from_another_rank);
+  EXPECT_TRUE(tx->release_safe());
+  tx.reset();
+  rx.reset();
+  EXPECT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }, 20s));
+}
+
 // An engine that drops a sender in the middle of its room (its last send() not made) gave the
 // request up: decode is told at once (aborted, origin prefill), not at its waiting deadline.
 TEST_P(ManagerRooms, SenderDroppedMidRoomTellsDecode) {
