@@ -66,7 +66,8 @@ TEST(Buffers, ChecksDeviceOrdinals) {
     b.device = device;
     return b;
   };
-  expect_refused({on(kv(0x1000, 1024, 256), MemoryKind::kCuda, -1)}, "kv buffer 0: cuda device ordinal -1 outside [0, 64)");
+  expect_refused({on(kv(0x1000, 1024, 256), MemoryKind::kCuda, -1)},
+                 "kv buffer 0: cuda device ordinal -1 outside [0, 64)");
   expect_refused({kv(0x1000, 1024, 256), on(aux(0x9000, 64, 8), MemoryKind::kCuda, kMaxCudaDevices)},
                  "aux buffer 0: cuda device ordinal 64 outside");
   expect_refused({on(kv(0x1000, 1024, 256), MemoryKind::kHost, 2)}, "kv buffer 0: host memory names cuda device 2");

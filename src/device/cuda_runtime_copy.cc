@@ -166,12 +166,14 @@ class CudaDeviceCopy final : public DeviceCopy {
     auto info = classify(address);
     if (!info.ok()) return info.status();
     if (info->kind != PointerKind::kDevice || info->device != ordinal)
-      return Status(ErrorCode::kInvalidArgument, "ipc export: not device memory of cuda device " + std::to_string(ordinal));
+      return Status(ErrorCode::kInvalidArgument,
+                    "ipc export: not device memory of cuda device " + std::to_string(ordinal));
     auto range = allocation_of(address);
     if (!range.ok()) return range.status();
     const auto [base, size] = *range;
     if (bytes == 0 || bytes > kMaxIpcBufferBytes || bytes > size - (address - base))
-      return Status(ErrorCode::kInvalidArgument, "ipc export: " + std::to_string(bytes) + " bytes do not fit the allocation");
+      return Status(ErrorCode::kInvalidArgument,
+                    "ipc export: " + std::to_string(bytes) + " bytes do not fit the allocation");
     cudaIpcMemHandle_t raw{};
     const cudaError_t e = cudaIpcGetMemHandle(&raw, reinterpret_cast<void*>(base));
     if (e != cudaSuccess) return Status(ErrorCode::kInvalidArgument, cuda_error("cudaIpcGetMemHandle", e));

@@ -33,7 +33,8 @@ Status check_device_buffers(const std::vector<BufferDesc>& buffers, DeviceCopy* 
     for (uint64_t at : {b.address, b.address + b.bytes - 1}) {
       auto info = seam->classify(at);
       if (!info.ok())
-        return Status(ErrorCode::kInvalidArgument, name + ": cannot tell what its memory is: " + info.status().message());
+        return Status(ErrorCode::kInvalidArgument,
+                      name + ": cannot tell what its memory is: " + info.status().message());
       if (info->kind != PointerKind::kDevice || info->device != b.device)
         return Status(ErrorCode::kInvalidArgument,
                       name + ": byte " + std::to_string(at - b.address) + " is " +

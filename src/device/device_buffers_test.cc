@@ -51,15 +51,19 @@ TEST(DeviceBuffers, RefusalsNameTheBufferAndDevice) {
   const uint64_t h = reinterpret_cast<uint64_t>(host.data());
 
   HostDeviceCopy none({.devices = 0});
-  EXPECT_EQ(why({cuda(*k, 4096, 0)}, &none), "kv buffer 0 (cuda device 0): cuda device 0: this machine has no CUDA device");
+  EXPECT_EQ(why({cuda(*k, 4096, 0)}, &none),
+            "kv buffer 0 (cuda device 0): cuda device 0: this machine has no CUDA device");
   HostDeviceCopy no_driver({.count_error = Status(ErrorCode::kInternal, "cudaGetDeviceCount: no driver")});
   EXPECT_NE(why({cuda(*k, 4096, 0)}, &no_driver).find("no usable CUDA device (cudaGetDeviceCount: no driver)"),
             std::string::npos);
-  EXPECT_NE(why({cuda(*k, 4096, 0), cuda(*k + 8192, 4096, 3)}, &d).find("kv buffer 1 (cuda device 3): cuda device 3: no such device"),
+  EXPECT_NE(why({cuda(*k, 4096, 0), cuda(*k + 8192, 4096, 3)}, &d)
+                .find("kv buffer 1 (cuda device 3): cuda device 3: no such device"),
             std::string::npos);
-  EXPECT_NE(why({cuda(*k, 4096, 1)}, &d).find("byte 0 is device memory of cuda device 0, not device memory of cuda device 1"),
+  EXPECT_NE(why({cuda(*k, 4096, 1)}, &d)
+                .find("byte 0 is device memory of cuda device 0, not device memory of cuda device 1"),
             std::string::npos);
-  EXPECT_NE(why({cuda(h, 4096, 0, BufferKind::kState)}, &d).find("state buffer 0 (cuda device 0): byte 0 is pageable memory"),
+  EXPECT_NE(why({cuda(h, 4096, 0, BufferKind::kState)}, &d)
+                .find("state buffer 0 (cuda device 0): byte 0 is pageable memory"),
             std::string::npos);
   EXPECT_NE(why({cuda(*k + 4096, 1 << 16, 0)}, &d).find("byte 65535 is pageable memory"), std::string::npos)
       << "a buffer must end in its device's memory too";

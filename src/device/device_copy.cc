@@ -21,7 +21,8 @@ Status DeviceCopy::check_device(int32_t ordinal) {
   if (ordinal < 0 || ordinal >= kMaxCudaDevices)
     return Status(ErrorCode::kInvalidArgument, dev + ": not a device ordinal");
   auto n = device_count();
-  if (!n.ok()) return Status(ErrorCode::kInvalidArgument, dev + ": no usable CUDA device (" + n.status().message() + ")");
+  if (!n.ok())
+    return Status(ErrorCode::kInvalidArgument, dev + ": no usable CUDA device (" + n.status().message() + ")");
   if (*n == 0) return Status(ErrorCode::kInvalidArgument, dev + ": this machine has no CUDA device");
   if (ordinal >= *n)
     return Status(ErrorCode::kInvalidArgument,
