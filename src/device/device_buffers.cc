@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <string>
 
 namespace kvferry::device {
@@ -27,6 +28,8 @@ Status check_device_buffers(const std::vector<BufferDesc>& buffers, DeviceCopy* 
     if (b.memory != MemoryKind::kCuda) continue;
     const std::string name = std::string(buffer_kind_name(b.kind)) + " buffer " + std::to_string(i) +
                              " (cuda device " + std::to_string(b.device) + ")";
+    if (b.bytes == 0 || b.address > UINT64_MAX - b.bytes)  // check_buffers' word, kept here too
+      return Status(ErrorCode::kInvalidArgument, name + ": empty or wrapping address range");
     if (seam == nullptr) return Status(ErrorCode::kInvalidArgument, name + ": " + no_seam.message());
     if (Status s = seam->check_device(b.device); !s.ok())
       return Status(ErrorCode::kInvalidArgument, name + ": " + s.message());

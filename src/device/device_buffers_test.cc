@@ -65,6 +65,8 @@ TEST(DeviceBuffers, RefusalsNameTheBufferAndDevice) {
   EXPECT_NE(why({cuda(h, 4096, 0, BufferKind::kState)}, &d)
                 .find("state buffer 0 (cuda device 0): byte 0 is pageable memory"),
             std::string::npos);
+  EXPECT_NE(why({cuda(*k, 0, 0)}, &d).find("kv buffer 0 (cuda device 0): empty"), std::string::npos);
+  EXPECT_NE(why({cuda(UINT64_MAX - 10, 4096, 0)}, &d).find("wrapping"), std::string::npos);
   EXPECT_NE(why({cuda(*k + 4096, 1 << 16, 0)}, &d).find("byte 65535 is pageable memory"), std::string::npos)
       << "a buffer must end in its device's memory too";
 }
