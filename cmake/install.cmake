@@ -44,6 +44,10 @@ kvferry_external(PkgConfig::ZMQ libzmq "pkg_check_modules(ZMQ REQUIRED IMPORTED_
 kvferry_external(PkgConfig::HTTPLIB cpp-httplib "pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)")
 kvferry_external(PkgConfig::XXHASH libxxhash "pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)")
 kvferry_external(PkgConfig::SODIUM libsodium "pkg_check_modules(SODIUM REQUIRED IMPORTED_TARGET libsodium)")
+if(KVFERRY_CUDA)
+  kvferry_external(CUDA::cudart_static "-L${CUDAToolkit_LIBRARY_DIR} -lcudart_static -ldl -lrt"
+                   "find_dependency(CUDAToolkit)")
+endif()
 
 # The components reachable from kvferry_library, in link order (each before the ones it uses:
 # a depth-first post-order, reversed), and the external targets they link.

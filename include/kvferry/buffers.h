@@ -34,9 +34,12 @@ namespace kvferry {
 enum class BufferKind : uint8_t { kKv = 0, kAux = 1, kState = 2 };
 std::string_view buffer_kind_name(BufferKind k);  // "kv", "aux", "state"
 
-// Where a buffer's memory lives. kCuda needs a UCX build with CUDA support (ucx_info -d lists
-// cuda_copy/cuda_ipc); without it a kCuda buffer is refused at registration with a message naming
-// the missing support, never copied through the host.
+// Where a buffer's memory lives (docs/gpu.md). A kCuda buffer is device memory of CUDA device
+// `BufferDesc::device`; registration refuses it, naming the buffer, on a kvferry built without CUDA
+// (KVFERRY_CUDA=OFF), on a machine where no CUDA device is usable, for an ordinal the machine does
+// not have, and for an address that is not device memory of that device. Past those checks, moving
+// it still needs a UCX build with CUDA support (ucx_info -d lists cuda_copy/cuda_ipc); without it
+// the transport refuses it with a message naming the missing support, never copying through the host.
 enum class MemoryKind : uint8_t { kHost = 0, kCuda = 1 };
 std::string_view memory_kind_name(MemoryKind k);  // "host", "cuda"
 
@@ -46,7 +49,13 @@ struct BufferDesc {
   uint64_t item_bytes = 0;  // bytes of one page (kKv) or one row (kAux, kState)
   BufferKind kind = BufferKind::kKv;
   MemoryKind memory = MemoryKind::kHost;
+  // kCuda: the CUDA device ordinal the memory belongs to (SGLang's gpu_id; cudaSetDevice's
+  // numbering in this process). kHost: 0. A rank may mix host and device buffers.
+  int32_t device = 0;
 };
+
+// Bound on a device ordinal (checked before any CUDA call sees it).
+constexpr int32_t kMaxCudaDevices = 64;
 
 // Bounds on a buffer list (also the bounds of a peer's registration, kvferry/messages.h).
 constexpr uint32_t kMaxKvBuffers = 4096;     // e.g. 2 x 128 layers with room to spare

@@ -1,8 +1,9 @@
 // _kvferry: the compiled half of the Python package `kvferry` (python/kvferry/__init__.py holds the
 // Python-facing classes: KVPoll, KVTransferError, KVManager, KVSender, KVReceiver).
 //
-// Memory: either engine-owned buffers, as (address, bytes, item_bytes, kind, memory) tuples made by
-// kvferry.describe_buffers (python/kvferry/buffers.py keeps the objects alive; kvferry/buffers.h),
+// Memory: either engine-owned buffers, as (address, bytes, item_bytes, kind, memory[, device])
+// tuples made by kvferry.describe_buffers (python/kvferry/buffers.py keeps the objects alive;
+// kvferry/buffers.h),
 // or one KV pool: any writable C-contiguous buffer-protocol object (numpy array, bytearray,
 // memoryview), held here (so it cannot be resized or freed) and released after the rank is torn
 // down. The manager registers the memory with the transport; nothing is copied.
@@ -55,14 +56,17 @@ MemoryKind memory_kind(const std::string& k) {
   throw py::value_error("memory kind must be 'host' or 'cuda', not '" + k + "'");
 }
 
-// (address, bytes, item_bytes, kind, memory) tuples (BufferDesc.as_tuple()) as BufferDescs.
+// (address, bytes, item_bytes, kind, memory[, device]) tuples (BufferDesc.as_tuple()) as
+// BufferDescs; device: the CUDA device ordinal of a "cuda" buffer (default 0; docs/gpu.md).
 std::vector<BufferDesc> buffer_descs(const py::list& buffers) {
   std::vector<BufferDesc> out;
   for (const py::handle& h : buffers) {
     auto t = h.cast<py::tuple>();
-    if (t.size() != 5) throw py::value_error("a buffer is (address, bytes, item_bytes, kind, memory)");
+    if (t.size() != 5 && t.size() != 6)
+      throw py::value_error("a buffer is (address, bytes, item_bytes, kind, memory[, device])");
     out.push_back(BufferDesc{t[0].cast<uint64_t>(), t[1].cast<uint64_t>(), t[2].cast<uint64_t>(),
-                             buffer_kind(t[3].cast<std::string>()), memory_kind(t[4].cast<std::string>())});
+                             buffer_kind(t[3].cast<std::string>()), memory_kind(t[4].cast<std::string>()),
+                             t.size() == 6 ? t[5].cast<int32_t>() : 0});
   }
   return out;
 }

@@ -80,6 +80,11 @@ Result<BufferSet> check_buffers(const std::vector<BufferDesc>& buffers) {
       return bad(name + ": " + std::to_string(b.bytes) + " bytes cannot hold one item of " +
                  std::to_string(b.item_bytes));
     if (b.address > UINT64_MAX - b.bytes) return bad(name + ": address range wraps around");
+    if (b.memory == MemoryKind::kCuda && (b.device < 0 || b.device >= kMaxCudaDevices))
+      return bad(name + ": cuda device ordinal " + std::to_string(b.device) + " outside [0, " +
+                 std::to_string(kMaxCudaDevices) + ")");
+    if (b.memory == MemoryKind::kHost && b.device != 0)
+      return bad(name + ": host memory names cuda device " + std::to_string(b.device) + " (host buffers take 0)");
     if (b.kind == BufferKind::kKv && !set.kv.empty() && b.item_bytes != set.kv.front().item_bytes)
       return bad(name + ": item_bytes " + std::to_string(b.item_bytes) + " differs from kv buffer 0's " +
                  std::to_string(set.kv.front().item_bytes) + " (every KV buffer holds the same pages)");

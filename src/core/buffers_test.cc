@@ -58,6 +58,25 @@ TEST(Buffers, RefusesBadBuffersNamingThem) {
                  "state buffer 0 overlaps state buffer 1");
 }
 
+// Device ordinals are bounded before any runtime sees them; whether the device exists is
+// registration's check (src/device/device_buffers.h).
+TEST(Buffers, ChecksDeviceOrdinals) {
+  auto on = [](BufferDesc b, MemoryKind m, int32_t device) {
+    b.memory = m;
+    b.device = device;
+    return b;
+  };
+  expect_refused({on(kv(0x1000, 1024, 256), MemoryKind::kCuda, -1)},
+                 "kv buffer 0: cuda device ordinal -1 outside [0, 64)");
+  expect_refused({kv(0x1000, 1024, 256), on(aux(0x9000, 64, 8), MemoryKind::kCuda, kMaxCudaDevices)},
+                 "aux buffer 0: cuda device ordinal 64 outside");
+  expect_refused({on(kv(0x1000, 1024, 256), MemoryKind::kHost, 2)}, "kv buffer 0: host memory names cuda device 2");
+  auto set = check_buffers({on(kv(0x1000, 1024, 256), MemoryKind::kCuda, 7), aux(0x9000, 64, 8)});
+  ASSERT_TRUE(set.ok()) << set.status().str();  // KV on device 7, aux rows on the host
+  EXPECT_EQ(set->kv[0].device, 7);
+  EXPECT_EQ(set->aux[0].memory, MemoryKind::kHost);
+}
+
 TEST(Buffers, AdjacentBuffersDoNotOverlap) {
   EXPECT_TRUE(check_buffers({kv(0x1000, 1024, 256), kv(0x1400, 1024, 256)}).ok());
 }

@@ -12,6 +12,7 @@
 #include "endpoint/peer_monitor.h"
 #include "endpoint/refusals.h"
 #include "endpoint/span_compat.h"
+#include "device/device_buffers.h"
 #include "kvferry/port_file.h"
 
 namespace kvferry {
@@ -112,6 +113,8 @@ Status EndpointCore::build_map() {
   }
   auto set = check_buffers(config_.buffers);
   if (!set.ok()) return set.status();
+  // Device buffers: the device exists and the memory is its (docs/gpu.md), before any transport.
+  if (Status s = device::check_device_buffers(config_.buffers, config_.device_copy.get()); !s.ok()) return s;
   if (set->kv.size() != l.num_buffers())
     return Status(ErrorCode::kInvalidArgument,
                   fmt::format("{} kv buffers for a model with {} (layers x tensors per layer)", set->kv.size(),

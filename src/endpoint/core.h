@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "device/device_copy.h"
 #include "endpoint/connector.h"
 #include "endpoint/memory_map.h"
 #include "endpoint/peer_monitor.h"
@@ -77,6 +78,9 @@ struct EndpointConfig {
   // With `buffers`: caller-owned memory for kvferry's guard rows (aux rows x kAuxSlotBytes, valid
   // until the core is destroyed); null: the core allocates them.
   uint8_t* guard_memory = nullptr;
+  // The device seam that checks kCuda buffers at registration (device/device_buffers.h); null:
+  // the process's CUDA seam, or its refusal. Tests give a host implementation.
+  std::shared_ptr<device::DeviceCopy> device_copy;
 };
 
 // A write batch completed (on the progress thread), handed to the main thread.

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "device/host_device_copy.h"
 #include "endpoint/engine_pair_test_util.h"
 #include "kvferry/log.h"
 
@@ -124,6 +125,46 @@ TEST(EngineMemoryRefusal, CoreRefusesEngineBuffersThatDoNotMatchTheLayout) {
   EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(s.message().find("cuda"), std::string::npos) << s.message();
   EXPECT_TRUE(with([](EndpointConfig&) {}).ok());
+}
+
+// Device buffers at registration (docs/gpu.md), against the device seam's host implementation:
+// no device, a bad ordinal, memory that is not the device's are refused naming the buffer; device
+// memory that passes reaches the transport, which refuses it without CUDA support in UCX.
+TEST(EngineMemoryRefusal, CoreChecksDeviceBuffersThroughTheSeam) {
+  EngineRank r;
+  ASSERT_TRUE(testing::build_rank(r, {}, Role::kDecode, 1, 0, {}).ok());
+  r.core.reset();
+  auto seam = std::make_shared<device::HostDeviceCopy>(device::HostDeviceOptions{.devices = 2});
+  auto pool = seam->alloc_device(1, r.buffers[0].bytes);
+  ASSERT_TRUE(pool.ok());
+  auto with = [&](std::shared_ptr<device::DeviceCopy> d, uint64_t address, int32_t device) {
+    EndpointConfig c;
+    c.self = r.self;
+    c.layout = r.layout;
+    c.buffers = r.buffers;
+    c.guard_memory = r.guard;
+    c.device_copy = std::move(d);
+    c.buffers[0].address = address;
+    c.buffers[0].memory = MemoryKind::kCuda;
+    c.buffers[0].device = device;
+    return EndpointCore::create(c).status();
+  };
+  auto none = std::make_shared<device::HostDeviceCopy>(device::HostDeviceOptions{.devices = 0});
+  Status s = with(none, *pool, 1);
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "kv buffer 0 (cuda device 1): cuda device 1: this machine has no CUDA device");
+  s = with(seam, *pool, 2);
+  EXPECT_NE(s.message().find("kv buffer 0 (cuda device 2): cuda device 2: no such device"), std::string::npos)
+      << s.message();
+  s = with(seam, *pool, 0);
+  EXPECT_NE(s.message().find("device memory of cuda device 1, not device memory of cuda device 0"), std::string::npos)
+      << s.message();
+  s = with(seam, r.buffers[0].address, 1);
+  EXPECT_NE(s.message().find("byte 0 is pageable memory"), std::string::npos) << s.message();
+  s = with(seam, *pool, 1);  // the device check passes; this UCX has no CUDA transports
+  EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("cuda"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("cuda device 1"), std::string::npos) << s.message();
 }
 
 TEST(EngineMemoryRefusal, DecodeInitChecksPagesAuxAndStateRows) {
