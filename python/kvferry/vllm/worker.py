@@ -94,6 +94,7 @@ class WorkerSide:
         self._unopened_sends: Set[str] = set()  # held requests whose room kvferry refused to open
         self._unopened_recvs: Set[str] = set()  # loading requests whose room was refused at the handshake
         self._invalid: Set[int] = set()
+        self._refused: Dict[str, int] = {}   # prefill: requests whose room kvferry refused to open (logged)
         self._reported: Dict[str, None] = {}  # decode: requests reported finished_recving (the last 4096)
         self._stats = KvferryConnectorStats()
         self._lock = threading.RLock()
@@ -124,7 +125,8 @@ class WorkerSide:
                          peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
                          transfer_shards=self.s.transfer_shards, log_failures=True,
                          control_bind=self.s.control_host, control_advertise=self.s.control_host,
-                         fault_injection=self.s.fault_injection, **g.manager_kwargs())
+                         fault_injection=self.s.fault_injection, aux_slots=self.s.aux_rows,
+                         **g.manager_kwargs())
 
     def manager_for(self, bootstrap: str, prefill_tp: int) -> KVManager:
         """Decode: the kvferry manager serving that prefill instance (built on first use)."""
@@ -142,6 +144,9 @@ class WorkerSide:
         if meta is None:
             return
         with self._lock:
+            for rid, spec in meta.ends.items():  # prefill first: a preempted request's old room ends
+                if not spec.bootstrap:           # before its new one opens (same request id)
+                    self._end(rid, spec)
             for rid, spec in meta.layerwise.items():
                 st = self._open_send(rid, spec)
                 if st is not None:
@@ -155,21 +160,25 @@ class WorkerSide:
             for rid, spec in meta.recvs.items():
                 self._open_recv(rid, spec)
             for rid, spec in meta.ends.items():
-                self._end(rid, spec)
+                if spec.bootstrap:
+                    self._end(rid, spec)
             self._pump()
         self._wake.set()
 
     def _open_send(self, rid: str, spec: SendSpec) -> Optional[_Send]:
         st = self._sends.get(rid)
-        if st is not None:
+        if st is not None and st.spec.room == spec.room:
             return st
+        if self._refused.get(rid) == spec.room:  # refused already (logged once)
+            return None
         try:
             room = KVSender(self.prefill, spec.room)
-            room.init(len(spec.block_ids), num_tokens=spec.num_tokens)
+            room.init(len(spec.block_ids), spec.aux, num_tokens=spec.num_tokens)
         except (ValueError, RuntimeError) as e:
             logger.warning("request %s: kvferry room %d not opened on prefill: %s", rid, spec.room, e,
                            extra={"room": spec.room, "code": getattr(e, "code", "invalid_argument")})
             self._stats.data["failed"] += 1
+            self._refused[rid] = spec.room
             return None
         st = self._sends[rid] = _Send(spec, room)
         return st
@@ -191,7 +200,7 @@ class WorkerSide:
             return
         self._recvs[rid] = _Recv(spec, room, rid, True, False)
         try:
-            room.send_metadata(spec.block_ids, 0, num_tokens=spec.num_tokens)
+            room.send_metadata(spec.block_ids, spec.aux, num_tokens=spec.num_tokens)
         except ValueError as e:
             room.fail("protocol_error", f"metadata refused: {e}")
 
@@ -202,6 +211,12 @@ class WorkerSide:
         role = "decode" if spec.bootstrap else "prefill"
         if spec.bootstrap:
             r = self._recvs.get(rid)
+            q = next((k for k, v in self._quarantined.items() if v.req_id == rid), None)
+            if r is None and q is not None:
+                # Failed and released quarantined: it stays unreported until kvferry reclaims the
+                # room (take_reclaimed_rooms); no second receiver for the room, no report now.
+                self._quarantined[q].report = self._quarantined[q].report or spec.report
+                return
             if r is None and rid in self._reported:  # this rank's part concluded and was reported
                 if self.tp_rank == 0:
                     logger.info("room %d failed: %s at decode/tp0: %s", spec.room, spec.code, spec.reason,
@@ -225,6 +240,7 @@ class WorkerSide:
             r.ending, r.report = True, spec.report
             target = r.room
         else:
+            self._refused.pop(rid, None)
             st = self._sends.pop(rid, None)
             if st is None:
                 return
@@ -304,6 +320,8 @@ class WorkerSide:
             self._pump()
             sending = {rid for rid in self._unopened_sends if rid in self._finished}
             self._unopened_sends -= sending
+            for rid in sending:
+                self._refused.pop(rid, None)
             for rid, st in list(self._sends.items()):
                 p = st.room.poll()
                 if not (st.held and rid in self._finished) or not (
@@ -314,8 +332,8 @@ class WorkerSide:
                 del self._sends[rid]
                 self._finished.discard(rid)
                 sending.add(rid)
-            recving = self._finished_recvs() | self._unopened_recvs
-            self._unopened_recvs = set()
+            recving = {rid for rid in self._finished_recvs() | self._unopened_recvs if rid not in self._reported}
+            self._unopened_recvs = set()  # a request is reported once (vLLM asserts it is still known)
             for rid in recving:
                 self._reported[rid] = None
             while len(self._reported) > 4096:
