@@ -200,3 +200,17 @@ def test_decode_aborted_before_it_had_blocks_tells_prefill():
 def test_malformed_params_are_refused(over):
     with pytest.raises(P.ParamsError):
         P.parse_remote_prefill(decode_params(**over))
+
+
+def test_decode_prefix_hit_in_vllms_order():
+    """Issue 33 finding 8: vLLM's Scheduler.schedule (vllm/v1/core/sched/scheduler.py) calls
+    get_num_new_matched_tokens(request, num_new_local_computed_tokens), allocate_slots,
+    update_state_after_alloc, and only then sets request.num_computed_tokens: a local prefix hit
+    ends the room as aborted (info), not as a protocol error."""
+    s = SchedulerSide(settings("kv_consumer"))
+    r = request("d4", 10, decode_params())
+    assert s.get_num_new_matched_tokens(r, 4) == (0, False)
+    assert r.num_computed_tokens == 0  # not set yet, as in vLLM
+    s.update_state_after_alloc(r, Blocks([1, 2, 3]), 0)
+    end = s.build_connector_meta(types.SimpleNamespace(num_scheduled_tokens={})).ends["d4"]
+    assert end.code == "aborted" and "prefix cache" in end.reason and end.report is False

@@ -89,6 +89,7 @@ class SchedulerSide:
         self._aux: Dict[str, AuxRows] = {}              # per manager: "" prefill's, else a prefill instance
         self._aux_of: Dict[str, Tuple[str, int]] = {}   # request -> (manager, aux row) until its blocks are free
         self._rooms: Set[int] = set()                   # prefill: rooms of _prefilling and _holding
+        self._matched: Dict[str, Optional[Tuple[str, str]]] = {}  # decode: get_num_new_matched_tokens' refusal
 
     def _rows(self, key: str) -> AuxRows:
         rows = self._aux.get(key)
@@ -109,7 +110,14 @@ class SchedulerSide:
         (malformed params, unequal block size, a local prefix hit): vLLM computes it here and
         update_state_after_alloc ends its room. Side-effect free (vLLM may call it repeatedly)."""
         p = request.kv_transfer_params
-        if not (self.s.consumes and P.is_kvferry_decode(p)) or self._refusal(request, num_computed_tokens):
+        if not (self.s.consumes and P.is_kvferry_decode(p)):
+            return 0, False
+        why = self._refusal(request, num_computed_tokens)
+        # vLLM calls update_state_after_alloc right after this (same schedule()), before it sets
+        # request.num_computed_tokens (Scheduler.schedule in vllm/v1/core/sched/scheduler.py): the
+        # local prefix hit is known only here, so the decision is kept for it.
+        self._matched[request.request_id] = why
+        if why:
             return 0, False
         count = len(request.prompt_token_ids or []) - num_computed_tokens
         if count > 0 and not self._rows(P.parse_remote_prefill(p).bootstrap).available():
@@ -144,7 +152,10 @@ class SchedulerSide:
         if not (self.s.consumes and P.is_kvferry_decode(p)):
             return
         p["do_remote_prefill"] = False  # one transfer per request (a preempted request recomputes)
-        why = self._refusal(request, request.num_computed_tokens)
+        if rid in self._matched:
+            why = self._matched.pop(rid)
+        else:
+            why = self._refusal(request, request.num_computed_tokens)
         try:
             rp = P.parse_remote_prefill(p)
         except P.ParamsError as e:
@@ -235,6 +246,7 @@ class SchedulerSide:
         if not p:
             return False, None
         rid = request.request_id
+        self._matched.pop(rid, None)
         if self.s.consumes and P.is_kvferry_decode(p):
             # Finished (aborted) before it had blocks: prefill is told at once, not at its lease.
             p["do_remote_prefill"] = False
