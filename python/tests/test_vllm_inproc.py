@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.join(HERE, "fake_vllm"))
 
 import vllm_inproc as H  # noqa: E402
 from kvferry.vllm.metadata import EndSpec, RecvSpec  # noqa: E402
+from kvferry.vllm.params import manager_key  # noqa: E402
 from kvferry.vllm.worker import _Recv  # noqa: E402
 
 
@@ -138,13 +139,44 @@ def test_abort_of_a_quarantined_request_waits_for_reclaim():
     w = H.KvferryConnector(vc, H.KVConnectorRole.WORKER, None)._worker
     w.register_kv_caches({f"model.layers.{i}.attn": np.zeros((2, 8, H.BS, H.H, H.D), np.uint8) for i in range(H.L)})
     spec = RecvSpec(77, "127.0.0.1:1", [0, 1], 20, 1, 0)
-    w._quarantined[(spec.bootstrap, 77)] = _Recv(spec, types.SimpleNamespace(), "d1", True, False)
+    key = manager_key(spec.bootstrap)
+    w._quarantined[(key, 77)] = _Recv(spec, types.SimpleNamespace(), "d1", True, False)
     w._end("d1", EndSpec(77, spec.bootstrap, "aborted", "client abort", True, 1))
     assert not w._recvs and not w.decode  # no receiver, no manager for that prefill
     assert w.get_finished(set()) == (None, None)
-    w.decode["127.0.0.1:1"] = types.SimpleNamespace(take_reclaimed_rooms=lambda: [77], close=lambda: None)
+    w.decode[key] = types.SimpleNamespace(take_reclaimed_rooms=lambda: [77], close=lambda: None)
     assert w.get_finished(set()) == (None, {"d1"})
-    w.decode["127.0.0.1:1"] = types.SimpleNamespace(take_reclaimed_rooms=lambda: [77], close=lambda: None)
+    w.decode[key] = types.SimpleNamespace(take_reclaimed_rooms=lambda: [77], close=lambda: None)
     assert w.get_finished(set()) == (None, None)
     w.shutdown()
     assert settings_of(vc).aux_rows == 4096
+
+
+def test_a_wrong_tp_size_or_another_name_does_not_break_the_prefill(engines, monkeypatch):
+    """Findings 7 and 11: a request naming a wrong tp_size for a TP-1 prefill fails alone: first
+    (the handshake refuses it; the manager it made is closed) or later (refused: the manager's TP
+    size differs), and other requests to that prefill load; the prefill named localhost:P and
+    127.0.0.1:P is one instance (one manager). Every loaded byte exact."""
+    monkeypatch.setenv("KVFERRY_LOOKUP_TIMEOUT_MS", "1500")
+    port = H.free_port()
+    P, D = engines("kv_producer", port), engines("kv_consumer")
+    prompts = {f"r{i}": [i + 3] * 20 for i in range(4)}
+
+    def prefill(rid, tp=None, addr=None):
+        P.add(rid, prompts[rid], 1, {"do_remote_decode": True})
+        assert H.run_until([P], lambda: any(o["request_id"] == rid for o in P.outputs))
+        p = dict(next(o for o in P.outputs if o["request_id"] == rid)["kv_transfer_params"])
+        p.update({k: v for k, v in (("tp_size", tp), ("kvferry_bootstrap", addr)) if v is not None})
+        return p
+
+    def decode(rid, p):
+        D.add("d" + rid, prompts[rid], 2, p)
+        assert H.run_until([P, D], lambda: D.reqs["d" + rid].status == H.RequestStatus.RUNNING)
+        return sorted({x for x, _, _ in D.check("d" + rid, 20)}), failed(D)
+
+    decode("r0", prefill("r0", tp=2))  # refused at the handshake, recomputed on decode
+    assert D.w._worker.decode == {}
+    assert decode("r1", prefill("r1")) == ([], 0)
+    decode("r2", prefill("r2", tp=2))  # refused: the manager serves a TP-1 prefill
+    assert decode("r3", prefill("r3", addr=f"localhost:{port}")) == ([], 0)
+    assert sorted(D.w._worker.decode) == [f"127.0.0.1:{port}"]

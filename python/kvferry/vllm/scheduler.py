@@ -120,7 +120,8 @@ class SchedulerSide:
         if why:
             return 0, False
         count = len(request.prompt_token_ids or []) - num_computed_tokens
-        if count > 0 and not self._rows(P.parse_remote_prefill(p).bootstrap).available():
+        rp = P.parse_remote_prefill(p)
+        if count > 0 and not self._rows(P.manager_key(rp.bootstrap)).available():
             return None, False  # every aux row of that prefill's manager is in use: ask again later
         return (count, True) if count > 0 else (0, False)
 
@@ -146,7 +147,7 @@ class SchedulerSide:
         if not p:
             return
         rid = request.request_id
-        if p.get("do_remote_decode") and self.s.produces:
+        if P.flag(p, "do_remote_decode") and self.s.produces:
             self._prefill_alloc(request, p, blocks)
             return
         if not (self.s.consumes and P.is_kvferry_decode(p)):
@@ -159,17 +160,17 @@ class SchedulerSide:
         try:
             rp = P.parse_remote_prefill(p)
         except P.ParamsError as e:
-            logger.error("request %s: computing its prompt here: %s", rid, e)
-            return  # no room to tell
+            self._tell_malformed(rid, p, f"kv_transfer_params refused: {e}")
+            return
         ids = _group0(blocks.get_block_ids())[:_cdiv(rp.num_tokens, self.s.block_size)]
         aux = None
         if why is None and num_external_tokens > 0 and len(ids) == _cdiv(rp.num_tokens, self.s.block_size):
-            aux = self._rows(rp.bootstrap).take()
+            aux = self._rows(P.manager_key(rp.bootstrap)).take()
         if aux is not None:
             spec = RecvSpec(rp.room, rp.bootstrap, ids, rp.num_tokens, rp.tp_size, aux)
             self._meta.recvs[rid] = spec
             self._loading[rid] = spec
-            self._aux_of[rid] = (rp.bootstrap, aux)
+            self._aux_of[rid] = (P.manager_key(rp.bootstrap), aux)
             return
         code, reason = why or ("protocol_error", f"{len(ids)} blocks allocated for {rp.num_tokens} tokens")
         self._meta.ends[rid] = EndSpec(rp.room, rp.bootstrap, code, reason, False, rp.tp_size)
@@ -215,6 +216,17 @@ class SchedulerSide:
         self._free_row(rid)
         self._rooms.discard(st.room)
 
+    def _tell_malformed(self, rid: str, p: dict, reason: str) -> None:
+        """Malformed params on decode: the request is computed here; the prefill instance is told at
+        once (it frees the blocks) if the room, its address and TP size are readable, else it frees
+        them at its lease. Logged once, by the decode worker's end of the room, or here."""
+        room, bootstrap, tp = P.room_and_peer(p)
+        if room is None or bootstrap is None or tp is None:
+            logger.error("request %s: computing its prompt here: %s (the prefill instance cannot be told: it frees "
+                         "the blocks at its lease)", rid, reason, extra={"code": "protocol_error"})
+            return
+        self._meta.ends[rid] = EndSpec(room, bootstrap, "protocol_error", reason, False, tp)
+
     def build_connector_meta(self, scheduler_output) -> KvferryConnectorMetadata:
         meta, self._meta = self._meta, KvferryConnectorMetadata()
         # Prefill requests whose whole prompt is computed in this step, with every block known
@@ -252,7 +264,8 @@ class SchedulerSide:
             p["do_remote_prefill"] = False
             try:
                 rp = P.parse_remote_prefill(p)
-            except P.ParamsError:
+            except P.ParamsError as e:
+                self._tell_malformed(rid, p, f"kv_transfer_params refused: {e}")
                 return False, None
             self._meta.ends[rid] = EndSpec(rp.room, rp.bootstrap, "aborted",
                                            f"request {rid} was aborted on decode before it had blocks", False,
@@ -268,7 +281,7 @@ class SchedulerSide:
             self._ending.add(rid)
             return False, None
         st = self._prefilling.pop(rid, None)
-        if not (self.s.produces and p.get("do_remote_decode")) or st is None:
+        if not (self.s.produces and P.flag(p, "do_remote_decode")) or st is None:
             return False, None
         ids = _group0(block_ids)
         num_tokens = int(getattr(request, "num_prompt_tokens", 0) or len(request.prompt_token_ids or []))

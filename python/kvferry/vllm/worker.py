@@ -34,6 +34,7 @@ from .. import BootstrapServer, KVManager, KVPoll, KVReceiver, KVSender, KVTrans
 from ..buffers import EngineBuffers
 from .config import Geometry, Settings, geometry_of, layer_order
 from .metadata import EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
+from .params import manager_key
 
 logger = logging.getLogger("kvferry.vllm")
 _PUMP_S = 0.002  # how often the send thread looks at held rooms while some wait for decode
@@ -86,7 +87,8 @@ class WorkerSide:
         self._layer_index: Dict[str, int] = {}
         self._server = None
         self.prefill: Optional[KVManager] = None
-        self.decode: Dict[str, KVManager] = {}
+        self.decode: Dict[str, KVManager] = {}   # by params.manager_key
+        self._peer: Dict[str, Tuple[int, str]] = {}  # decode manager -> (prefill TP size, address its rooms name)
         self._sends: Dict[str, _Send] = {}
         self._recvs: Dict[str, _Recv] = {}
         self._quarantined: Dict[Tuple[str, int], _Recv] = {}
@@ -128,15 +130,39 @@ class WorkerSide:
                          fault_injection=self.s.fault_injection, aux_slots=self.s.aux_rows,
                          **g.manager_kwargs())
 
-    def manager_for(self, bootstrap: str, prefill_tp: int) -> KVManager:
-        """Decode: the kvferry manager serving that prefill instance (built on first use)."""
-        mgr = self.decode.get(bootstrap)
+    def manager_for(self, bootstrap: str, prefill_tp: int) -> Tuple[KVManager, str]:
+        """Decode: the kvferry manager serving that prefill instance (built on first use), one per
+        normalised address (params.manager_key), and the address its rooms name (kvferry's manager
+        serves one prefill instance, named one way). A request naming another TP size than the
+        manager's is refused (ValueError): it never changes the manager other requests use."""
+        key = manager_key(bootstrap)
+        mgr = self.decode.get(key)
         if mgr is None:
             if len(self.decode) >= self.s.max_prefill_instances:
                 raise RuntimeError(f"this decode rank already serves {len(self.decode)} prefill instances "
                                    f"(kvferry_max_prefill_instances={self.s.max_prefill_instances})")
-            mgr = self.decode[bootstrap] = self._build("decode", "", prefill_tp)
-        return mgr
+            mgr = self.decode[key] = self._build("decode", "", prefill_tp)
+            self._peer[key] = (prefill_tp, bootstrap)
+        tp, addr = self._peer[key]
+        if tp != prefill_tp:
+            raise ValueError(f"tp_size {prefill_tp} differs from {tp}, the TP size of the prefill instance {addr} "
+                             "this decode rank's kvferry manager serves")
+        return mgr, addr
+
+    def _receiver(self, bootstrap: str, prefill_tp: int, room: int) -> KVReceiver:
+        """A decode room; a manager whose first room kvferry's handshake refused (no such prefill,
+        another geometry or TP size) is closed and forgotten, so a wrong request does not keep it."""
+        key = manager_key(bootstrap)
+        fresh = key not in self.decode
+        mgr, addr = self.manager_for(bootstrap, prefill_tp)
+        try:
+            return KVReceiver(mgr, room, bootstrap_addr=addr)
+        except (ValueError, RuntimeError):
+            if fresh or mgr.live_rooms() == 0:
+                self.decode.pop(key, None)
+                self._peer.pop(key, None)
+                mgr.close()
+            raise
 
     # -- per step --------------------------------------------------------------------------------
 
@@ -185,8 +211,7 @@ class WorkerSide:
 
     def _open_recv(self, rid: str, spec: RecvSpec) -> None:
         try:
-            room = KVReceiver(self.manager_for(spec.bootstrap, spec.prefill_tp), spec.room,
-                              bootstrap_addr=spec.bootstrap)
+            room = self._receiver(spec.bootstrap, spec.prefill_tp, spec.room)
         except (ValueError, RuntimeError) as e:
             # Refused at the handshake (another geometry or block size, no such prefill): nothing
             # was opened in kvferry, so this is the failure's only line; vLLM's policy applies.
@@ -224,8 +249,7 @@ class WorkerSide:
                 return
             if r is None:
                 try:
-                    room = KVReceiver(self.manager_for(spec.bootstrap, spec.peer_tp), spec.room,
-                                      bootstrap_addr=spec.bootstrap)
+                    room = self._receiver(spec.bootstrap, spec.peer_tp, spec.room)
                 except (ValueError, RuntimeError) as e:
                     # Refused by kvferry's handshake (another geometry or block size): nothing was
                     # opened, so this rank's line is the failure's only one here; the prefill
@@ -356,12 +380,12 @@ class WorkerSide:
             r.room.close()
             del self._recvs[rid]
             if quarantined:  # reported once kvferry reclaims the pages
-                self._quarantined[(r.spec.bootstrap, r.spec.room)] = r
+                self._quarantined[(manager_key(r.spec.bootstrap), r.spec.room)] = r
             elif r.report:
                 out.add(rid)
-        for addr, mgr in self.decode.items():
+        for key, mgr in self.decode.items():
             for room in mgr.take_reclaimed_rooms():
-                r = self._quarantined.pop((addr, room), None)
+                r = self._quarantined.pop((key, room), None)
                 if r is not None and r.report:
                     out.add(r.req_id)
         return out
