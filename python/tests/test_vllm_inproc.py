@@ -129,6 +129,9 @@ def test_a_refused_room_is_never_offered_to_decode(engines, caplog):
     loaded, nfailed = load_all(P, D, {"a": a}, {"a": out["a"]})
     assert loaded["da"] == [] and nfailed == 0
     assert H.run_until([P], lambda: not P.sched.requests)
+    P.add("c", a, 1, {"do_remote_decode": True, "kvferry_room": 4242})  # a room that ended: refused too
+    assert H.run_until([P], lambda: len(P.outputs) == 3)
+    assert P.outputs[-1]["request_id"] == "c" and P.outputs[-1]["kv_transfer_params"] is None
 
 
 def test_abort_of_a_quarantined_request_waits_for_reclaim():

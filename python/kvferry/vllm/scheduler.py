@@ -89,6 +89,7 @@ class SchedulerSide:
         self._aux: Dict[str, AuxRows] = {}              # per manager: "" prefill's, else a prefill instance
         self._aux_of: Dict[str, Tuple[str, int]] = {}   # request -> (manager, aux row) until its blocks are free
         self._rooms: Set[int] = set()                   # prefill: rooms of _prefilling and _holding
+        self._ended: Dict[int, None] = {}               # prefill: the last 4096 rooms ended (kvferry refuses reuse)
         self._matched: Dict[str, Optional[Tuple[str, str]]] = {}  # decode: get_num_new_matched_tokens' refusal
 
     def _rows(self, key: str) -> AuxRows:
@@ -191,8 +192,8 @@ class SchedulerSide:
             except P.ParamsError as e:  # the router's room: refused, draw one
                 logger.warning("request %s: %s; drawing a room", rid, e)
                 room = _rng.randrange(1, P.MAX_ROOM)
-        if room in self._rooms:  # another request's live room: never offered to decode
-            logger.warning("request %s: kvferry room %d is already another request's; its KV is not offered "
+        if room in self._rooms or room in self._ended:  # kvferry would refuse it: never offered to decode
+            logger.warning("request %s: kvferry room %d is (or was) another request's; its KV is not offered "
                            "to decode", rid, room, extra={"room": room, "code": "invalid_argument"})
             p.pop(P.ROOM, None)
             return
@@ -208,13 +209,19 @@ class SchedulerSide:
         self._aux_of[rid] = ("", aux)
         self._rooms.add(room)
 
+    def _room_ended(self, room: int) -> None:
+        self._rooms.discard(room)
+        self._ended[room] = None
+        while len(self._ended) > 4096:
+            del self._ended[next(iter(self._ended))]
+
     def _end_prefill(self, rid: str, st: _Prefilling, reason: str) -> None:
         """A room prefill gives up before it is held: the workers end it if they may have opened
         it (decode is told); its row and room id are free again."""
         if st.seen:
             self._meta.ends[rid] = EndSpec(st.room, "", "aborted", reason, False, 0)
         self._free_row(rid)
-        self._rooms.discard(st.room)
+        self._room_ended(st.room)
 
     def _tell_malformed(self, rid: str, p: dict, reason: str) -> None:
         """Malformed params on decode: the request is computed here; the prefill instance is told at
@@ -246,7 +253,7 @@ class SchedulerSide:
         for rid in getattr(connector_output, "finished_sending", None) or ():
             room = self._holding.pop(rid, None)
             if room is not None:
-                self._rooms.discard(room)
+                self._room_ended(room)
                 self._free_row(rid)
         for rid in getattr(connector_output, "finished_recving", None) or ():
             self._loading.pop(rid, None)
