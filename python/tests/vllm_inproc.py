@@ -3,12 +3,12 @@ connector each, numpy KV caches), stepped in vLLM's order (vllm/v1/core/sched/sc
 Scheduler.schedule / update_from_output; vllm/v1/worker/kv_connector_model_runner_mixin.py).
 For races that need several requests in one step (test_vllm_inproc.py); test_vllm_harness.py runs
 engines as processes."""
-import logging, socket, sys, time
+import socket, time
 import numpy as np
-from vllm.config import VllmConfig, KVTransferConfig, CacheConfig, ParallelConfig, ModelConfig
+from vllm.config import VllmConfig, KVTransferConfig, CacheConfig, ModelConfig
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, FullAttentionSpec
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request, RequestStatus  # noqa: F401 (tests use H.RequestStatus)
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from kvferry.vllm import KvferryConnector
