@@ -200,3 +200,40 @@ def test_decode_aborted_before_it_had_blocks_tells_prefill():
 def test_malformed_params_are_refused(over):
     with pytest.raises(P.ParamsError):
         P.parse_remote_prefill(decode_params(**over))
+
+
+def test_decode_prefix_hit_in_vllms_order():
+    """Issue 33 finding 8: vLLM's Scheduler.schedule (vllm/v1/core/sched/scheduler.py) calls
+    get_num_new_matched_tokens(request, num_new_local_computed_tokens), allocate_slots,
+    update_state_after_alloc, and only then sets request.num_computed_tokens: a local prefix hit
+    ends the room as aborted (info), not as a protocol error."""
+    s = SchedulerSide(settings("kv_consumer"))
+    r = request("d4", 10, decode_params())
+    assert s.get_num_new_matched_tokens(r, 4) == (0, False)
+    assert r.num_computed_tokens == 0  # not set yet, as in vLLM
+    s.update_state_after_alloc(r, Blocks([1, 2, 3]), 0)
+    end = s.build_connector_meta(types.SimpleNamespace(num_scheduled_tokens={})).ends["d4"]
+    assert end.code == "aborted" and "prefix cache" in end.reason and end.report is False
+
+
+def test_decode_malformed_field_tells_prefill_at_once():
+    """Issue 33 finding 13: one malformed field (a float block size) still tells the prefill
+    instance at once (room, address and TP size are readable): it frees the blocks."""
+    s = SchedulerSide(settings("kv_consumer"))
+    r = request("d5", 10, decode_params(**{P.BLOCK_SIZE: 16.0}))
+    assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+    s.update_state_after_alloc(r, Blocks([1, 2, 3]), 0)
+    end = s.build_connector_meta(types.SimpleNamespace(num_scheduled_tokens={})).ends["d5"]
+    assert (end.room, end.bootstrap, end.code, end.report) == (99, "10.0.0.1:8998", "protocol_error", False)
+    assert P.BLOCK_SIZE in end.reason
+
+
+def test_string_false_is_not_true():
+    """Issue 33 finding 15: do_remote_prefill / do_remote_decode "false" (a string) is not true."""
+    assert not P.is_kvferry_decode(decode_params(do_remote_prefill="false"))
+    s = SchedulerSide(settings())
+    r = request("p3", 10, {"do_remote_decode": "false"})
+    s.update_state_after_alloc(r, Blocks([1, 2, 3]), 0)
+    assert P.ROOM not in r.kv_transfer_params
+    r.status.name = "FINISHED_LENGTH_CAPPED"
+    assert s.request_finished(r, [1, 2, 3]) == (False, None)

@@ -18,6 +18,10 @@ from ..buffers import BufferDesc
 TRUE = ("1", "true", "yes", "on")
 DEFAULT_BOOTSTRAP_PORT = 8998
 DEFAULT_LEASE_S = 30.0   # NIXL's kv_lease_duration default
+# Aux (guard) rows of each kvferry manager: one per room in flight through it (the scheduler gives
+# each room its own row, scheduler.AuxRows); a room with no free row waits (decode) or is not
+# offered to decode (prefill).
+AUX_ROWS = 4096
 
 # kv_connector_extra_config keys, and the environment variables that stand in for them.
 EXTRA_ENV = {
@@ -30,6 +34,7 @@ EXTRA_ENV = {
     "kvferry_max_prefill_instances": "KVFERRY_MAX_PREFILL_INSTANCES",
     "kvferry_log_file": "KVFERRY_LOG_FILE",
     "kvferry_transfer_shards": "KVFERRY_TRANSFER_SHARDS",
+    "kvferry_aux_rows": "KVFERRY_AUX_ROWS",                # rooms in flight per kvferry manager
     # Tests only: kvferry's fault-injecting transport (inject_write_failure, hold_writes). Off by
     # default; never on in an engine's default path.
     "kvferry_fault_injection": "KVFERRY_FAULT_INJECTION",
@@ -64,6 +69,7 @@ class Settings:
     transfer_shards: int
     fault_injection: bool
     load_failure_policy: str  # vLLM's kv_load_failure_policy ("recompute" or "fail")
+    aux_rows: int = AUX_ROWS  # aux rows of each kvferry manager (rooms in flight through it)
 
     @property
     def produces(self) -> bool:
@@ -130,7 +136,8 @@ def settings_of(vllm_config) -> Settings:
                                    256),
         log_file=get("kvferry_log_file"),
         transfer_shards=_num(get("kvferry_transfer_shards", "1"), "kvferry_transfer_shards", 1, 8),
-        fault_injection=get("kvferry_fault_injection", "0").lower() in TRUE, load_failure_policy=str(policy))
+        fault_injection=get("kvferry_fault_injection", "0").lower() in TRUE, load_failure_policy=str(policy),
+        aux_rows=_num(get("kvferry_aux_rows") or AUX_ROWS, "kvferry_aux_rows", 1, 1 << 20))
 
 
 def check_kv_cache_config(kv_cache_config) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 from .compat import KVConnectorBase_V1, KVConnectorRole, SupportsHMA
 from .config import UnsupportedConfiguration, check_kv_cache_config, settings_of
 from .metadata import KvferryConnectorMetadata, KvferryConnectorStats
+from .params import manager_key
 from .scheduler import SchedulerSide
 from .worker import WorkerSide
 
@@ -50,7 +51,9 @@ class KvferryConnector(KVConnectorBase_V1, SupportsHMA):
         w = self._worker
         if w is None:
             return None
-        return w.prefill if prefill_bootstrap is None else w.decode.get(prefill_bootstrap)
+        if prefill_bootstrap is None:
+            return w.prefill
+        return w.decode.get(manager_key(prefill_bootstrap))
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> Optional[str]:

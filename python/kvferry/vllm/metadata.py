@@ -18,6 +18,7 @@ class SendSpec:
     room: int
     block_ids: List[int]      # the pages holding the prompt's KV, in token order
     num_tokens: int
+    aux: int = 0              # the room's aux (guard) row in prefill's manager (scheduler.AuxRows)
 
 
 @dataclasses.dataclass
@@ -28,6 +29,7 @@ class RecvSpec:
     block_ids: List[int]      # this engine's blocks for the prompt, in token order
     num_tokens: int
     prefill_tp: int           # the prefill engine's TP size (kvferry plans head slices by it)
+    aux: int = 0              # the room's aux (guard) row in the manager serving that prefill
 
 
 @dataclasses.dataclass

@@ -12,8 +12,11 @@ type- and range-checked here, and a malformed dict fails the request (it never r
 from __future__ import annotations
 
 import dataclasses
+import functools
+import ipaddress
 import re
-from typing import Any, Optional
+import socket
+from typing import Any, Optional, Tuple
 
 MAX_ROOM = (1 << 63) - 1
 MAX_BLOCKS = 1 << 24
@@ -61,9 +64,49 @@ class RemotePrefill:
     remote_request_id: str
 
 
+def flag(params: Optional[dict], key: str) -> bool:
+    """vLLM's boolean fields (do_remote_prefill, do_remote_decode): JSON true only (a string
+    "false" is not true)."""
+    return bool(params) and params.get(key) is True
+
+
 def is_kvferry_decode(params: Optional[dict]) -> bool:
     """A decode request whose KV a kvferry prefill holds (do_remote_prefill with kvferry's room)."""
-    return bool(params) and bool(params.get("do_remote_prefill")) and ROOM in params
+    return flag(params, "do_remote_prefill") and ROOM in params
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical_host(host: str) -> str:
+    h = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(h))
+    except ValueError:
+        pass
+    try:  # a name: the first address it resolves to (once per name: cached)
+        return str(ipaddress.ip_address(socket.getaddrinfo(h, None, type=socket.SOCK_STREAM)[0][4][0]))
+    except (OSError, ValueError, IndexError):
+        return h.lower()
+
+
+def manager_key(bootstrap: str) -> str:
+    """Decode's kvferry manager for a prefill instance: one per address, the host normalised
+    (localhost:P and 127.0.0.1:P are one instance: kvferry refuses a second manager of the same
+    decode rank at that prefill, a restart claim)."""
+    host, port = bootstrap.rsplit(":", 1)
+    return f"{_canonical_host(host)}:{port}"
+
+
+def room_and_peer(params: dict) -> Tuple[Optional[int], Optional[str], Optional[int]]:
+    """The fields needed to tell a prefill instance a room ended (room, bootstrap, tp_size), each
+    None if malformed: decode tells prefill at once even when another field is malformed."""
+    out = []
+    for check in (lambda: valid_room(params.get(ROOM)), lambda: valid_address(params.get(BOOTSTRAP)),
+                  lambda: _int(params, "tp_size", 1, 1024)):
+        try:
+            out.append(check())
+        except ParamsError:
+            out.append(None)
+    return out[0], out[1], out[2]
 
 
 def parse_remote_prefill(params: dict) -> RemotePrefill:

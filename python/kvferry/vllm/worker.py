@@ -34,6 +34,7 @@ from .. import BootstrapServer, KVManager, KVPoll, KVReceiver, KVSender, KVTrans
 from ..buffers import EngineBuffers
 from .config import Geometry, Settings, geometry_of, layer_order
 from .metadata import EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
+from .params import manager_key
 
 logger = logging.getLogger("kvferry.vllm")
 _PUMP_S = 0.002  # how often the send thread looks at held rooms while some wait for decode
@@ -86,7 +87,8 @@ class WorkerSide:
         self._layer_index: Dict[str, int] = {}
         self._server = None
         self.prefill: Optional[KVManager] = None
-        self.decode: Dict[str, KVManager] = {}
+        self.decode: Dict[str, KVManager] = {}   # by params.manager_key
+        self._peer: Dict[str, Tuple[int, str]] = {}  # decode manager -> (prefill TP size, address its rooms name)
         self._sends: Dict[str, _Send] = {}
         self._recvs: Dict[str, _Recv] = {}
         self._quarantined: Dict[Tuple[str, int], _Recv] = {}
@@ -94,6 +96,7 @@ class WorkerSide:
         self._unopened_sends: Set[str] = set()  # held requests whose room kvferry refused to open
         self._unopened_recvs: Set[str] = set()  # loading requests whose room was refused at the handshake
         self._invalid: Set[int] = set()
+        self._refused: Dict[str, int] = {}   # prefill: requests whose room kvferry refused to open (logged)
         self._reported: Dict[str, None] = {}  # decode: requests reported finished_recving (the last 4096)
         self._stats = KvferryConnectorStats()
         self._lock = threading.RLock()
@@ -124,17 +127,42 @@ class WorkerSide:
                          peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
                          transfer_shards=self.s.transfer_shards, log_failures=True,
                          control_bind=self.s.control_host, control_advertise=self.s.control_host,
-                         fault_injection=self.s.fault_injection, **g.manager_kwargs())
+                         fault_injection=self.s.fault_injection, aux_slots=self.s.aux_rows,
+                         **g.manager_kwargs())
 
-    def manager_for(self, bootstrap: str, prefill_tp: int) -> KVManager:
-        """Decode: the kvferry manager serving that prefill instance (built on first use)."""
-        mgr = self.decode.get(bootstrap)
+    def manager_for(self, bootstrap: str, prefill_tp: int) -> Tuple[KVManager, str]:
+        """Decode: the kvferry manager serving that prefill instance (built on first use), one per
+        normalised address (params.manager_key), and the address its rooms name (kvferry's manager
+        serves one prefill instance, named one way). A request naming another TP size than the
+        manager's is refused (ValueError): it never changes the manager other requests use."""
+        key = manager_key(bootstrap)
+        mgr = self.decode.get(key)
         if mgr is None:
             if len(self.decode) >= self.s.max_prefill_instances:
                 raise RuntimeError(f"this decode rank already serves {len(self.decode)} prefill instances "
                                    f"(kvferry_max_prefill_instances={self.s.max_prefill_instances})")
-            mgr = self.decode[bootstrap] = self._build("decode", "", prefill_tp)
-        return mgr
+            mgr = self.decode[key] = self._build("decode", "", prefill_tp)
+            self._peer[key] = (prefill_tp, bootstrap)
+        tp, addr = self._peer[key]
+        if tp != prefill_tp:
+            raise ValueError(f"tp_size {prefill_tp} differs from {tp}, the TP size of the prefill instance {addr} "
+                             "this decode rank's kvferry manager serves")
+        return mgr, addr
+
+    def _receiver(self, bootstrap: str, prefill_tp: int, room: int) -> KVReceiver:
+        """A decode room; a manager whose first room kvferry's handshake refused (no such prefill,
+        another geometry or TP size) is closed and forgotten, so a wrong request does not keep it."""
+        key = manager_key(bootstrap)
+        fresh = key not in self.decode
+        mgr, addr = self.manager_for(bootstrap, prefill_tp)
+        try:
+            return KVReceiver(mgr, room, bootstrap_addr=addr)
+        except (ValueError, RuntimeError):
+            if fresh or mgr.live_rooms() == 0:
+                self.decode.pop(key, None)
+                self._peer.pop(key, None)
+                mgr.close()
+            raise
 
     # -- per step --------------------------------------------------------------------------------
 
@@ -142,6 +170,9 @@ class WorkerSide:
         if meta is None:
             return
         with self._lock:
+            for rid, spec in meta.ends.items():  # prefill first: a preempted request's old room ends
+                if not spec.bootstrap:           # before its new one opens (same request id)
+                    self._end(rid, spec)
             for rid, spec in meta.layerwise.items():
                 st = self._open_send(rid, spec)
                 if st is not None:
@@ -155,29 +186,32 @@ class WorkerSide:
             for rid, spec in meta.recvs.items():
                 self._open_recv(rid, spec)
             for rid, spec in meta.ends.items():
-                self._end(rid, spec)
+                if spec.bootstrap:
+                    self._end(rid, spec)
             self._pump()
         self._wake.set()
 
     def _open_send(self, rid: str, spec: SendSpec) -> Optional[_Send]:
         st = self._sends.get(rid)
-        if st is not None:
+        if st is not None and st.spec.room == spec.room:
             return st
+        if self._refused.get(rid) == spec.room:  # refused already (logged once)
+            return None
         try:
             room = KVSender(self.prefill, spec.room)
-            room.init(len(spec.block_ids), num_tokens=spec.num_tokens)
+            room.init(len(spec.block_ids), spec.aux, num_tokens=spec.num_tokens)
         except (ValueError, RuntimeError) as e:
             logger.warning("request %s: kvferry room %d not opened on prefill: %s", rid, spec.room, e,
                            extra={"room": spec.room, "code": getattr(e, "code", "invalid_argument")})
             self._stats.data["failed"] += 1
+            self._refused[rid] = spec.room
             return None
         st = self._sends[rid] = _Send(spec, room)
         return st
 
     def _open_recv(self, rid: str, spec: RecvSpec) -> None:
         try:
-            room = KVReceiver(self.manager_for(spec.bootstrap, spec.prefill_tp), spec.room,
-                              bootstrap_addr=spec.bootstrap)
+            room = self._receiver(spec.bootstrap, spec.prefill_tp, spec.room)
         except (ValueError, RuntimeError) as e:
             # Refused at the handshake (another geometry or block size, no such prefill): nothing
             # was opened in kvferry, so this is the failure's only line; vLLM's policy applies.
@@ -191,7 +225,7 @@ class WorkerSide:
             return
         self._recvs[rid] = _Recv(spec, room, rid, True, False)
         try:
-            room.send_metadata(spec.block_ids, 0, num_tokens=spec.num_tokens)
+            room.send_metadata(spec.block_ids, spec.aux, num_tokens=spec.num_tokens)
         except ValueError as e:
             room.fail("protocol_error", f"metadata refused: {e}")
 
@@ -202,6 +236,12 @@ class WorkerSide:
         role = "decode" if spec.bootstrap else "prefill"
         if spec.bootstrap:
             r = self._recvs.get(rid)
+            q = next((k for k, v in self._quarantined.items() if v.req_id == rid), None)
+            if r is None and q is not None:
+                # Failed and released quarantined: it stays unreported until kvferry reclaims the
+                # room (take_reclaimed_rooms); no second receiver for the room, no report now.
+                self._quarantined[q].report = self._quarantined[q].report or spec.report
+                return
             if r is None and rid in self._reported:  # this rank's part concluded and was reported
                 if self.tp_rank == 0:
                     logger.info("room %d failed: %s at decode/tp0: %s", spec.room, spec.code, spec.reason,
@@ -209,8 +249,7 @@ class WorkerSide:
                 return
             if r is None:
                 try:
-                    room = KVReceiver(self.manager_for(spec.bootstrap, spec.peer_tp), spec.room,
-                                      bootstrap_addr=spec.bootstrap)
+                    room = self._receiver(spec.bootstrap, spec.peer_tp, spec.room)
                 except (ValueError, RuntimeError) as e:
                     # Refused by kvferry's handshake (another geometry or block size): nothing was
                     # opened, so this rank's line is the failure's only one here; the prefill
@@ -225,6 +264,7 @@ class WorkerSide:
             r.ending, r.report = True, spec.report
             target = r.room
         else:
+            self._refused.pop(rid, None)
             st = self._sends.pop(rid, None)
             if st is None:
                 return
@@ -304,6 +344,8 @@ class WorkerSide:
             self._pump()
             sending = {rid for rid in self._unopened_sends if rid in self._finished}
             self._unopened_sends -= sending
+            for rid in sending:
+                self._refused.pop(rid, None)
             for rid, st in list(self._sends.items()):
                 p = st.room.poll()
                 if not (st.held and rid in self._finished) or not (
@@ -314,8 +356,8 @@ class WorkerSide:
                 del self._sends[rid]
                 self._finished.discard(rid)
                 sending.add(rid)
-            recving = self._finished_recvs() | self._unopened_recvs
-            self._unopened_recvs = set()
+            recving = {rid for rid in self._finished_recvs() | self._unopened_recvs if rid not in self._reported}
+            self._unopened_recvs = set()  # a request is reported once (vLLM asserts it is still known)
             for rid in recving:
                 self._reported[rid] = None
             while len(self._reported) > 4096:
@@ -338,12 +380,12 @@ class WorkerSide:
             r.room.close()
             del self._recvs[rid]
             if quarantined:  # reported once kvferry reclaims the pages
-                self._quarantined[(r.spec.bootstrap, r.spec.room)] = r
+                self._quarantined[(manager_key(r.spec.bootstrap), r.spec.room)] = r
             elif r.report:
                 out.add(rid)
-        for addr, mgr in self.decode.items():
+        for key, mgr in self.decode.items():
             for room in mgr.take_reclaimed_rooms():
-                r = self._quarantined.pop((addr, room), None)
+                r = self._quarantined.pop((key, room), None)
                 if r is not None and r.report:
                     out.add(r.req_id)
         return out
