@@ -23,12 +23,6 @@
 namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "prefill.endpoint";
-
-LogFields room_fields(uint64_t room) {
-  LogFields f;
-  f.room = room;
-  return f;
-}
 }  // namespace
 
 std::string PrefillEndpoint::final_ops(const SenderRoom& r, const RankId& d, uint64_t guard,
@@ -116,7 +110,7 @@ void PrefillEndpoint::maybe_succeed(SenderRoom& r) {
     return;
   send_status(r, KVPoll::Success);
   r.state.advance(KVPoll::Success);
-  log_event(LogLevel::kDebug, kComp, "transfer complete", room_fields(r.room));
+  log_event(LogLevel::kDebug, kComp, "transfer complete", {.room = r.room});
 }
 
 void PrefillEndpoint::free_staging_row(SenderRoom& r) {

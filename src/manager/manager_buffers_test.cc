@@ -80,6 +80,15 @@ std::unique_ptr<BufferRanks> make_buffer_ranks(bool fault_injection, bool progre
   return r;
 }
 
+// Polls pred (the managers run their own progress threads) until it holds or 20 s passed.
+bool until(const std::function<bool()>& pred) {
+  for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(1ms);
+  }
+  return false;
+}
+
 TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
   auto ranks = make_buffer_ranks(false, false);
   ASSERT_TRUE(ranks);
@@ -148,8 +157,8 @@ TEST(ManagerBuffers, RoomMovesKvAuxAndStateRowsOfEngineBuffers) {
 
 // Sender::take_completed_sends(): the last send's number comes back once its KV writes ended, so
 // its pages may be reused at once: decode's copy of them is intact. Its aux and state rows are
-// read by the room's final batch, after every KV write: an engine keeps them until the room ends,
-// and then decode's copy of them is intact too. Every write of the room is delayed (300 ms), so
+// read by the room's final batch (with the last chunk's writes): an engine keeps them until the
+// room ends, and then decode's copy of them is intact too. Every write of the room is delayed (300 ms), so
 // the number cannot come back before the pages were written.
 TEST(ManagerBuffers, TheLastSendEndsWhenItsPagesWereWrittenItsRowsWhenTheRoomEnds) {
   auto ranks = make_buffer_ranks(true, true);
@@ -158,13 +167,6 @@ TEST(ManagerBuffers, TheLastSendEndsWhenItsPagesWereWrittenItsRowsWhenTheRoomEnd
   Manager& decode = *ranks->decode;
   EngineMemory& pm = *ranks->pm;
   EngineMemory& dm = *ranks->dm;
-  auto until = [](const std::function<bool()>& pred) {
-    for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
-  };
   ASSERT_TRUE(until([&] { return prefill.stats().peers == 1; }));
   const uint64_t room = 77;
   const std::vector<uint64_t> src{1, 2}, dst{3, 4}, pstate{2}, dstate{1};
@@ -216,13 +218,6 @@ TEST(ManagerBuffers, ALastSendWhoseStateRowsDoNotMatchFailsTheRoomAndEnds) {
   ASSERT_TRUE(ranks);
   Manager& prefill = *ranks->prefill;
   Manager& decode = *ranks->decode;
-  auto until = [](const std::function<bool()>& pred) {
-    for (auto end = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < end;) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
-  };
   ASSERT_TRUE(until([&] { return prefill.stats().peers == 1; }));
   const uint64_t room = 78;
   auto rx = decode.receiver(room).value();
