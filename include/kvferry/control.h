@@ -73,6 +73,13 @@ class ControlSocket {
   // came up; once it did, every frame send() accepted is kept until ZeroMQ queues it.
   Status send(const std::string& dest_endpoint, const std::string& frame);
 
+  // Opens the connection to `dest_endpoint` if there is none and waits up to `timeout` until it is
+  // up (kPeerUnreachable if it is not by then). Frames to a connected destination are never
+  // dropped by the first-contact window, so a sender whose first frames matter (a router that
+  // dispatches requests to an engine that just said it is ready, on a machine busy enough that a
+  // loopback connect takes more than that window) waits here first.
+  Status wait_connected(const std::string& dest_endpoint, std::chrono::milliseconds timeout);
+
   // Next received frame, waiting at most `timeout` (0: do not wait). nullopt when none arrived.
   std::optional<std::string> recv(std::chrono::milliseconds timeout);
 

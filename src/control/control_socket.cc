@@ -119,6 +119,9 @@ struct ControlSocket::Impl {
     return true;
   }
 
+  // The PUSH socket to `dest_endpoint`, made (and connecting) if there is none yet.
+  Status push_for(const std::string& dest_endpoint, Push*& out);
+
   void flush_all() {
     for (auto& [dest, p] : pushes) {
       if (!p.held.empty()) p.flush();
@@ -285,35 +288,64 @@ const std::string& ControlSocket::endpoint() const { return impl_->endpoint; }
 const std::string& ControlSocket::bound_endpoint() const { return impl_->bound_endpoint; }
 
 Status ControlSocket::send(const std::string& dest_endpoint, const std::string& frame) {
-  auto it = impl_->pushes.find(dest_endpoint);
-  if (it == impl_->pushes.end()) {
-    if (!impl_->make_room())
+  Push* p = nullptr;
+  if (Status st = impl_->push_for(dest_endpoint, p); !st.ok()) return st;
+  p->used = ++impl_->uses;
+  try {
+    return impl_->queue(dest_endpoint, *p, frame);
+  } catch (const zmq::error_t& e) {
+    return Status(ErrorCode::kPeerUnreachable,
+                  "control socket: send to " + dest_endpoint + " failed: " + e.what());
+  }
+}
+
+Status ControlSocket::wait_connected(const std::string& dest_endpoint, milliseconds timeout) {
+  Push* p = nullptr;
+  if (Status st = impl_->push_for(dest_endpoint, p); !st.ok()) return st;
+  p->used = ++impl_->uses;
+  const auto deadline = Clock::now() + timeout;
+  try {
+    while (!p->connected) {
+      // ZMQ_IMMEDIATE: the socket is writable only once a connection is up.
+      zmq::pollitem_t item{p->socket.handle(), 0, ZMQ_POLLOUT, 0};
+      zmq::poll(&item, 1, std::min(milliseconds(50), std::max(milliseconds(0), until(deadline))));
+      if (item.revents & ZMQ_POLLOUT) p->connected = true;  // held frames are kept from now on
+      else if (Clock::now() >= deadline)
+        return Status(ErrorCode::kPeerUnreachable, "control socket: no connection to " + dest_endpoint + " within " +
+                                                       std::to_string(timeout.count()) + " ms");
+    }
+    p->flush();
+  } catch (const zmq::error_t& e) {
+    return Status(ErrorCode::kPeerUnreachable, "control socket: connect to " + dest_endpoint + " failed: " + e.what());
+  }
+  return Status::Ok();
+}
+
+Status ControlSocket::Impl::push_for(const std::string& dest_endpoint, Push*& out) {
+  auto it = pushes.find(dest_endpoint);
+  if (it == pushes.end()) {
+    if (!make_room())
       return Status(ErrorCode::kResourceExhausted,
-                    "control socket: " + std::to_string(impl_->pushes.size()) +
+                    "control socket: " + std::to_string(pushes.size()) +
                         " connections, each still connecting: no room for " + dest_endpoint);
     try {
       zmq::socket_t push(context(), zmq::socket_type::push);
       push.set(zmq::sockopt::linger, 0);
       push.set(zmq::sockopt::sndhwm, kSendHighWaterMark);
       push.set(zmq::sockopt::immediate, true);
-      if (impl_->keys) control::make_curve_client(push, *impl_->keys);
+      if (keys) control::make_curve_client(push, *keys);
       // IPv6 literals and host names (which may resolve to IPv6) need ZMQ_IPV6 to be reached.
       auto dest = parse_host_port(dest_endpoint);
       push.set(zmq::sockopt::ipv6, !dest.ok() || !is_ipv4_literal(dest->host));
       push.connect(dest_endpoint);
-      it = impl_->pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), 0, {}, 0, false}).first;
+      it = pushes.emplace(dest_endpoint, Push{std::move(push), Clock::now(), 0, {}, 0, false}).first;
     } catch (const zmq::error_t& e) {
       return Status(code_for(e),
                     "control socket: cannot connect to " + dest_endpoint + ": " + e.what());
     }
   }
-  it->second.used = ++impl_->uses;
-  try {
-    return impl_->queue(dest_endpoint, it->second, frame);
-  } catch (const zmq::error_t& e) {
-    return Status(ErrorCode::kPeerUnreachable,
-                  "control socket: send to " + dest_endpoint + " failed: " + e.what());
-  }
+  out = &it->second;
+  return Status::Ok();
 }
 
 std::optional<std::string> ControlSocket::recv(milliseconds timeout) {

@@ -1,11 +1,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <memory>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -399,6 +401,39 @@ TEST(ControlSocketLimits, ConnectionMapIsCappedLeastRecentlyUsedFirst) {
   EXPECT_TRUE(tx->connected_to(a->endpoint()));
   EXPECT_FALSE(tx->connected_to(b->endpoint()));
   EXPECT_TRUE(tx->connected_to(c->endpoint()));
+}
+
+// wait_connected() brings a connection up before anything is sent on it: a destination that binds
+// only after the first-contact window (a busy machine's slow start) is waited for, and what is
+// sent then is delivered; a destination nobody binds is refused when the wait ends.
+TEST(ControlSocket, WaitConnectedWaitsForALateListenerAndItsFramesArrive) {
+  auto a = bind_local();
+  ASSERT_TRUE(a);
+  std::optional<ReservedPort> reserved;
+  reserved.emplace();
+  ASSERT_NE(reserved->port, 0);
+  const std::string dest = "tcp://127.0.0.1:" + std::to_string(reserved->port);
+  std::unique_ptr<ControlSocket> late;
+  std::thread binder([&] {
+    std::this_thread::sleep_for(1500ms);  // past the 1 s first-contact window
+    reserved.reset();  // free the port and start the peer there
+    auto b = ControlSocket::bind(dest);
+    if (b.ok()) late = std::move(b).value();
+  });
+  Status st = a->wait_connected(dest, 20s);
+  binder.join();
+  ASSERT_TRUE(st.ok()) << st.str();
+  ASSERT_TRUE(late);
+  ASSERT_TRUE(a->send(dest, "first").ok());
+  std::optional<std::string> got;
+  for (auto end = std::chrono::steady_clock::now() + 20s; !got && std::chrono::steady_clock::now() < end;)
+    got = late->recv(100ms);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(*got, "first");
+  ReservedPort nobody;
+  ASSERT_NE(nobody.port, 0);
+  EXPECT_EQ(a->wait_connected("tcp://127.0.0.1:" + std::to_string(nobody.port), 300ms).code(),
+            ErrorCode::kPeerUnreachable);
 }
 
 }  // namespace

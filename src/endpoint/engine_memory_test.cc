@@ -151,7 +151,10 @@ TEST(EngineMemory, StateRowCountsThatDifferFailTheRoomOnBothSides) {
   ASSERT_TRUE(dec.decode->init(room, {0}, 1, two).ok());
   ASSERT_TRUE(pre.prefill->add_room(room, 4, 1).ok());
   ASSERT_TRUE(p->pump_until([&] { return pre.prefill->poll(room) == KVPoll::WaitingForInput; }, 2s));
-  ASSERT_TRUE(pre.prefill->send(room, 0, {0}, 1, one, true).ok());
+  // The last chunk carries pages, so the room's final batch is built with it (prefill_final.cc):
+  // the mismatch is found at once, the send writes nothing (an error) and the room fails.
+  EXPECT_FALSE(pre.prefill->send(room, 0, {0}, 1, one, true).ok());
+  EXPECT_EQ(pre.prefill->poll(room), KVPoll::Failed);
   ASSERT_TRUE(p->pump_until([&] { return dec.decode->poll(room) == KVPoll::Failed; }, 5s));
   auto e = dec.core->registry().get(room);
   ASSERT_TRUE(e);

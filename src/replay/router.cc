@@ -127,6 +127,14 @@ class Router {
                               want, leaders(role)[f->dp_rank]));
       }
     }
+    // Every engine said it is ready. The router's first frames to a leader go out on a new
+    // connection, and the control socket drops frames held past its first-contact window (1 s) if
+    // the connection was not up by then: on a busy machine a loopback connect can take that long,
+    // and the engine would never hear of its requests. So the connections come up first.
+    for (Role role : {Role::kPrefill, Role::kDecode})
+      for (const std::string& leader : leaders(role))
+        if (Status st = sock_.wait_connected(leader, std::chrono::seconds(60)); !st.ok())
+          return {st.code(), fmt::format("{} engine at {}: {}", role_name(role), leader, st.message())};
     return Status::Ok();
   }
 
