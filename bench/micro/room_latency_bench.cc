@@ -96,6 +96,34 @@ void BM_OnePageRoom(benchmark::State& state, const std::string& transport) {
   state.counters["land_p50_us"] = at(land_us, 0.50);
 }
 
+// The cost of an engine's poll of a room that waits (SGLang polls every room of its queues each
+// step): 256 decode rooms whose metadata went out and whose prefill never sends. Time per poll();
+// a poll of a waiting room may run the manager's progress (ManagerImpl::progress_inline).
+void BM_PollWaitingRooms(benchmark::State& state) {
+  auto server = BootstrapServer::start("127.0.0.1", 0);
+  if (!server.ok()) return state.SkipWithError(server.status().str().c_str());
+  const std::string bootstrap = "127.0.0.1:" + std::to_string((*server)->port());
+  auto p = Manager::create(config(Role::kPrefill, "shm", bootstrap));
+  if (!p.ok()) return state.SkipWithError(p.status().str().c_str());
+  auto d = Manager::create(config(Role::kDecode, "shm", bootstrap));
+  if (!d.ok()) return state.SkipWithError(d.status().str().c_str());
+  std::unique_ptr<Manager> prefill = std::move(p).value(), decode = std::move(d).value();
+  if (!spin_until([&] { return prefill->stats().peers == 1; })) return state.SkipWithError("no peer");
+  std::vector<std::unique_ptr<Receiver>> rooms;
+  for (uint64_t room = 1; room <= 256; ++room) {
+    auto rx = decode->receiver(room).value();
+    if (!rx->init().ok()) return state.SkipWithError("receiver init");
+    const std::vector<uint64_t> dst{room % 64};
+    if (!rx->send_metadata(dst, room % 64, {}).ok()) return state.SkipWithError("send_metadata");
+    rooms.push_back(std::move(rx));
+  }
+  for (auto _ : state) {
+    for (auto& rx : rooms) benchmark::DoNotOptimize(rx->poll());
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(rooms.size()));
+}
+
+BENCHMARK(BM_PollWaitingRooms)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_OnePageRoom, shm, std::string("shm"))->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_OnePageRoom, tcp, std::string("tcp"))->UseManualTime()->Iterations(2000)->Unit(benchmark::kMicrosecond);
 

@@ -149,7 +149,10 @@ class Sender {
                       bool last) = 0;
   // Before init(): Bootstrapping until every destination's metadata arrived (or a destination's
   // failure, or the rank has no destination), then WaitingForInput, so an engine may call init()
-  // only once the decode side is ready (SGLang's order, docs/sglang.md).
+  // only once the decode side is ready (SGLang's order, docs/sglang.md). A poll of a room not yet
+  // Success or Failed first takes in the control frames and write completions that already arrived
+  // (at most once per 2 us for the whole manager), so an engine that polls often sees them without
+  // waiting for the progress thread's wake-up; it never waits. Receiver::poll() does the same.
   virtual KVPoll poll() const = 0;
   virtual std::optional<KVTransferError> failure() const = 0;
   // The room's destinations: the decode ranks this rank writes the room to (the transfer plan of
@@ -182,8 +185,8 @@ class Sender {
   // of ranks failed the room independently), which the room then takes, as from another rank
   // (one look at the board, no wait). Without a record in time (no bootstrap service, a post lost), the room fails
   // with `fallback` as from another rank. Blocks the calling thread up to wait_ms (not the
-  // manager: the lock is not held while it waits); after a wait in vain the next calls for 10 s wait
-  // at most 25 ms.
+  // manager: the lock is not held while it waits); after three waits in vain in a row (or one in
+  // which the board never answered) the next calls for 10 s wait at most 25 ms.
   virtual KVTransferError fail_from_agreement(const KVTransferError& fallback, int64_t wait_ms) = 0;
   // No write of this room is in flight and its terminal status went out.
   virtual bool release_safe() const = 0;

@@ -183,9 +183,18 @@ void ManagerImpl::progress() {
   progress_tick();
 }
 
-void ManagerImpl::progress_control() {
+void ManagerImpl::progress_inline() {
   std::lock_guard lock(mu_);
-  core_->waker().drain();
+  const int64_t now = monotonic_ns();
+  if (now - last_inline_ns_ < kInlineProgressNs) return;
+  last_inline_ns_ = now;
+  progress_control(false);  // the waker stays set: what it asks for (e.g. a tick) is the thread's
+  progress_events();
+}
+
+void ManagerImpl::progress_control(bool drain_waker) {
+  std::lock_guard lock(mu_);
+  if (drain_waker) core_->waker().drain();
   for (int i = 0; i < 4096; ++i) {
     auto frame = core_->control().recv(std::chrono::milliseconds(0));
     if (!frame) break;
@@ -287,8 +296,9 @@ void ManagerImpl::log_failure_once(uint64_t id, Room& r) {
 void ManagerImpl::log_unsettled_failures() {
   for (auto& [id, r] : rooms_) {
     if (r.logged) continue;
-    if (r.early_failure || (r.initialized && (prefill_ ? prefill_->poll(id) : decode_->poll(id)) == KVPoll::Failed))
-      log_failure_once(id, r);
+    if (!r.initialized && !r.early_failure) continue;
+    const KVPoll p = r.early_failure ? KVPoll::Failed : prefill_ ? prefill_->poll(id) : decode_->poll(id);
+    if (p == KVPoll::Failed || (p == KVPoll::Success && core_->registry().get(id))) log_failure_once(id, r);
   }
 }
 
@@ -306,8 +316,11 @@ void ManagerImpl::housekeeping(int64_t now) {
       KVPoll p = prefill_ ? prefill_->poll(id) : decode_->poll(id);
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
-      if (p == KVPoll::Failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
-      if (p == KVPoll::Failed && !r.posted) {
+      // A room that concluded here and failed since (the engine's failure, or a peer's told after
+      // this rank's Success) polls Failed through its handle: it is logged and posted as one.
+      const bool failed = p == KVPoll::Failed || (p == KVPoll::Success && core_->registry().get(id));
+      if (failed && !r.logged && release_safe_locked(id, r, now)) log_failure_once(id, r);
+      if (failed && !r.posted) {
         // The room's root cause as known here: the rank's own record, or one a peer told it (so a
         // record reaches the board even when its origin died before posting it).
         r.posted = true;
@@ -391,21 +404,33 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
   // on a board that holds the record), at most 1 s.
   BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 200, 1000)));
   int64_t pause_ms = 1;
+  bool answered = false;
   for (;;) {
     Result<std::optional<Failure>> r = client.lookup_failure(room);
-    if (r.ok() && *r) return **r;
-    if (!r.ok()) {
+    if (r.ok() && *r) {
+      vain_lookups_.store(0);
+      board_quiet_until_ns_.store(0);  // the board answers with records: full waits again
+      return **r;
+    }
+    if (r.ok()) {
+      answered = true;
+    } else {
+      // Not an answer (a timeout on a loaded host, a refused connection while the service
+      // restarts): asked again until the wait is over, as a missing record is.
       log_event(LogLevel::kDebug, "manager",
                 fmt::format("room {}: the failure board at {} did not answer: {}", room, address, r.status().str()),
                 {.room = room});
-      break;
     }
     now = monotonic_ns();
     if (now + pause_ms * 1'000'000 > deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     pause_ms = std::min<int64_t>(pause_ms * 2, 16);
   }
-  if (wait_ms > kBoardQuietWaitMs) board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
+  // A wait in vain: a board that never answered, or kVainLookupsBeforeQuiet waits in a row whose
+  // record never came (an engine whose failures are never posted), shortens the next waits; one
+  // vain wait alone does not (a post that was merely late on a busy host).
+  if (wait_ms > kBoardQuietWaitMs && (!answered || vain_lookups_.fetch_add(1) + 1 >= kVainLookupsBeforeQuiet))
+    board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
   return std::nullopt;
 }
 

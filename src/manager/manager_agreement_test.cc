@@ -228,5 +228,48 @@ TEST(AgreementOnlyRank, WithoutARecordOnTheBoardTheFallbackIsFromAnotherRank) {
   EXPECT_EQ(rx->poll(), KVPoll::Failed);
 }
 
+// One wait in vain (a room whose record never came) does not cut the next wait short: a post that
+// is merely late on a busy host (here 100 ms, beyond the 25 ms of the quiet window) still gives
+// the next room its true origin. Three vain waits in a row do shorten the next (an engine whose
+// failures are never posted is not stalled room after room). Before the fix one vain wait started
+// the quiet window and a fresh-clone `make test` saw an agreement-only rank fall back to itself.
+TEST(AgreementOnlyRank, OneWaitInVainDoesNotCutTheNextWaitShort) {
+  auto e = make_engines();
+  ASSERT_TRUE(e);
+  auto receiver = [&](uint64_t room) {
+    auto rx = e->decode[1]->receiver(room).value();
+    EXPECT_TRUE(rx->init().ok());
+    EXPECT_TRUE(rx->send_metadata(std::vector<uint64_t>{4}, 5, {}).ok());
+    return rx;
+  };
+  auto fallback = [&](uint64_t room) {
+    return KVTransferError{room, ErrorCode::kAborted, "failed on another rank of this engine", e->decode[1]->self(),
+                           true, monotonic_ns()};
+  };
+  auto a = receiver(90);
+  EXPECT_EQ(a->fail_from_agreement(fallback(90), 100).origin.str(), "decode/tp1");  // nothing posted: in vain
+  auto b = receiver(91);
+  Failure posted{ErrorCode::kTransferError, RankId{Role::kPrefill, 0, 0, 0}, "write failed (test)", monotonic_ns(),
+                 realtime_ns()};
+  std::thread late([&] {
+    std::this_thread::sleep_for(100ms);
+    BootstrapClient board(e->bootstrap, 2000, nullptr);
+    EXPECT_TRUE(board.post_failure(91, posted).ok());
+  });
+  const KVTransferError got = b->fail_from_agreement(fallback(91), 10'000);
+  late.join();
+  EXPECT_EQ(got.origin.str(), "prefill/tp0") << got.str();
+  EXPECT_EQ(got.code, ErrorCode::kTransferError);
+  // Three vain waits in a row (the record found reset the count): the next wait is short.
+  for (uint64_t room : {92, 93, 95}) {
+    auto rx = receiver(room);
+    EXPECT_EQ(rx->fail_from_agreement(fallback(room), 100).origin.str(), "decode/tp1");
+  }
+  auto c = receiver(94);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(c->fail_from_agreement(fallback(94), 60'000).origin.str(), "decode/tp1");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 30s) << "the 60 s wait was not shortened";
+}
+
 }  // namespace
 }  // namespace kvferry

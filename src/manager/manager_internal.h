@@ -53,9 +53,15 @@ class ManagerImpl final : public Manager {
   // Sees every decoded control frame before the endpoint does (the benchmark's bookkeeping).
   void set_message_hook(std::function<void(const Message&)> hook) { message_hook_ = std::move(hook); }
   // progress() in pieces: control frames; transport completions; deadlines and handle releases.
-  void progress_control();
+  void progress_control(bool drain_waker = true);
   void progress_events();
   void progress_tick();
+  // An engine's poll() of a room not yet concluded: runs progress_control() and progress_events()
+  // on the engine's thread (the lock held), at most once per kInlineProgressNs, so a frame or a
+  // completion that already arrived is seen by this poll instead of after the progress thread's
+  // wake-up (issue 30 item 4: one thread hand-off less per room on each side).
+  void progress_inline();
+  static constexpr int64_t kInlineProgressNs = 2'000;
 
   // Tag space of the chunks written by Senders (ChunkDone.tag); other tags go to the hook.
   static constexpr uint64_t kSenderTagBase = 1ull << 48;
@@ -102,9 +108,12 @@ class ManagerImpl final : public Manager {
   // The room's record on the failure board, asked again until it is there or `wait_ms` passed
   // (Sender/Receiver::fail_from_agreement). Call without the lock: it blocks. After a lookup that
   // waited in vain, the next ones for kBoardQuietNs wait at most 25 ms (manager.cc), so an engine
-  // whose failures are never posted (no board, an old peer) is not stalled room after room.
+  // whose failures are never posted (no board, an old peer) is not stalled room after room. Only
+  // a board that did not answer, or kVainLookupsBeforeQuiet vain waits in a row, start that
+  // window; a record found ends it.
   std::optional<Failure> look_up_failure(uint64_t room, int64_t wait_ms);
   static constexpr int64_t kBoardQuietNs = 10'000'000'000;
+  static constexpr int kVainLookupsBeforeQuiet = 3;
   // Rooms of receivers dropped unsafe waiting to be taken (an engine that never takes them: later
   // names beyond this are dropped; their pages then stay with the engine, as leaked).
   static constexpr size_t kMaxReclaimedDropped = 65536;
@@ -125,6 +134,7 @@ class ManagerImpl final : public Manager {
   std::unique_ptr<EndpointCore> core_;
   std::unique_ptr<PrefillEndpoint> prefill_;
   std::unique_ptr<DecodeEndpoint> decode_;
+  int64_t last_inline_ns_ = 0;  // progress_inline()'s last run (guarded by mu_)
   std::string connected_bootstrap_;  // decode: the prefill instance looked up (empty: none yet)
   std::vector<HeadTransfer> plan_;
   std::function<void(const ChunkDone&)> chunk_hook_;
@@ -135,6 +145,7 @@ class ManagerImpl final : public Manager {
   std::vector<uint64_t> reclaimed_dropped_;  // decode: dropped_unsafe rooms released since the last take
   FailurePoster poster_;  // this rank's own failures to the board (housekeeping)
   std::atomic<int64_t> board_quiet_until_ns_{0};
+  std::atomic<int> vain_lookups_{0};  // full waits in a row whose record never came
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

@@ -63,7 +63,8 @@ inline ManagerConfig base_config(Role role, const std::string& transport, bool t
   return c;
 }
 
-inline std::unique_ptr<Ranks> make_ranks(const std::string& transport, bool thread, const Deadlines& d = {}) {
+inline std::unique_ptr<Ranks> make_ranks(const std::string& transport, bool thread, const Deadlines& d = {},
+                                         const std::function<void(ManagerConfig&)>& tweak = {}) {
   auto r = std::make_unique<Ranks>();
   auto server = BootstrapServer::start("127.0.0.1", 0);
   EXPECT_TRUE(server.ok());
@@ -74,6 +75,7 @@ inline std::unique_ptr<Ranks> make_ranks(const std::string& transport, bool thre
   ManagerConfig pc = base_config(Role::kPrefill, transport, thread);
   pc.bootstrap_address = r->bootstrap;
   pc.deadlines = d;
+  if (tweak) tweak(pc);
   auto p = Manager::create(pc);
   EXPECT_TRUE(p.ok()) << p.status().str();
   if (!p.ok()) return nullptr;
@@ -81,6 +83,7 @@ inline std::unique_ptr<Ranks> make_ranks(const std::string& transport, bool thre
   ManagerConfig dc = base_config(Role::kDecode, transport, thread);
   dc.bootstrap_address = r->bootstrap;
   dc.deadlines = d;
+  if (tweak) tweak(dc);
   auto m = Manager::create(dc);
   EXPECT_TRUE(m.ok()) << m.status().str();
   if (!m.ok()) return nullptr;

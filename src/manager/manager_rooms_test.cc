@@ -277,6 +277,59 @@ TEST_P(ManagerRooms, HandlesNameTheirRoomsPeers) {
   EXPECT_EQ(rx->peers()[0], r->prefill->self());
 }
 
+// A sender that reached Success and is then told of the room's failure (decode aborted before it
+// took in prefill's Success status) polls Failed through its handle, so its failure is logged,
+// once, at debug (from another rank), like any rank's that only learned of it. It was not logged
+// at all: the manager's housekeeping looked at the endpoint's Success (a python_pytest flake,
+// test_simultaneous_failures.py, where prefill/tp0 had an error and no line).
+TEST(ManagerRoomsLogging, ASuccessFailedSinceIsLoggedOnceAtDebug) {
+  std::mutex mu;
+  std::vector<std::pair<std::string, LogLevel>> lines;  // prefill's failure lines of the room
+  set_log_callback([&](LogLevel level, std::string_view component, std::string_view, const LogFields& f) {
+    std::lock_guard lock(mu);
+    if (f.room == 36u && component.find("connector") != std::string_view::npos)
+      lines.push_back({std::string(component), level});
+  });
+  auto r = make_ranks("shm", false, notice_only(), [](ManagerConfig& c) {
+    c.failure_log_component = c.self.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
+  });
+  ASSERT_TRUE(r);
+  auto tx = r->prefill->sender(36).value();
+  auto rx = r->decode->receiver(36).value();
+  const std::vector<uint64_t> pages{1, 2};
+  ASSERT_TRUE(rx->init(-1).ok());
+  ASSERT_TRUE(rx->send_metadata(pages, 3, {}).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  ASSERT_TRUE(tx->init(2, 3).ok());
+  fill(*r->prefill, 36, 0, pages);
+  ASSERT_TRUE(tx->send(pages, {}, true).ok());
+  auto prefill_only = [&] { r->prefill->progress(); };
+  ASSERT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 1 && tx->poll() == KVPoll::Success; }, 20s,
+                       prefill_only));
+  rx->abort("decode gives up (test)");  // before decode took in prefill's Success
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Failed && tx->release_safe() && rx->release_safe(); }));
+  ASSERT_TRUE(tx->failure());
+  EXPECT_EQ(tx->failure()->origin, r->decode->self());
+  EXPECT_TRUE(tx->failure()->is_from_another_rank);
+  tx.reset();
+  rx.reset();
+  ASSERT_TRUE(r->until([&] { return r->prefill->stats().live_rooms == 0 && r->decode->stats().live_rooms == 0; }));
+  set_log_callback({});
+  std::lock_guard lock(mu);
+  int prefill_lines = 0, decode_lines = 0;
+  for (const auto& [component, level] : lines) {
+    if (component == "prefill.connector") {
+      ++prefill_lines;
+      EXPECT_EQ(level, LogLevel::kDebug);
+    } else {
+      ++decode_lines;
+      EXPECT_GT(level, LogLevel::kDebug) << "decode's own abort: its origin";
+    }
+  }
+  EXPECT_EQ(prefill_lines, 1);
+  EXPECT_EQ(decode_lines, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, ManagerRooms,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
                          [](const auto& info) {

@@ -411,5 +411,37 @@ TEST(Manager, FaultDecoratorOnlyWhenAskedFor) {
   EXPECT_EQ((*faulty)->wait_fds().size(), 2u);
 }
 
+
+// Issue 30 item 4: an engine's poll() of a waiting room sees what already arrived (control frames,
+// write completions) without waiting for the progress thread's wake-up. Caller-pumped ranks show
+// it: after a first room (pumped: the ranks connect), a second room gets no progress() at all,
+// only poll(), and still reaches Success on both sides (without ManagerImpl::progress_inline the
+// sender stays Bootstrapping).
+TEST(Manager, PollAloneCarriesARoomToSuccess) {
+  auto r = make_ranks("shm", false);
+  ASSERT_TRUE(r);
+  auto no_pump = [] {};
+  for (const uint64_t room : {30, 31}) {
+    const bool pumped = room == 30;
+    const std::vector<uint64_t> src{2, 5}, dst{8, 3};
+    auto rx = r->decode->receiver(room).value();
+    auto tx = r->prefill->sender(room).value();
+    ASSERT_TRUE(rx->init(-1).ok());
+    ASSERT_TRUE(rx->send_metadata(dst, 4, {}).ok());
+    auto both = [&](KVPoll want) {
+      const bool t = tx->poll() == want;  // both polled each round
+      return rx->poll() == want && t;
+    };
+    ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }, 20s, pumped ? std::function<void()>() : no_pump))
+        << "room " << room << ": prefill " << to_string(tx->poll()) << ", decode " << to_string(rx->poll());
+    ASSERT_TRUE(tx->init(2, 4).ok());
+    fill(*r->prefill, room, 0, src);
+    ASSERT_TRUE(tx->send(src, {}, true).ok());
+    ASSERT_TRUE(r->until([&] { return both(KVPoll::Success); }, 20s, pumped ? std::function<void()>() : no_pump))
+        << "room " << room << ": prefill " << to_string(tx->poll()) << ", decode " << to_string(rx->poll());
+    EXPECT_EQ(mismatched(*r->decode, room, dst), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace kvferry

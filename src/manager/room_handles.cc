@@ -186,6 +186,13 @@ class SenderImpl final : public Sender {
 
   KVPoll poll() const override {
     std::lock_guard lock(m_.mutex());
+    const KVPoll p = poll_locked();
+    if (p == KVPoll::Success || p == KVPoll::Failed) return p;
+    m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
+    return poll_locked();
+  }
+
+  KVPoll poll_locked() const {
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
     if (!r.initialized) return m_.prefill()->metadata_complete(room_) ? KVPoll::WaitingForInput : KVPoll::Bootstrapping;
@@ -366,6 +373,13 @@ class ReceiverImpl final : public Receiver {
 
   KVPoll poll() const override {
     std::lock_guard lock(m_.mutex());
+    const KVPoll p = poll_locked();
+    if (p == KVPoll::Success || p == KVPoll::Failed) return p;
+    m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
+    return poll_locked();
+  }
+
+  KVPoll poll_locked() const {
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return KVPoll::Failed;
     if (!r.initialized) return KVPoll::Bootstrapping;
