@@ -557,7 +557,10 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     }
     it = rediscovery_.erase(it);
   }
-  if (!dead_peers_.empty()) expire_dead_sources(now_ns);
+  if (!dead_peers_.empty()) {
+    expire_dead_sources(now_ns);
+    reclaim_from_gone_sources(now_ns);
+  }
   tick_fences();
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
