@@ -17,6 +17,8 @@
 #      longer one (per-room CPU, RssAnon of each rank after N and after 10N... rooms)
 #   6. failure path: `kvferry replay` with per-room faults on 1+1 and 4+4 (fault -> every rank
 #      Failed, p50/p99 from report.json faults[]), and a SIGKILLed prefill rank (detection ms)
+#   1b. a 4096-token room at concurrency 1 through the vLLM connector (bench/vllm_room_gbps.py)
+#      and `kvferry bench` (same geometry, 16-token pages), tcp and shm
 #   8. layer-wise streaming: the same 1+1 shm run with a per-layer compute model, without and
 #      with --layerwise (transfer tail after the last layer's compute)
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
@@ -82,6 +84,17 @@ kv_bench() {  # OUT_NAME ARGS...
     echo "compare.sh: kvferry bench $name exited with $? (see above)" >&2
   [ -f "$OUT/$name.json" ] || { echo "compare.sh: kvferry bench $name wrote no result" >&2; exit 1; }
 }
+# A 4096-token room of Llama-3.1-8B (block size 16: 512 MiB) at concurrency 1, through the vLLM
+# connector (bench/vllm_room_gbps.py: fake-vLLM prefill and decode engines as processes) and
+# through the C++ API (`kvferry bench`, 16-token pages, 1 transfer shard as the connector's
+# default); summarize.py prints both (issue 33).
+step "4096-token rooms, concurrency 1: kvferry.vllm and the C++ API, tcp and shm"
+for tr in tcp shm; do
+  kv_bench "room4096_cpp_$tr" --tokens "$TOKENS" --page-size 16 --concurrency 1 --transport "$tr" \
+    --duration "$DUR"
+  PYTHONPATH="$BUILD/python" "$PY" "$(dirname "$0")/vllm_room_gbps.py" --transport "$tr" \
+    --json "$OUT/vllm_room_gbps_$tr.json" || echo "compare.sh: vllm_room_gbps.py $tr failed" >&2
+done
 # Server and client on loopback, peer error handling (-e) as kvferry uses it; prints MB/s (10^6).
 perftest() {  # TLS TEST SIZE ITERS [OUTSTANDING]
   local tls=$1 test=$2 size=$3 iters=$4 outstanding=${5:-0} port=$((20000 + RANDOM % 20000)) bw=""

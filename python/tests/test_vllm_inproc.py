@@ -183,3 +183,80 @@ def test_a_wrong_tp_size_or_another_name_does_not_break_the_prefill(engines, mon
     decode("r2", prefill("r2", tp=2))  # refused: the manager serves a TP-1 prefill
     assert decode("r3", prefill("r3", addr=f"localhost:{port}")) == ([], 0)
     assert sorted(D.w._worker.decode) == [f"127.0.0.1:{port}"]
+
+
+def _failures(e, into):
+    st = e.last[1].kv_connector_stats
+    if st is not None:
+        into += st.data["failures"]
+    return into
+
+
+def _params_naming(P, rid, prompt, addr):
+    P.add(rid, prompt, 1, {"do_remote_decode": True})
+    assert H.run_until([P], lambda: any(o["request_id"] == rid for o in P.outputs))
+    p = dict(next(o for o in P.outputs if o["request_id"] == rid)["kv_transfer_params"])
+    if addr:
+        p["kvferry_bootstrap"] = addr
+    return p
+
+
+def test_an_unreachable_prefill_never_blocks_the_decode_step(engines, monkeypatch):
+    """Finding 5 (issue 33): a request naming a prefill address where nothing answers waits
+    (WAITING_FOR_REMOTE_KVS) while kvferry's lookup runs off vLLM's step: a request of a live
+    prefill added after it loads meanwhile, byte-exact; the first then fails through vLLM's path
+    (load errors, get_finished: recomputed) with kvferry's bootstrap_timeout, origin decode."""
+    monkeypatch.setenv("KVFERRY_LOOKUP_TIMEOUT_MS", "10000")
+    port = H.free_port()
+    P, D = engines("kv_producer", port), engines("kv_consumer")
+    bad, good = [7] * 20, [8] * 20
+    D.add("dbad", bad, 2, _params_naming(P, "bad", bad, f"127.0.0.1:{H.free_port()}"))  # nothing listens
+    fails = []
+    D.step()
+    _failures(D, fails)
+    D.add("dgood", good, 2, _params_naming(P, "good", good, None))
+    assert H.run_until([P, D], lambda: _failures(D, fails) is not None and
+                       D.reqs["dgood"].status == H.RequestStatus.RUNNING)
+    # the event order: the live prefill's request loaded while the other one still waited
+    assert D.reqs["dbad"].status == H.RequestStatus.WAITING_FOR_REMOTE_KVS and fails == []
+    assert D.check("dgood", 20) == []
+    assert H.run_until([P, D], lambda: _failures(D, fails) is not None and
+                       D.reqs["dbad"].status != H.RequestStatus.WAITING_FOR_REMOTE_KVS)
+    assert [(f["request_id"], f["code"], f["origin"]) for f in fails] == [("dbad", "bootstrap_timeout", "decode/tp0")]
+    assert D.reqs["dbad"].status == H.RequestStatus.RUNNING  # recomputed on decode (policy recompute)
+    assert list(D.w._worker.decode) == [f"127.0.0.1:{port}"]  # the failed instance is forgotten
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_wrong_secret_fails_at_once_not_as_a_timeout(engines, monkeypatch, status):
+    """Finding 5 (issue 33): a bootstrap service that refuses decode's token (401/403: another
+    cluster secret) fails the room at once, not after KVFERRY_LOOKUP_TIMEOUT_MS as
+    bootstrap_timeout: kvferry's invalid_argument naming the refusal, through vLLM's path."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        do_PUT = do_POST = do_GET
+
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("KVFERRY_LOOKUP_TIMEOUT_MS", "20000")
+    try:
+        port = H.free_port()
+        P, D = engines("kv_producer", port), engines("kv_consumer")
+        prompt = [9] * 20
+        D.add("d1", prompt, 2, _params_naming(P, "r1", prompt, f"127.0.0.1:{srv.server_address[1]}"))
+        fails = []
+        assert H.run_until([D], lambda: _failures(D, fails) is not None and
+                           D.reqs["d1"].status != H.RequestStatus.WAITING_FOR_REMOTE_KVS)
+        assert [(f["request_id"], f["code"]) for f in fails] == [("d1", "invalid_argument")]
+        assert f"not authorized (HTTP {status}" in fails[0]["reason"]
+        assert D.reqs["d1"].status == H.RequestStatus.RUNNING  # recomputed on decode
+    finally:
+        srv.shutdown()

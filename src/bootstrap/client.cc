@@ -3,8 +3,8 @@
 //   no HTTP answer          -> kPeerUnreachable
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
 //   400                     -> kInvalidArgument with the server's reason
-//   401                     -> kInvalidArgument "not authorized" (no or another cluster secret,
-//                              docs/security.md)
+//   401, 403                -> kInvalidArgument "...: not authorized (HTTP 401..." (no or another
+//                              cluster secret, docs/security.md); permanent: refusal.h
 //   other status, bad JSON  -> kProtocolError
 #include <httplib.h>
 
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bootstrap/rank_info_json.h"
+#include "bootstrap/refusal.h"
 #include "core/failure_json.h"
 #include "core/http_auth.h"
 #include "kvferry/bootstrap.h"
@@ -61,10 +62,11 @@ struct BootstrapClient::Impl {
       if (res->status == 404) {
         return Status(ErrorCode::kInvalidArgument, server_reason(res->body));
       }
-      if (res->status == 401) {
+      if (res->status == 401 || res->status == 403) {
         return Status(ErrorCode::kInvalidArgument,
-                      "bootstrap " + address + " refused " + what +
-                          ": not authorized (is KVFERRY_SECRET_FILE the cluster's secret? docs/security.md)");
+                      "bootstrap " + address + " refused " + what + std::string(bootstrap::kNotAuthorized) +
+                          std::to_string(res->status) +
+                          "; is KVFERRY_SECRET_FILE the cluster's secret? docs/security.md)");
       }
       if (res->status == 400) {
         return Status(ErrorCode::kInvalidArgument,

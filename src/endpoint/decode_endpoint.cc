@@ -7,6 +7,7 @@
 #include <cstring>
 #include <thread>
 
+#include "bootstrap/refusal.h"
 #include "endpoint/room_list.h"
 #include "kvferry/log.h"
 #include "kvferry/routing.h"
@@ -233,6 +234,8 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
   for (uint32_t tp : wanted) {
     Result<PrefillRankInfo> info = bootstrap.lookup(0, dp, tp);
     while (!info.ok()) {
+      if (bootstrap::not_authorized(info.status()))  // waiting will not change the secret
+        return {info.status().code(), fmt::format("prefill dp{} tp{}: {}", dp, tp, info.status().message())};
       if (monotonic_ns() > deadline_ns)
         return {ErrorCode::kBootstrapTimeout,
                 fmt::format("prefill dp{} tp{} did not register at the bootstrap service within the lookup "
@@ -554,7 +557,10 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     }
     it = rediscovery_.erase(it);
   }
-  if (!dead_peers_.empty()) expire_dead_sources(now_ns);
+  if (!dead_peers_.empty()) {
+    expire_dead_sources(now_ns);
+    reclaim_from_gone_sources(now_ns);
+  }
   tick_fences();
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);

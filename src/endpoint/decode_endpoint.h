@@ -145,6 +145,7 @@ class DecodeEndpoint {
   // kv_indices, its aux row and state rows) are leaked until reclaimed; take_reclaimed() returns
   // the rooms whose sources have since confirmed the drain (or died): their pages may be reused.
   size_t quarantined_rooms() const { return quarantined_.size(); }
+  bool peer_dead(const RankId& peer) const { return dead_peers_.count(peer) > 0; }
   bool is_quarantined(uint64_t room) const { return quarantined_.count(room) != 0; }
   uint64_t quarantined_pages() const { return quarantined_pages_; }
   uint64_t quarantined_total() const { return quarantined_total_; }
@@ -203,6 +204,12 @@ class DecodeEndpoint {
   void end_quarantine(uint64_t room, const std::string& why);
   void drain_confirmed(uint64_t room, const RankId& src);
   void source_gone(const RankId& src);
+  // Quarantined rooms waiting for a source declared dead: once that source's process is proven
+  // gone (its control endpoint refuses a connect; over tcp also: nothing answers and it has been
+  // silent kHostGoneSilenceNs, the fence refusing whatever of it arrives late), no write of it can
+  // land any more, so it is taken as gone (source_gone) and the rooms are reclaimed without a
+  // restart. Probes rate-limited (quarantine_probes_).
+  void reclaim_from_gone_sources(int64_t now_ns);
   // `src`'s process is gone (restarted): every room it feeds is drained of it, quarantined ones
   // are reclaimed.
   void source_restarted(const RankId& src);
@@ -282,6 +289,7 @@ class DecodeEndpoint {
   // knows (e.g. taken from a bootstrap entry stamped ahead by a liar: attack 2d); keys: peers_ keys.
   PeerChallenges ownership_checks_;
   RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
+  RateLimit quarantine_probes_{5.0, 5.0};    // the same, for quarantined rooms (decode_quarantine.cc)
   RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).

@@ -5,7 +5,9 @@
 // status, e.g. once abandoned writes completed, prefill_deadlines.cc) or dies (a dead process
 // writes nothing more), the room is reclaimed: take_reclaimed() hands it to the owner, who may
 // reuse its pages. At most kMaxQuarantined rooms are remembered (the oldest is dropped first and
-// stays leaked).
+// stays leaked). A source declared dead is taken as gone without a restart once its process is
+// proven gone (reclaim_from_gone_sources): a killed prefill that never comes back does not keep
+// the pages for good.
 #include <fmt/format.h>
 
 #include "endpoint/decode_endpoint.h"
@@ -56,6 +58,35 @@ void DecodeEndpoint::end_quarantine(uint64_t room, const std::string& why) {
             {.room = room});
   quarantined_.erase(it);
   std::erase(quarantined_order_, room);
+}
+
+void DecodeEndpoint::reclaim_from_gone_sources(int64_t now_ns) {
+  std::set<RankId> waited_for;
+  for (const auto& [room, q] : quarantined_)
+    for (const RankId& src : q.pending)
+      if (dead_peers_.count(src)) waited_for.insert(src);
+  for (const RankId& src : waited_for) {
+    auto it = peers_.find(src);
+    if (it == peers_.end() || !it->second.control_endpoint.starts_with("tcp://") || !quarantine_probes_.take(now_ns))
+      continue;
+    const int64_t last = core_.monitor().last_heard_ns(src);
+    const int64_t silent_ns = last == 0 ? 0 : now_ns - last;
+    // Silence proves nothing (a stopped or starved process writes when it runs again); a refused
+    // connect does: the socket closed with its process, and so did every thread that could write.
+    // An unanswered one after a long silence (its host is gone) is enough only where this rank's
+    // transport copies every write itself and its room fence refuses the late ones (tcp); over
+    // shm a put is the writer's own memcpy (docs/failure-model.md "Late writes").
+    const PeerMonitor::Probe p = PeerMonitor::probe(it->second.control_endpoint, 20);
+    const bool gone = p == PeerMonitor::Probe::kRefused ||
+                      (p == PeerMonitor::Probe::kUnanswered && silent_ns >= kHostGoneSilenceNs &&
+                       core_.config().transport != "shm");
+    if (!gone) continue;
+    log_event(LogLevel::kDebug, kComp,
+              fmt::format("{} is gone ({}): its quarantined rooms are drained of it", src.str(),
+                          p == PeerMonitor::Probe::kRefused ? "its control endpoint refuses connects"
+                                                            : "its host does not answer"));
+    source_gone(src);
+  }
 }
 
 void DecodeEndpoint::source_gone(const RankId& src) {

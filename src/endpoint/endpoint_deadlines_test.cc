@@ -329,5 +329,37 @@ TEST(EndpointDeadlines, QuarantinedPagesAreCountedAndReclaimedWhenTheDrainIsConf
   EXPECT_EQ(p->dmanager().stats().reclaimed_rooms, 1u);
 }
 
+// A quarantine waiting for a source killed for good ends without a restart (issue 33 finding 10):
+// while the source is only presumed dead (declared dead here, its process alive: its control
+// endpoint accepts connects, its held write may still land) the pages stay quarantined; once its
+// process is gone (destroyed: its control socket refuses connects) no write of it can land and the
+// room is reclaimed, though no new incarnation registered.
+TEST(EndpointDeadlines, QuarantineOfAKilledSourceEndsOnceItsProcessIsGone) {
+  PairConfig cfg;
+  cfg.decode_deadlines.drain_timeout_ms = 200;
+  auto p = make_pair(cfg);
+  ASSERT_TRUE(p);
+  const uint64_t room = 0x12f2;
+  open_room(*p, room, 48, {3, 4, 5}, 2);
+  p->pcore().faults()->hold_room(room);
+  ASSERT_TRUE(p->send_chunk(room, 0, {0, 1, 2}, 1).ok());
+  p->decode().fail(room, ErrorCode::kAborted, "client went away", decode_rank0(), monotonic_ns(), true);
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().drained(room, monotonic_ns()); }, 10s));
+  p->decode().release(room);
+  ASSERT_EQ(p->decode().quarantined_rooms(), 1u);
+
+  p->decode().on_peer_dead(prefill_rank0(), "presumed dead by the test");  // a false death
+  ASSERT_TRUE(p->decode().peer_dead(prefill_rank0()));
+  p->pump_for(400ms, [&] { p->pump_decode(); });  // probed at least once: it accepts
+  EXPECT_EQ(p->decode().quarantined_rooms(), 1u);
+  EXPECT_EQ(p->decode().reclaimed_total(), 0u);
+
+  p->kill_prefill();  // gone: heartbeats stop, its control socket closed
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().reclaimed_total() == 1; }, 20s));
+  EXPECT_EQ(p->decode().quarantined_rooms(), 0u);
+  EXPECT_EQ(p->decode().quarantined_pages(), 0u);
+  EXPECT_EQ(p->decode().take_reclaimed(), std::vector<uint64_t>{room});
+}
+
 }  // namespace
 }  // namespace kvferry

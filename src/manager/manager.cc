@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "bootstrap/refusal.h"
 #include "endpoint/topology.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/control.h"
@@ -116,7 +117,7 @@ Status ManagerImpl::start() {
       BootstrapClient bootstrap(c.bootstrap_address, 2000);
       Status s = bootstrap.register_rank(info);
       for (int64_t deadline = monotonic_ns() + c.deadlines.lookup_timeout_ms * 1'000'000;
-           !s.ok() && monotonic_ns() < deadline;) {
+           !s.ok() && !bootstrap::not_authorized(s) && monotonic_ns() < deadline;) {
         wait_readable(nullptr, 0, 50);
         s = bootstrap.register_rank(info);
       }

@@ -18,7 +18,9 @@ reported in get_finished (vLLM frees the blocks) once it succeeded, or failed an
 the blocks any more (release_safe). The lease is kvferry's bootstrap deadline: decode's metadata
 must come within kv_lease_duration of the room's opening, else the room fails (bootstrap_timeout,
 origin this rank) and the blocks are freed; decode, if it comes later, is told that failure.
-Decode: one kvferry manager per prefill instance. A request's room is opened with its blocks
+Decode: one kvferry manager per prefill instance, built on a thread when a request first names
+the instance (kvferry's bootstrap lookup may take up to KVFERRY_LOOKUP_TIMEOUT_MS; vLLM's step never
+waits for it: the instance's requests wait until it is built). A request's room is opened with its blocks
 (KVReceiver: kvferry's metadata goes to every prefill source); Success reports it in get_finished;
 Failed reports its blocks in get_block_ids_with_load_errors at once, and the request in
 get_finished once release_safe, so vLLM's kv_load_failure_policy applies and no late write lands in
@@ -78,6 +80,22 @@ class _Recv:
         self.load_error = False  # its blocks went to get_block_ids_with_load_errors
 
 
+class _Build:
+    """Decode: a kvferry manager for a prefill instance being built on a thread (its bootstrap
+    lookup and registration may take up to KVFERRY_LOOKUP_TIMEOUT_MS), and the rooms of that
+    instance that wait for it. vLLM's step never waits for it: the requests stay
+    WAITING_FOR_REMOTE_KVS until it is done, then their rooms open, or fail as refused."""
+    __slots__ = ("addr", "loads", "ends", "done", "mgr", "error")
+
+    def __init__(self, addr: str):
+        self.addr = addr
+        self.loads: Dict[str, RecvSpec] = {}
+        self.ends: Dict[str, EndSpec] = {}
+        self.done = False
+        self.mgr: Optional[KVManager] = None
+        self.error: Optional[BaseException] = None
+
+
 class WorkerSide:
     def __init__(self, settings: Settings, vllm_config):
         self.s = settings
@@ -88,6 +106,7 @@ class WorkerSide:
         self._server = None
         self.prefill: Optional[KVManager] = None
         self.decode: Dict[str, KVManager] = {}   # by params.manager_key
+        self._building: Dict[str, _Build] = {}   # decode managers whose bootstrap lookup runs on a thread
         self._peer: Dict[str, Tuple[int, str]] = {}  # decode manager -> (prefill TP size, address its rooms name)
         self._sends: Dict[str, _Send] = {}
         self._recvs: Dict[str, _Recv] = {}
@@ -130,39 +149,64 @@ class WorkerSide:
                          fault_injection=self.s.fault_injection, aux_slots=self.s.aux_rows,
                          **g.manager_kwargs())
 
-    def manager_for(self, bootstrap: str, prefill_tp: int) -> Tuple[KVManager, str]:
-        """Decode: the kvferry manager serving that prefill instance (built on first use), one per
-        normalised address (params.manager_key), and the address its rooms name (kvferry's manager
-        serves one prefill instance, named one way). A request naming another TP size than the
-        manager's is refused (ValueError): it never changes the manager other requests use."""
+    def manager_for(self, bootstrap: str, prefill_tp: int) -> Tuple[Optional[KVManager], str, str]:
+        """Decode: the kvferry manager serving that prefill instance, one per normalised address
+        (params.manager_key), the address its rooms name (kvferry's manager serves one prefill
+        instance, named one way) and the key. None while it is being built: the first request
+        naming an instance starts the build on a thread (kvferry's bootstrap lookup and
+        registration, bounded by KVFERRY_LOOKUP_TIMEOUT_MS; a 401/403 ends it at once), so a
+        made-up or unreachable address never blocks vLLM's step. A request naming another TP size
+        than the manager's is refused (ValueError): it never changes the manager other requests
+        use; beyond kvferry_max_prefill_instances, RuntimeError."""
         key = manager_key(bootstrap)
-        mgr = self.decode.get(key)
-        if mgr is None:
-            if len(self.decode) >= self.s.max_prefill_instances:
-                raise RuntimeError(f"this decode rank already serves {len(self.decode)} prefill instances "
+        if key not in self._peer:
+            if len(self._peer) >= self.s.max_prefill_instances:
+                raise RuntimeError(f"this decode rank already serves {len(self._peer)} prefill instances "
                                    f"(kvferry_max_prefill_instances={self.s.max_prefill_instances})")
-            mgr = self.decode[key] = self._build("decode", "", prefill_tp)
             self._peer[key] = (prefill_tp, bootstrap)
+            self._start_build(key, bootstrap, prefill_tp)
         tp, addr = self._peer[key]
         if tp != prefill_tp:
             raise ValueError(f"tp_size {prefill_tp} differs from {tp}, the TP size of the prefill instance {addr} "
                              "this decode rank's kvferry manager serves")
-        return mgr, addr
+        return self.decode.get(key), addr, key
 
-    def _receiver(self, bootstrap: str, prefill_tp: int, room: int) -> KVReceiver:
-        """A decode room; a manager whose first room kvferry's handshake refused (no such prefill,
-        another geometry or TP size) is closed and forgotten, so a wrong request does not keep it."""
-        key = manager_key(bootstrap)
-        fresh = key not in self.decode
-        mgr, addr = self.manager_for(bootstrap, prefill_tp)
-        try:
-            return KVReceiver(mgr, room, bootstrap_addr=addr)
-        except (ValueError, RuntimeError):
-            if fresh or mgr.live_rooms() == 0:
-                self.decode.pop(key, None)
-                self._peer.pop(key, None)
-                mgr.close()
-            raise
+    def _start_build(self, key: str, addr: str, prefill_tp: int) -> None:
+        b = self._building[key] = _Build(addr)
+
+        def build():
+            mgr, err = None, None
+            try:  # kvferry releases the GIL while it looks the instance up
+                mgr = self._build("decode", addr, prefill_tp)
+            except Exception as e:  # noqa: BLE001 (reported per request as kvferry's error)
+                err = e
+            with self._lock:
+                b.mgr, b.error, b.done = mgr, err, True
+                if self._stop or self._building.get(key) is not b:  # shut down meanwhile
+                    if mgr is not None:
+                        mgr.close()
+                    return
+                # At once, not at the next step: an engine with nothing else to do may not step.
+                self._settle_builds()
+        threading.Thread(target=build, name=f"kvferry-vllm-lookup-{key}", daemon=True).start()
+
+    def _settle_builds(self) -> None:
+        """Decode managers whose build ended: their waiting rooms open, or fail as refused (a manager
+        that could not be built is forgotten, so a later request tries again)."""
+        for key, b in [(k, b) for k, b in self._building.items() if b.done]:
+            del self._building[key]
+            if b.mgr is not None:
+                self.decode[key] = b.mgr
+                for rid, spec in b.loads.items():
+                    self._open_recv(rid, spec)
+                for rid, spec in b.ends.items():
+                    self._end(rid, spec)
+                continue
+            self._peer.pop(key, None)
+            for rid, spec in b.loads.items():
+                self._refused_recv(rid, spec, b.error)
+            for rid, spec in b.ends.items():
+                self._end_untold(rid, spec, b.error)
 
     # -- per step --------------------------------------------------------------------------------
 
@@ -170,6 +214,7 @@ class WorkerSide:
         if meta is None:
             return
         with self._lock:
+            self._settle_builds()
             for rid, spec in meta.ends.items():  # prefill first: a preempted request's old room ends
                 if not spec.bootstrap:           # before its new one opens (same request id)
                     self._end(rid, spec)
@@ -211,23 +256,43 @@ class WorkerSide:
 
     def _open_recv(self, rid: str, spec: RecvSpec) -> None:
         try:
-            room = self._receiver(spec.bootstrap, spec.prefill_tp, spec.room)
+            mgr, addr, key = self.manager_for(spec.bootstrap, spec.prefill_tp)
+            if mgr is None:  # its manager is being built: the room opens when it is done
+                self._building[key].loads[rid] = spec
+                return
+            room = KVReceiver(mgr, spec.room, bootstrap_addr=addr)
         except (ValueError, RuntimeError) as e:
-            # Refused at the handshake (another geometry or block size, no such prefill): nothing
-            # was opened in kvferry, so this is the failure's only line; vLLM's policy applies.
-            logger.error("request %s: kvferry room %d refused at the handshake with %s: %s", rid, spec.room,
-                         spec.bootstrap, e, extra={"room": spec.room, "code": getattr(e, "code", "protocol_error"),
-                                                   "origin": f"decode/tp{self.tp_rank}"})
-            self._invalid.update(spec.block_ids)
-            self._record_failure(rid, spec.room, getattr(e, "code", "protocol_error"), f"decode/tp{self.tp_rank}",
-                                 False, str(e))
-            self._unopened_recvs.add(rid)
+            self._refused_recv(rid, spec, e)
             return
         self._recvs[rid] = _Recv(spec, room, rid, True, False)
         try:
             room.send_metadata(spec.block_ids, spec.aux, num_tokens=spec.num_tokens)
         except ValueError as e:
             room.fail("protocol_error", f"metadata refused: {e}")
+
+    def _refused_recv(self, rid: str, spec: RecvSpec, e: BaseException) -> None:
+        """Refused before a room was opened: by kvferry's bootstrap lookup or handshake (no such
+        prefill, not authorized, another geometry or TP size) or by this adapter. Nothing was
+        opened in kvferry, so this is the failure's only line; the blocks go to
+        get_block_ids_with_load_errors and the request to get_finished (vLLM's policy applies)."""
+        code = getattr(e, "code", None) or "protocol_error"
+        logger.error("request %s: kvferry room %d refused at the handshake with %s: %s", rid, spec.room,
+                     spec.bootstrap, e, extra={"room": spec.room, "code": code, "origin": f"decode/tp{self.tp_rank}"})
+        self._invalid.update(spec.block_ids)
+        self._record_failure(rid, spec.room, code, f"decode/tp{self.tp_rank}", False, str(e))
+        self._unopened_recvs.add(rid)
+
+    def _end_untold(self, rid: str, spec: EndSpec, e: BaseException) -> None:
+        """An end whose prefill instance kvferry could not reach or was refused by: nothing was
+        opened, so this rank's line is the failure's only one here; the prefill instance is not
+        told and frees the blocks at its lease. A request vLLM waits for is reported at once."""
+        if self.tp_rank == 0:
+            logger.log(logging.INFO if spec.code == "aborted" else logging.ERROR,
+                       "room %d failed: %s at decode/tp0: %s; the prefill instance %s could not be told (%s)",
+                       spec.room, spec.code, spec.reason, spec.bootstrap, e,
+                       extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
+        if spec.report:
+            self._unopened_recvs.add(rid)
 
     def _end(self, rid: str, spec: EndSpec) -> None:
         """A room the engine gave up before its transfer (vLLM's scheduler decided it once for the
@@ -249,17 +314,15 @@ class WorkerSide:
                 return
             if r is None:
                 try:
-                    room = self._receiver(spec.bootstrap, spec.peer_tp, spec.room)
+                    mgr, addr, key = self.manager_for(spec.bootstrap, spec.peer_tp)
+                    if mgr is None:  # its manager is being built: the end waits for it
+                        b = self._building[key]
+                        b.loads.pop(rid, None)
+                        b.ends[rid] = spec
+                        return
+                    room = KVReceiver(mgr, spec.room, bootstrap_addr=addr)
                 except (ValueError, RuntimeError) as e:
-                    # Refused by kvferry's handshake (another geometry or block size): nothing was
-                    # opened, so this rank's line is the failure's only one here; the prefill
-                    # instance is not told and frees the blocks at its lease.
-                    if self.tp_rank == 0:
-                        logger.log(logging.INFO if spec.code == "aborted" else logging.ERROR,
-                                   "room %d failed: %s at decode/tp0: %s; the prefill instance %s could not be "
-                                   "told (%s)", spec.room, spec.code, spec.reason, spec.bootstrap, e,
-                                   extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
-                    return
+                    return self._end_untold(rid, spec, e)
                 r = self._recvs[rid] = _Recv(spec, room, rid, spec.report, True)
             r.ending, r.report = True, spec.report
             target = r.room
@@ -340,6 +403,7 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         with self._lock:
+            self._settle_builds()
             self._finished.update(finished_req_ids or ())
             self._pump()
             sending = {rid for rid in self._unopened_sends if rid in self._finished}
@@ -434,3 +498,4 @@ class WorkerSide:
                 if mgr is not None:
                     mgr.close()
             self.prefill, self.decode, self._server = None, {}, None
+            self._building.clear()  # a build still running closes its manager when it ends

@@ -1,0 +1,19 @@
+// A bootstrap service's answer that waiting will not change (docs/security.md): 401 or 403, the
+// caller's bearer token is not the cluster's (no KVFERRY_SECRET_FILE, or another secret).
+// BootstrapClient (client.cc) reports it as kInvalidArgument "...: not authorized (HTTP 401...";
+// the loops that retry a lookup or a registration until lookup_timeout_ms stop at it at once.
+#pragma once
+
+#include <string_view>
+
+#include "kvferry/error.h"
+
+namespace kvferry::bootstrap {
+
+inline constexpr std::string_view kNotAuthorized = ": not authorized (HTTP ";
+
+inline bool not_authorized(const Status& s) {
+  return s.code() == ErrorCode::kInvalidArgument && s.message().find(kNotAuthorized) != std::string::npos;
+}
+
+}  // namespace kvferry::bootstrap
