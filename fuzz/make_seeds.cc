@@ -104,6 +104,8 @@ RankId rank(Role role, uint32_t tp) { return RankId{role, 0, tp, 0}; }
 void control() {
   PoolRegistration reg;
   reg.sender = rank(Role::kDecode, 1);
+  reg.compat = {{"version", "0.1.0"}, {"min_peer_version", "0.1.0"}, {"wire", "5"}, {"page_size", "16"},
+                {"kv_memory", "host"}, {"memory_support", "host"}, {"tp", "prefill 2 decode 1"}};
   reg.control_endpoint = "tcp://127.0.0.1:5601";
   reg.worker_address = ucx::encode_shard_address({"worker-a", "worker-b"});
   reg.spans = {{0, 1 << 20, 0x7f0000000000, "rkey-0"}, {1 << 20, 4096, 0x7f0000200000, "rkey-1"}};
@@ -242,6 +244,7 @@ void rank_info() {
   info.num_layers = 32;
   info.heads_per_rank = 4;
   info.first_head = 4;
+  info.compat = {{"version", "0.1.0"}, {"page_size", "16"}, {"tp", "prefill 2 decode 1"}};
   info.incarnation = 17;
   put("rank_info_json", "rank", bootstrap::dump(bootstrap::rank_info_to_json(info)));
   info.host = "fd00::5";

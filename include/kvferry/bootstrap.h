@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/compat.h"
 #include "kvferry/error.h"
 #include "kvferry/net.h"
 
@@ -55,6 +56,10 @@ struct PrefillRankInfo {
   // standard base64, optional): a decode rank opens the connection to it before registering
   // (Transport::connect_reverse; docs/transport.md "TCP congestion control"). Empty: unknown.
   std::string transport_address;
+  // The rank's compatibility fingerprint (kvferry/compat.h; JSON: "compat", an array of
+  // [name, value] pairs, optional: absent is empty). A decode rank compares it with its own
+  // before it uses any other field of the entry.
+  Compat compat;
 };
 
 class BootstrapServer {

@@ -28,8 +28,9 @@ enum class ErrorCode : uint16_t {
   kInjected = 9,           // fault injected by a test or replay
   kInvalidArgument = 10,   // a local caller passed something wrong (bad trace line, bad option)
   kInternal = 11,          // a bug or an unexpected system error
+  kIncompatiblePeer = 12,  // the peer's compatibility fingerprint differs (kvferry/compat.h)
 };
-constexpr int kMaxErrorCode = 11;
+constexpr int kMaxErrorCode = 12;
 
 // snake_case names used in logs and reports: "transfer_error", "peer_unreachable", ...
 std::string_view code_name(ErrorCode c);

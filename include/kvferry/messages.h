@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvferry/buffers.h"
+#include "kvferry/compat.h"
 #include "kvferry/error.h"
 #include "kvferry/poll.h"
 
@@ -25,8 +26,9 @@ namespace kvferry {
 // 2: engine-shaped memory (PoolRegistration spans and buffer offsets, RoomMetadata aux_index and
 // state_indices). 3: RoomStatus carries the failure record with its wall_ns (kvferry/error.h).
 // 4: every message carries the sender's incarnation, and the ones about rooms the incarnation of
-// the receiver they are meant for (below).
-constexpr uint16_t kProtocolVersion = 4;
+// the receiver they are meant for (below). 5: PoolRegistration carries the decode rank's
+// compatibility fingerprint right after its sender (kvferry/compat.h).
+constexpr uint16_t kProtocolVersion = 5;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
 constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
@@ -92,6 +94,9 @@ struct PoolRegistration {
   uint32_t first_head = 0;       // global index of its first head
   uint64_t incarnation = 0;      // the decode rank's
   uint64_t peer_incarnation = 0; // the prefill rank's, from its bootstrap entry (0: not known)
+  // The decode rank's compatibility fingerprint (kvferry/compat.h). On the wire it follows
+  // `sender`, so a prefill rank reads and checks it (frame_compat) before any other field.
+  Compat compat;
 };
 
 // decode -> prefill, per room: the destination pages, aux row and state rows.
@@ -162,6 +167,11 @@ Result<Message> decode(std::string_view frame, uint32_t max_kv_indices);
 // else checked): what a rank refuses a frame from before decoding it (docs/security.md). nullopt:
 // not a frame of this protocol version (decode() says why).
 std::optional<RankId> frame_sender(std::string_view frame);
+// The compatibility fingerprint of a PoolRegistration frame, read from its header, sender and
+// fingerprint only (kvferry/compat.h; nothing after it is parsed): nullopt when the frame is no
+// PoolRegistration of this protocol version, an error (kProtocolError) when the fingerprint is
+// malformed or beyond its bounds.
+std::optional<Result<Compat>> frame_compat(std::string_view frame);
 std::string_view message_name(const Message& m);
 
 }  // namespace kvferry

@@ -200,8 +200,11 @@ def test_preempted_on_decode_after_the_transfer(cluster):
 
 def test_block_size_mismatch_is_refused(cluster):
     """Decode's block size (8) differs from prefill's (4): decode refuses the request's params and
-    computes it (one error line on decode naming both sizes); prefill, which cannot be told (kvferry's
-    handshake refuses the geometry too), frees the blocks at its lease (1 s, a warning there)."""
+    computes it (one error line on decode naming both sizes). kvferry's compatibility handshake
+    (docs/failure-model.md "Compatibility") tells prefill too: decode's registration is refused on its
+    fingerprint (one error line on prefill naming the field and both values, not tied to a room) and
+    the room bound for it fails there with incompatible_peer, so its blocks are freed without waiting
+    for the lease and without a line of the room above debug."""
     c = cluster(1, 1, decode_block_size=8, extra={"kv_lease_duration": 1})
     kvp, out = c.request(15, PROMPTS[15], params={"kvferry_room": 70015})
     assert out["token_ids"] == C.expected_tokens(PROMPTS[15], 3) and not c.checks("d-15")
@@ -210,4 +213,6 @@ def test_block_size_mismatch_is_refused(cluster):
     dec = [r for r in lines if r["proc"] == "decode-tp0"]
     assert len(dec) == 1 and dec[0]["level"] == 40 and "block size mismatch: prefill 4 tokens, decode 8" in \
         dec[0]["msg"], lines
-    assert [r["proc"] for r in lines if r not in dec] == ["prefill-tp0"], lines
+    assert [r for r in lines if r not in dec] == [], lines
+    told = [r for r in c.lines_above_debug() if r["proc"] == "prefill-tp0" and "incompatible" in r["msg"]]
+    assert len(told) == 1 and told[0]["level"] == 40 and "page_size: ours 4, theirs 8" in told[0]["msg"], told

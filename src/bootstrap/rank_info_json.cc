@@ -67,8 +67,28 @@ Result<std::string> from_base64(const std::string& text) {
 
 }  // namespace
 
+// "compat": [[name, value], ...] (kvferry/compat.h), in the fingerprint's order.
+nlohmann::json compat_to_json(const Compat& c) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const CompatField& f : c) a.push_back(nlohmann::json::array({f.name, f.value}));
+  return a;
+}
+
+Status compat_from_json(const nlohmann::json& j, Compat* out) {
+  if (!j.is_array() || j.size() > kMaxCompatFields)
+    return field_error("compat", "expected an array of at most " + std::to_string(kMaxCompatFields) + " [name, value] pairs");
+  for (const nlohmann::json& p : j) {
+    if (!p.is_array() || p.size() != 2 || !p[0].is_string() || !p[1].is_string())
+      return field_error("compat", "expected [name, value] string pairs");
+    out->push_back({p[0].get<std::string>(), p[1].get<std::string>()});
+  }
+  if (std::string why = compat_bounds_error(*out); !why.empty()) return field_error("compat", why);
+  return Status::Ok();
+}
+
 nlohmann::json rank_info_to_json(const PrefillRankInfo& info) {
   return nlohmann::json{
+      {"compat", compat_to_json(info.compat)},
       {"engine_id", info.engine_id},
       {"dp_rank", info.dp_rank},
       {"tp_rank", info.tp_rank},
@@ -91,6 +111,10 @@ Result<PrefillRankInfo> rank_info_from_json(const nlohmann::json& j) {
     return Status(ErrorCode::kInvalidArgument, "rank info: expected a JSON object");
   }
   PrefillRankInfo info;
+  // The fingerprint first (kvferry/compat.h): optional, absent is an empty one.
+  if (auto it = j.find("compat"); it != j.end()) {
+    if (Status s = compat_from_json(*it, &info.compat); !s.ok()) return s;
+  }
   for (const Status& s : {
            get_u32(j, "engine_id", &info.engine_id),
            get_u32(j, "dp_rank", &info.dp_rank),

@@ -2,7 +2,8 @@
 //
 // Header (12 bytes): "KVFY" | version u16 | type u16 | body_length u32. Bodies, fields in order:
 //   RankId           role u8 (0 prefill, 1 decode) | engine_id u32 | tp_rank u32 | dp_rank u32
-//   PoolRegistration sender RankId | incarnation u64 | peer_incarnation u64 | control_endpoint str | worker_address str |
+//   Compat           u32 count (<= kMaxCompatFields) + count * (name str | value str)  (kvferry/compat.h)
+//   PoolRegistration sender RankId | compat Compat | incarnation u64 | peer_incarnation u64 | control_endpoint str | worker_address str |
 //                    spans (u32 count + count * (offset u64 | bytes u64 | base u64 | packed_rkey str)) |
 //                    page_size u32 | page_bytes u64 | num_pages u64 | kv_offsets u64[] |
 //                    aux_offsets u64[] | aux_item_bytes u64[] | aux_rows u64 |
@@ -73,8 +74,34 @@ void get_incarnation(WireReader& r, const char* field, uint64_t* v) {
   if (r.u64(field, v) && *v == 0) r.fail(field, "is 0 (every rank has an incarnation)");
 }
 
+void put_compat(WireWriter& w, const Compat& c) {
+  w.u32(static_cast<uint32_t>(c.size()));
+  for (const CompatField& f : c) {
+    w.bytes(f.name);
+    w.bytes(f.value);
+  }
+}
+
+// Parsed whole and bounded (kvferry/compat.h) before anything reads a field of it.
+void get_compat(WireReader& r, const char* field, Compat* c) {
+  uint32_t n = 0;
+  if (!r.u32(field, &n)) return;
+  // Each field takes at least 8 bytes (two lengths): a count the body cannot hold fails first.
+  if (n > kMaxCompatFields || r.remaining() / 8 < n)
+    return r.fail(field, std::to_string(n) + " fields, expected at most " + std::to_string(kMaxCompatFields));
+  for (uint32_t i = 0; i < n && r.ok(); ++i) {
+    CompatField f;
+    r.bytes(field, kMaxCompatNameBytes, &f.name);
+    r.bytes(field, kMaxCompatValueBytes, &f.value);
+    c->push_back(std::move(f));
+  }
+  if (!r.ok()) return;
+  if (std::string why = compat_bounds_error(*c); !why.empty()) r.fail(field, why);
+}
+
 void put_body(WireWriter& w, const PoolRegistration& m) {
   put_rank(w, m.sender);
+  put_compat(w, m.compat);
   w.u64(m.incarnation);
   w.u64(m.peer_incarnation);
   w.bytes(m.control_endpoint);
@@ -179,6 +206,7 @@ void get_positive_array(WireReader& r, const char* field, uint32_t max_count, st
 
 void get_body(WireReader& r, PoolRegistration* m) {
   get_rank(r, "PoolRegistration.sender", &m->sender);
+  get_compat(r, "PoolRegistration.compat", &m->compat);
   get_incarnation(r, "PoolRegistration.incarnation", &m->incarnation);
   r.u64("PoolRegistration.peer_incarnation", &m->peer_incarnation);
   r.bytes("PoolRegistration.control_endpoint", kMaxStringBytes, &m->control_endpoint);
@@ -367,6 +395,23 @@ std::optional<RankId> frame_sender(std::string_view frame) {
   get_rank(r, "sender", &sender);
   if (!r.ok()) return std::nullopt;
   return sender;
+}
+
+std::optional<Result<Compat>> frame_compat(std::string_view frame) {
+  if (frame.size() < kHeaderBytes || frame.substr(0, 4) != std::string_view(kMagic, sizeof(kMagic))) return std::nullopt;
+  WireReader h(frame.substr(4, kHeaderBytes - 4));
+  uint16_t version = 0, type = 0;
+  h.u16("version", &version);
+  h.u16("type", &type);
+  if (!h.ok() || version != kProtocolVersion || type != static_cast<uint16_t>(MessageType::kPoolRegistration))
+    return std::nullopt;
+  WireReader r(frame.substr(kHeaderBytes));
+  RankId sender;
+  get_rank(r, "PoolRegistration.sender", &sender);
+  Compat c;
+  get_compat(r, "PoolRegistration.compat", &c);
+  if (!r.ok()) return Result<Compat>(bad(r.error()));
+  return Result<Compat>(std::move(c));
 }
 
 Result<Message> decode(std::string_view frame, uint32_t max_kv_indices) {

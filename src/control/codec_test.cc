@@ -141,10 +141,10 @@ TEST(Codec, PoolRegistrationMinimal) {
   EXPECT_EQ(d.spans[0].packed_rkey, "");
   EXPECT_TRUE(d.aux_offsets.empty());
   EXPECT_TRUE(d.state_offsets.empty());
-  // rank 13 | 2 incarnations | 2 strings | span count + one span (3 u64 + empty str) | page_size | page_bytes,
+  // rank 13 | compat count (empty) | 2 incarnations | 2 strings | span count + one span (3 u64 + empty str) | page_size | page_bytes,
   // num_pages | kv_offsets (count + 1) | aux, aux item (2 counts) | aux_rows | state, state item
   // (2 counts) | state_rows | guard_offset | heads, first_head
-  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 16 + 2 * 4 + 4 + 3 * 8 + 4 + 4 + 2 * 8 + (4 + 8) + 2 * 4 + 8 + 2 * 4 +
+  EXPECT_EQ(encode(Message(m)).size(), 12u + 13 + 4 + 16 + 2 * 4 + 4 + 3 * 8 + 4 + 4 + 2 * 8 + (4 + 8) + 2 * 4 + 8 + 2 * 4 +
                                            8 + 8 + 2 * 4);
 }
 
@@ -183,7 +183,7 @@ TEST(CodecReject, RegistrationFields) {
 
 TEST(CodecReject, SpanCountTheBodyCannotHold) {
   std::string f = encode(Message(minimal_registration()));
-  const size_t count_off = 12 + 13 + 16 + 4 + 4;  // after rank, incarnations, two empty strings
+  const size_t count_off = 12 + 13 + 4 + 16 + 4 + 4;  // after rank, empty compat, incarnations, two empty strings
   put_le(f, count_off, kMaxRegionSpans, 4);
   expect_rejected(f, "do not fit the body");
   put_le(f, count_off, kMaxRegionSpans + 1, 4);
@@ -315,7 +315,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 4);  // version 4, low byte first
+  EXPECT_EQ(f[4], 5);  // version 5, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 37);  // body length
@@ -393,7 +393,10 @@ TEST(CodecReject, BadMagicVersionType) {
   put_le(g, 4, 3, 2);  // version 3: messages without incarnations
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 5, 2);
+  put_le(g, 4, 4, 2);  // version 4: registrations without the compatibility fingerprint
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 6, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
@@ -426,14 +429,14 @@ TEST(CodecReject, TruncatedFieldsNameTheField) {
 
   // PoolRegistration cut inside control_endpoint's length prefix.
   f = encode(Message(sample_registration()));
-  f.resize(12 + 13 + 16 + 2);
+  f.resize(12 + 13 + 4 + 16 + 2);  // rank, empty compat, incarnations
   fix_body_length(f);
   expect_rejected(f, "PoolRegistration.control_endpoint");
 }
 
 TEST(CodecReject, StringLengthPastEndAndOverLimit) {
   std::string f = encode(Message(sample_registration()));
-  const size_t len_off = 12 + 13 + 16;  // control_endpoint length
+  const size_t len_off = 12 + 13 + 4 + 16;  // control_endpoint length (after rank, empty compat, incarnations)
   std::string g = f;
   put_le(g, len_off, f.size(), 4);  // longer than the body, within the limit
   expect_rejected(g, "PoolRegistration.control_endpoint");

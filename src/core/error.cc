@@ -12,6 +12,7 @@ constexpr std::array<std::string_view, kMaxErrorCode + 1> kCodeNames = {
     "ok",      "transfer_error", "peer_unreachable", "bootstrap_timeout",
     "waiting_timeout", "prealloc_timeout", "aborted", "protocol_error",
     "resource_exhausted", "injected", "invalid_argument", "internal",
+    "incompatible_peer",
 };
 
 // Parses a non-empty run of decimal digits (no sign, no leading '+') that fits uint32_t.

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "kvferry/fault_transport.h"
+#include "kvferry/compat.h"
 #include "kvferry/geometry.h"
 #include "kvferry/messages.h"
 #include "kvferry/registry.h"
@@ -142,6 +144,18 @@ class EndpointCore {
   void count_peer_restart() { ++incarnations_.peer_restarts; }
   const IncarnationCounts& incarnation_counts() const { return incarnations_; }
   const PoolLayout& layout() const { return config_.layout; }
+  // This rank's compatibility fingerprint (kvferry/compat.h), set by its manager once its memory
+  // is registered; empty in endpoint tests built without one (then nothing is compared).
+  const Compat& compat() const { return compat_; }
+  void set_compat(Compat c) { compat_ = std::move(c); }
+  // True the first time an incompatible peer incarnation is seen here (its one error line; at
+  // most kMaxIncompatibleLogged kept). Kept by the core: a decode rank's endpoint is rebuilt per
+  // prefill instance, the core is not.
+  bool first_incompatible(const RankId& peer, uint64_t incarnation) {
+    if (incompatible_logged_.size() >= kMaxIncompatibleLogged) incompatible_logged_.clear();
+    return incompatible_logged_.insert({peer, incarnation}).second;
+  }
+  static constexpr size_t kMaxIncompatibleLogged = 1024;
   // The contiguous pool's base (null with engine buffers: use map() / kv_page()).
   uint8_t* base() const { return contiguous_ ? map_.spans().front().base : nullptr; }
   const MemoryMap& map() const { return map_; }
@@ -199,6 +213,8 @@ class EndpointCore {
   Status build_map();
   EndpointConfig config_;
   uint64_t incarnation_ = 0;
+  Compat compat_;
+  std::set<std::pair<RankId, uint64_t>> incompatible_logged_;
   IncarnationCounts incarnations_;
   RefusalLog refusals_{"endpoint"};
   RateLimit peer_debug_lines_{kPeerDebugLinesPerSecond, kPeerDebugLinesBurst};

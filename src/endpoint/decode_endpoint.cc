@@ -35,28 +35,7 @@ DecodeEndpoint::~DecodeEndpoint() {
 }
 
 Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation) {
-  const PoolLayout& l = core_.layout();
-  const MemoryShape& sh = core_.shape();
-  PoolRegistration reg;
-  reg.sender = core_.self();
-  reg.incarnation = core_.incarnation();
-  reg.peer_incarnation = incarnation;
-  reg.control_endpoint = core_.control_endpoint();
-  reg.worker_address = core_.transport().address();
-  reg.spans = core_.spans();
-  reg.page_size = sh.page_size;
-  reg.page_bytes = sh.page_bytes;
-  reg.num_pages = sh.num_pages;
-  reg.kv_offsets = sh.kv_offsets;
-  reg.aux_offsets = sh.aux_offsets;
-  reg.aux_item_bytes = sh.aux_item_bytes;
-  reg.aux_rows = sh.aux_rows;
-  reg.state_offsets = sh.state_offsets;
-  reg.state_item_bytes = sh.state_item_bytes;
-  reg.state_rows = sh.state_rows;
-  reg.guard_offset = sh.guard_offset;
-  reg.heads_per_rank = l.heads_per_rank;
-  reg.first_head = l.first_head;
+  const PoolRegistration reg = make_registration(incarnation);
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
   peers_[peer] = {peer, endpoint, 0, incarnation};
@@ -228,7 +207,6 @@ KVPoll DecodeEndpoint::poll(uint64_t room) const {
 Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns) {
   const RankId self = core_.self();
   std::vector<uint32_t> wanted = sources_of(plan_, self.tp_rank);
-  const PoolLayout& l = core_.layout();
   // Rooms are routed to a prefill DP rank by room id, so every DP rank's sources are peers.
   for (uint32_t dp = 0; dp < prefill_dp_; ++dp)
   for (uint32_t tp : wanted) {
@@ -244,12 +222,9 @@ Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadlin
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       info = bootstrap.lookup(0, dp, tp);
     }
-    if (info->page_size != l.page_size || info->num_layers != l.model.num_layers || info->model != l.model.name)
-      return {ErrorCode::kProtocolError,
-              fmt::format("prefill tp{} geometry differs: model {}, page_size {}, layers {} (ours: {}, {}, {})", tp,
-                          info->model, info->page_size, info->num_layers, l.model.name, l.page_size,
-                          l.model.num_layers)};
     RankId pr{Role::kPrefill, 0, tp, dp};
+    // Before any other field of the entry is used (kvferry/compat.h; decode_compat.cc).
+    if (Status c = check_source_compat(pr, *info); !c.ok()) return c;
     // Open the data connection from this side before the prefill rank connects to us: its connect
     // then reuses it, and its sending socket is one its own listener accepted (docs/transport.md
     // "TCP congestion control"). A failure only costs that reuse.

@@ -90,6 +90,11 @@ class DecodeEndpoint {
   // registration. Errors: kBootstrapTimeout if a peer never registered, kPeerUnreachable if the
   // service cannot be reached.
   Status connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns);
+  // The source's bootstrap entry's compatibility fingerprint against ours (kvferry/compat.h),
+  // before anything else of the entry is used: kIncompatiblePeer naming the first field that
+  // differs and both values; logged at error once per source incarnation, and the source is sent
+  // our registration so it refuses it and logs its own line (decode_compat.cc).
+  Status check_source_compat(const RankId& source, const PrefillRankInfo& info);
 
   void on_message(const Message& m);
   // Whether `sender` is a source of this rank in the agreed plan (a prefill rank of engine 0, a TP
@@ -218,6 +223,8 @@ class DecodeEndpoint {
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
   void reask(int64_t now_ns);
   // `incarnation`: the peer's, from its bootstrap entry (kvferry/messages.h; 0: not known).
+  // This rank's pool registration, meant for a source of incarnation `peer_incarnation`.
+  PoolRegistration make_registration(uint64_t peer_incarnation) const;
   Status send_registration(const RankId& peer, const std::string& endpoint, uint64_t incarnation);
   // Looks the dead `peer` up until its entry names another endpoint or another incarnation.
   void rediscover(const RankId& peer, const std::string& old_endpoint, uint64_t old_incarnation);

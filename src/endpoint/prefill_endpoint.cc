@@ -168,6 +168,7 @@ Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::opti
       return Status::Ok();
     }
   }
+  if (fail_if_incompatible(room)) return Status::Ok();
   auto pf = pending_fail_.find(room);
   if (pf != pending_fail_.end()) {
     RoomStatus st = pf->second.second;

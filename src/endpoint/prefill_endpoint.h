@@ -277,6 +277,17 @@ class PrefillEndpoint {
   // (kvferry::frame_sender) and on_message() again.
   bool in_plan(const RankId& sender) const;
   bool admits(const RankId& sender);
+  // A PoolRegistration frame's compatibility fingerprint (kvferry/compat.h), read and compared
+  // before anything else of the frame is decoded or used (prefill_registration.cc): false when it
+  // differs from this rank's (the frame is then refused: one error line per decode incarnation,
+  // a RegistrationRefusal with code incompatible_peer, and the rooms bound for it fail with that
+  // record); true for every other frame, including a malformed fingerprint (decode() refuses it).
+  bool admits_compat(std::string_view frame);
+  // A room bound for a decode rank refused as incompatible fails at once with that record.
+  bool fail_if_incompatible(uint64_t room);
+  // The record of a destination of `room` (by the plan) refused as incompatible, if any: a sender
+  // not init()ed yet fails with it at once (the manager's sender()).
+  std::optional<Failure> incompatible_destination(uint64_t room) const;
   // Identities kept in the per-identity maps (peers, registrations, incarnations, connects): the
   // plan bounds them; this caps them whatever the plan (a new identity beyond it is refused).
   static constexpr size_t kMaxPeerIdentities = 4096;
@@ -333,7 +344,7 @@ class PrefillEndpoint {
   void on_peer_restart(const RankId& peer, uint64_t inc);
   // Tells a refused decode rank why (RegistrationRefusal), once per refused registration, and
   // keeps the record: its metadata fails the room with it (prefill_registration.cc).
-  void refuse(const PoolRegistration& r, const std::string& why);
+  void refuse(const PoolRegistration& r, const std::string& why, ErrorCode code = ErrorCode::kProtocolError);
   // prefill_registration.cc: the transport connect to a registered decode rank runs off the main
   // thread (core.connector()); rooms for it wait (Bootstrapping) until it completes, and fail with
   // peer_unreachable, origin that rank, if it fails or passes connect_timeout_ms.

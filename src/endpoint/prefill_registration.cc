@@ -11,6 +11,7 @@
 #include "endpoint/room_list.h"
 #include "endpoint/span_compat.h"
 #include "kvferry/log.h"
+#include "kvferry/routing.h"
 
 namespace kvferry {
 namespace {
@@ -398,10 +399,64 @@ bool PrefillEndpoint::may_answer(const PoolRegistration& r) {
   return true;
 }
 
-void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why) {
+bool PrefillEndpoint::admits_compat(std::string_view frame) {
+  std::optional<Result<Compat>> theirs = frame_compat(frame);
+  if (!theirs || !theirs->ok()) return true;  // no registration, or decode() refuses it as malformed
+  std::optional<CompatMismatch> mm = compat_mismatch(core_.compat(), theirs->value());
+  if (!mm) return true;
+  // Decoded by kvferry's own bounded parser only to address the refusal: nothing else of it is
+  // used, no memory key of it reaches the transport.
+  auto msg = kvferry::decode(frame, 0);
+  if (!msg.ok() || !std::holds_alternative<PoolRegistration>(*msg)) return true;  // refused as malformed
+  const PoolRegistration& r = std::get<PoolRegistration>(*msg);
+  const std::string why = fmt::format("incompatible: {}", mm->str());
+  core_.refuse(Refusal::kIncompatible, r.sender, fmt::format("pool registration of {} refused: {}", r.sender.str(), why),
+               /*quiet=*/true);
+  if (core_.first_incompatible(r.sender, r.incarnation))
+    log_event(LogLevel::kError, kComp,
+              fmt::format("decode peer {} is incompatible with {}: {} (ours, then the peer's); its pool registration "
+                          "is refused and its rooms fail with incompatible_peer",
+                          r.sender.str(), core_.self().str(), mm->str()),
+              {.code = std::string(code_name(ErrorCode::kIncompatiblePeer)), .origin = core_.self().str(),
+               .extra = {{"peer", r.sender.str()}, {"event", "incompatible_peer"}, {"field", mm->field}}});
+  refuse(r, why, ErrorCode::kIncompatiblePeer);
+  if (r.sender.role != Role::kDecode) return false;
+  const Failure f = refused_.at(r.sender);
+  std::vector<uint64_t> bound;
+  for (auto& [id, room] : rooms_) {
+    if (room.state.terminal()) continue;
+    for (const RankId& d : room.dests)
+      if (d == r.sender) bound.push_back(id);
+  }
+  for (uint64_t id : bound) fail(id, f, /*observed_here=*/false, &r.sender);
+  return false;
+}
+
+bool PrefillEndpoint::fail_if_incompatible(uint64_t room) {
+  auto it = rooms_.find(room);
+  if (it == rooms_.end()) return false;
+  for (const RankId& d : it->second.dests) {
+    auto rf = refused_.find(d);
+    if (rf == refused_.end() || rf->second.code != ErrorCode::kIncompatiblePeer) continue;
+    const Failure f = rf->second;
+    fail(room, f, /*observed_here=*/false, &d);
+    return true;
+  }
+  return false;
+}
+
+std::optional<Failure> PrefillEndpoint::incompatible_destination(uint64_t room) const {
+  for (uint32_t d : dests_of(plan_, core_.self().tp_rank)) {
+    auto rf = refused_.find(RankId{Role::kDecode, 0, d, dp_rank_for_room(room, decode_dp_)});
+    if (rf != refused_.end() && rf->second.code == ErrorCode::kIncompatiblePeer) return rf->second;
+  }
+  return std::nullopt;
+}
+
+void PrefillEndpoint::refuse(const PoolRegistration& r, const std::string& why, ErrorCode code) {
   if (r.sender.role != Role::kDecode) return;  // not a decode rank: no rooms of it to fail
   const int64_t now = monotonic_ns();
-  Failure f{ErrorCode::kProtocolError, core_.self(),
+  Failure f{code, core_.self(),
             fmt::format("pool registration of {} refused by {}: {}", r.sender.str(), core_.self().str(), why), now,
             wall_from_monotonic(now)};
   if (!refused_.count(r.sender) && refused_.size() >= kMaxRefused) refused_.erase(refused_.begin());

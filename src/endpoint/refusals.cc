@@ -15,6 +15,7 @@ std::string_view refusal_name(Refusal kind) {
     case Refusal::kChangedRegistration: return "changed_registration";
     case Refusal::kUnconfirmedRestart: return "unconfirmed_restart";
     case Refusal::kFutureIncarnation: return "future_incarnation";
+    case Refusal::kIncompatible: return "incompatible";
     case Refusal::kCount: break;
   }
   return "unknown";

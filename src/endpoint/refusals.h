@@ -25,6 +25,7 @@ enum class Refusal : uint8_t {
   kChangedRegistration, // a different pool under an incarnation that registered another one
   kUnconfirmedRestart,  // a newer incarnation not from a registration, or its old one still answers
   kFutureIncarnation,   // an incarnation beyond this rank's clock plus the allowed skew
+  kIncompatible,        // a pool registration whose compatibility fingerprint differs (kvferry/compat.h)
   kCount
 };
 constexpr size_t kRefusalKinds = static_cast<size_t>(Refusal::kCount);

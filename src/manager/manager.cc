@@ -12,6 +12,7 @@
 #include "kvferry/control.h"
 #include "kvferry/log.h"
 #include "kvferry/routing.h"
+#include "manager/compat_of.h"
 #include "manager/log_policy.h"
 #include "manager/manager_internal.h"
 
@@ -77,6 +78,7 @@ Status ManagerImpl::start() {
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return core.status();
   core_ = std::move(core).value();
+  core_->set_compat(compat_of(c, core_->shape(), prefill ? c.tp_size : peer_tp, prefill ? peer_tp : c.tp_size));
   // Before the bootstrap service is reached (which may take up to lookup_timeout_ms).
   log_event(LogLevel::kDebug, "manager",
             fmt::format("pool: {} pages of {} tokens, {} KV buffers, {} engine buffers, transport {}, control {}",
@@ -119,6 +121,7 @@ Status ManagerImpl::start() {
       info.first_head = layout->first_head;
       info.incarnation = core_->incarnation();
       info.transport_address = core_->transport().address();
+      info.compat = core_->compat();
       BootstrapClient bootstrap(c.bootstrap_address, 2000);
       Status s = bootstrap.register_rank(info);
       for (int64_t deadline = monotonic_ns() + c.deadlines.lookup_timeout_ms * 1'000'000;
@@ -207,6 +210,8 @@ void ManagerImpl::progress_control(bool drain_waker) {
     // A sender that is no peer of this rank in the plan is refused before the frame is decoded.
     const std::optional<RankId> sender = frame_sender(*frame);
     if (sender && !(prefill_ ? prefill_->admits(*sender) : decode_->admits(*sender))) continue;
+    // A pool registration's compatibility fingerprint is compared before the rest is decoded.
+    if (sender && prefill_ && !prefill_->admits_compat(*frame)) continue;
     // A RoomMetadata names the decode rank's pages, not this rank's: a prefill rank's pool (e.g. a
     // staging ring) can be smaller than a room. The count is bounded by what the frame limit lets
     // through (ControlLimits::frame_bytes_for_pages, 8 bytes an index), refused by the codec before

@@ -499,6 +499,9 @@ Result<std::unique_ptr<Sender>> ManagerImpl::sender(uint64_t id) {
   if (!added)
     return bad(fmt::format("room {} already has a sender on {} (or it is still being released)", id, self().str()));
   it->second.metrics.created_ns = monotonic_ns();
+  // Bound for a decode rank refused as incompatible (kvferry/compat.h): failed before init().
+  if (std::optional<Failure> f = prefill_->incompatible_destination(id); f && !open_sender_for_failure(id, it->second, *f, false))
+    it->second.early_failure = KVTransferError::from(id, *f, true);
   return std::unique_ptr<Sender>(new SenderImpl(*this, id));
 }
 
