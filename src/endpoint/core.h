@@ -148,14 +148,21 @@ class EndpointCore {
   // is registered; empty in endpoint tests built without one (then nothing is compared).
   const Compat& compat() const { return compat_; }
   void set_compat(Compat c) { compat_ = std::move(c); }
-  // True the first time an incompatible peer incarnation is seen here (its one error line; at
-  // most kMaxIncompatibleLogged kept). Kept by the core: a decode rank's endpoint is rebuilt per
-  // prefill instance, the core is not.
-  bool first_incompatible(const RankId& peer, uint64_t incarnation) {
+  // Whether an incompatible peer incarnation gets its error line: the first time it is seen here,
+  // and at most one line per peer identity per kIncompatibleLineIntervalNs (a peer that makes up
+  // incarnations cannot fill the log; at most kMaxIncompatibleLogged of each kept). Kept by the
+  // core: a decode rank's endpoint is rebuilt per prefill instance, the core is not.
+  bool first_incompatible(const RankId& peer, uint64_t incarnation, int64_t now_ns) {
     if (incompatible_logged_.size() >= kMaxIncompatibleLogged) incompatible_logged_.clear();
-    return incompatible_logged_.insert({peer, incarnation}).second;
+    if (incompatible_line_ns_.size() >= kMaxIncompatibleLogged) incompatible_line_ns_.clear();
+    if (!incompatible_logged_.insert({peer, incarnation}).second) return false;
+    auto [it, fresh] = incompatible_line_ns_.try_emplace(peer, now_ns);
+    if (!fresh && now_ns - it->second < kIncompatibleLineIntervalNs) return false;
+    it->second = now_ns;
+    return true;
   }
   static constexpr size_t kMaxIncompatibleLogged = 1024;
+  static constexpr int64_t kIncompatibleLineIntervalNs = 10'000'000'000;
   // The contiguous pool's base (null with engine buffers: use map() / kv_page()).
   uint8_t* base() const { return contiguous_ ? map_.spans().front().base : nullptr; }
   const MemoryMap& map() const { return map_; }
@@ -215,6 +222,7 @@ class EndpointCore {
   uint64_t incarnation_ = 0;
   Compat compat_;
   std::set<std::pair<RankId, uint64_t>> incompatible_logged_;
+  std::map<RankId, int64_t> incompatible_line_ns_;
   IncarnationCounts incarnations_;
   RefusalLog refusals_{"endpoint"};
   RateLimit peer_debug_lines_{kPeerDebugLinesPerSecond, kPeerDebugLinesBurst};

@@ -42,7 +42,7 @@ Status DecodeEndpoint::check_source_compat(const RankId& source, const PrefillRa
   if (!mm) return Status::Ok();
   const std::string why =
       fmt::format("prefill peer {} is incompatible with {}: {}", source.str(), core_.self().str(), mm->str());
-  if (core_.first_incompatible(source, info.incarnation)) {
+  if (core_.first_incompatible(source, info.incarnation, monotonic_ns())) {
     log_event(LogLevel::kError, kComp,
               why + " (ours, then the peer's); the rooms it would feed fail with incompatible_peer",
               {.code = std::string(code_name(ErrorCode::kIncompatiblePeer)), .origin = core_.self().str(),

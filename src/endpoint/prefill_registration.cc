@@ -410,9 +410,19 @@ bool PrefillEndpoint::admits_compat(std::string_view frame) {
   if (!msg.ok() || !std::holds_alternative<PoolRegistration>(*msg)) return true;  // refused as malformed
   const PoolRegistration& r = std::get<PoolRegistration>(*msg);
   const std::string why = fmt::format("incompatible: {}", mm->str());
+  if (registration_for(r.sender) != nullptr) {
+    // That rank has a registration in use here: a frame in its name that does not match is not
+    // believed (anyone who reaches the port may send one without the secret); counted, at debug,
+    // and nothing changes. A restarted rank's old registration ends with its death first.
+    core_.refuse(Refusal::kIncompatible, r.sender,
+                 fmt::format("pool registration of {} refused, {} registered already: {}", r.sender.str(),
+                             r.sender.str(), why),
+                 /*quiet=*/true);
+    return false;
+  }
   core_.refuse(Refusal::kIncompatible, r.sender, fmt::format("pool registration of {} refused: {}", r.sender.str(), why),
                /*quiet=*/true);
-  if (core_.first_incompatible(r.sender, r.incarnation))
+  if (core_.first_incompatible(r.sender, r.incarnation, monotonic_ns()))
     log_event(LogLevel::kError, kComp,
               fmt::format("decode peer {} is incompatible with {}: {} (ours, then the peer's); its pool registration "
                           "is refused and its rooms fail with incompatible_peer",

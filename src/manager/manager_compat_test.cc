@@ -190,11 +190,45 @@ TEST(ManagerCompat, ARegistrationWithoutTheFingerprintIsRefusedBeforeItsKeysAreP
   EXPECT_EQ(p.m->stats().peers, 0u);
 }
 
-TEST(ManagerCompat, EqualFingerprintsConnectAndMoveARoom) {
+// Anyone who reaches prefill's port may send a registration in a live decode rank's name: one
+// whose fingerprint differs must not cut that rank off (no refusal record, no failed rooms).
+TEST(ManagerCompat, AMismatchedRegistrationInALiveDecodeRanksNameChangesNothing) {
   auto r = make_ranks("tcp", /*thread=*/false, notice_only());
   ASSERT_TRUE(r);
   EXPECT_EQ(refused(*r->prefill, "incompatible"), 0u);
-  EXPECT_EQ(r->decode->stats().peers, 1u);
+  BootstrapClient client(r->bootstrap);
+  auto entry = client.lookup(0, 0, 0);
+  ASSERT_TRUE(entry.ok()) << entry.status().str();
+  auto sock = ControlSocket::bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(sock.ok());
+  PoolRegistration forged;
+  forged.sender = {Role::kDecode, 0, 0, 0};  // the live decode rank
+  forged.compat = entry->compat;
+  for (CompatField& f : forged.compat)
+    if (f.name == "page_size") f.value = "64";
+  forged.incarnation = 4242;
+  forged.control_endpoint = (*sock)->endpoint();
+  forged.worker_address = "x";
+  forged.spans = {{0, 1ull << 20, 0x1000, std::string(8, '\xff')}};
+  forged.page_size = 64;
+  forged.page_bytes = 4096;
+  forged.num_pages = 16;
+  forged.kv_offsets = {0};
+  forged.aux_rows = 1;
+  forged.heads_per_rank = 1;
+  ASSERT_TRUE((*sock)->send(entry->control_endpoint, encode(Message{forged})).ok());
+  ASSERT_TRUE(r->until([&] { return refused(*r->prefill, "incompatible") == 1; }));
+  EXPECT_EQ(r->prefill->stats().peers, 1u);
+  // A room between the live pair still moves.
+  const std::vector<uint64_t> pages = {1, 2};
+  AskedRoom a = asked_room(*r, 11, pages, 0);
+  ASSERT_TRUE(a.tx) << "the room never got to WaitingForInput";
+  ASSERT_TRUE(a.tx->init(pages.size(), 0).ok());
+  fill(*r->prefill, 11, 0, {3, 4});
+  const std::vector<uint64_t> src = {3, 4};
+  ASSERT_TRUE(a.tx->send(src, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return a.rx->poll() == KVPoll::Success; }));
+  EXPECT_EQ(mismatched(*r->decode, 11, pages), 0u);
 }
 
 }  // namespace
