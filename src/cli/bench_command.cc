@@ -51,6 +51,11 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--layerwise", cfg->layerwise,
                 "send each layer as its compute ends (default: the whole room after the last layer)");
+  cmd->add_option("--memory", cfg->memory,
+                  "pool: each rank's KV in one pool kvferry allocates; engine: one buffer per layer tensor "
+                  "allocated by the rank and registered, as vLLM's per-layer tensors")
+      ->check(CLI::IsMember({"pool", "engine"}))
+      ->capture_default_str();
   cmd->add_option("--out", cfg->out, "result JSON path");
   cmd->add_option("--work-dir", cfg->work_dir, "rank files and logs (default: <out dir>/bench-work)");
   cmd->add_option("--timeout-s", cfg->timeout_s, "ranks ready within, and done this long after the window")
@@ -85,6 +90,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--page-order", o->page_order)->check(CLI::IsMember({"sequential", "random"}));
   r->add_option("--prefill-ms-per-layer", o->prefill_ms_per_layer);
   r->add_option("--layerwise", o->layerwise);
+  r->add_option("--memory", o->memory)->check(CLI::IsMember({"pool", "engine"}));
   r->add_option("--timeout-s", o->timeout_s);
   r->callback([o, role] {
     o->prefill = *role == "prefill";
