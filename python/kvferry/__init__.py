@@ -7,14 +7,16 @@ request (``bootstrap_room``), each with ``init``, ``send`` (sender), ``poll``,
 
 * Memory, one of two shapes. Engine-owned buffers (``buffers=``): KV buffers per layer tensor,
   aux rows and state rows, as SGLang's KVArgs carries them, described by ``describe_buffers`` /
-  ``from_kv_args`` (kvferry/buffers.py); a page index addresses item i of every KV buffer, a
-  room's aux_index its row of every aux buffer (prefill's row lands in decode's row after the last
-  KV write), state indices rows of every state buffer (sent with the last chunk). Or one KV pool
-  (``kv_pool``) laid out by kvferry: ``num_buffers`` buffers (layer-major, K then V; MLA: one
-  latent) of ``num_pages`` pages of ``page_bytes`` bytes, then ``aux_slots`` aux slots of 64 bytes
-  (``KVManager.layout``; ``pool_nbytes()`` sizes it). Either way the memory is the engine's:
-  writable, C-contiguous, registered with the transport (nothing is copied) and kept alive until
-  ``close()``.
+  ``from_kv_args`` (kvferry/buffers.py: host arrays, tensors with ``data_ptr()`` or
+  ``__cuda_array_interface__``, or pointers with their memory kind and CUDA device; device memory
+  is refused at construction where this machine cannot back it, docs/gpu.md); a page index
+  addresses item i of every KV buffer, a room's aux_index its row of every aux buffer (prefill's
+  row lands in decode's row after the last KV write), state indices rows of every state buffer
+  (sent with the last chunk). Or one KV pool (``kv_pool``) laid out by kvferry: ``num_buffers``
+  buffers (layer-major, K then V; MLA: one latent) of ``num_pages`` pages of ``page_bytes`` bytes,
+  then ``aux_slots`` aux slots of 64 bytes (``KVManager.layout``; ``pool_nbytes()`` sizes it).
+  Either way the memory is the engine's: writable, C-contiguous, registered with the transport
+  (nothing is copied) and kept alive until ``close()``.
 * Page indices are integer sequences (lists, numpy integer arrays) of pages of this rank's
   memory. Out-of-range or duplicate indices raise ``ValueError`` and nothing is sent.
 * Prefill: ``KVSender.init(num_kv_indices, aux_index)``, then ``send(kv_indices,

@@ -85,7 +85,8 @@ std::string Connector::control_endpoint() {
 }
 
 void Connector::close() {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
+  agreements_done_.wait(lock, [this] { return agreements_waiting_ == 0; });
   rooms_.clear();  // handles before their manager
   m_.reset();      // the transport goes before the engine may free the pool
 }
@@ -206,11 +207,29 @@ Status Connector::fail_from_engine(uint64_t room, ErrorCode code, const std::str
 
 Result<KVTransferError> Connector::fail_from_agreement(uint64_t room, ErrorCode code, const std::string& reason,
                                                       int64_t wait_ms) {
-  std::lock_guard lock(mu_);
-  Room* r = find(room);
-  if (!r) return bad(fmt::format("room {} is not open", room));
+  std::shared_ptr<Sender> sender;
+  std::shared_ptr<Receiver> receiver;
+  {
+    std::lock_guard lock(mu_);
+    Room* r = find(room);
+    if (!r) return bad(fmt::format("room {} is not open", room));
+    sender = r->sender;
+    receiver = r->receiver;
+    ++agreements_waiting_;
+  }
+  // The wait for the failure board runs without this connector's lock: the manager's other calls,
+  // from other threads, go on meanwhile (kvferry/manager.h: the lock is not held while it waits).
+  // close() waits for it (the handle must not outlive the manager).
   const KVTransferError e{room, code, reason, self_, true, monotonic_ns()};  // the fallback
-  return r->sender ? r->sender->fail_from_agreement(e, wait_ms) : r->receiver->fail_from_agreement(e, wait_ms);
+  KVTransferError out = sender ? sender->fail_from_agreement(e, wait_ms) : receiver->fail_from_agreement(e, wait_ms);
+  sender.reset();  // a room closed meanwhile is dropped here, while the manager still lives
+  receiver.reset();
+  {
+    std::lock_guard lock(mu_);
+    --agreements_waiting_;
+  }
+  agreements_done_.notify_all();
+  return out;
 }
 
 KVPoll Connector::poll(uint64_t room) {

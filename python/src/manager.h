@@ -20,6 +20,7 @@
 // Thread contract: every method is thread-safe (one mutex here, the manager's own inside); the
 // progress thread never calls into Python.
 #pragma once
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -143,8 +144,10 @@ class Connector {
 
  private:
   struct Room {
-    std::unique_ptr<Sender> sender;
-    std::unique_ptr<Receiver> receiver;
+    // Shared: fail_from_agreement() keeps the handle while it waits for the failure board without
+    // this connector's lock (a close() meanwhile drops the handle once that call is done).
+    std::shared_ptr<Sender> sender;
+    std::shared_ptr<Receiver> receiver;
     uint64_t total_pages = 0;  // sender: from init
     std::vector<uint64_t> next_page;  // sender: per layer, pages sent so far
   };
@@ -155,6 +158,8 @@ class Connector {
   PoolLayout layout_;
   RankId self_;
   std::mutex mu_;
+  std::condition_variable agreements_done_;
+  int agreements_waiting_ = 0;  // fail_from_agreement() calls waiting without mu_ (close() waits)
   std::unique_ptr<kvferry::Manager> m_;
   std::map<uint64_t, Room> rooms_;
   std::map<uint64_t, TransferMetrics> closed_metrics_;  // see metrics(); oldest first in closed_order_

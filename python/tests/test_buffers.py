@@ -26,7 +26,7 @@ def test_numpy_buffers_give_their_addresses_sizes_and_row_sizes():
     assert [d.item_bytes for d in b.of("kv")] == [256] * 6
     assert [(d.item_bytes, d.items) for d in b.of("aux")] == [(8, 8), (48, 8)]
     assert [(d.item_bytes, d.items) for d in b.of("state")] == [(96, 4)]
-    assert b.of("kv")[0].as_tuple() == (kv[0].ctypes.data, 12 * 256, 256, "kv", "host")
+    assert b.of("kv")[0].as_tuple() == (kv[0].ctypes.data, 12 * 256, 256, "kv", "host", 0)
 
 
 def test_buffer_objects_stay_alive_until_release():
@@ -73,8 +73,8 @@ def test_pointer_lists_as_kv_args_carries_them():
         state_data_ptrs=[], state_data_lens=[], state_item_lens=[])
     b = kvferry.from_kv_args(args)
     assert [d.as_tuple() for d in b.descs] == [
-        (0x10000, 4096, 512, "kv", "host"), (0x20000, 4096, 512, "kv", "host"),
-        (0x30000, 640, 10, "aux", "host"), (0x31000, 64, 1, "aux", "host"), (0x32000, 256, 4, "aux", "host")]
+        (0x10000, 4096, 512, "kv", "host", 0), (0x20000, 4096, 512, "kv", "host", 0),
+        (0x30000, 640, 10, "aux", "host", 0), (0x31000, 64, 1, "aux", "host", 0), (0x32000, 256, 4, "aux", "host", 0)]
     assert [d.items for d in b.descs] == [8, 8, 64, 64, 64]
     # A KVArgs without state fields at all, and device pointers.
     del args.state_data_ptrs, args.state_data_lens, args.state_item_lens
@@ -96,7 +96,7 @@ def test_bad_pointer_lists_are_named():
     kv, _, _ = engine_arrays()
     with pytest.raises(ValueError, match="kv: give buffer objects or pointers, not both"):
         kvferry.describe_buffers(kv, kv_ptrs=[1], kv_lens=[8], kv_item_lens=[8])
-    with pytest.raises(ValueError, match="kv: buffer objects are host memory; give cuda buffers as pointers"):
+    with pytest.raises(ValueError, match=r"kv\[0\] is host memory, not cuda"):
         kvferry.describe_buffers(kv, memory="cuda")
 
 

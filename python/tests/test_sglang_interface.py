@@ -244,16 +244,22 @@ def test_decode_needs_deferred_release_and_no_decode_prefix(host_env, monkeypatc
         ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, ServerArgs(), False)
 
 
-def test_device_memory_without_cuda_ucx_fails_at_construction(host_env, monkeypatch):
-    """KVArgs pointers said to be device memory: on a UCX build without CUDA support (Debian's)
-    construction fails naming the UCX support needed; with it, the memory registers."""
+def test_device_memory_on_gpu_id_is_refused_at_construction_without_a_gpu(host_env, monkeypatch):
+    """KVArgs' KV pointers as device memory on KVArgs.gpu_id, aux rows on the host (the backend's
+    defaults): the gpu_id reaches registration, and memory this machine cannot back as device memory
+    of that GPU (here: host arrays; no GPU, or a kvferry without CUDA) fails construction naming the
+    buffer, its device and why (docs/gpu.md)."""
     monkeypatch.setenv("KVFERRY_KV_MEMORY", "cuda")
+    monkeypatch.delenv("KVFERRY_AUX_MEMORY", raising=False)
     server = ks.KVBootstrapServer("127.0.0.1", 0)
     sargs = ServerArgs(disaggregation_bootstrap_port=server.port)
-    try:
-        m = ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
-    except (RuntimeError, ValueError) as e:
-        assert "cuda" in str(e).lower(), str(e)
-    else:  # a UCX build with CUDA support: device memory registers, as documented
-        assert m is not None
-        m.close()
+    args = kv_args()
+    args.gpu_id = 3
+    descs = ks.settings.buffer_descs(args)
+    assert {(d.kind, d.memory, d.device) for d in descs} == {("kv", "cuda", 3), ("aux", "host", 0)}
+    with pytest.raises(ValueError, match=r"kv buffer 0 \(cuda device 3\): .*(built without CUDA|no usable CUDA "
+                                         r"device|no such device|not device memory)"):
+        ks.KVManager(args, DisaggregationMode.PREFILL, sargs, False)
+    args.gpu_id = "x"
+    with pytest.raises(ks.UnsupportedConfiguration, match="KVArgs.gpu_id 'x' is not a CUDA device ordinal"):
+        ks.KVManager(args, DisaggregationMode.PREFILL, sargs, False)

@@ -7,6 +7,7 @@
 
 #include "bench/bench.h"
 #include "cli/commands.h"
+#include "cli/memory_option.h"
 #include "core/data_dir.h"
 #include "kvferry/transport.h"
 
@@ -29,6 +30,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--concurrency", cfg->concurrency, "rooms in flight per rank")->capture_default_str();
   cmd->add_option("--rate", cfg->rate, "rooms/s opened (0: as fast as they complete)")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  auto memory = add_memory_option(cmd);
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
@@ -60,7 +62,8 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--work-dir", cfg->work_dir, "rank files and logs (default: <out dir>/bench-work)");
   cmd->add_option("--timeout-s", cfg->timeout_s, "ranks ready within, and done this long after the window")
       ->capture_default_str();
-  cmd->callback([cfg] {
+  cmd->callback([cfg, memory] {
+    if (const int m = check_memory_kind("bench", *memory, std::cerr); m != 0) throw CLI::RuntimeError(m);
     const int rc = bench::run_bench(*cfg, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

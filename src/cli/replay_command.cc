@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "cli/commands.h"
+#include "cli/memory_option.h"
 #include "core/data_dir.h"
 #include "kvferry/deadlines.h"
 #include "kvferry/transport.h"
@@ -68,6 +69,7 @@ void add_replay_command(CLI::App& app) {
   }
   cmd->add_option("--seed", cfg->seed, "seed of rooms and faults")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
+  auto memory = add_memory_option(cmd);
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
@@ -99,7 +101,8 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--test-break-rank", cfg->break_rank,
                   "test hook: start this rank (e.g. decode/tp1) with --page-size 0")
       ->group("");  // hidden
-  cmd->callback([cfg, bad_env, progress] {
+  cmd->callback([cfg, bad_env, progress, memory] {
+    if (const int rc = check_memory_kind("replay", *memory, std::cerr); rc != 0) throw CLI::RuntimeError(rc);
     cfg->progress = *progress == "auto" ? (::isatty(STDERR_FILENO) ? "bar" : "lines") : *progress;
     if (!bad_env->empty()) {
       std::cerr << "kvferry replay: " << bad_env->front() << " is not a positive integer (ms)\n";

@@ -289,7 +289,8 @@ class DecodeEndpoint {
   // knows (e.g. taken from a bootstrap entry stamped ahead by a liar: attack 2d); keys: peers_ keys.
   PeerChallenges ownership_checks_;
   RateLimit restart_probes_{5.0, 5.0};       // connects to a dead source's old endpoint
-  RateLimit quarantine_probes_{5.0, 5.0};    // the same, for quarantined rooms (decode_quarantine.cc)
+  RateLimit quarantine_probes_{1.0, 1.0};    // the same, for quarantined rooms (decode_quarantine.cc): a
+                                             // probe of a host that is gone blocks the tick up to 20 ms
   RateLimit challenge_answers_{10.0, 20.0};  // answers to sources' challenges
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).

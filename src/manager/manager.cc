@@ -24,6 +24,11 @@ Status bad(std::string what) { return {ErrorCode::kInvalidArgument, std::move(wh
 // at most this long: long enough for an origin's post that races the engine's agreement, short
 // enough that many rooms whose records never come do not stall the engine.
 constexpr int64_t kBoardQuietWaitMs = 25;
+// The shortest timeout of one try of a wait (its last tries), and the timeout of the one look of a
+// room that failed here (wait 0: a loaded host answers slowly, and that look decides which of two
+// independent failures is the root cause).
+constexpr int64_t kBoardTryMinMs = 25;
+constexpr int64_t kBoardLookMs = 200;
 
 }  // namespace
 
@@ -397,30 +402,37 @@ std::string ManagerImpl::board_address() const {
 std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_ms) {
   const std::string address = board_address();
   if (address.empty()) return std::nullopt;
+  const bool waits = wait_ms > 0;  // an agreement-only rank's wait (not the one look of a failed room)
   int64_t now = monotonic_ns();
   if (now < board_quiet_until_ns_.load()) wait_ms = std::min<int64_t>(wait_ms, kBoardQuietWaitMs);
   wait_ms = std::max<int64_t>(wait_ms, 0);
   const int64_t deadline = now + wait_ms * 1'000'000;
-  // Each call may take up to 200 ms (a loaded host answers slowly; a single look must not give up
-  // on a board that holds the record), at most 1 s.
-  BootstrapClient client(address, static_cast<int>(std::clamp<int64_t>(wait_ms, 200, 1000)));
   int64_t pause_ms = 1;
   bool answered = false;
   for (;;) {
+    // Each try of a wait is bounded by what is left of it (at least kBoardTryMinMs, at most 1 s):
+    // a board that does not answer holds the caller about wait_ms, not a fixed floor per try.
+    const int64_t left_ms = std::max<int64_t>(0, (deadline - monotonic_ns()) / 1'000'000);
+    const int64_t try_ms = waits ? std::clamp<int64_t>(left_ms, kBoardTryMinMs, 1000) : kBoardLookMs;
+    BootstrapClient client(address, static_cast<int>(try_ms));
     Result<std::optional<Failure>> r = client.lookup_failure(room);
     if (r.ok() && *r) {
-      vain_lookups_.store(0);
-      board_quiet_until_ns_.store(0);  // the board answers with records: full waits again
+      if (waits) {  // records come for rooms this rank waits for: full waits again
+        vain_lookups_.store(0);
+        board_quiet_until_ns_.store(0);
+      }
       return **r;
     }
     if (r.ok()) {
       answered = true;
     } else {
       // Not an answer (a timeout on a loaded host, a refused connection while the service
-      // restarts): asked again until the wait is over, as a missing record is.
+      // restarts): asked again until the wait is over, as a missing record is. A refusal of this
+      // rank's secret (401/403) will not change: no more tries.
       log_event(LogLevel::kDebug, "manager",
                 fmt::format("room {}: the failure board at {} did not answer: {}", room, address, r.status().str()),
                 {.room = room});
+      if (bootstrap::not_authorized(r.status())) break;
     }
     now = monotonic_ns();
     if (now + pause_ms * 1'000'000 > deadline) break;
@@ -430,7 +442,8 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
   // A wait in vain: a board that never answered, or kVainLookupsBeforeQuiet waits in a row whose
   // record never came (an engine whose failures are never posted), shortens the next waits; one
   // vain wait alone does not (a post that was merely late on a busy host).
-  if (wait_ms > kBoardQuietWaitMs && (!answered || vain_lookups_.fetch_add(1) + 1 >= kVainLookupsBeforeQuiet))
+  if (waits && wait_ms > kBoardQuietWaitMs &&
+      (!answered || vain_lookups_.fetch_add(1) + 1 >= kVainLookupsBeforeQuiet))
     board_quiet_until_ns_.store(monotonic_ns() + kBoardQuietNs);
   return std::nullopt;
 }

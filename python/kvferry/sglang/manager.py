@@ -4,8 +4,10 @@ SGLang's scheduler builds a ``KVArgs``, sets its fields and hands it to
 ``KVManager(args, disaggregation_mode, server_args, is_mla_backend)``. The manager checks the setup
 (settings.check_supported: unsupported features fail here, naming the setting), derives kvferry's
 geometry from the KV item lengths, and builds the rank: KV, aux and state buffers go from the
-KVArgs pointers and item lengths straight into kvferry's buffer registration (device memory needs
-a UCX build with CUDA support; kvferry refuses it here otherwise, naming the UCX support needed).
+KVArgs pointers and item lengths straight into kvferry's buffer registration, device memory on
+KVArgs.gpu_id (docs/gpu.md: without a usable GPU, or with a pointer that is not device memory of
+that GPU, construction fails naming the buffer and why; past that, moving device memory needs a UCX
+with CUDA support, and kvferry refuses it here otherwise).
 
 Prefill: one kvferry manager, registered at the engine's bootstrap service (kvferry's rank route)
 and, in SGLang's shape, by ``register_to_bootstrap()``. Decode: one kvferry manager per prefill

@@ -171,13 +171,31 @@ def geometry_of(kv_args, server_args, is_mla: bool, par: Parallel) -> Geometry:
                     page_size)
 
 
+def gpu_id_of(kv_args) -> int:
+    """KVArgs.gpu_id: the CUDA device this rank's device buffers are on (SGLang's scheduler sets it
+    to the ordinal it passes to torch.cuda.set_device; 0 where it is not set)."""
+    v = getattr(kv_args, "gpu_id", None)
+    if v is None:
+        return 0
+    try:
+        g = int(v)
+    except (TypeError, ValueError):
+        g = -1
+    if g < 0:
+        raise UnsupportedConfiguration(f"KVArgs.gpu_id {v!r} is not a CUDA device ordinal")
+    return g
+
+
 def buffer_descs(kv_args) -> list:
-    """KVArgs' KV, aux and state pointers as kvferry BufferDescs (memory kinds from the environment)."""
+    """KVArgs' KV, aux and state pointers as kvferry BufferDescs (memory kinds from the environment;
+    device memory on KVArgs.gpu_id)."""
     def kind(name: str) -> str:
         v = env(name)
         if v not in ("host", "cuda"):
             raise UnsupportedConfiguration(f"{name}={v!r}: use 'host' or 'cuda'")
         return v
+
+    gpu_id = gpu_id_of(kv_args)
 
     def flat(v):
         out = []
@@ -197,7 +215,7 @@ def buffer_descs(kv_args) -> list:
         for i, (p, n, item) in enumerate(zip(ptrs, lens, items)):
             if p <= 0 or n <= 0 or item <= 0 or item > n:
                 raise UnsupportedConfiguration(f"KVArgs: {k}[{i}] has address {p:#x}, {n} bytes, item {item}")
-            descs.append(BufferDesc(p, n, item, k, mem))
+            descs.append(BufferDesc(p, n, item, k, mem, gpu_id if mem == "cuda" else 0))
     return descs
 
 
