@@ -81,7 +81,7 @@ Status validate(BenchConfig& c) {
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.page_order != "sequential" && c.page_order != "random")
     return invalid("--page-order must be sequential or random");
-  if (c.memory != "pool" && c.memory != "engine") return invalid("--memory must be pool or engine");
+  if (c.memory != "pool" && c.memory != "engine") return invalid("memory must be pool (--memory host) or engine");
   if (c.tokens == 0) return invalid("--tokens must be > 0");
   if (c.chunk_tokens < c.page_size) return invalid("--chunk-tokens must be at least one page");
   if (c.concurrency < 1 || c.concurrency > 4096) return invalid("--concurrency must be in 1..4096");
