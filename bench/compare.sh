@@ -18,7 +18,7 @@
 #   6. failure path: `kvferry replay` with per-room faults on 1+1 and 4+4 (fault -> every rank
 #      Failed, p50/p99 from report.json faults[]), and a SIGKILLed prefill rank (detection ms)
 #   1b. a 4096-token room at concurrency 1 through the vLLM connector (bench/vllm_room_gbps.py)
-#      and `kvferry bench` (same geometry, 16-token pages), tcp and shm
+#      and `kvferry bench` (same geometry, 16-token pages; on its pool and --memory engine), tcp and shm
 #   8. layer-wise streaming: the same 1+1 shm run with a per-layer compute model, without and
 #      with --layerwise (transfer tail after the last layer's compute)
 # Raw results: OUT/*.json, OUT/*.csv; summary: OUT/summary.json. The LAST line printed is
@@ -87,11 +87,14 @@ kv_bench() {  # OUT_NAME ARGS...
 # A 4096-token room of Llama-3.1-8B (block size 16: 512 MiB) at concurrency 1, through the vLLM
 # connector (bench/vllm_room_gbps.py: fake-vLLM prefill and decode engines as processes) and
 # through the C++ API (`kvferry bench`, 16-token pages, 1 transfer shard as the connector's
-# default); summarize.py prints both (issue 33).
+# default), on kvferry's pool and on engine buffers (--memory engine: one buffer per layer tensor,
+# vLLM's kind of memory; docs/vllm.md "Throughput"); summarize.py prints them (issue 33, 33c).
 step "4096-token rooms, concurrency 1: kvferry.vllm and the C++ API, tcp and shm"
 for tr in tcp shm; do
   kv_bench "room4096_cpp_$tr" --tokens "$TOKENS" --page-size 16 --concurrency 1 --transport "$tr" \
     --duration "$DUR"
+  kv_bench "room4096_cpp_engine_$tr" --tokens "$TOKENS" --page-size 16 --concurrency 1 --transport "$tr" \
+    --duration "$DUR" --memory engine
   PYTHONPATH="$BUILD/python" "$PY" "$(dirname "$0")/vllm_room_gbps.py" --transport "$tr" \
     --json "$OUT/vllm_room_gbps_$tr.json" || echo "compare.sh: vllm_room_gbps.py $tr failed" >&2
 done

@@ -199,14 +199,15 @@ def main():
     # bench) and the vLLM connector (vllm_room_gbps_*.json), GB/s.
     big = {}
     for tr in ("tcp", "shm"):
-        try:
-            j = load(os.path.join(out, f"room4096_cpp_{tr}.json"))
-            # the window's GB/s, and one room's bytes over decode's median room latency
-            room_b = j["bytes"] / max(1, j["rooms"])
-            big[f"cpp_{tr}"] = {"gb_per_s": j["gb_per_s"], "room_ms_p50": j["room_latency_ms"]["p50"],
-                                "room_gb_per_s": room_b / 1e6 / j["room_latency_ms"]["p50"]}
-        except (OSError, ValueError, KeyError):
-            print(f"summarize.py: no room4096_cpp_{tr}.json", file=sys.stderr)
+        for mem in ("", "engine_"):  # kvferry's pool; engine buffers (--memory engine, vLLM's memory)
+            try:
+                j = load(os.path.join(out, f"room4096_cpp_{mem}{tr}.json"))
+                # the window's GB/s, and one room's bytes over decode's median room latency
+                room_b = j["bytes"] / max(1, j["rooms"])
+                big[f"cpp_{mem}{tr}"] = {"gb_per_s": j["gb_per_s"], "room_ms_p50": j["room_latency_ms"]["p50"],
+                                         "room_gb_per_s": room_b / 1e6 / j["room_latency_ms"]["p50"]}
+            except (OSError, ValueError, KeyError):
+                print(f"summarize.py: no room4096_cpp_{mem}{tr}.json", file=sys.stderr)
         try:
             j = load(os.path.join(out, f"vllm_room_gbps_{tr}.json"))
             big[f"vllm_{tr}"] = {k: j[k] for k in ("gb_per_s", "gb_per_s_min", "gb_per_s_max", "room_ms_p50")}
@@ -262,12 +263,15 @@ def main():
         print(f"one-page room, concurrency 1, {k.replace('_', ' ')}: p50 {v.get('p50_us', nan):.0f} "
               f"p90 {v.get('p90_us', nan):.0f} p99 {v.get('p99_us', nan):.0f} max {v.get('max_us', nan):.0f} us")
     for tr in ("tcp", "shm"):
-        c, v = s["room_4096_gb_per_s"].get(f"cpp_{tr}", {}), s["room_4096_gb_per_s"].get(f"vllm_{tr}", {})
+        big = s["room_4096_gb_per_s"]
+        c, e, v = big.get(f"cpp_{tr}", {}), big.get(f"cpp_engine_{tr}", {}), big.get(f"vllm_{tr}", {})
         if c or v:
-            cg, vg = c.get("gb_per_s", nan), v.get("gb_per_s", nan)
+            cg, eg, vg = c.get("gb_per_s", nan), e.get("gb_per_s", nan), v.get("gb_per_s", nan)
             print(f"4096-token room, concurrency 1, {tr}: C++ API {cg:.3f} GB/s (per room "
-                  f"{c.get('room_gb_per_s', nan):.3f}, p50 {c.get('room_ms_p50', nan):.0f} ms), vLLM connector "
-                  f"{vg:.3f} GB/s (p50 {v.get('room_ms_p50', nan):.0f} ms); connector/C++ {vg / cg if cg > 0 else nan:.3f}")
+                  f"{c.get('room_gb_per_s', nan):.3f}, p50 {c.get('room_ms_p50', nan):.0f} ms), on engine buffers "
+                  f"{eg:.3f} GB/s (p50 {e.get('room_ms_p50', nan):.0f} ms), vLLM connector "
+                  f"{vg:.3f} GB/s (p50 {v.get('room_ms_p50', nan):.0f} ms); connector/C++ {vg / cg if cg > 0 else nan:.3f}, "
+                  f"connector/C++ on engine buffers {vg / eg if eg > 0 else nan:.3f}")
     lw = s.get("layerwise_tail_ratio", float("nan"))
     print(f"shm_vs_memcpy={s['shm_vs_memcpy']['median']:.3f} shm_vs_ucx_perftest={s['shm_vs_ucx_perftest']['median']:.3f} "
           f"tcp_vs_ucx_perftest={s['tcp_vs_ucx_perftest']['median']:.3f} frag_4k_vs_memcpy={s['frag_4k_vs_memcpy']:.3f} "

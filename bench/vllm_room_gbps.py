@@ -91,9 +91,12 @@ def engine_main(role, conn, transport, port, tokens):
         worker.start_load_kv(None)
         for rid in opening:
             timing[rid] = t0
-        for n in names:
-            worker.wait_for_layer_load(n)
-            worker.save_kv_layer(n, caches[n], None)
+        if so.num_scheduled_tokens:  # a forward pass: the attention layers' hooks
+            for n in names:
+                worker.wait_for_layer_load(n)
+                worker.save_kv_layer(n, caches[n], None)
+        # else vLLM's no-forward step (kv_connector_model_runner_mixin.py kv_connector_no_forward:
+        # no layer hooks), which a decode engine waiting for remote KV runs back to back
         worker.wait_for_save()
         kvo = KVConnectorOutput()
         kvo.finished_sending, kvo.finished_recving = worker.get_finished(so.finished_req_ids)

@@ -79,6 +79,13 @@ struct BenchConfig {
   // as soon as decode is ready.
   double prefill_ms_per_layer = 0;
   bool layerwise = false;          // send each layer as its compute ends, not the room after the last
+  // "pool" (--memory host): each rank's KV in one pool kvferry allocates (over shm a UCX-mapped
+  // region: a put is the writer's memcpy into the peer's mapping); "engine": one buffer per layer
+  // tensor that the rank allocates itself and registers (ManagerConfig::buffers), as vLLM's
+  // per-layer tensors are (over shm UCX cannot map such memory into the peer: writes go as UCX
+  // messages copied by the receiver; docs/transport.md "Direct copies over shm", docs/vllm.md
+  // "Throughput").
+  std::string memory = "pool";
   std::string out;                 // JSON result path ("" : none)
   std::string work_dir;            // ready/go/rank files and rank logs; default: <out dir>/bench-work
   std::string exe;                 // kvferry executable for the ranks; default: this process's
@@ -107,6 +114,7 @@ struct BenchRankOptions {
   std::string page_order = "sequential";
   double prefill_ms_per_layer = 0;
   bool layerwise = false;
+  std::string memory = "pool";     // BenchConfig::memory
   double timeout_s = 120;
 };
 

@@ -18,6 +18,10 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
   const PoolLayout& layout = m.layout();
   const size_t want_peers = dests_of(plan, o.tp_rank).size();
   PageAllocator staging(layout.num_pages);
+  // One aux row per open room, as an engine gives each request its own: a room's guard record is
+  // staged in its row until written, which a write that reads its source later (a UCX put not
+  // copied at once: engine buffers over shm, --memory engine) would otherwise see overwritten.
+  PageAllocator aux_rows(layout.aux_slots);
   const uint64_t room_pages = layout.pages_for(o.tokens);
   const uint64_t chunk_pages = std::max<uint64_t>(1, o.chunk_tokens / o.page_size);
   // The compute model (prefill_compute.h): a room's pages stay staged from its forward pass until
@@ -33,6 +37,7 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
     std::unordered_map<uint64_t, std::vector<uint64_t>> out;  // sends not ended -> their staging pages
     bool queued = false;            // compute model: in the forward-pass queue
     std::vector<uint64_t> pages;    // compute model: the room's staged pages
+    uint64_t aux = 0;               // its aux row
     int64_t compute_end = 0;        // compute model: its last layer's compute ended
   };
   std::map<uint64_t, Open> open;
@@ -81,13 +86,16 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
       return std::all_of(open.begin(), open.end(), [](const auto& kv) { return kv.second.asked; });
     };
     while (now >= go->start && open.size() < o.concurrency && (!after || all_asked())) {
+      auto row = aux_rows.alloc(1);
+      if (!row) break;  // every row is held by an open room (more open rooms than rows)
       auto s = m.sender(next_room);
       if (!s.ok()) return fail_start("sender(): " + s.status().str());
       Open& r = open[next_room];
       r.s = std::move(*s);
+      r.aux = (*row)[0];
       // init() at once, before decode's metadata (the API allows either order; SGLang's is after
       // WaitingForInput): the room's writes then start in the progress step the metadata arrives.
-      Status st = r.s->init(room_pages, 0, o.tokens);
+      Status st = r.s->init(room_pages, r.aux, o.tokens);
       if (!st.ok()) return fail_start("init(): " + st.str());
       if (want_peers == 0) {  // our heads go to no decode rank: conclude without writing
         r.first_send = now;
@@ -148,6 +156,7 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
         run.record({id, r.first_send, monotonic_ns(), r.s->metrics().bytes, r.compute_end});
         for (auto& [n, pages] : r.out) staging.free(pages);
         staging.free(r.pages);
+        aux_rows.free({r.aux});
         it = open.erase(it);  // the Sender releases the room
         continue;
       }
@@ -155,6 +164,7 @@ int run_prefill(const BenchRankOptions& o, Manager& m, const std::vector<HeadTra
         // A room no decode rank asked for fails when decode exits after the window: not a failure.
         if (r.asked) ++failed;
         staging.free(r.pages);
+        aux_rows.free({r.aux});
         it = open.erase(it);
         continue;
       }

@@ -1,7 +1,10 @@
 // One `kvferry bench-rank` process (bench.h describes the protocol). The rank is a caller-pumped
 // Manager (kvferry/manager.h) driven only through the public Sender/Receiver (bench_loops.cc).
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "bench/bench.h"
 #include "bench/bench_loops.h"
@@ -39,8 +42,30 @@ int run_bench_rank(const BenchRankOptions& o) {
   mc.peer_tp_size = o.peer_tp_size;
   mc.model = m;
   mc.page_size = o.page_size;
-  mc.pool_bytes = pool_bytes;
   mc.aux_rows = aux_slots;
+  // --memory engine: one buffer per layer tensor, allocated here (private memory, as an engine's
+  // tensors are) and registered as engine buffers; kvferry keeps the aux rows. Freed after the
+  // manager (declared first, destroyed last).
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  std::vector<std::unique_ptr<void, Free>> engine;
+  if (o.memory == "engine") {
+    const uint64_t bytes = pages * probe->page_bytes();
+    for (uint32_t b = 0; b < probe->num_buffers(); ++b) {
+      void* p = nullptr;
+      if (posix_memalign(&p, 4096, bytes) != 0) return fail_start("out of memory for the engine buffers");
+      engine.emplace_back(p);
+      std::memset(p, 0, bytes);  // resident, as an engine's KV cache is
+      BufferDesc d;
+      d.address = reinterpret_cast<uint64_t>(p);
+      d.bytes = bytes;
+      d.item_bytes = probe->page_bytes();
+      mc.buffers.push_back(d);
+    }
+  } else {
+    mc.pool_bytes = pool_bytes;
+  }
   mc.bootstrap_address = o.bootstrap;
   mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
@@ -50,7 +75,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   auto manager = Manager::create(mc);
   if (!manager.ok()) return fail_start(manager.status().str());
   // Touch the whole pool once: KV pages are resident in serving; page faults are not transfer cost.
-  std::memset((*manager)->pool_base(), 0, (*manager)->layout().total_bytes());
+  if (engine.empty()) std::memset((*manager)->pool_base(), 0, (*manager)->layout().total_bytes());
   if (o.prefill) return run_prefill(o, **manager, *plan, name);
   return run_decode(o, **manager, name);
 }

@@ -30,7 +30,15 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--concurrency", cfg->concurrency, "rooms in flight per rank")->capture_default_str();
   cmd->add_option("--rate", cfg->rate, "rooms/s opened (0: as fast as they complete)")->capture_default_str();
   cmd->add_option("--transport", cfg->transport, "shm or tcp")->capture_default_str();
-  auto memory = add_memory_option(cmd);
+  // --memory: replay's host|cuda (memory_option.h) plus engine; host is kvferry's pool
+  // (BenchConfig::memory "pool"), cuda is refused before anything starts.
+  auto memory = std::make_shared<std::string>("host");
+  cmd->add_option("--memory", *memory,
+                  "host: each rank's KV in one pool kvferry allocates (\"pool\" in the result JSON); engine: "
+                  "one host buffer per layer tensor allocated by the rank and registered, as vLLM's "
+                  "per-layer tensors; cuda: GPU memory (not built yet: refused with the reason, docs/gpu.md)")
+      ->check(CLI::IsMember({"host", "engine", "cuda"}))
+      ->capture_default_str();
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
@@ -59,6 +67,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cmd->callback([cfg, memory] {
     if (const int m = check_memory_kind("bench", *memory, std::cerr); m != 0) throw CLI::RuntimeError(m);
+    cfg->memory = *memory == "engine" ? "engine" : "pool";
     const int rc = bench::run_bench(*cfg, std::cout, std::cerr);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
@@ -88,6 +97,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--page-order", o->page_order)->check(CLI::IsMember({"sequential", "random"}));
   r->add_option("--prefill-ms-per-layer", o->prefill_ms_per_layer);
   r->add_option("--layerwise", o->layerwise);
+  r->add_option("--memory", o->memory)->check(CLI::IsMember({"pool", "engine"}));
   r->add_option("--timeout-s", o->timeout_s);
   r->callback([o, role] {
     o->prefill = *role == "prefill";

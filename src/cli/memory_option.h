@@ -1,4 +1,5 @@
-// `--memory host|cuda` of `kvferry replay` and `kvferry bench` (docs/gpu.md, "The CLI"). Device
+// `--memory host|cuda` of `kvferry replay` (docs/gpu.md, "The CLI"; `kvferry bench` takes
+// host|engine|cuda, bench_command.cc, and refuses cuda with check_memory_kind). Device
 // memory pools are not built yet (issue 32 items 6 and 9): `--memory cuda` is checked before
 // anything starts and refused with the reason, the machine's first (no CUDA in this build, no
 // usable GPU), else that the pools are not built. Header-only: cli/*_command.cc are the CLI's files.

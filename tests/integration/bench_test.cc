@@ -106,6 +106,35 @@ TEST_F(BenchTest, ComputeModelLayerwiseReportsTheTransferTail) {
   EXPECT_LE(j.at("completed_bytes").get<uint64_t>(), rooms * (128 * 131072 + 64));
 }
 
+TEST_F(BenchTest, EngineMemoryMovesWholeRoomsOverShmAndTcp) {
+  // --memory engine: each rank's KV as per-layer buffers it allocates and registers (vLLM's per-layer
+  // tensors; docs/vllm.md "Throughput"), not kvferry's pool. Every counted room still moves its whole
+  // KV over both transports, and over shm the KV is no longer shared memory (the pool's is).
+  constexpr uint64_t kRoomBytes = 128ull * 131072;
+  for (const char* transport : {"shm", "tcp"}) {
+    const fs::path out = dir_ / (std::string(transport) + "_engine.json");
+    CliRun r = run_cli({"bench", "--model", "Llama-3.1-8B", "--tokens", "128", "--page-size", "16", "--concurrency",
+                        "2", "--transport", transport, "--duration", "1.5", "--warmup", "1", "--memory", "engine",
+                        "--out", out.string()},
+                       dir_ / (std::string(transport) + "_cli.txt"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(", engine buffers:"), std::string::npos) << r.output;
+    json j = json::parse(slurp(out));
+    EXPECT_EQ(j.at("config").at("memory").get<std::string>(), "engine");
+    const uint64_t rooms = j.at("rooms").get<uint64_t>();
+    ASSERT_GT(rooms, 0u) << transport;
+    EXPECT_EQ(j.at("failed").get<uint64_t>(), 0u);
+    EXPECT_GE(j.at("completed_bytes").get<uint64_t>(), rooms * kRoomBytes);
+    EXPECT_LE(j.at("completed_bytes").get<uint64_t>(), rooms * (kRoomBytes + 64));
+    for (const json& rank : j.at("ranks")) {
+      EXPECT_LT(rank.at("rss_end").at("shmem_kib").get<uint64_t>() * 1024, 2 * kRoomBytes) << rank.dump();
+    }
+  }
+  CliRun bad = run_cli({"bench", "--memory", "gpu", "--duration", "1"}, dir_ / "bad.txt");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;  // CLI11 refuses it (exit 105)
+  EXPECT_NE(bad.output.find("--memory"), std::string::npos) << bad.output;
+}
+
 TEST_F(BenchTest, BadOptionsAreRefusedBeforeAnyRankStarts) {
   CliRun r = run_cli({"bench", "--model", "No-Such-Model", "--duration", "1", "--out", (dir_ / "b.json").string()},
                      dir_ / "cli.txt");

@@ -124,6 +124,9 @@ Result<ucp_context_h> UcxTransport::create_context(const TransportOptions& optio
   if (s != UCS_OK) return ucx_error(ErrorCode::kInternal, "ucp_config_read", s);
   std::string tls = tls_for(options);
   s = ucp_config_modify(config, "TLS", tls.c_str());
+  if (s == UCS_OK && options.kind == TransportKind::kShm) {
+    s = ucp_config_modify(config, "MM_SEG_SIZE", std::to_string(kShmSegSize).c_str());
+  }
   if (s == UCS_OK && std::getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) {
     s = ucp_config_modify(config, "KEEPALIVE_INTERVAL", kDefaultKeepaliveInterval);
   }

@@ -6,8 +6,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -400,6 +402,44 @@ TEST(UcxShmTest, RegionIsResidentOnceCreated) {
   EXPECT_GE(rss_kib(), before + kBytes / 1024 - 1024);  // every page resident
   const TransportStats s = t.value()->stats();
   EXPECT_EQ(s.locked_bytes + s.unlocked_bytes, kBytes);
+}
+
+// Issue 33c: the shm transport sets UCX's shared-memory fragment size itself (ucx_config.h
+// kShmSegSize), so the environment's does not reach it. With 65536 in the environment UCX 1.13
+// lost the bytes of puts into caller-owned memory (the 16-bit fragment length wrapped) and still
+// reported Success; here every byte must land.
+TEST(UcxShmSegSize, TheEnvironmentsSegmentSizeDoesNotReachTheShmTransport) {
+  struct ScopedEnv {
+    const char* name;
+    std::optional<std::string> was;
+    ScopedEnv(const char* n, const char* v) : name(n) {
+      if (const char* old = std::getenv(n)) was = old;
+      setenv(n, v, 1);
+    }
+    ~ScopedEnv() { was ? setenv(name, was->c_str(), 1) : unsetenv(name); }
+  };
+  ScopedEnv sysv("UCX_SYSV_SEG_SIZE", "65536"), posix("UCX_POSIX_SEG_SIZE", "65536");
+  TransportOptions opt;
+  opt.kind = TransportKind::kShm;
+  auto a = UcxTransport::create(opt);
+  auto b = UcxTransport::create(opt);
+  ASSERT_TRUE(a.ok() && b.ok());
+  constexpr uint64_t kBytes = 4 << 20;  // 128 fragments of 32 KiB, 64 of 64 KiB
+  auto ra = a.value()->create_region(kBytes);
+  std::vector<uint8_t> dst(kBytes, kFill);  // caller-owned: UCX carries puts into it as fragments
+  auto sb = b.value()->register_spans({{dst.data(), kBytes, 0}});
+  ASSERT_TRUE(ra.ok() && sb.ok()) << ra.status().str() << " " << sb.status().str();
+  testing::fill_pattern(ra->base, kBytes);
+  auto id = a.value()->connect(testing::remote_info(*b.value(), sb->front()));
+  ASSERT_TRUE(id.ok()) << id.status().str();
+  std::vector<WriteOp> ops = {{0, 0, kBytes}};
+  ASSERT_TRUE(write_and_wait(*a.value(), *id, 1, ops).ok());
+  std::vector<uint8_t> img = expected_image(kBytes, kFill, ops);
+  size_t wrong = 0;
+  for (uint64_t k = 0; k < kBytes; ++k) wrong += dst[k] != img[k];
+  EXPECT_EQ(wrong, 0u) << "of " << kBytes << " bytes";
+  b.value().reset();  // the transport is gone before the memory it registered
+  a.value().reset();
 }
 
 }  // namespace
