@@ -20,6 +20,7 @@
 //   kv_memory        where this rank's KV buffers live: "host", "cuda" or "host+cuda"
 //   memory_support   the memory kinds this build can move: "host" or "host+cuda"
 //   tp               the TP sizes as both sides see them: "prefill 4 decode 2"
+//   transport        the transport and what both ends of it must size alike ("shm seg 32832", "tcp")
 // Rules: version and min_peer_version are checked as a range each way (ours >= their minimum and
 // theirs >= our minimum); kv_memory is checked against the other side's memory_support (a peer's
 // cuda KV needs a build that moves cuda); memory_support itself is not compared; every other

@@ -73,6 +73,10 @@ std::string compat_bounds_error(const Compat& c) {
     if (f.value.size() > kMaxCompatValueBytes)
       return fmt::format("field {}: a value of {} bytes, more than {}", f.name, f.value.size(), kMaxCompatValueBytes);
     if (!seen.insert(f.name).second) return fmt::format("field {} twice", f.name);
+    // Printable ASCII only: names and values go into log lines and errors as they are.
+    for (const std::string* t : {&f.name, &f.value})
+      for (char ch : *t)
+        if (ch < 0x20 || ch > 0x7e) return fmt::format("field {}: a byte outside printable ASCII", seen.size());
   }
   return {};
 }
@@ -89,7 +93,7 @@ std::optional<CompatMismatch> compat_mismatch(const Compat& ours, const Compat& 
         return CompatMismatch{f.name, fmt::format("{} (accepting {} and later)", f.value, our_min ? *our_min : f.value),
                               value(t)};
       if (!their_min || !at_least(f.value, *their_min))
-        return CompatMismatch{"min_peer_version", f.value, value(their_min)};
+        return CompatMismatch{"min_peer_version", fmt::format("version {}", f.value), value(their_min)};
       continue;
     }
     if (f.name == "min_peer_version" || f.name == "memory_support") continue;

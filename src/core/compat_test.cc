@@ -46,7 +46,7 @@ TEST(Compat, VersionsAreCheckedAsARangeEachWay) {
   // A newer peer that no longer does.
   auto mm = compat_mismatch(base(), with(with(base(), "version", "0.3.0"), "min_peer_version", "0.2.0"));
   ASSERT_TRUE(mm.has_value());
-  EXPECT_EQ(mm->str(), "min_peer_version: ours 0.1.0, theirs 0.2.0");
+  EXPECT_EQ(mm->str(), "min_peer_version: ours version 0.1.0, theirs 0.2.0");
   // An older peer than we accept.
   mm = compat_mismatch(with(with(base(), "version", "0.3.0"), "min_peer_version", "0.2.0"), base());
   ASSERT_TRUE(mm.has_value());
@@ -80,6 +80,10 @@ TEST(Compat, BoundsAreChecked) {
   EXPECT_NE(compat_bounds_error({{"", "v"}}), "");
   EXPECT_NE(compat_bounds_error({{"a", "v"}, {"a", "w"}}), "");
   EXPECT_NE(compat_bounds_error({{"a", std::string(kMaxCompatValueBytes + 1, 'x')}}), "");
+  // Names and values go into log lines as they are: printable ASCII only.
+  EXPECT_NE(compat_bounds_error({{"page_size", "16\n[error] forged"}}), "");
+  EXPECT_NE(compat_bounds_error({{"page_size", "16\x1b[2J"}}), "");
+  EXPECT_NE(compat_bounds_error({{"page\x7f", "16"}}), "");
 }
 
 }  // namespace

@@ -152,10 +152,13 @@ class EndpointCore {
   // and at most one line per peer identity per kIncompatibleLineIntervalNs (a peer that makes up
   // incarnations cannot fill the log; at most kMaxIncompatibleLogged of each kept). Kept by the
   // core: a decode rank's endpoint is rebuilt per prefill instance, the core is not.
-  bool first_incompatible(const RankId& peer, uint64_t incarnation, int64_t now_ns) {
+  // `*new_incarnation`: the incarnation was not seen incompatible here before (what to tell it).
+  bool first_incompatible(const RankId& peer, uint64_t incarnation, int64_t now_ns, bool* new_incarnation = nullptr) {
     if (incompatible_logged_.size() >= kMaxIncompatibleLogged) incompatible_logged_.clear();
     if (incompatible_line_ns_.size() >= kMaxIncompatibleLogged) incompatible_line_ns_.clear();
-    if (!incompatible_logged_.insert({peer, incarnation}).second) return false;
+    const bool fresh_inc = incompatible_logged_.insert({peer, incarnation}).second;
+    if (new_incarnation) *new_incarnation = fresh_inc;
+    if (!fresh_inc) return false;
     auto [it, fresh] = incompatible_line_ns_.try_emplace(peer, now_ns);
     if (!fresh && now_ns - it->second < kIncompatibleLineIntervalNs) return false;
     it->second = now_ns;

@@ -2,6 +2,8 @@
 // entries (kvferry/compat.h; decode_endpoint.h).
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "endpoint/decode_endpoint.h"
 #include "kvferry/log.h"
 
@@ -42,18 +44,35 @@ Status DecodeEndpoint::check_source_compat(const RankId& source, const PrefillRa
   if (!mm) return Status::Ok();
   const std::string why =
       fmt::format("prefill peer {} is incompatible with {}: {}", source.str(), core_.self().str(), mm->str());
-  if (core_.first_incompatible(source, info.incarnation, monotonic_ns())) {
+  bool new_incarnation = false;
+  if (core_.first_incompatible(source, info.incarnation, monotonic_ns(), &new_incarnation))
     log_event(LogLevel::kError, kComp,
               why + " (ours, then the peer's); the rooms it would feed fail with incompatible_peer",
               {.code = std::string(code_name(ErrorCode::kIncompatiblePeer)), .origin = core_.self().str(),
                .extra = {{"peer", source.str()}, {"event", "incompatible_peer"}, {"field", mm->field}}});
-    // Tell the prefill rank too: it reads our fingerprint first, refuses the registration and
-    // logs its own line (prefill_registration.cc admits_compat). The peer is not made ours: no
-    // connection, no heartbeats, its answer is not needed.
+  if (new_incarnation) {
+    // Tell the prefill rank too, once per incarnation: it reads our fingerprint first, refuses the
+    // registration and logs its own line (prefill_registration.cc admits_compat). The peer is not
+    // made ours: no connection, no heartbeats, its answer is not needed.
     Status s = core_.send(info.control_endpoint, make_registration(info.incarnation));
     if (!s.ok()) log_event(LogLevel::kDebug, kComp, fmt::format("registration to {} not sent: {}", source.str(), s.str()));
   }
   return {ErrorCode::kIncompatiblePeer, why};
+}
+
+bool DecodeEndpoint::admit_rediscovered(const RankId& source, const PrefillRankInfo& info) {
+  Status s = check_source_compat(source, info);
+  if (s.ok()) return true;
+  const int64_t now = monotonic_ns();
+  const Failure f{ErrorCode::kIncompatiblePeer, core_.self(), s.message(), now, wall_from_monotonic(now)};
+  refused_[source] = f;
+  std::vector<uint64_t> fed;
+  for (auto& [id, r] : rooms_) {
+    if (r.state.terminal()) continue;
+    if (std::find(r.sources.begin(), r.sources.end(), source) != r.sources.end()) fed.push_back(id);
+  }
+  for (uint64_t id : fed) fail(id, f, /*observed_here=*/false, &source);
+  return false;
 }
 
 }  // namespace kvferry

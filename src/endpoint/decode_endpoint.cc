@@ -138,6 +138,7 @@ void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpo
         std::lock_guard<std::mutex> lock(raw->mu);
         raw->found = info->control_endpoint;
         raw->found_incarnation = info->incarnation;
+        raw->found_info = *info;
         waker->signal();
         return;
       }
@@ -509,10 +510,12 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   for (auto it = rediscovery_.begin(); it != rediscovery_.end();) {
     std::string found;
     uint64_t found_incarnation = 0;
+    PrefillRankInfo info;
     {
       std::lock_guard<std::mutex> lock(it->second->mu);
       found = it->second->found;
       found_incarnation = it->second->found_incarnation;
+      info = it->second->found_info;
     }
     if (found.empty() && dead_peers_.count(it->first)) {
       ++it;
@@ -528,7 +531,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
       auto known = peers_.find(it->first);
       // A newer incarnation registered: the process we presumed dead is gone for sure.
       if (known != peers_.end() && found_incarnation != known->second.incarnation) source_restarted(it->first);
-      (void)send_registration(it->first, found, found_incarnation);
+      if (admit_rediscovered(it->first, info)) (void)send_registration(it->first, found, found_incarnation);
     }
     it = rediscovery_.erase(it);
   }

@@ -95,6 +95,10 @@ class DecodeEndpoint {
   // differs and both values; logged at error once per source incarnation, and the source is sent
   // our registration so it refuses it and logs its own line (decode_compat.cc).
   Status check_source_compat(const RankId& source, const PrefillRankInfo& info);
+  // A source found again by rediscovery: true when its entry's fingerprint matches ours; else its
+  // rooms fail with incompatible_peer (this rank's record, its one line from check_source_compat)
+  // and rooms added later for it fail at once, as for a refusal (decode_compat.cc).
+  bool admit_rediscovered(const RankId& source, const PrefillRankInfo& info);
 
   void on_message(const Message& m);
   // Whether `sender` is a source of this rank in the agreed plan (a prefill rank of engine 0, a TP
@@ -272,6 +276,7 @@ class DecodeEndpoint {
     bool stop = false;
     std::string found;  // new control endpoint, once seen
     uint64_t found_incarnation = 0;
+    PrefillRankInfo found_info;  // the whole entry: its fingerprint is checked before use
   };
 
   EndpointCore& core_;

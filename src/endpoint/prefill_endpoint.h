@@ -288,6 +288,9 @@ class PrefillEndpoint {
   // The record of a destination of `room` (by the plan) refused as incompatible, if any: a sender
   // not init()ed yet fails with it at once (the manager's sender()).
   std::optional<Failure> incompatible_destination(uint64_t room) const;
+  // Counts the decode ranks refused as incompatible so far (the manager then fails its senders
+  // not init()ed yet that are bound for one).
+  uint64_t incompatible_refusals() const { return incompatible_refusals_; }
   // Identities kept in the per-identity maps (peers, registrations, incarnations, connects): the
   // plan bounds them; this caps them whatever the plan (a new identity beyond it is refused).
   static constexpr size_t kMaxPeerIdentities = 4096;
@@ -438,6 +441,7 @@ class PrefillEndpoint {
   // Decode ranks whose last registration was refused, with the refusal's record (until one of
   // theirs is accepted; at most kMaxRefused, oldest rank order dropped first).
   std::map<RankId, Failure> refused_;
+  uint64_t incompatible_refusals_ = 0;
   static constexpr size_t kMaxRefused = 1024;
   // Decode ranks whose transport connect is under way (at most Connector::kMaxInFlight).
   struct PendingConnect {

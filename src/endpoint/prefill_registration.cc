@@ -410,13 +410,17 @@ bool PrefillEndpoint::admits_compat(std::string_view frame) {
   if (!msg.ok() || !std::holds_alternative<PoolRegistration>(*msg)) return true;  // refused as malformed
   const PoolRegistration& r = std::get<PoolRegistration>(*msg);
   const std::string why = fmt::format("incompatible: {}", mm->str());
-  if (registration_for(r.sender) != nullptr) {
-    // That rank has a registration in use here: a frame in its name that does not match is not
+  const uint64_t known = known_incarnation(r.sender);
+  const bool stale = r.incarnation != 0 && known != 0 && r.incarnation < known;
+  const bool future = r.incarnation > static_cast<uint64_t>(realtime_ns()) + kMaxIncarnationSkewNs;
+  if (registration_for(r.sender) != nullptr || stale || future) {
+    // That rank has a registration in use here, or the frame's incarnation is older than one it
+    // registered or beyond the clock skew allowed: a frame in its name that does not match is not
     // believed (anyone who reaches the port may send one without the secret); counted, at debug,
     // and nothing changes. A restarted rank's old registration ends with its death first.
     core_.refuse(Refusal::kIncompatible, r.sender,
-                 fmt::format("pool registration of {} refused, {} registered already: {}", r.sender.str(),
-                             r.sender.str(), why),
+                 fmt::format("pool registration of {} (incarnation {}) not believed: {}", r.sender.str(),
+                             r.incarnation, why),
                  /*quiet=*/true);
     return false;
   }
@@ -431,6 +435,7 @@ bool PrefillEndpoint::admits_compat(std::string_view frame) {
                .extra = {{"peer", r.sender.str()}, {"event", "incompatible_peer"}, {"field", mm->field}}});
   refuse(r, why, ErrorCode::kIncompatiblePeer);
   if (r.sender.role != Role::kDecode) return false;
+  ++incompatible_refusals_;
   const Failure f = refused_.at(r.sender);
   std::vector<uint64_t> bound;
   for (auto& [id, room] : rooms_) {

@@ -4,6 +4,7 @@
 
 #include "device/device_copy.h"
 #include "kvferry/messages.h"
+#include "transport/ucx/ucx_config.h"
 
 namespace kvferry {
 
@@ -32,6 +33,9 @@ Compat compat_of(const ManagerConfig& c, const MemoryShape& shape, uint32_t pref
       {"kv_memory", kv_memory},
       {"memory_support", device::built_with_cuda() ? "host+cuda" : "host"},
       {"tp", fmt::format("prefill {} decode {}", prefill_tp, decode_tp)},
+      // Both ends of a shm connection must size UCX's fragments alike (ucx_config.h kShmSegSize:
+      // UCX's worker address does not carry it, and a larger writer crashes the receiver).
+      {"transport", c.transport == "shm" ? fmt::format("shm seg {}", ucx::kShmSegSize) : c.transport},
   };
 }
 

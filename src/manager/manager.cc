@@ -228,6 +228,15 @@ void ManagerImpl::progress_control(bool drain_waker) {
     if (prefill_) prefill_->on_message(*msg);
     else decode_->on_message(*msg);
   }
+  if (prefill_ && prefill_->incompatible_refusals() != incompatible_seen_) {
+    // A decode rank refused as incompatible: senders not init()ed yet bound for it fail now.
+    incompatible_seen_ = prefill_->incompatible_refusals();
+    for (auto& [id, r] : rooms_) {
+      if (r.initialized || r.early_failure) continue;
+      if (std::optional<Failure> f = prefill_->incompatible_destination(id); f && !open_sender_for_failure(id, r, *f, false))
+        r.early_failure = KVTransferError::from(id, *f, true);
+    }
+  }
 }
 
 void ManagerImpl::progress_events() {

@@ -91,6 +91,11 @@ TEST(ManagerCompat, APageSizeMismatchIsRefusedOnBothSidesOnceNamingTheFieldAndBo
   dc.deadlines = notice_only();
   auto d = Manager::create(dc);
   ASSERT_TRUE(d.ok()) << d.status().str();
+  // A sender prefill opened before the refusal and has not init()ed (SGLang's order): it must not
+  // wait for its bootstrap deadline (an hour here).
+  auto early = p.m->sender(6);
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ((*early)->poll(), KVPoll::Bootstrapping);
   // Each room's receiver names the prefill instance (SGLang's decode does): refused each time.
   for (uint64_t room : {7u, 8u}) {
     auto rx = (*d)->receiver(room, p.bootstrap);
@@ -110,6 +115,8 @@ TEST(ManagerCompat, APageSizeMismatchIsRefusedOnBothSidesOnceNamingTheFieldAndBo
   EXPECT_EQ(dl[0].level, LogLevel::kError);
   EXPECT_NE(pl[0].msg.find("page_size: ours 16, theirs 32"), std::string::npos) << pl[0].msg;
   EXPECT_NE(dl[0].msg.find("page_size: ours 32, theirs 16"), std::string::npos) << dl[0].msg;
+  ASSERT_TRUE(eventually([&] { return (*early)->poll() == KVPoll::Failed; }));
+  EXPECT_EQ((*early)->failure()->code, ErrorCode::kIncompatiblePeer);
   // A room prefill opens for that decode rank fails at once with the refusal's record.
   auto tx = p.m->sender(7);
   ASSERT_TRUE(tx.ok());

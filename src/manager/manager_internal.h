@@ -134,6 +134,7 @@ class ManagerImpl final : public Manager {
   std::unique_ptr<EndpointCore> core_;
   std::unique_ptr<PrefillEndpoint> prefill_;
   std::unique_ptr<DecodeEndpoint> decode_;
+  uint64_t incompatible_seen_ = 0;  // PrefillEndpoint::incompatible_refusals() acted on
   int64_t last_inline_ns_ = 0;  // progress_inline()'s last run (guarded by mu_)
   std::string connected_bootstrap_;  // decode: the prefill instance looked up (empty: none yet)
   std::vector<HeadTransfer> plan_;
