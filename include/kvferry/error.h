@@ -28,8 +28,10 @@ enum class ErrorCode : uint16_t {
   kInjected = 9,           // fault injected by a test or replay
   kInvalidArgument = 10,   // a local caller passed something wrong (bad trace line, bad option)
   kInternal = 11,          // a bug or an unexpected system error
+  // 12 is reserved (another branch's incompatible_peer): code_from_int(12) is nullopt until then.
+  kIntegrityError = 13,    // decode: the bytes that landed do not match the source's digest
 };
-constexpr int kMaxErrorCode = 11;
+constexpr int kMaxErrorCode = 13;
 
 // snake_case names used in logs and reports: "transfer_error", "peer_unreachable", ...
 std::string_view code_name(ErrorCode c);

@@ -12,6 +12,8 @@ constexpr std::array<std::string_view, kMaxErrorCode + 1> kCodeNames = {
     "ok",      "transfer_error", "peer_unreachable", "bootstrap_timeout",
     "waiting_timeout", "prealloc_timeout", "aborted", "protocol_error",
     "resource_exhausted", "injected", "invalid_argument", "internal",
+    "",  // 12: reserved (no code yet): no name, code_from_int refuses it
+    "integrity_error",
 };
 
 // Parses a non-empty run of decimal digits (no sign, no leading '+') that fits uint32_t.
@@ -32,11 +34,12 @@ std::optional<uint32_t> parse_u32(std::string_view s) {
 
 std::string_view code_name(ErrorCode c) {
   const auto i = static_cast<size_t>(c);
-  if (i < kCodeNames.size()) return kCodeNames[i];
+  if (i < kCodeNames.size() && !kCodeNames[i].empty()) return kCodeNames[i];
   return "unknown";
 }
 
 std::optional<ErrorCode> code_from_name(std::string_view s) {
+  if (s.empty()) return std::nullopt;
   for (size_t i = 0; i < kCodeNames.size(); ++i) {
     if (kCodeNames[i] == s) return static_cast<ErrorCode>(i);
   }
@@ -44,7 +47,7 @@ std::optional<ErrorCode> code_from_name(std::string_view s) {
 }
 
 std::optional<ErrorCode> code_from_int(int v) {
-  if (v < 0 || v > kMaxErrorCode) return std::nullopt;
+  if (v < 0 || v > kMaxErrorCode || kCodeNames[static_cast<size_t>(v)].empty()) return std::nullopt;
   return static_cast<ErrorCode>(v);
 }
 
