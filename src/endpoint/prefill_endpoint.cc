@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "endpoint/coalesce.h"
+#include "endpoint/integrity.h"
 #include "endpoint/room_list.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
@@ -32,6 +33,8 @@ PrefillEndpoint::PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> p
     : core_(core), plan_(std::move(plan)), decode_dp_(std::max<uint32_t>(1, decode_dp)), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {
   const char* wrong = std::getenv("KVFERRY_TEST_WRONG_HEAD_OFFSET");
   wrong_head_offset_ = wrong && std::string(wrong) == "1";
+  const char* omit = std::getenv("KVFERRY_TEST_OMIT_DIGEST");
+  omit_digest_ = omit && std::string(omit) == "1";
 }
 
 const SenderRoom* PrefillEndpoint::room(uint64_t room) const {
@@ -292,11 +295,16 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       g.head_bytes = head_bytes;
       if (wrong_head_offset_ && t.num_heads > 1) g.rotate_heads = t.num_heads;
       bool whole_rows = g.slice_bytes == g.local_token_bytes && g.slice_bytes == g.remote_token_bytes;
+      const size_t first_op = ops.size();
       if (whole_rows && g.rotate_heads == 0) {
         append_writes(runs, local, remote, ops);
       } else {
         append_slice_writes(runs, local, remote, g, ops);
       }
+      // Integrity: the source bytes are hashed before they are written (endpoint/integrity.h:
+      // one piece per token row slice, whole-row writes cut into rows).
+      if (md.integrity)
+        r.digests[d] += ops_digest(core_.map(), std::span<const WriteOp>(ops).subspan(first_op), g.slice_bytes);
     }
     for (auto& [fd, fops] : finals)
       if (fd == d) ops.insert(ops.end(), fops.begin(), fops.end());
@@ -393,6 +401,10 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
     st.peer_incarnation = incarnation_of(d);
+    st.digest.reset();
+    if (auto md = r.meta.find(d); state == KVPoll::Success && md != r.meta.end() && md->second.integrity &&
+                                  !omit_digest_)
+      st.digest = r.digests[d];  // what was written to it (0 if nothing: its decode expects that too)
     Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));

@@ -86,6 +86,9 @@ struct SenderRoom {
   bool abandoned = false;
   uint64_t bytes = 0;
   std::optional<uint64_t> aux_staging;  // guard row allocated to stage the record (no aux_index)
+  // Per destination whose metadata asked for it (RoomMetadata::integrity): the digest of what was
+  // written to it so far (endpoint/integrity.h), sent with Success.
+  std::map<RankId, uint64_t> digests;
 };
 
 // A chunk's writes finished (all destinations); the driver frees its staging pages.
@@ -420,6 +423,9 @@ class PrefillEndpoint {
   std::vector<HeadTransfer> plan_;
   uint32_t decode_dp_ = 1;
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
+  // Test-only (KVFERRY_TEST_OMIT_DIGEST=1, read at construction): Success never carries the digest
+  // decode asked for, as a prefill of an earlier build or a liar would send it.
+  bool omit_digest_ = false;
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   UnopenedHook unopened_hook_;

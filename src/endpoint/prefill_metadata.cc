@@ -198,6 +198,13 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
     fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
     return;
   }
+  if (core_.config().integrity && !md.integrity) {  // both sides must verify (docs/manager.md)
+    fail(r.room, ErrorCode::kIntegrityError,
+         fmt::format("{} did not ask for the room's integrity digest, and this rank requires integrity "
+                     "(integrity is on here, off there)", md.sender.str()),
+         core_.self(), monotonic_ns(), true);
+    return;
+  }
   r.meta[md.sender] = md;
   maybe_ready(r);
 }
