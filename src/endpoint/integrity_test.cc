@@ -142,6 +142,30 @@ TEST(Integrity, HeadSlicesEveryWrittenByteCountsAndNoOtherDoes) {
   EXPECT_EQ(landed(d, *plan, 1, dst), sent[1]);
 }
 
+// Prefill TP 1 -> decode TP 2: one source writes a slice of its wider rows to each decode rank;
+// each decode rank's digest of what landed matches what the source sent it.
+TEST(Integrity, OneSourceToTwoNarrowerDecodeRanks) {
+  Side p = make_side(1, 0, 9), d0 = make_side(2, 0, 10), d1 = make_side(2, 1, 11);
+  auto plan = plan_transfers(model(), 1, 2);
+  ASSERT_TRUE(plan.ok());
+  const std::vector<uint64_t> src{4, 5, 1}, dst{0, 1, 7};
+  for (Side* d : {&d0, &d1}) {
+    std::vector<WriteOp> ops;
+    uint64_t sent = 0;
+    for (const HeadTransfer& t : *plan) {
+      if (t.decode_rank != d->layout.tp_rank) continue;
+      const size_t first = ops.size();
+      const uint64_t piece = build_ops(p, *d, t, src, dst, ops);
+      sent += ops_digest(p.map, std::span<const WriteOp>(ops).subspan(first), piece);
+    }
+    ASSERT_FALSE(ops.empty());
+    apply(p, *d, ops);
+    EXPECT_EQ(landed(*d, *plan, 0, dst), sent) << "decode/tp" << d->layout.tp_rank;
+    *d->map.pointer(ops.back().remote_offset + ops.back().length - 1, 1) ^= 0x40;
+    EXPECT_NE(landed(*d, *plan, 0, dst), sent);
+  }
+}
+
 // Position keying: the right bytes at the wrong place (two pages swapped) do not match.
 TEST(Integrity, SwappedPagesDoNotMatch) {
   Side p = make_side(1, 0, 6), d = make_side(1, 0, 7);
