@@ -5,8 +5,8 @@
 // is (integrity_error), not as a guard mismatch. The digests are computed on the thread that runs
 // the endpoint (the progress thread, or the engine's poll), over this rank's own plan for each
 // source: the room's pages, and the lowest source's aux, state and guard rows; never over regions
-// a source claims. That thread is busy meanwhile (about 0.1 s per GiB on this machine, measured in
-// docs/BENCHMARKS.md "Integrity"): other rooms' frames and completions wait for it.
+// a source claims. That thread is busy meanwhile (0.05-0.15 s per GiB on this machine; its cost in
+// throughput: docs/BENCHMARKS.md "Integrity"): other rooms' frames and completions wait for it.
 #include <fmt/format.h>
 
 #include <cstring>
