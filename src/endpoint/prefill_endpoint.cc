@@ -402,15 +402,20 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
     st.peer_incarnation = incarnation_of(d);
     st.digest.reset();
-    if (auto md = r.meta.find(d); state == KVPoll::Success && md != r.meta.end() && md->second.integrity &&
-                                  !omit_digest_)
-      st.digest = r.digests[d];  // what was written to it (0 if nothing: its decode expects that too)
+    if (state == KVPoll::Success) st.digest = digest_for(r, d);
     Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
   }
   if (terminal) r.terminal_sent = true;
   else r.early_failure_sent = true;
+}
+
+std::optional<uint64_t> PrefillEndpoint::digest_for(const SenderRoom& r, const RankId& d) const {
+  auto md = r.meta.find(d);
+  if (md == r.meta.end() || !md->second.integrity || omit_digest_) return std::nullopt;
+  auto it = r.digests.find(d);
+  return it == r.digests.end() ? 0 : it->second;  // 0: nothing written to it (its decode expects that too)
 }
 
 void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
@@ -472,18 +477,24 @@ void PrefillEndpoint::release(uint64_t room) {
   if (it == rooms_.end()) return;
   if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
   if (it->second.abandoned && it->second.inflight > 0) remember_abandoned(it->second);
-  bury(room, core_.registry().get(room), monotonic_ns());
+  std::vector<std::pair<RankId, uint64_t>> digests;
+  if (it->second.state.get() == KVPoll::Success)
+    for (const RankId& d : it->second.dests)
+      if (auto dg = digest_for(it->second, d)) digests.emplace_back(d, *dg);
+  bury(room, core_.registry().get(room), monotonic_ns(), std::move(digests));
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);
 }
 
-void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns) {
+void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns,
+                           std::vector<std::pair<RankId, uint64_t>> digests) {
   const uint64_t seq = next_tomb_seq_++;
   Tombstone& t = tombstones_[room];
   t.seq = seq;
   const bool failed = cause.has_value();
   t.cause = failed ? std::make_unique<KVTransferError>(std::move(*cause)) : nullptr;
+  t.digests = failed ? std::vector<std::pair<RankId, uint64_t>>{} : std::move(digests);
   std::deque<TombstoneRef>& fifo = failed ? failed_fifo_ : ok_fifo_;
   fifo.push_back({now_ns, room, seq});
   expire_tombstones(fifo, failed ? kMaxFailedTombstones : kMaxOkTombstones, now_ns);

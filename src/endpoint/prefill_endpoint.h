@@ -417,6 +417,9 @@ class PrefillEndpoint {
   void on_abandoned_completion(uint64_t room);
   // `terminal` false: the early failure notice (Failed only); writes may still be in flight.
   void send_status(SenderRoom& r, KVPoll state, bool terminal = true);
+  // The digest a Success to `d` carries: what was written to it, if its metadata asked for one
+  // (every Success: the first, and one sent again to a destination that asks again).
+  std::optional<uint64_t> digest_for(const SenderRoom& r, const RankId& d) const;
 
   EndpointCore& core_;
   std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
@@ -497,13 +500,17 @@ class PrefillEndpoint {
   struct Tombstone {
     uint64_t seq = 0;                          // matches the FIFO entry that owns it
     std::unique_ptr<KVTransferError> cause;    // null: the room succeeded (or never failed)
+    // A room that succeeded: the digests its Success carried (integrity), for a destination that
+    // asks again after the release.
+    std::vector<std::pair<RankId, uint64_t>> digests;
   };
   struct TombstoneRef {
     int64_t release_ns = 0;
     uint64_t room = 0;
     uint64_t seq = 0;
   };
-  void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns);
+  void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns,
+            std::vector<std::pair<RankId, uint64_t>> digests = {});
   void expire_tombstones(std::deque<TombstoneRef>& fifo, size_t cap, int64_t now_ns);
 
   // Released rooms with abandoned writes still in flight: on the last one's completion the

@@ -22,6 +22,7 @@
 #include "kvferry/fault_transport.h"
 #include "kvferry/log.h"
 #include "kvferry/manager.h"
+#include "manager/manager_internal.h"
 #include "manager/manager_pair_test_util.h"
 
 namespace kvferry {
@@ -56,6 +57,7 @@ struct Options {
   bool prefill_integrity = true;
   bool decode_integrity = true;
   bool log_failures = false;
+  int64_t status_retry_ms = 0;  // 0: the default
 };
 
 ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const Options& o, const std::string& bootstrap) {
@@ -66,6 +68,7 @@ ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const Op
   c.bootstrap_address = bootstrap;
   c.integrity = self.role == Role::kPrefill ? o.prefill_integrity : o.decode_integrity;
   c.deadlines = testing::notice_only();  // only a failure notice or Success ends a room
+  if (o.status_retry_ms) c.deadlines.status_retry_ms = o.status_retry_ms;
   if (o.log_failures) c.failure_log_component = self.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
   return c;
 }
@@ -346,6 +349,72 @@ TEST(ManagerIntegrityOneSide, SuccessWithoutTheAskedDigestFailsTheRoom) {
   ASSERT_TRUE(r->until([&] { return o.rx->poll() == KVPoll::Failed; })) << to_string(o.rx->poll());
   EXPECT_EQ(mismatched(*r->decode, 0x34a, dst), 0u) << "the bytes are right; the digest is missing";
   expect_integrity_failure(*r, o, "without the integrity digest this room asked for");
+}
+
+// A decode rank that lost prefill's Success asks again (decode_reask.cc): the Success sent again,
+// before and after prefill released the room, carries the same digest, or decode would fail a room
+// whose bytes are right.
+TEST(ManagerIntegrityLostStatus, SuccessSentAgainCarriesTheDigestBeforeAndAfterRelease) {
+  auto r = make_ranks({"shm"});
+  ASSERT_TRUE(r);
+  auto& pre = static_cast<ManagerImpl&>(*r->prefill[0]);
+  auto& dec = static_cast<ManagerImpl&>(*r->decode);
+  const uint64_t room = 0x34b;
+  std::vector<std::optional<uint64_t>> successes;  // decode's view of each Success frame
+  dec.set_message_hook([&](const Message& m) {
+    if (auto* st = std::get_if<RoomStatus>(&m); st && st->room == room && st->state == KVPoll::Success)
+      successes.push_back(st->digest);
+  });
+  const std::vector<uint64_t> src{0, 1, 2}, dst{3, 4, 5};
+  Room o = open_room(*r, room, src, dst, 6);
+  send_chunked(o, src);
+  ASSERT_TRUE(r->until([&] { return o.rx->poll() == KVPoll::Success && o.tx[0]->poll() == KVPoll::Success; }));
+  ASSERT_EQ(successes.size(), 1u);
+  ASSERT_TRUE(successes[0].has_value());
+  // The metadata again, as decode's ask sends it.
+  RoomMetadata md{room, dec.self(), dst, 6, {}, 1};
+  md.integrity = true;
+  md.incarnation = dec.core().incarnation();
+  md.peer_incarnation = pre.core().incarnation();
+  pre.prefill()->on_message(Message(md));
+  ASSERT_TRUE(r->until([&] { return successes.size() == 2; }));
+  EXPECT_EQ(successes[1], successes[0]);
+  o.tx.clear();  // released: the answer comes from the room's tombstone
+  ASSERT_TRUE(r->until([&] { return pre.stats().live_rooms == 0; }));
+  pre.prefill()->on_message(Message(md));
+  ASSERT_TRUE(r->until([&] { return successes.size() == 3; }));
+  EXPECT_EQ(successes[2], successes[0]);
+  dec.set_message_hook({});
+}
+
+// Decode's ask (its metadata sent again while no status came) asks for the digest as the first
+// did: it may be the one that arrives.
+TEST(ManagerIntegrityLostStatus, AskedAgainMetadataAsksForTheDigest) {
+  Options opt{"shm"};
+  opt.status_retry_ms = 20;
+  auto r = make_ranks(opt);
+  ASSERT_TRUE(r);
+  auto& pre = static_cast<ManagerImpl&>(*r->prefill[0]);
+  const uint64_t room = 0x34c;
+  std::vector<bool> asked;  // prefill's view of each metadata frame of the room
+  pre.set_message_hook([&](const Message& m) {
+    if (auto* md = std::get_if<RoomMetadata>(&m); md && md->room == room) asked.push_back(md->integrity);
+  });
+  auto rx = r->decode->receiver(room).value();
+  ASSERT_TRUE(rx->send_metadata(std::vector<uint64_t>{1, 2}, 0, {}).ok());
+  // Only decode runs until it asked again (its ask counter is in its debug log; the frames wait
+  // in prefill's socket).
+  const auto end = std::chrono::steady_clock::now() + 10s;
+  while (r->decode->stats().live_rooms == 1 && std::chrono::steady_clock::now() < end) {
+    r->decode->progress();
+    std::vector<int> fds = r->decode->wait_fds();
+    wait_readable(fds.data(), static_cast<int>(fds.size()), 5);
+    if (static_cast<ManagerImpl&>(*r->decode).decode()->room(room)->asks >= 2) break;
+  }
+  ASSERT_GE(static_cast<ManagerImpl&>(*r->decode).decode()->room(room)->asks, 2u);
+  ASSERT_TRUE(r->until([&] { return asked.size() >= 3; }));
+  for (bool a : asked) EXPECT_TRUE(a);
+  pre.set_message_hook({});
 }
 
 // Integrity reads the bytes on the host: device buffers are refused at creation.
