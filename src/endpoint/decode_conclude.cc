@@ -6,7 +6,7 @@
 // the endpoint (the progress thread, or the engine's poll), over this rank's own plan for each
 // source: the room's pages, and the lowest source's aux, state and guard rows; never over regions
 // a source claims. That thread is busy meanwhile (0.05-0.15 s per GiB on this machine; its cost in
-// throughput: docs/BENCHMARKS.md "Integrity"): other rooms' frames and completions wait for it.
+// throughput: docs/integrity.md "Cost"): other rooms' frames and completions wait for it.
 #include <fmt/format.h>
 
 #include <cstring>
