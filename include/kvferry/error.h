@@ -29,8 +29,9 @@ enum class ErrorCode : uint16_t {
   kInvalidArgument = 10,   // a local caller passed something wrong (bad trace line, bad option)
   kInternal = 11,          // a bug or an unexpected system error
   kIncompatiblePeer = 12,  // the peer's compatibility fingerprint differs (kvferry/compat.h)
+  kIntegrityError = 13,    // decode: the bytes that landed do not match the source's digest
 };
-constexpr int kMaxErrorCode = 12;
+constexpr int kMaxErrorCode = 13;
 
 // snake_case names used in logs and reports: "transfer_error", "peer_unreachable", ...
 std::string_view code_name(ErrorCode c);

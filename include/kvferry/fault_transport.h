@@ -54,6 +54,17 @@ class FaultInjectingTransport : public Transport {
   // Number of write() batches failed by an injected fault so far.
   uint64_t injected_failures() const { return injected_.load(); }
 
+  // Corruption in flight: after `skip` of them, the next write() batch of `room` carrying at least
+  // one byte (a room's first chunk goes to its destinations in order: skip = the destination's
+  // index) has the
+  // first byte of its first non-empty op flipped (XOR 0xff) in the source memory just before it is
+  // forwarded, and restored when the batch completes, so that one copy lands wrong at the peer
+  // while the transport reports success (and the source keeps its bytes). Once per call; host
+  // memory registered through this decorator only. The room's integrity check must catch it.
+  void corrupt_next_write(uint64_t room, size_t skip = 0);
+  // Batches corrupted so far.
+  uint64_t corrupted_writes() const { return corrupted_.load(); }
+
   // Later writes of `room` are queued until release_held(room).
   void hold_room(uint64_t room);
   // Ends the hold of `room`; its queued writes are forwarded (after their delay, if any).
@@ -129,6 +140,11 @@ class FaultInjectingTransport : public Transport {
   std::condition_variable connect_cv_;
   std::atomic<uint64_t> injected_{0};
   std::atomic<uint64_t> forwarded_late_{0};
+  std::atomic<uint64_t> corrupted_{0};
+  std::unordered_map<uint64_t, size_t> corrupt_;  // room -> non-empty batches to let by first
+  std::vector<LocalRegion> local_regions_;      // registered through this decorator (corruption)
+  // Under no lock: flips the byte of `ops`' first non-empty op; its address, or null.
+  uint8_t* flip_first_byte(const std::vector<WriteOp>& ops);
   std::thread worker_;  // last: started after everything above exists
 };
 

@@ -87,6 +87,15 @@ struct ManagerConfig {
   int64_t progress_interval_ms = 5;  // longest wait of the progress thread without an event
   // Wrap the transport in the fault-injecting decorator (tests, replay fault plans): faults().
   bool fault_injection = false;
+  // End-to-end integrity (docs/failure-model.md "Integrity"; off by default). Decode: every room
+  // asks its prefill sources for a digest of what they wrote (xxHash XXH3-64 per written row,
+  // keyed by its destination offset, summed per source) and, once they all said Success,
+  // computes it over what landed in the room's pages, aux, state and guard rows; a mismatch or a
+  // missing digest fails the room (integrity_error, origin this rank). Prefill: digests are sent
+  // to any decode rank that asks, whatever this flag; with it set, a room whose decode rank does
+  // not ask fails (integrity_error, origin this rank), so an operator who turned it on on either
+  // side never runs unverified rooms. Host memory only (kInvalidArgument with device buffers).
+  bool integrity = false;
   // Non-empty: each failed room of a sender/receiver is logged once (kvferry/log.h) under this
   // component, at the level of the failure logging policy (docs/manager.md); empty: the caller
   // logs failures itself (the C++ drivers do, at release).

@@ -109,6 +109,10 @@ struct RoomMetadata {
   uint32_t expected_senders = 0;       // prefill ranks that will write to this decode rank
   uint64_t incarnation = 0;            // the decode rank's
   uint64_t peer_incarnation = 0;       // the prefill rank's it registered with (0: not known)
+  // The decode rank verifies the room (ManagerConfig::integrity): the prefill rank's Success
+  // must carry its digest of what it wrote to this rank (RoomStatus::digest). On the wire an
+  // optional trailing flags byte, present only when set, so other frames are unchanged.
+  bool integrity = false;
 };
 
 // Either direction, per room: a final state with its cause. Success carries kOk.
@@ -127,6 +131,10 @@ struct RoomStatus {
   bool terminal = true;             // false: early failure notice, writes may still land
   uint64_t incarnation = 0;         // the sender's
   uint64_t peer_incarnation = 0;    // the receiver's as the sender knows it (0: not known)
+  // prefill -> decode, Success only, when the room's metadata asked for it (RoomMetadata::
+  // integrity): the digest of every byte this prefill rank wrote for the room to the receiver
+  // (endpoint/integrity.h). On the wire a flags bit plus u64 after the failure record.
+  std::optional<uint64_t> digest;
 };
 
 // A heartbeat may carry a challenge or its answer (at most one of the two is non-zero): a rank

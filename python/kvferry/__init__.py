@@ -136,7 +136,11 @@ class KVManager(_kvferry.Manager):
     control_port: the control socket's bind host, the host peers are told, its port (defaults:
     loopback, any free port). fault_injection: True wraps the transport in kvferry's
     fault-injecting decorator, for tests (inject_write_failure, hold_writes); off by default, and
-    then those hooks raise ValueError.
+    then those hooks raise ValueError. integrity: True turns on end-to-end integrity
+    (ManagerConfig::integrity, docs/failure-model.md "Integrity"): decode digests what landed and
+    compares it with each prefill source's digest (a mismatch fails the room with code
+    "integrity_error", origin the decode rank); a prefill with it on fails rooms whose decode rank
+    does not ask. Off by default; both engines should agree.
 
     KVManager is the compiled manager type itself (``kvferry._kvferry.Manager``): ``layout``,
     ``rank``, ``control_endpoint`` and the calls by room id that KVSender and KVReceiver make
@@ -155,7 +159,7 @@ class KVManager(_kvferry.Manager):
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
                  log_file: Optional[str] = None, transfer_shards: int = 1, log_failures: bool = True,
                  control_bind: str = "", control_advertise: str = "", control_port: int = 0,
-                 fault_injection: bool = False):
+                 fault_injection: bool = False, integrity: bool = False):
         if (kv_pool is None) == (buffers is None):
             raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
@@ -166,7 +170,8 @@ class KVManager(_kvferry.Manager):
         super().__init__(role, kv_pool, descs, g, page_size, aux_slots, bootstrap_addr, transport,
                          tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
                          os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
-                         control_bind, control_advertise, int(control_port), bool(fault_injection))
+                         control_bind, control_advertise, int(control_port), bool(fault_injection),
+                         bool(integrity))
         self._constructed = True  # the compiled manager exists (close() may call into it)
 
     def page_offset(self, buffer: int, page: int) -> int:
@@ -178,6 +183,11 @@ class KVManager(_kvferry.Manager):
                              reason: str = "write failure injected") -> None:
         """Fault injection: every later write of the room fails in the transport with `code`."""
         super().inject_write_failure(bootstrap_room, code, reason)
+
+    def corrupt_next_write(self, bootstrap_room: int) -> None:
+        """Fault injection: the room's next write lands with one byte flipped, and the transport
+        reports success (only the integrity check can tell)."""
+        super().corrupt_next_write(bootstrap_room)
 
     def hold_writes(self, bootstrap_room: int) -> None:
         """Test hook (fault decorator): later writes of the room stay in flight until

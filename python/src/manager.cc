@@ -69,6 +69,7 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   mc.deadlines = c.deadlines;
   mc.progress_thread = true;
   mc.fault_injection = c.fault_injection;  // inject_write_failure, hold_writes: only when asked for
+  mc.integrity = c.integrity;
   if (c.log_failures) mc.failure_log_component = c.role == Role::kPrefill ? "prefill.connector" : "decode.connector";
   auto r = kvferry::Manager::create(mc);
   if (!r.ok()) return r.status();
@@ -300,6 +301,13 @@ Status Connector::inject_write_failure(uint64_t room, ErrorCode code, const std:
   std::lock_guard lock(mu_);
   if (!m_ || !m_->faults()) return no_faults();
   m_->faults()->fail_room(room, code, reason);
+  return Status::Ok();
+}
+
+Status Connector::corrupt_next_write(uint64_t room) {
+  std::lock_guard lock(mu_);
+  if (!m_ || !m_->faults()) return no_faults();
+  m_->faults()->corrupt_next_write(room);
   return Status::Ok();
 }
 

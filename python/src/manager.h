@@ -68,6 +68,7 @@ struct ConnectorConfig {
   // hold_writes. Off by default: an engine's path has no decorator, and its hooks answer
   // kInvalidArgument.
   bool fault_injection = false;
+  bool integrity = false;  // ManagerConfig::integrity
 };
 
 // The layout of a pool of `num_pages` pages (sizing helper for engines).
@@ -128,6 +129,9 @@ class Connector {
   // Fault injection (config.fault_injection; else each answers kInvalidArgument saying so): every
   // later write of `room` fails in the transport with `code`.
   Status inject_write_failure(uint64_t room, ErrorCode code, const std::string& reason);
+  // The room's next write batch lands with one byte flipped (FaultInjectingTransport::
+  // corrupt_next_write); the transport reports success.
+  Status corrupt_next_write(uint64_t room);
   // Test hooks over the fault decorator (kvferry/fault_transport.h): later writes of `room` stay in
   // flight (queued) until release_held_writes(room); held_writes() counts the queued ones.
   Status hold_writes(uint64_t room);

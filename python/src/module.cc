@@ -100,9 +100,10 @@ class PyManager {
             uint32_t tp_rank, uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines,
             const std::string& log_file, uint32_t transfer_shards, bool log_failures,
             const std::string& control_bind, const std::string& control_advertise, uint16_t control_port,
-            bool fault_injection) {
+            bool fault_injection, bool integrity) {
     ConnectorConfig c;
     c.fault_injection = fault_injection;
+    c.integrity = integrity;
     c.buffers = buffer_descs(buffers);
     if (pool.is_none() == c.buffers.empty()) throw py::value_error("give a KV pool or engine buffers (one of them)");
     if (!pool.is_none()) pool_ = std::make_unique<PoolBuffer>(pool);
@@ -236,12 +237,13 @@ PYBIND11_MODULE(_kvferry, mod) {
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
                     const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
-                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t, bool>(),
+                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t, bool, bool>(),
            py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
            py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"), py::arg("log_failures") = true,
-           py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0, py::arg("fault_injection") = false)
+           py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0, py::arg("fault_injection") = false,
+           py::arg("integrity") = false)
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })
@@ -436,6 +438,15 @@ PYBIND11_MODULE(_kvferry, mod) {
         {
           py::gil_scoped_release nogil;
           s = m->inject_write_failure(room, *c, reason);
+        }
+        check(s);
+      })
+      .def("corrupt_next_write", [](PyManager& p, uint64_t room) {
+        std::shared_ptr<Connector> m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->corrupt_next_write(room);
         }
         check(s);
       })

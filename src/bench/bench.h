@@ -64,6 +64,7 @@ struct BenchConfig {
   double rate = 0;                 // rooms/s opened by decode; 0: as fast as rooms complete
   std::string transport = "shm";   // shm | tcp
   uint32_t transfer_shards = 1;    // per rank (TransportOptions::shards)
+  bool integrity = false;          // every rank's ManagerConfig::integrity
   // TransportOptions::tcp_congestion of every rank; "default": the host's (docs/transport.md).
   std::string tcp_congestion = "cubic";
   double duration_s = 5;           // measured window
@@ -107,6 +108,7 @@ struct BenchRankOptions {
   double rate = 0;
   std::string transport = "shm";
   uint32_t transfer_shards = 1;
+  bool integrity = false;
   std::string tcp_congestion = "cubic";  // "default": the host's
   std::string bootstrap;           // host:port
   std::string dir;                 // work dir (ready/go files, NAME.json)

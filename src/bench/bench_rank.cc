@@ -69,6 +69,7 @@ int run_bench_rank(const BenchRankOptions& o) {
   mc.bootstrap_address = o.bootstrap;
   mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
+  mc.integrity = o.integrity;
   mc.tcp_congestion = o.tcp_congestion == "default" ? "" : o.tcp_congestion;
   mc.deadlines.lookup_timeout_ms = static_cast<int64_t>(o.timeout_s * 1000);
   mc.progress_thread = false;

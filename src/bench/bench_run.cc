@@ -65,6 +65,7 @@ std::vector<std::string> bench_rank_args(const BenchConfig& c, bool prefill, uin
           "--transport", c.transport,
           "--transfer-shards", std::to_string(c.transfer_shards),
           "--tcp-congestion", c.tcp_congestion,
+          "--integrity", c.integrity ? "true" : "false",
           "--bootstrap", bootstrap,
           "--dir", dir,
           "--rss-checkpoint", std::to_string(c.rss_checkpoint),
@@ -243,14 +244,15 @@ int run_bench(BenchConfig c, std::ostream& out, std::ostream& err) {
                  {"duration_s", c.duration_s}, {"warmup_s", c.warmup_s},
                  {"rss_checkpoint", c.rss_checkpoint}, {"page_order", c.page_order},
                  {"prefill_ms_per_layer", c.prefill_ms_per_layer}, {"layerwise", c.layerwise},
-                 {"memory", c.memory}};
+                 {"memory", c.memory}, {"integrity", c.integrity}};
   const auto& tl = j["transfer_latency_ms"];
   out << fmt::format(
       "kvferry bench: {} {}+{} {} tokens/room, page {}, concurrency {}, {}{}: {:.3f} GB/s, {:.1f} rooms/s, "
       "transfer latency p50 {:.3f} ms p90 {:.3f} ms p99 {:.3f} ms, {:.3f} CPU s/GB, {:.1f} CPU us/room, "
       "{:.0f} writes/s, {:.0f} CPU ns/write, {:.2f} page faults/GB (worst rank), {} rooms, {} failed\n",
       c.model, c.prefill_tp, c.decode_tp, c.tokens, c.page_size, c.concurrency, c.transport,
-      c.memory == "engine" ? ", engine buffers" : "", j["gb_per_s"].get<double>(), j["rooms_per_s"].get<double>(), tl["p50"].get<double>(),
+      std::string(c.memory == "engine" ? ", engine buffers" : "") + (c.integrity ? " with integrity" : ""),
+      j["gb_per_s"].get<double>(), j["rooms_per_s"].get<double>(), tl["p50"].get<double>(),
       tl["p90"].get<double>(), tl["p99"].get<double>(), j["cpu_s_per_gb"].get<double>(),
       j["cpu_us_per_room"].get<double>(), j["writes_per_s"].get<double>(), j["cpu_ns_per_write"].get<double>(),
       j["faults_per_gb"].get<double>(), j["rooms"].get<uint64_t>(),

@@ -42,6 +42,9 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
+  cmd->add_flag("--integrity", cfg->integrity,
+               "end-to-end integrity: every room's bytes are digested on both sides and compared "
+               "(ManagerConfig::integrity)");
   cmd->add_option("--tcp-congestion", cfg->tcp_congestion,
                   "TCP congestion control of the tcp lane's sockets (a name the kernel allows; default: the "
                   "host's own)")
@@ -91,6 +94,7 @@ void add_bench_command(CLI::App& app) {
   r->add_option("--transport", o->transport)->check(CLI::IsMember(transport_names()));
   r->add_option("--transfer-shards", o->transfer_shards)->check(CLI::Range(1u, kMaxTransportShards));
   r->add_option("--tcp-congestion", o->tcp_congestion);
+  r->add_option("--integrity", o->integrity);
   r->add_option("--bootstrap", o->bootstrap)->required();
   r->add_option("--dir", o->dir)->required();
   r->add_option("--rss-checkpoint", o->rss_checkpoint);

@@ -84,6 +84,7 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--transfer-shards", opts->transfer_shards,
                   "transfer worker shards (UCX workers, one progress thread each; a room stays on one)")
       ->check(CLI::Range(1u, kMaxTransportShards));
+  cmd->add_flag("--integrity", opts->integrity, "end-to-end integrity (ManagerConfig::integrity)");
   cmd->add_option("--log-file", opts->log_file, "JSON lines log file");
   add_host_options(cmd, &opts->bind_host, &opts->advertise_host,
                    std::string(kDefaultHost) + "; the engine leader's socket: its --engine-endpoint host",

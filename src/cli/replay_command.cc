@@ -73,6 +73,9 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--transfer-shards", cfg->transfer_shards,
                   "transfer worker shards per rank, 1..8 (one progress thread each)")
       ->capture_default_str();
+  cmd->add_flag("--integrity", cfg->integrity,
+               "end-to-end integrity on every rank: each room's bytes digested on both sides and compared "
+               "(a mismatch fails the room with integrity_error)");
   cmd->add_option("--max-inflight", cfg->max_inflight, "requests dispatched and unfinished at most")
       ->capture_default_str();
   cmd->add_option("--out", cfg->out, "output directory (report.json, logs/)")->capture_default_str();

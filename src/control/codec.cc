@@ -10,13 +10,18 @@
 //                    state_offsets u64[] | state_item_bytes u64[] | state_rows u64 |
 //                    guard_offset u64 | heads_per_rank u32 | first_head u32
 //   RoomMetadata     room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | kv_indices u64[] | aux_index u64 |
-//                    state_indices u64[] | expected_senders u32
+//                    state_indices u64[] | expected_senders u32 [| flags u8]
+//                    flags is present only when not 0: exactly kFlagIntegrity (bit 0), the room's
+//                    integrity digest is asked for; absent means it is not (the original format).
 // u64[] = u32 count + count * u64.
 //   Failure          code u16 (ErrorCode) | origin RankId | first_seen_ns i64 | wall_ns i64 |
 //                    reason str   (the failure record's one binary piece, kvferry/error.h)
-//   RoomStatus       room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | state u8 (KVPoll) | failure Failure [| flags u8]
-//                    flags is present only for a non-terminal status: exactly kFlagNotTerminal
-//                    (bit 0), with state Failed; absent means terminal (the original format).
+//   RoomStatus       room u64 | sender RankId | incarnation u64 | peer_incarnation u64 | state u8 (KVPoll) | failure Failure
+//                    [| flags u8 [| digest u64]]
+//                    flags is present only when not 0, with no bit but kFlagNotTerminal (bit 0: a
+//                    non-terminal status, state Failed) or kFlagDigest (bit 1: the integrity digest
+//                    follows, state Success, terminal); absent means terminal without a digest (the
+//                    original format).
 //   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64 [| probe u8 | nonce u64]
 //                    the optional tail: probe 1 = a challenge, 2 = its answer, nonce not 0;
 //                    absent means neither (the original format).
@@ -39,6 +44,8 @@ constexpr char kMagic[4] = {'K', 'V', 'F', 'Y'};
 constexpr size_t kHeaderBytes = 12;
 constexpr size_t kBodyLengthOffset = 8;
 constexpr uint8_t kFlagNotTerminal = 1;  // RoomStatus flags: an early failure notice
+constexpr uint8_t kFlagDigest = 2;       // RoomStatus flags: the integrity digest follows
+constexpr uint8_t kFlagIntegrity = 1;    // RoomMetadata flags: the digest is asked for
 constexpr uint8_t kProbeChallenge = 1;   // Heartbeat tail: a challenge
 constexpr uint8_t kProbeAnswer = 2;      // Heartbeat tail: the answer to one
 
@@ -137,6 +144,7 @@ void put_body(WireWriter& w, const RoomMetadata& m) {
   w.u64(m.aux_index);
   w.u64_array(m.state_indices);
   w.u32(m.expected_senders);
+  if (m.integrity) w.u8(kFlagIntegrity);
 }
 
 void put_failure(WireWriter& w, const Failure& f) {
@@ -171,7 +179,9 @@ void put_body(WireWriter& w, const RoomStatus& m) {
   w.u64(m.peer_incarnation);
   w.u8(static_cast<uint8_t>(m.state));
   put_failure(w, m.failure);
-  if (!m.terminal) w.u8(kFlagNotTerminal);
+  const uint8_t flags = static_cast<uint8_t>((m.terminal ? 0 : kFlagNotTerminal) | (m.digest ? kFlagDigest : 0));
+  if (flags != 0) w.u8(flags);
+  if (m.digest) w.u64(*m.digest);
 }
 
 void put_body(WireWriter& w, const Heartbeat& m) {
@@ -265,6 +275,16 @@ void get_body(WireReader& r, RoomMetadata* m, uint32_t max_kv_indices) {
   r.u64("RoomMetadata.aux_index", &m->aux_index);
   r.u64_array("RoomMetadata.state_indices", kMaxStateIndices, &m->state_indices);
   r.u32("RoomMetadata.expected_senders", &m->expected_senders);
+  if (r.ok() && r.remaining() > 0) {  // the optional flags byte
+    uint8_t flags = 0;
+    if (r.u8("RoomMetadata.flags", &flags)) {
+      if (flags != kFlagIntegrity)
+        r.fail("RoomMetadata.flags", std::to_string(flags) + " is not " + std::to_string(kFlagIntegrity) +
+                                         " (integrity; absent means none)");
+      else
+        m->integrity = true;
+    }
+  }
 }
 
 void get_body(WireReader& r, RoomStatus* m) {
@@ -288,17 +308,23 @@ void get_body(WireReader& r, RoomStatus* m) {
     r.fail("RoomStatus.code", std::to_string(static_cast<int>(m->failure.code)) + " contradicts state " +
                                   std::string(to_string(m->state)) + " (Success carries ok, Failed a non-ok code)");
   }
-  if (r.ok() && r.remaining() > 0) {  // the optional flags byte
+  if (r.ok() && r.remaining() > 0) {  // the optional flags byte (and digest)
     uint8_t flags = 0;
     if (r.u8("RoomStatus.flags", &flags)) {
-      if (flags != kFlagNotTerminal) {
+      if (flags != kFlagNotTerminal && flags != kFlagDigest) {
         r.fail("RoomStatus.flags", std::to_string(flags) + " is not " + std::to_string(kFlagNotTerminal) +
-                                       " (not terminal; absent means terminal)");
-      } else if (m->state != KVPoll::Failed) {
+                                       " (not terminal) or " + std::to_string(kFlagDigest) +
+                                       " (digest); absent means terminal without a digest");
+      } else if (flags == kFlagNotTerminal && m->state != KVPoll::Failed) {
         r.fail("RoomStatus.flags", "a non-terminal status must be Failed, not " +
                                        std::string(to_string(m->state)));
-      } else {
+      } else if (flags == kFlagDigest && m->state != KVPoll::Success) {
+        r.fail("RoomStatus.flags", "a digest goes with Success only, not " + std::string(to_string(m->state)));
+      } else if (flags == kFlagNotTerminal) {
         m->terminal = false;
+      } else {
+        uint64_t digest = 0;
+        if (r.u64("RoomStatus.digest", &digest)) m->digest = digest;
       }
     }
   }

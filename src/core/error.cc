@@ -13,6 +13,7 @@ constexpr std::array<std::string_view, kMaxErrorCode + 1> kCodeNames = {
     "waiting_timeout", "prealloc_timeout", "aborted", "protocol_error",
     "resource_exhausted", "injected", "invalid_argument", "internal",
     "incompatible_peer",
+    "integrity_error",
 };
 
 // Parses a non-empty run of decimal digits (no sign, no leading '+') that fits uint32_t.
@@ -33,11 +34,12 @@ std::optional<uint32_t> parse_u32(std::string_view s) {
 
 std::string_view code_name(ErrorCode c) {
   const auto i = static_cast<size_t>(c);
-  if (i < kCodeNames.size()) return kCodeNames[i];
+  if (i < kCodeNames.size() && !kCodeNames[i].empty()) return kCodeNames[i];
   return "unknown";
 }
 
 std::optional<ErrorCode> code_from_name(std::string_view s) {
+  if (s.empty()) return std::nullopt;
   for (size_t i = 0; i < kCodeNames.size(); ++i) {
     if (kCodeNames[i] == s) return static_cast<ErrorCode>(i);
   }
@@ -45,7 +47,7 @@ std::optional<ErrorCode> code_from_name(std::string_view s) {
 }
 
 std::optional<ErrorCode> code_from_int(int v) {
-  if (v < 0 || v > kMaxErrorCode) return std::nullopt;
+  if (v < 0 || v > kMaxErrorCode || kCodeNames[static_cast<size_t>(v)].empty()) return std::nullopt;
   return static_cast<ErrorCode>(v);
 }
 

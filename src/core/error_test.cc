@@ -18,6 +18,10 @@ TEST(ErrorCode, NamesRoundTrip) {
   EXPECT_EQ(code_name(ErrorCode::kInjected), "injected");
   EXPECT_EQ(code_name(ErrorCode::kInvalidArgument), "invalid_argument");
   EXPECT_EQ(code_name(ErrorCode::kInternal), "internal");
+  EXPECT_EQ(code_name(ErrorCode::kIntegrityError), "integrity_error");
+  EXPECT_EQ(code_name(ErrorCode::kIncompatiblePeer), "incompatible_peer");
+  EXPECT_EQ(static_cast<int>(ErrorCode::kIncompatiblePeer), 12);
+  EXPECT_EQ(static_cast<int>(ErrorCode::kIntegrityError), 13);
   for (int v = 0; v <= kMaxErrorCode; ++v) {
     auto c = code_from_int(v);
     ASSERT_TRUE(c.has_value());

@@ -141,8 +141,8 @@ Result<RouterRequest> decode_request(const json& j) {
     if (fr.failed()) return bad("fault: " + fr.error());
     auto k = fault_kind_from_name(kind);
     if (!k || *k == FaultKind::kAbort) {
-      return bad("fault kind must be \"transfer\", \"decode_fail\", \"prefill_fail\" or "
-                 "\"timeout\", got '" + kind + "'");
+      return bad("fault kind must be \"transfer\", \"decode_fail\", \"prefill_fail\", \"timeout\" or "
+                 "\"corrupt\", got '" + kind + "'");
     }
     auto rank = RankId::parse(at);
     if (!rank) return bad("fault 'at' is not a rank: '" + at + "'");
@@ -241,13 +241,14 @@ std::string_view fault_kind_name(FaultKind kind) {
     case FaultKind::kPrefillFail: return "prefill_fail";
     case FaultKind::kTimeout: return "timeout";
     case FaultKind::kAbort: return "abort";
+    case FaultKind::kCorrupt: return "corrupt";
   }
   return "unknown";
 }
 
 std::optional<FaultKind> fault_kind_from_name(std::string_view name) {
   for (FaultKind k : {FaultKind::kTransfer, FaultKind::kDecodeFail, FaultKind::kPrefillFail,
-                      FaultKind::kTimeout, FaultKind::kAbort}) {
+                      FaultKind::kTimeout, FaultKind::kAbort, FaultKind::kCorrupt}) {
     if (fault_kind_name(k) == name) return k;
   }
   return std::nullopt;

@@ -50,6 +50,9 @@ enum class FaultKind : uint8_t {
   kTimeout,      // "timeout": the rank's peers stay silent for the room, so its deadline expires
   kAbort,        // "abort": router only, never sent: the router aborts the room at the decode
                  // leader                                                     -> aborted
+  kCorrupt,      // "corrupt": at a decode rank: each prefill source of it flips one byte of its
+                 // first write to it in flight (the transport reports success); the decode
+                 // rank's integrity check fails the room (needs --integrity)  -> integrity_error
 };
 std::string_view fault_kind_name(FaultKind kind);
 std::optional<FaultKind> fault_kind_from_name(std::string_view name);

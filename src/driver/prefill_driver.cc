@@ -50,6 +50,8 @@ void PrefillDriver::apply(const Decision& d) {
       }
       if (faults.fail_transfer() && manager_.faults())  // the rank is built with the decorator
         manager_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
+      for (size_t i = 0; i < r.peers.size(); ++i)  // a room's chunks go to its peers in this order
+        if (faults.corrupt_toward(r.peers[i]) && manager_.faults()) manager_.faults()->corrupt_next_write(d.room, i);
       if (faults.peers_silent())  // our decode peer stays silent: bootstrap timeout here
         r.fault_deadline_ns = monotonic_ns() + cfg_.fault_timeout_ms * 1'000'000;
       // A destination must time out waiting for us: stay silent.

@@ -100,6 +100,7 @@ int run_rank(const RankOptions& o) {
   mc.bootstrap_address = o.bootstrap;
   mc.transport = o.transport;
   mc.transfer_shards = o.transfer_shards;
+  mc.integrity = o.integrity;
   mc.deadlines = o.deadlines;
   mc.progress_thread = false;
   mc.control = listen;

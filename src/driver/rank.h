@@ -33,6 +33,7 @@ struct RankOptions {
   std::string router_endpoint;
   std::string transport = "shm";  // a registered transport name (kvferry/transport.h)
   uint32_t transfer_shards = 1;  // transfer worker shards (TransportOptions::shards)
+  bool integrity = false;        // ManagerConfig::integrity
   std::string log_file;
   uint16_t metrics_port = 0;     // serve Prometheus metrics on bind_host:port (0: none, or any free
                                  // port when metrics_port_file is set)

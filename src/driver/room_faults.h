@@ -9,6 +9,8 @@
 //   timeout       this rank     peers_silent(): cut this rank's own deadline for the room (prefill:
 //                               bootstrap, decode: waiting) to Deadlines::fault_timeout_ms
 //   timeout       a peer        silent_toward(peers): stay silent toward that peer, so it times out
+//   corrupt       a peer        corrupt_toward(peer): prefill: flip a byte of the first write to that
+//                               decode rank in flight (its integrity check names it)
 // Thread contract: a value type.
 #pragma once
 #include <optional>
@@ -28,6 +30,10 @@ class RoomFaults {
   bool peers_silent() const { return at_self(FaultKind::kTimeout); }
   // `peers`: the room's peer ranks in the other engine that this rank exchanges data with.
   bool silent_toward(const std::vector<RankId>& peers) const;
+  // Prefill: a byte of this rank's first write of the room to `peer` is to be flipped in flight.
+  bool corrupt_toward(const RankId& peer) const {
+    return fault_ && fault_->kind == FaultKind::kCorrupt && fault_->at == peer && self_.role == Role::kPrefill;
+  }
 
  private:
   bool at_self(FaultKind kind) const { return fault_ && fault_->kind == kind && fault_->at == self_; }

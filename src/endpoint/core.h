@@ -63,6 +63,7 @@ struct EndpointConfig {
   ListenAddress control;  // control and heartbeat sockets' bind/advertised host (kvferry/net.h)
   // Wrap the transport in the fault-injecting decorator (faults() non-null).
   bool fault_injection = true;
+  bool integrity = false;  // ManagerConfig::integrity
   Deadlines deadlines;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
   // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.

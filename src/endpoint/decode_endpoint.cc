@@ -76,6 +76,7 @@ bool DecodeEndpoint::send_metadata(ReceiverRoom& r, const RankId& src, const std
   auto peer = peers_.find(src);
   RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_index, r.state_indices,
                   static_cast<uint32_t>(r.sources.size())};
+  md.integrity = core_.config().integrity;
   md.peer_incarnation = peer == peers_.end() ? 0 : peer->second.incarnation;
   Status s = core_.send(endpoint, md);
   if (!s.ok()) {
@@ -294,27 +295,10 @@ void DecodeEndpoint::on_status(const RoomStatus& st) {
   answer_sources(r, monotonic_ns());
   if (st.state != KVPoll::Success || r.state.terminal()) return;
   r.succeeded.insert(st.sender);
+  r.digests[st.sender] = st.digest;  // used only if this rank asked for it (decode_conclude.cc)
   if (st.state == KVPoll::Success) serving_.insert(st.sender);  // it has written into our pool
   if (r.succeeded.size() < r.sources.size()) return;
-  // Every source is done (its aux, state and guard rows were flushed before its Success): the
-  // guard row must hold this room.
-  AuxRecord rec;
-  std::memcpy(&rec, core_.guard_row(r.aux_index), sizeof rec);
-  if (rec.room != r.room || rec.cached_tokens != r.input_tokens || rec.num_pages != r.total_pages) {
-    fail(r.room, ErrorCode::kProtocolError,
-         fmt::format("aux guard mismatch in row {}: holds room {} ({} tokens, {} pages), expected room {} ({} "
-                     "tokens, {} pages)", r.aux_index, rec.room, rec.cached_tokens, rec.num_pages, r.room,
-                     r.input_tokens, r.total_pages),
-         core_.self(), monotonic_ns(), true);
-    // Every source said Success, so fail() told none of them: they are told now (their rooms
-    // concluded; a sender still held then polls Failed with this cause, as for its engine's).
-    if (auto e = core_.registry().get(r.room))
-      send_to_sources(r, RoomStatus{r.room, core_.self(), KVPoll::Failed, e->failure(), true}, /*succeeded=*/true);
-    return;
-  }
-  r.success_ns = monotonic_ns();
-  r.state.advance(KVPoll::Success);
-  log_event(LogLevel::kDebug, kComp, "all sources reported success", {.room = r.room});
+  conclude(r);  // every source is done (its aux, state and guard rows were flushed before its Success)
 }
 
 void DecodeEndpoint::add_room(uint64_t room, uint64_t input_tokens, int64_t prefill_dp_rank) {

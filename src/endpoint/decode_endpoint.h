@@ -63,6 +63,9 @@ struct ReceiverRoom {
   std::vector<uint64_t> kv_indices;
   uint64_t aux_index = 0;              // row in every aux buffer and guard row
   std::vector<uint64_t> state_indices; // rows in every state buffer
+  // Integrity (ManagerConfig::integrity): the digest each source sent with its Success (nullopt:
+  // it sent none); checked against what landed once every source succeeded (decode_conclude.cc).
+  std::map<RankId, std::optional<uint64_t>> digests;
   bool failure_told = false;  // an early notice of the failure went to the sources
   bool final_told = false;    // the final answer (terminal, the root cause) went to the sources
   bool init_called = false;  // kv_indices, aux_index, state_indices set; sources still down get them later
@@ -195,6 +198,12 @@ class DecodeEndpoint {
   // Closes drained rooms' fences; ends the quarantine of rooms that waited only for placements.
   void tick_fences();
   void on_status(const RoomStatus& st);
+  // decode_conclude.cc: every source said Success: the room's integrity (if asked for), then its
+  // guard row; Success, or the room fails (integrity_error / protocol_error, origin this rank)
+  // and every source is told.
+  void conclude(ReceiverRoom& r);
+  // "" or why the bytes that landed do not match a source's digest (or a digest is missing).
+  std::string check_integrity(const ReceiverRoom& r) const;
   // Tells every source that has not succeeded the room's failure (once; `update`: again, the root
   // cause moved).
   void tell_sources(ReceiverRoom& r, const KVTransferError& e, bool update = false);

@@ -49,6 +49,7 @@ void DecodeEndpoint::reask(int64_t now_ns) {
       RoomMetadata md{r.room, core_.self(), r.kv_indices, r.aux_index, r.state_indices,
                       static_cast<uint32_t>(r.sources.size())};
       md.peer_incarnation = peer->second.incarnation;  // kvferry/messages.h
+      md.integrity = core_.config().integrity;  // as the first: it may be the one that arrives
       Status s = core_.send(peer->second.control_endpoint, md);
       if (s.ok() && failure) {
         RoomStatus st{r.room, core_.self(), KVPoll::Failed, failure->failure(), r.final_told};

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "endpoint/coalesce.h"
+#include "endpoint/integrity.h"
 #include "endpoint/room_list.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
@@ -32,6 +33,8 @@ PrefillEndpoint::PrefillEndpoint(EndpointCore& core, std::vector<HeadTransfer> p
     : core_(core), plan_(std::move(plan)), decode_dp_(std::max<uint32_t>(1, decode_dp)), aux_alloc_(std::min<uint32_t>(core.layout().aux_slots, kStagingAuxSlots)) {
   const char* wrong = std::getenv("KVFERRY_TEST_WRONG_HEAD_OFFSET");
   wrong_head_offset_ = wrong && std::string(wrong) == "1";
+  const char* omit = std::getenv("KVFERRY_TEST_OMIT_DIGEST");
+  omit_digest_ = omit && std::string(omit) == "1";
 }
 
 const SenderRoom* PrefillEndpoint::room(uint64_t room) const {
@@ -293,11 +296,16 @@ Status PrefillEndpoint::send(uint64_t room, uint64_t first_page, const std::vect
       g.head_bytes = head_bytes;
       if (wrong_head_offset_ && t.num_heads > 1) g.rotate_heads = t.num_heads;
       bool whole_rows = g.slice_bytes == g.local_token_bytes && g.slice_bytes == g.remote_token_bytes;
+      const size_t first_op = ops.size();
       if (whole_rows && g.rotate_heads == 0) {
         append_writes(runs, local, remote, ops);
       } else {
         append_slice_writes(runs, local, remote, g, ops);
       }
+      // Integrity: the source bytes are hashed before they are written (endpoint/integrity.h:
+      // one piece per token row slice, whole-row writes cut into rows).
+      if (md.integrity)
+        r.digests[d] += ops_digest(core_.map(), std::span<const WriteOp>(ops).subspan(first_op), g.slice_bytes);
     }
     for (auto& [fd, fops] : finals)
       if (fd == d) ops.insert(ops.end(), fops.begin(), fops.end());
@@ -394,12 +402,21 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
     st.peer_incarnation = incarnation_of(d);
+    st.digest.reset();
+    if (state == KVPoll::Success) st.digest = digest_for(r, d);
     Status s = core_.send(*peer, st);
     if (!s.ok())
       log_event(LogLevel::kDebug, kComp, "status not delivered: " + s.str(), room_fields(r.room));
   }
   if (terminal) r.terminal_sent = true;
   else r.early_failure_sent = true;
+}
+
+std::optional<uint64_t> PrefillEndpoint::digest_for(const SenderRoom& r, const RankId& d) const {
+  auto md = r.meta.find(d);
+  if (md == r.meta.end() || !md->second.integrity || omit_digest_) return std::nullopt;
+  auto it = r.digests.find(d);
+  return it == r.digests.end() ? 0 : it->second;  // 0: nothing written to it (its decode expects that too)
 }
 
 void PrefillEndpoint::maybe_send_terminal(SenderRoom& r) {
@@ -461,18 +478,24 @@ void PrefillEndpoint::release(uint64_t room) {
   if (it == rooms_.end()) return;
   if (it->second.aux_staging) aux_alloc_.free({*it->second.aux_staging});
   if (it->second.abandoned && it->second.inflight > 0) remember_abandoned(it->second);
-  bury(room, core_.registry().get(room), monotonic_ns());
+  std::vector<std::pair<RankId, uint64_t>> digests;
+  if (it->second.state.get() == KVPoll::Success)
+    for (const RankId& d : it->second.dests)
+      if (auto dg = digest_for(it->second, d)) digests.emplace_back(d, *dg);
+  bury(room, core_.registry().get(room), monotonic_ns(), std::move(digests));
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);
 }
 
-void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns) {
+void PrefillEndpoint::bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns,
+                           std::vector<std::pair<RankId, uint64_t>> digests) {
   const uint64_t seq = next_tomb_seq_++;
   Tombstone& t = tombstones_[room];
   t.seq = seq;
   const bool failed = cause.has_value();
   t.cause = failed ? std::make_unique<KVTransferError>(std::move(*cause)) : nullptr;
+  t.digests = failed ? std::vector<std::pair<RankId, uint64_t>>{} : std::move(digests);
   std::deque<TombstoneRef>& fifo = failed ? failed_fifo_ : ok_fifo_;
   fifo.push_back({now_ns, room, seq});
   expire_tombstones(fifo, failed ? kMaxFailedTombstones : kMaxOkTombstones, now_ns);

@@ -86,6 +86,9 @@ struct SenderRoom {
   bool abandoned = false;
   uint64_t bytes = 0;
   std::optional<uint64_t> aux_staging;  // guard row allocated to stage the record (no aux_index)
+  // Per destination whose metadata asked for it (RoomMetadata::integrity): the digest of what was
+  // written to it so far (endpoint/integrity.h), sent with Success.
+  std::map<RankId, uint64_t> digests;
 };
 
 // A chunk's writes finished (all destinations); the driver frees its staging pages.
@@ -428,12 +431,18 @@ class PrefillEndpoint {
   void on_abandoned_completion(uint64_t room);
   // `terminal` false: the early failure notice (Failed only); writes may still be in flight.
   void send_status(SenderRoom& r, KVPoll state, bool terminal = true);
+  // The digest a Success to `d` carries: what was written to it, if its metadata asked for one
+  // (every Success: the first, and one sent again to a destination that asks again).
+  std::optional<uint64_t> digest_for(const SenderRoom& r, const RankId& d) const;
 
   EndpointCore& core_;
   std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
   std::vector<HeadTransfer> plan_;
   uint32_t decode_dp_ = 1;
   bool wrong_head_offset_ = false;  // test-only (KVFERRY_TEST_WRONG_HEAD_OFFSET=1)
+  // Test-only (KVFERRY_TEST_OMIT_DIGEST=1, read at construction): Success never carries the digest
+  // decode asked for, as a prefill of an earlier build or a liar would send it.
+  bool omit_digest_ = false;
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   UnopenedHook unopened_hook_;
@@ -506,13 +515,17 @@ class PrefillEndpoint {
   struct Tombstone {
     uint64_t seq = 0;                          // matches the FIFO entry that owns it
     std::unique_ptr<KVTransferError> cause;    // null: the room succeeded (or never failed)
+    // A room that succeeded: the digests its Success carried (integrity), for a destination that
+    // asks again after the release.
+    std::vector<std::pair<RankId, uint64_t>> digests;
   };
   struct TombstoneRef {
     int64_t release_ns = 0;
     uint64_t room = 0;
     uint64_t seq = 0;
   };
-  void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns);
+  void bury(uint64_t room, std::optional<KVTransferError> cause, int64_t now_ns,
+            std::vector<std::pair<RankId, uint64_t>> digests = {});
   void expire_tombstones(std::deque<TombstoneRef>& fifo, size_t cap, int64_t now_ns);
 
   // Released rooms with abandoned writes still in flight: on the last one's completion the

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "endpoint/integrity.h"
 #include "endpoint/prefill_endpoint.h"
 #include "kvferry/content.h"
 #include "kvferry/log.h"
@@ -67,6 +68,7 @@ PrefillEndpoint::FinalStage PrefillEndpoint::build_final(SenderRoom& r, FinalBat
       fail(r.room, ErrorCode::kProtocolError, "state rows do not match: " + bad, core_.self(), monotonic_ns(), true);
       return FinalStage::kFailed;
     }
+    if (r.meta.at(d).integrity) r.digests[d] += ops_digest(core_.map(), ops, 0);  // one piece per row
     out.push_back({d, std::move(ops)});
   }
   return FinalStage::kBuilt;

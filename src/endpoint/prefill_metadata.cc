@@ -106,6 +106,9 @@ bool PrefillEndpoint::answer_released(uint64_t room, const RankId& d) {
     st.state = KVPoll::Failed;
     st.failure = tomb->second.cause->failure();
     st.terminal = !abandoned_.count(room);  // abandoned writes may still land
+  } else {
+    for (const auto& [dest, digest] : tomb->second.digests)
+      if (dest == d) st.digest = digest;  // the Success it was sent, digest included
   }
   st.peer_incarnation = incarnation_of(d);
   (void)core_.send(*peer, st);
@@ -122,6 +125,8 @@ void PrefillEndpoint::answer_again(SenderRoom& r, const RankId& d) {
     st.terminal = r.inflight == 0;  // terminal only once none of its writes can land
   } else if (r.state.get() != KVPoll::Success) {
     return;  // in progress: its status comes when there is one
+  } else {
+    st.digest = digest_for(r, d);  // the Success it was sent, digest included
   }
   st.peer_incarnation = incarnation_of(d);
   (void)core_.send(*peer, st);
@@ -196,6 +201,13 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
   }
   if (!bad.empty()) {
     fail(r.room, ErrorCode::kProtocolError, "bad room metadata: " + bad, core_.self(), monotonic_ns(), true);
+    return;
+  }
+  if (core_.config().integrity && !md.integrity) {  // both sides must verify (docs/manager.md)
+    fail(r.room, ErrorCode::kIntegrityError,
+         fmt::format("{} did not ask for the room's integrity digest, and this rank requires integrity "
+                     "(integrity is on here, off there)", md.sender.str()),
+         core_.self(), monotonic_ns(), true);
     return;
   }
   r.meta[md.sender] = md;

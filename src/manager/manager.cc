@@ -74,6 +74,11 @@ Status ManagerImpl::start() {
   ec.external_base = c.pool_base;
   ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
   ec.fault_injection = c.fault_injection;
+  ec.integrity = c.integrity;
+  for (const BufferDesc& b : c.buffers)
+    if (c.integrity && b.memory != MemoryKind::kHost)  // digests read the bytes on the host
+      return Status(ErrorCode::kInvalidArgument,
+                    fmt::format("integrity needs host memory; a buffer is {} memory", memory_kind_name(b.memory)));
   ec.buffers = c.buffers;
   auto core = EndpointCore::create(ec);
   if (!core.ok()) return core.status();

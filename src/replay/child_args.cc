@@ -169,6 +169,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
     args.push_back(fmt::format("{}", c.prefill_ms_per_layer));
   }
   if (prefill && c.layerwise) args.push_back("--layerwise");
+  if (c.integrity) args.push_back("--integrity");
   if (c.transfer_shards != 1) {  // the rank's default is 1
     args.push_back("--transfer-shards");
     args.push_back(std::to_string(c.transfer_shards));

@@ -13,7 +13,7 @@ namespace kvferry::replay {
 namespace {
 
 constexpr const char* kKinds[] = {"transfer", "decode_fail", "prefill_fail", "timeout", "abort",
-                                  "peer_death", "restart", "link_down", "partition", "pause"};
+                                  "peer_death", "restart", "link_down", "partition", "pause", "corrupt"};
 constexpr int64_t kMaxNetFaultMs = 600'000;
 // Independent seeded streams (room ids use the plain seed in plan_requests).
 constexpr uint64_t kRoomFaultStream = 0x6661756c74730001ULL;
@@ -72,7 +72,7 @@ std::string resolve(const std::string& kind, const std::string& place, std::mt19
   if (place == "prefill" || (place.empty() && kind == "prefill_fail")) {
     return rank_str(Role::kPrefill, uint32_t(rng() % prefill_tp));
   }
-  if (place == "decode" || (place.empty() && kind == "decode_fail")) {
+  if (place == "decode" || (place.empty() && (kind == "decode_fail" || kind == "corrupt"))) {
     return rank_str(Role::kDecode, uint32_t(rng() % decode_tp));
   }
   if (place.empty()) {
@@ -152,7 +152,7 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     if (std::find(std::begin(kKinds), std::end(kKinds), f.kind) == std::end(kKinds)) {
       return bad_item(item, "unknown kind '" + f.kind +
                                 "' (known: transfer, decode_fail, prefill_fail, timeout, abort, peer_death, "
-                                "restart, link_down, partition, pause)");
+                                "restart, link_down, partition, pause, corrupt)");
     }
     if (f.is_timed()) {
       if (f.place.empty())
@@ -182,6 +182,8 @@ Result<FaultPlan> parse_fault_plan(const std::string& spec, uint32_t prefill_tp,
     }
     const bool on_prefill = f.place.rfind("prefill", 0) == 0;
     if (f.kind == "decode_fail" && on_prefill) return bad_item(item, "decode_fail acts on decode ranks only");
+    if (f.kind == "corrupt" && (on_prefill || f.place == "prefill"))
+      return bad_item(item, "corrupt names the decode rank whose incoming bytes are flipped (it detects it)");
     if (f.kind == "prefill_fail" && !f.place.empty() && !on_prefill) {
       return bad_item(item, "prefill_fail acts on prefill ranks only");
     }
@@ -227,6 +229,7 @@ std::string expected_code(const FaultSpec& f) {
     case FaultKind::kPrefillFail: return "injected";
     case FaultKind::kTimeout: return f.at.role == Role::kDecode ? "waiting_timeout" : "bootstrap_timeout";
     case FaultKind::kAbort: return "aborted";
+    case FaultKind::kCorrupt: return "integrity_error";
   }
   return "";
 }

@@ -19,6 +19,9 @@
 //        link_down    link_down@HOST:MS: every non-loopback link of the host goes down for MS ms
 //        partition    partition@HOST:MS: packets to and from the host are dropped for MS ms
 //                     (HOST: a key of the --hosts file; net_fault_executor.h carries them out)
+//        corrupt      at a decode rank: each prefill source of it flips one byte of its first write
+//                     of the room to it in flight, unreported by the transport; needs
+//                     --integrity (the decode rank's check)                     -> integrity_error
 //        pause        pause@RANK:MS: the rank's process is stopped (SIGSTOP) for MS ms, then runs
 //                     on (SIGCONT): alive but silent, a false death to its peers once MS passes
 //                     their patience; needs no --hosts (net_fault_executor.h)

@@ -73,6 +73,24 @@ TEST(FaultPlan, ExpectedCodePerKindAndSide) {
   EXPECT_EQ(expected_code(*fault_from_names("timeout", "decode/tp1")), "waiting_timeout");
   EXPECT_EQ(expected_code(*fault_from_names("abort", "decode/tp0")), "aborted");
   EXPECT_EQ(expected_code(*fault_from_names("prefill_fail", "prefill/tp3")), "injected");
+  EXPECT_EQ(expected_code(*fault_from_names("corrupt", "decode/tp1")), "integrity_error");
+}
+
+// corrupt: named for the decode rank that detects it (where the failure's origin is).
+TEST(AssignRoomFaults, CorruptActsOnDecodeRanksOnly) {
+  std::set<std::string> at;
+  for (const auto& f : assign_room_faults(*parse_fault_plan("corrupt:1", 2, 2), 200, 5, 2, 2)) {
+    ASSERT_TRUE(f.has_value());
+    EXPECT_EQ(f->kind, FaultKind::kCorrupt);
+    at.insert(f->at.str());
+  }
+  EXPECT_EQ(at, (std::set<std::string>{"decode/tp0", "decode/tp1"}));
+  EXPECT_EQ(parse_fault_plan("corrupt@decode/tp1:0.5", 2, 2)->str(), "corrupt@decode/tp1:0.5");
+  for (const char* bad : {"corrupt@prefill:0.1", "corrupt@prefill/tp0:once"}) {
+    auto p = parse_fault_plan(bad, 2, 2);
+    ASSERT_FALSE(p.ok()) << bad;
+    EXPECT_NE(p.status().message().find("corrupt names the decode rank"), std::string::npos) << p.status().str();
+  }
 }
 
 TEST(AssignRoomFaults, PrefillFailWithoutPlaceActsOnPrefillRanksOnly) {

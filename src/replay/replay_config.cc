@@ -85,6 +85,7 @@ std::string ReplayConfig::to_json() const {
                       {"seed", seed},
                       {"transport", transport},
                       {"transfer_shards", transfer_shards},
+                      {"integrity", integrity},
                       {"max_inflight", max_inflight},
                       {"out", out},
                       {"ready_timeout_s", ready_timeout_s},
@@ -139,6 +140,9 @@ Status validate(ReplayConfig& c) {
     if (!plan.ok()) return invalid(plan.status().message());
     c.fault_plan = *plan;
   }
+  for (const auto& item : c.fault_plan.items)
+    if (item.kind == "corrupt" && !c.integrity)
+      return invalid("--faults corrupt needs --integrity (the decode rank's integrity check is what detects it)");
   if (c.restart_delay_ms < 0) return invalid("--restart-delay-ms must be >= 0");
   for (const DeadlineField& f : deadline_fields()) {
     if (c.deadlines.*f.member <= 0) {

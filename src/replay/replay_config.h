@@ -43,6 +43,7 @@ struct ReplayConfig {
   uint64_t seed = 1;
   std::string transport = "shm";   // shm | tcp
   uint32_t transfer_shards = 1;    // every rank's transfer worker shards (TransportOptions::shards)
+  bool integrity = false;          // every rank's ManagerConfig::integrity (--integrity)
   uint32_t max_inflight = 16;
   std::string out = "out/replay";
   double ready_timeout_s = 180;    // engines up

@@ -160,6 +160,13 @@ TEST_F(Validate, FaultPlanAndDeadlinesInTheConfig) {
   c.faults = "peer_death@prefill/tp0:once,abort:0.5";
   ASSERT_TRUE(validate(c).ok());
   EXPECT_TRUE(c.fault_plan.has_peer_death());
+  // corrupt is caught by the integrity check only: refused without --integrity.
+  c = good();
+  c.faults = "corrupt@decode:0.1";
+  EXPECT_NE(error_of(c).find("--faults corrupt needs --integrity"), std::string::npos);
+  c.integrity = true;
+  ASSERT_TRUE(validate(c).ok());
+  EXPECT_EQ(nlohmann::json::parse(c.to_json())["integrity"], true);
 }
 
 TEST_F(Validate, HostsFilePlacesTheProcesses) {

@@ -3,7 +3,7 @@
 // 1.0) and checks, for every failed room, from results.json, the report and every rank's log:
 //   - every rank of both engines reached Failed (ranks_failed == prefill_tp + decode_tp), soon
 //     after the failure was first observed; except for failures the decode side observes after
-//     the prefill side finished its part (transfer@decode always: the data arrived; abort when
+//     the prefill side finished its part (transfer@decode and corrupt always: the data arrived; abort when
 //     it comes late): the prefill engine then reports Success, every decode rank Failed, and the
 //     report says so (ranks_concluded, concluded_engines; docs/report.md "Which ranks reach Failed");
 //   - both engines (that failed) report the injected origin and the kind's code;
@@ -45,6 +45,7 @@ std::vector<Case> all_cases() {
       cases.push_back({tp, "decode_fail", d, "injected"});
       cases.push_back({tp, "timeout", p, "bootstrap_timeout"});
       cases.push_back({tp, "timeout", d, "waiting_timeout"});
+      cases.push_back({tp, "corrupt", d, "integrity_error"});  // a byte flipped in flight (--integrity)
     }
     cases.push_back({tp, "abort", "decode/tp0", "aborted"});  // always at the decode leader
   }
@@ -60,16 +61,19 @@ TEST_P(FaultMatrix, EveryRankFailsWithTheInjectedOriginAndOneLine) {
   // an abort 2-10 ms after the dispatch to find them in flight.
   const fs::path trace = write_trace(kRequests, 20, {1500, 1650, 1800, 2000});
   const std::string spec = c.kind == "abort" ? "abort:1" : c.kind + "@" + c.at + ":1";
-  const CliRun run = replay({"--trace", trace.string(), "--model", "Qwen2.5-7B", "--prefill-tp",
-                             std::to_string(c.tp), "--decode-tp", std::to_string(c.tp),
-                             "--pool-mib", "256", "--prefill-pool-mib", "64", "--page-size", "16",
-                             "--faults", spec, "--fault-timeout-ms", "500", "--seed", "1"});
+  std::vector<std::string> args{"--trace", trace.string(), "--model", "Qwen2.5-7B", "--prefill-tp",
+                                std::to_string(c.tp), "--decode-tp", std::to_string(c.tp),
+                                "--pool-mib", "256", "--prefill-pool-mib", "64", "--page-size", "16",
+                                "--faults", spec, "--fault-timeout-ms", "500", "--seed", "1"};
+  if (c.kind == "corrupt") args.push_back("--integrity");  // what detects it
+  const CliRun run = replay(args);
   ASSERT_EQ(run.exit_code, 0) << run.output;
   const json r = report();
   const json res = results();
   // Decode-side failures that may come after the prefill engine finished the room (see top).
   const bool on_decode = c.at.rfind("decode", 0) == 0;
-  const bool prefill_may_succeed = c.kind == "abort" || (c.kind == "transfer" && on_decode);
+  // corrupt: decode's integrity check runs once every source said Success.
+  const bool prefill_may_succeed = c.kind == "abort" || c.kind == "corrupt" || (c.kind == "transfer" && on_decode);
   std::map<std::string, bool> prefill_failed;  // room -> the prefill engine reported Failed
   for (const auto& q : res["requests"]) {
     prefill_failed[q["room"]] = q["prefill"].is_object() && q["prefill"]["state"] == "Failed";

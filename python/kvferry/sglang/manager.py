@@ -182,6 +182,7 @@ class KVManager:
                         control_bind=_settings.env("KVFERRY_CONTROL_BIND") or advertise,
                         control_advertise=advertise,
                         fault_injection=_settings.env("KVFERRY_FAULT_INJECTION").lower() in _settings.TRUE,
+                        integrity=_settings.env("KVFERRY_INTEGRITY").lower() in _settings.TRUE,
                         **self.geometry.manager_kwargs())
 
     @staticmethod

@@ -28,6 +28,9 @@ ENV_DEFAULTS = {
     "KVFERRY_MAX_PREFILL_INSTANCES": "8",  # decode: prefill instances one decode rank serves
     "KVFERRY_LOG_FILE": "",                # JSON-lines log of each rank ("{rank}" is replaced)
     "KVFERRY_SGLANG_ALLOW_EAGER_RELEASE": "0",
+    # End-to-end integrity (KVManager(integrity=True); SGLang's --disaggregation-enable-kv-checksum
+    # does the same job): both engines should set it alike (docs/failure-model.md "Integrity").
+    "KVFERRY_INTEGRITY": "0",
     # Tests only: wrap the transport in the fault-injecting decorator (the manager's
     # inject_write_failure / hold_writes hooks). Never on in an engine's default path.
     "KVFERRY_FAULT_INJECTION": "0",

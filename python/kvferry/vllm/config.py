@@ -35,6 +35,7 @@ EXTRA_ENV = {
     "kvferry_log_file": "KVFERRY_LOG_FILE",
     "kvferry_transfer_shards": "KVFERRY_TRANSFER_SHARDS",
     "kvferry_aux_rows": "KVFERRY_AUX_ROWS",                # rooms in flight per kvferry manager
+    "kvferry_integrity": "KVFERRY_INTEGRITY",              # end-to-end integrity (both engines alike)
     # Tests only: kvferry's fault-injecting transport (inject_write_failure, hold_writes). Off by
     # default; never on in an engine's default path.
     "kvferry_fault_injection": "KVFERRY_FAULT_INJECTION",
@@ -70,6 +71,7 @@ class Settings:
     fault_injection: bool
     load_failure_policy: str  # vLLM's kv_load_failure_policy ("recompute" or "fail")
     aux_rows: int = AUX_ROWS  # aux rows of each kvferry manager (rooms in flight through it)
+    integrity: bool = False   # KVManager(integrity=...): end-to-end integrity
 
     @property
     def produces(self) -> bool:
@@ -137,7 +139,8 @@ def settings_of(vllm_config) -> Settings:
         log_file=get("kvferry_log_file"),
         transfer_shards=_num(get("kvferry_transfer_shards", "1"), "kvferry_transfer_shards", 1, 8),
         fault_injection=get("kvferry_fault_injection", "0").lower() in TRUE, load_failure_policy=str(policy),
-        aux_rows=_num(get("kvferry_aux_rows") or AUX_ROWS, "kvferry_aux_rows", 1, 1 << 20))
+        aux_rows=_num(get("kvferry_aux_rows") or AUX_ROWS, "kvferry_aux_rows", 1, 1 << 20),
+        integrity=get("kvferry_integrity", "0").lower() in TRUE)
 
 
 def check_kv_cache_config(kv_cache_config) -> None:

@@ -146,7 +146,8 @@ class WorkerSide:
                          peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
                          transfer_shards=self.s.transfer_shards, log_failures=True,
                          control_bind=self.s.control_host, control_advertise=self.s.control_host,
-                         fault_injection=self.s.fault_injection, aux_slots=self.s.aux_rows,
+                         fault_injection=self.s.fault_injection, integrity=self.s.integrity,
+                         aux_slots=self.s.aux_rows,
                          **g.manager_kwargs())
 
     def manager_for(self, bootstrap: str, prefill_tp: int) -> Tuple[Optional[KVManager], str, str]:

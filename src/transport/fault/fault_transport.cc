@@ -131,12 +131,40 @@ size_t FaultInjectingTransport::queued_writes(uint64_t room) const {
 }
 
 Result<LocalRegion> FaultInjectingTransport::create_region(uint64_t bytes) {
-  return inner_->create_region(bytes);
+  auto r = inner_->create_region(bytes);
+  if (r.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    local_regions_.push_back(*r);
+  }
+  return r;
 }
 
 Result<std::vector<LocalRegion>> FaultInjectingTransport::register_spans(
     const std::vector<MemorySpan>& spans) {
-  return inner_->register_spans(spans);
+  auto r = inner_->register_spans(spans);
+  if (r.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < r->size() && i < spans.size(); ++i)
+      if (spans[i].memory == MemoryKind::kHost) local_regions_.push_back((*r)[i]);  // device bytes: not ours to flip
+  }
+  return r;
+}
+
+void FaultInjectingTransport::corrupt_next_write(uint64_t room, size_t skip) {
+  std::lock_guard<std::mutex> lock(mu_);
+  corrupt_[room] = skip;
+}
+
+uint8_t* FaultInjectingTransport::flip_first_byte(const std::vector<WriteOp>& ops) {
+  for (const WriteOp& op : ops) {
+    if (op.length == 0) continue;
+    for (const LocalRegion& reg : local_regions_) {
+      if (op.local_offset >= reg.offset && op.local_offset - reg.offset < reg.bytes && reg.base != nullptr)
+        return reg.base + (op.local_offset - reg.offset);
+    }
+    return nullptr;
+  }
+  return nullptr;
 }
 
 TransportCaps FaultInjectingTransport::caps() const { return inner_->caps(); }
@@ -181,6 +209,24 @@ void FaultInjectingTransport::write(PeerId peer, uint64_t room, std::vector<Writ
                                     std::function<void(Status)> done) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto c = corrupt_.find(room); c != corrupt_.end() && !rooms_.count(room) && next_failures_ == 0 &&
+                                      !stopping_) {
+      uint8_t* byte = flip_first_byte(ops);
+      if (byte != nullptr && c->second > 0) {
+        --c->second;  // a batch let by
+      } else if (byte != nullptr) {
+        // The source byte is wrong while the batch is in flight (the copy that lands at the peer
+        // carries it) and right again before the caller hears of the completion.
+        corrupt_.erase(c);
+        const uint8_t original = *byte;
+        *byte = static_cast<uint8_t>(original ^ 0xff);
+        corrupted_++;
+        done = [byte, original, inner_done = std::move(done)](Status st) {
+          *byte = original;
+          if (inner_done) inner_done(std::move(st));
+        };
+      }
+    }
     std::optional<Status> fault;
     auto it = rooms_.find(room);
     if (it != rooms_.end()) {

@@ -374,8 +374,7 @@ void UcxTransport::handle_am_ack(const void* data, size_t length, ucp_ep_h from)
   Batch& b = *it->second;
   if (!ack_is_from(from, b.peer, ack.room, b.room)) return;
   if (ack.code != 0) {
-    ErrorCode code = ack.code <= kMaxErrorCode ? static_cast<ErrorCode>(ack.code)
-                                               : ErrorCode::kProtocolError;
+    ErrorCode code = code_from_int(ack.code).value_or(ErrorCode::kProtocolError);
     return finish(b, {code, refusal_text(static_cast<AmRefusal>(ack.refusal), b.room)});
   }
   if (--b.acks == 0) finish(b, Status::Ok());
