@@ -208,11 +208,18 @@ def test_block_size_mismatch_is_refused(cluster):
     c = cluster(1, 1, decode_block_size=8, extra={"kv_lease_duration": 1})
     kvp, out = c.request(15, PROMPTS[15], params={"kvferry_room": 70015})
     assert out["token_ids"] == C.expected_tokens(PROMPTS[15], 3) and not c.checks("d-15")
-    c.kv("prefill", lambda k: "p-15" in k["finished_sending"], what="p-15 freed at the lease's end")
-    lines = c.lines_above_debug(70015)
-    dec = [r for r in lines if r["proc"] == "decode-tp0"]
+    c.kv("prefill", lambda k: "p-15" in k["finished_sending"], what="p-15 freed")
+    # Each process's lines reach the records on their own time: wait for both sides' (a deadline,
+    # not a window), then check that nothing else came.
+    deadline = time.monotonic() + 30
+    while True:
+        lines = c.lines_above_debug(70015)
+        dec = [r for r in lines if r["proc"] == "decode-tp0"]
+        told = [r for r in c.lines_above_debug() if r["proc"] == "prefill-tp0" and "incompatible" in r["msg"]]
+        if (dec and told) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert len(dec) == 1 and dec[0]["level"] == 40 and "block size mismatch: prefill 4 tokens, decode 8" in \
         dec[0]["msg"], lines
     assert [r for r in lines if r not in dec] == [], lines
-    told = [r for r in c.lines_above_debug() if r["proc"] == "prefill-tp0" and "incompatible" in r["msg"]]
     assert len(told) == 1 and told[0]["level"] == 40 and "page_size: ours 4, theirs 8" in told[0]["msg"], told

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "control/codec_test_util.h"
 #include "kvferry/messages.h"
 
 namespace kvferry {
@@ -36,28 +37,7 @@ RoomStatus sample_status() {
   return m;
 }
 
-template <typename T>
-T round_trip(const T& m) {
-  const std::string frame = encode(Message(m));
-  auto r = decode(frame);
-  EXPECT_TRUE(r.ok()) << r.status().str();
-  if (!r.ok()) return T{};
-  EXPECT_TRUE(std::holds_alternative<T>(*r));
-  EXPECT_EQ(encode(*r), frame);
-  return std::get<T>(*r);
-}
-
-void put_le(std::string& f, size_t off, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) f[off + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void fix_body_length(std::string& f) { put_le(f, 8, f.size() - 12, 4); }
-
-void expect_rejected(const std::string& frame, const std::string& mentions) {
-  auto r = decode(frame);
-  ASSERT_FALSE(r.ok()) << "accepted a bad frame; expected error mentioning " << mentions;
-  EXPECT_EQ(r.status().code(), ErrorCode::kProtocolError);
-  EXPECT_NE(r.status().message().find(mentions), std::string::npos) << r.status().message();
-}
+using namespace codec_testing;
 
 // The metadata's flag and the Success's digest round-trip;
 // frames without them are the original format, byte for byte.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <random>
 
+#include "control/codec_test_util.h"
 #include "kvferry/messages.h"
 
 namespace kvferry {
@@ -80,29 +81,7 @@ RoomStatus sample_status() {
 
 Heartbeat sample_heartbeat() { return Heartbeat{prefill(3), 99, 1234567890123ll, 0xabcdull}; }
 
-template <typename T>
-T round_trip(const T& m) {
-  const std::string frame = encode(Message(m));
-  auto r = decode(frame);
-  EXPECT_TRUE(r.ok()) << r.status().str();
-  if (!r.ok()) return T{};
-  EXPECT_TRUE(std::holds_alternative<T>(*r));
-  EXPECT_EQ(encode(*r), frame);
-  return std::get<T>(*r);
-}
-
-// Frame helpers for hand-made corruptions.
-void put_le(std::string& f, size_t off, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) f[off + i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void fix_body_length(std::string& f) { put_le(f, 8, f.size() - 12, 4); }
-
-void expect_rejected(const std::string& frame, const std::string& mentions) {
-  auto r = decode(frame);
-  ASSERT_FALSE(r.ok()) << "accepted a bad frame; expected error mentioning " << mentions;
-  EXPECT_EQ(r.status().code(), ErrorCode::kProtocolError);
-  EXPECT_NE(r.status().message().find(mentions), std::string::npos) << r.status().message();
-}
+using namespace codec_testing;
 
 TEST(Codec, PoolRegistrationRoundTrip) {
   const auto m = sample_registration();

@@ -24,32 +24,14 @@
 #include "kvferry/manager.h"
 #include "manager/manager_internal.h"
 #include "manager/manager_pair_test_util.h"
+#include "manager/manager_tp_test_util.h"
 
 namespace kvferry {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Prefill ranks (TP prefill_tp) and one decode rank, caller-pumped, with the fault decorator.
-struct Ranks {
-  std::unique_ptr<BootstrapServer> server;
-  std::vector<std::unique_ptr<Manager>> prefill;
-  std::unique_ptr<Manager> decode;
-
-  bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
-    auto end = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      for (auto& p : prefill) p->progress();
-      decode->progress();
-      if (pred()) return true;
-      if (std::chrono::steady_clock::now() > end) return false;
-      std::vector<int> fds = decode->wait_fds();
-      for (auto& p : prefill)
-        for (int fd : p->wait_fds()) fds.push_back(fd);
-      wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
-    }
-  }
-};
+using Ranks = testing::TpRanks;
 
 struct Options {
   std::string transport = "shm";
@@ -74,48 +56,14 @@ ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const Op
 }
 
 std::unique_ptr<Ranks> make_ranks(const Options& o) {
-  auto r = std::make_unique<Ranks>();
-  auto server = BootstrapServer::start("127.0.0.1", 0);
-  EXPECT_TRUE(server.ok());
-  if (!server.ok()) return nullptr;
-  r->server = std::move(server).value();
-  const std::string bootstrap = "127.0.0.1:" + std::to_string(r->server->port());
-  for (uint32_t t = 0; t < o.prefill_tp; ++t) {
-    auto p = Manager::create(config({Role::kPrefill, 0, t, 0}, o.prefill_tp, 1, o, bootstrap));
-    EXPECT_TRUE(p.ok()) << p.status().str();
-    if (!p.ok()) return nullptr;
-    r->prefill.push_back(std::move(p).value());
-  }
-  auto d = Manager::create(config({Role::kDecode, 0, 0, 0}, 1, o.prefill_tp, o, bootstrap));
-  EXPECT_TRUE(d.ok()) << d.status().str();
-  if (!d.ok()) return nullptr;
-  r->decode = std::move(d).value();
-  if (!r->until([&] {
-        for (auto& p : r->prefill)
-          if (p->stats().peers != 1) return false;
-        return true;
-      })) {
-    ADD_FAILURE() << "the decode pool registration never reached every prefill manager";
-    return nullptr;
-  }
-  return r;
+  return testing::make_tp_ranks(o.prefill_tp, [&](const RankId& self, uint32_t tp, uint32_t peer_tp,
+                                                  const std::string& bootstrap) {
+    return config(self, tp, peer_tp, o, bootstrap);
+  });
 }
 
-void fill(Manager& m, uint64_t room, uint64_t first_page, const std::vector<uint64_t>& pages) {
-  const PoolLayout& l = m.layout();
-  for (size_t i = 0; i < pages.size(); ++i)
-    for (uint32_t b = 0; b < l.num_buffers(); ++b)
-      fill_page(l, room, b, (first_page + i) * l.page_size, m.pool_base() + l.page_offset(b, pages[i]));
-}
-
-uint64_t mismatched(Manager& m, uint64_t room, const std::vector<uint64_t>& pages) {
-  const PoolLayout& l = m.layout();
-  uint64_t bad = 0;
-  for (size_t i = 0; i < pages.size(); ++i)
-    for (uint32_t b = 0; b < l.num_buffers(); ++b)
-      bad += verify_page(l, room, b, i * l.page_size, m.pool_base() + l.page_offset(b, pages[i]));
-  return bad;
-}
+using testing::fill;
+using testing::mismatched;
 
 // One room from every prefill rank to the decode rank: metadata, then `chunks` page chunks.
 struct Room {

@@ -18,32 +18,14 @@
 #include "kvferry/fault_transport.h"
 #include "kvferry/manager.h"
 #include "manager/manager_pair_test_util.h"
+#include "manager/manager_tp_test_util.h"
 
 namespace kvferry {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Prefill ranks (TP prefill_tp) and one decode rank, caller-pumped, with the fault decorator.
-struct Ranks {
-  std::unique_ptr<BootstrapServer> server;
-  std::vector<std::unique_ptr<Manager>> prefill;
-  std::unique_ptr<Manager> decode;
-
-  bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 20s) {
-    auto end = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      for (auto& p : prefill) p->progress();
-      decode->progress();
-      if (pred()) return true;
-      if (std::chrono::steady_clock::now() > end) return false;
-      std::vector<int> fds = decode->wait_fds();
-      for (auto& p : prefill)
-        for (int fd : p->wait_fds()) fds.push_back(fd);
-      wait_readable(fds.data(), static_cast<int>(fds.size()), 1);
-    }
-  }
-};
+using Ranks = testing::TpRanks;
 
 ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const std::string& transport,
                      const std::string& bootstrap) {
@@ -56,31 +38,10 @@ ManagerConfig config(const RankId& self, uint32_t tp, uint32_t peer_tp, const st
 }
 
 std::unique_ptr<Ranks> make_ranks(const std::string& transport, uint32_t prefill_tp = 1) {
-  auto r = std::make_unique<Ranks>();
-  auto server = BootstrapServer::start("127.0.0.1", 0);
-  EXPECT_TRUE(server.ok());
-  if (!server.ok()) return nullptr;
-  r->server = std::move(server).value();
-  const std::string bootstrap = "127.0.0.1:" + std::to_string(r->server->port());
-  for (uint32_t t = 0; t < prefill_tp; ++t) {
-    auto p = Manager::create(config({Role::kPrefill, 0, t, 0}, prefill_tp, 1, transport, bootstrap));
-    EXPECT_TRUE(p.ok()) << p.status().str();
-    if (!p.ok()) return nullptr;
-    r->prefill.push_back(std::move(p).value());
-  }
-  auto d = Manager::create(config({Role::kDecode, 0, 0, 0}, 1, prefill_tp, transport, bootstrap));
-  EXPECT_TRUE(d.ok()) << d.status().str();
-  if (!d.ok()) return nullptr;
-  r->decode = std::move(d).value();
-  if (!r->until([&] {
-        for (auto& p : r->prefill)
-          if (p->stats().peers != 1) return false;
-        return true;
-      })) {
-    ADD_FAILURE() << "the decode pool registration never reached every prefill manager";
-    return nullptr;
-  }
-  return r;
+  return testing::make_tp_ranks(prefill_tp, [&](const RankId& self, uint32_t tp, uint32_t peer_tp,
+                                                const std::string& bootstrap) {
+    return config(self, tp, peer_tp, transport, bootstrap);
+  });
 }
 
 // Writes the room's pages [first_page, ...) into prefill pages `pages` (every layer).
