@@ -86,3 +86,16 @@ def wait_for_records(records, pred, timeout=5.0):
 
 def dump(obj):
     return json.dumps(obj, sort_keys=True)
+
+
+def tiny_pool(geo, pages, aux):
+    """A zeroed numpy pool for `pages` pages of geometry `geo` (KVManager's keyword arguments) with
+    `aux` aux slots."""
+    return np.zeros(kvferry.pool_nbytes(pages, aux_slots=aux, **{k: v for k, v in geo.items() if k != "model_name"}),
+                    dtype=np.uint8)
+
+
+def kv_view(mgr, p):
+    """The KV part of pool `p` of manager `mgr` as [buffer, page, page bytes]."""
+    l = mgr.layout
+    return p[: l["num_buffers"] * l["buffer_bytes"]].reshape(l["num_buffers"], l["num_pages"], l["page_bytes"])

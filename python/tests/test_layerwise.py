@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import kvferry
-from kv_test_util import wait_until
+from kv_test_util import wait_until, kv_view, tiny_pool
 
 GEO = dict(num_layers=4, num_kv_heads=2, head_dim=16, dtype_bytes=2, page_size=4, model_name="tiny-layers")
 POOL_PAGES = 16
@@ -13,13 +13,7 @@ AUX = 8
 
 
 def pool():
-    return np.zeros(kvferry.pool_nbytes(POOL_PAGES, aux_slots=AUX, **{k: v for k, v in GEO.items() if k != "model_name"}),
-                    dtype=np.uint8)
-
-
-def kv_view(mgr, p):
-    l = mgr.layout
-    return p[: l["num_buffers"] * l["buffer_bytes"]].reshape(l["num_buffers"], l["num_pages"], l["page_bytes"])
+    return tiny_pool(GEO, POOL_PAGES, AUX)
 
 
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
