@@ -173,9 +173,11 @@ class EndpointPair {
   // A fresh prefill rank (new transport, new incarnation; a new control port unless
   // `control_port` names one, as a rank restarted on the same ports) registered at the bootstrap
   // service, as a restarted prefill process does.
-  Status start_prefill(uint16_t control_port = 0) {
+  // `layout` (default: the pair's): e.g. a restart with another page size.
+  Status start_prefill(uint16_t control_port = 0, const TestLayoutSpec* layout = nullptr) {
     kill_prefill();
-    auto c = test_manager_config({Role::kPrefill, 0, cfg_.tp_rank, 0}, cfg_.prefill_deadlines, cfg_.layout);
+    auto c = test_manager_config({Role::kPrefill, 0, cfg_.tp_rank, 0}, cfg_.prefill_deadlines,
+                                 layout ? *layout : cfg_.layout);
     if (!c.ok()) return c.status();
     c->tp_size = cfg_.tp_size;
     c->transport = cfg_.transport;

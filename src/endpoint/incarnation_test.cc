@@ -382,3 +382,46 @@ TEST(Incarnation, DecodeGivenAForgedIncarnationByTheBootstrapAdoptsTheOneAtTheEn
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+// Issue 34 item 4 (attack on the compatibility handshake): a prefill rank that died and came back
+// on the same endpoint with a fingerprint this decode rank cannot serve (here: another page size)
+// is checked when the decode rank finds it again, before its registration is answered or any of
+// its fields is used (DecodeEndpoint::admit_rediscovered). The room that waited for it fails here
+// with incompatible_peer, origin this decode rank, naming the field and both values; without the
+// check the decode rank registered with it as with a compatible peer and only the prefill rank's
+// refusal (origin prefill) ended the room.
+TEST(Incarnation, APrefillRankRestartedIncompatibleIsRefusedWhenFoundAgain) {
+  auto p = testing::make_pair();
+  ASSERT_TRUE(p);
+  const uint64_t lost = 0x3141;
+  testing::open_room(*p, lost, 32, {0, 1}, 1);
+  const uint16_t port = control_port(p->pcore());
+  p->kill_prefill();
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(lost) == KVPoll::Failed; }, 3s,
+                            [&] { p->pump_decode(); }));
+  p->decode().release(lost);
+  // A room opened while its source is dead waits for it (its metadata goes when it is back).
+  const uint64_t waiting = 0x3142;
+  p->decode().add_room(waiting, 32);
+  ASSERT_TRUE(p->decode().init(waiting, {2, 3}, 2).ok());
+  ASSERT_NE(p->decode().poll(waiting), KVPoll::Failed);
+  testing::TestLayoutSpec other;
+  other.page_size = 32;
+  ASSERT_TRUE(p->start_prefill(port, &other).ok());
+  ASSERT_TRUE(p->pump_until([&] { return p->decode().poll(waiting) == KVPoll::Failed; }, 10s))
+      << "the room waiting for the restarted source never failed";
+  auto e = p->dcore().registry().get(waiting);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->code, ErrorCode::kIncompatiblePeer) << e->str();
+  EXPECT_EQ(e->origin, testing::decode_rank0()) << e->str();
+  EXPECT_NE(e->failure_reason.find("page_size"), std::string::npos) << e->failure_reason;
+  EXPECT_NE(e->failure_reason.find("16"), std::string::npos) << e->failure_reason;
+  EXPECT_NE(e->failure_reason.find("32"), std::string::npos) << e->failure_reason;
+  EXPECT_EQ(p->prefill().peers(), 0u) << "the incompatible prefill rank took the decode rank as its peer";
+}
+
+}  // namespace
+}  // namespace kvferry
