@@ -235,6 +235,21 @@ def test_unsupported_parallelism_fails_at_construction(host_env, field, value, n
         ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
 
 
+def test_dp_attention_refusals_name_the_setting(host_env):
+    """DP attention is served (test_sglang_harness.py); what is not is refused at construction."""
+    dp2 = dict(tp_size=2, dp_size=2, enable_dp_attention=True)
+    # Decode DP attention with SGLang's decode default (auto: round_robin): kvferry's prefill
+    # writes a room to decode DP rank room % dp, so decode must dispatch by bootstrap_room.
+    with pytest.raises(ks.UnsupportedConfiguration, match="follow_bootstrap_room"):
+        ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, ServerArgs(**dp2), False)
+    with pytest.raises(ks.UnsupportedConfiguration, match="multiple"):
+        ks.KVManager(kv_args(), DisaggregationMode.PREFILL, ServerArgs(**{**dp2, "tp_size": 3}), False)
+    a = kv_args(tp_rank=1)  # prefill: engine_rank is the global TP rank, so DP rank 1 with attn_tp 1
+    a.system_dp_rank = 0
+    with pytest.raises(ks.UnsupportedConfiguration, match="attention DP rank 1"):
+        ks.KVManager(a, DisaggregationMode.PREFILL, ServerArgs(**dp2), False)
+
+
 def test_decode_needs_deferred_release_and_no_decode_prefix(host_env, monkeypatch):
     sargs = ServerArgs(disaggregation_decode_enable_radix_cache=True)
     with pytest.raises(ks.UnsupportedConfiguration, match="decode-enable-radix-cache"):
