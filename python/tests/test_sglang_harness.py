@@ -224,6 +224,19 @@ def test_dp_attention_prefill_dp2_to_decode_tp2():
     check_run(out, reqs, {703: ("transfer_error", "prefill/tp0/dp1")}, serving)
 
 
+def test_dp_attention_agreement_is_per_attention_tp_group():
+    """Prefill tp4 dp2 (attention TP 2) to decode tp2 dp2 (attention TP 1): a write failure on
+    prefill/tp1/dp1 fails room 803 on the three ranks of the two DP ranks serving it (prefill/tp0/dp1
+    learns it from its decode destination or its attention TP group's poll MIN, whichever comes
+    first) with that origin, logged once; the poll MIN of each DP rank's group spans only its ranks,
+    so DP 0's rooms run to Success beside it."""
+    reqs = [req(801, 3, [1, 2]), req(802, 2, [2]), req(803, 4, [2, 2, 0]), req(804, 1, [1], arrive=5)]
+    out = run(4, 2, reqs, {"prefill/tp1/dp1": {"803": ["write_failure"]}}, prefill_dp=2, decode_dp=2)
+    serving = {r["room"]: [dp_name("prefill", t, r["room"] % 2) for t in (0, 1)] + [dp_name("decode", 0, r["room"] % 2)]
+               for r in reqs}
+    check_run(out, reqs, {803: ("transfer_error", "prefill/tp1/dp1")}, serving)
+
+
 HOSTS_SH = os.path.join(HERE, "..", "..", "tests", "hosts", "hosts.sh")
 
 
