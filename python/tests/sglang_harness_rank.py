@@ -205,6 +205,24 @@ class Rank:
         req["aux_row"] = self.free_aux.pop(0)
         req["state_row"] = self.free_state.pop(0) if self.state is not None else None
 
+    def budget(self):
+        """Pages, aux rows and state rows every rank of the attention TP group can still allocate
+        (a collective: every rank calls it once a step). SGLang takes a request off its queue only
+        when memory allows (decode.py DecodePreallocQueue.pop_preallocated: allocatable tokens and
+        req_to_token slots; prefill.py PrefillBootstrapQueue: a free metadata buffer index), alike on
+        every rank of the group; a deferred release may leave ranks with different free counts."""
+        big = 1 << 30
+        return self.group.min([len(self.free_pages), len(self.free_aux),
+                               len(self.free_state) if self.state is not None else big])
+
+    @staticmethod
+    def fits(budget, req):
+        """Takes the request's pages and rows off `budget` if it fits; else it waits in its queue."""
+        if budget[0] < req["pages"] or budget[1] < 1 or budget[2] < 1:
+            return False
+        budget[0], budget[1], budget[2] = budget[0] - req["pages"], budget[1] - 1, budget[2] - 1
+        return True
+
     def free(self, req, obj, how):
         safe = obj.release_safe()
         self.out["frees"].append({"room": req["room"], "release_safe": safe, "how": how})
@@ -258,12 +276,13 @@ class Rank:
                         req["held"] = True
                 bootstrap.append(req)
             polls = self.group.min([r["obj"].poll() for r in bootstrap])
+            budget = self.budget()
             for req, p in list(zip(bootstrap, polls)):
                 if p == ks.KVPoll.Failed:
                     self.fail_log(req, req["obj"], "Prefill bootstrap", logging.WARNING)
                     self.free(req, req["obj"], "bootstrap_failure")
                     bootstrap.remove(req)
-                elif p == ks.KVPoll.WaitingForInput:
+                elif p == ks.KVPoll.WaitingForInput and self.fits(budget, req):
                     assert req["obj"].pop_decode_prefix_len() == 0
                     self.alloc(req)
                     req["obj"].init(req["pages"], req["aux_row"])
@@ -347,12 +366,13 @@ class Rank:
                 prealloc.append(req)
             self.resolve_prefill_dp(prealloc)
             polls = self.group.min([r["obj"].poll() if r["init"] else ks.KVPoll.Bootstrapping for r in prealloc])
+            budget = self.budget()
             for req, p in list(zip(prealloc, polls)):
                 if p == ks.KVPoll.Failed:
                     self.fail_log(req, req["obj"], "Decode handshake", logging.ERROR)
                     self.free(req, req["obj"], "handshake_failure")
                     prealloc.remove(req)
-                elif p == ks.KVPoll.WaitingForInput:
+                elif p == ks.KVPoll.WaitingForInput and self.fits(budget, req):
                     self.alloc(req)
                     state = [np.array([req["state_row"]], np.int32)] if self.state is not None else []
                     req["t_meta"] = time.perf_counter()
