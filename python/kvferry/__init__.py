@@ -140,7 +140,11 @@ class KVManager(_kvferry.Manager):
     (ManagerConfig::integrity, docs/failure-model.md "Integrity"): decode digests what landed and
     compares it with each prefill source's digest (a mismatch fails the room with code
     "integrity_error", origin the decode rank); a prefill with it on fails rooms whose decode rank
-    does not ask. Off by default; both engines should agree.
+    does not ask. Off by default; both engines should agree. dp_rank: this rank's DP group (each
+    DP group is its own TP engine of tp_size ranks; DP attention); peer_dp_size: the other
+    engine's DP size. A room is served by decode DP group ``room % decode DP size``
+    (kvferry/routing.h) and by the prefill DP group its receiver names (``prefill_dp_rank``,
+    default the same rule).
 
     KVManager is the compiled manager type itself (``kvferry._kvferry.Manager``): ``layout``,
     ``rank``, ``control_endpoint`` and the calls by room id that KVSender and KVReceiver make
@@ -159,7 +163,8 @@ class KVManager(_kvferry.Manager):
                  peer_tp_size: Optional[int] = None, deadlines: Optional[dict] = None,
                  log_file: Optional[str] = None, transfer_shards: int = 1, log_failures: bool = True,
                  control_bind: str = "", control_advertise: str = "", control_port: int = 0,
-                 fault_injection: bool = False, integrity: bool = False):
+                 fault_injection: bool = False, integrity: bool = False, dp_rank: int = 0,
+                 peer_dp_size: int = 1):
         if (kv_pool is None) == (buffers is None):
             raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
@@ -171,7 +176,7 @@ class KVManager(_kvferry.Manager):
                          tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
                          os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
                          control_bind, control_advertise, int(control_port), bool(fault_injection),
-                         bool(integrity))
+                         bool(integrity), int(dp_rank), int(peer_dp_size))
         self._constructed = True  # the compiled manager exists (close() may call into it)
 
     def page_offset(self, buffer: int, page: int) -> int:

@@ -39,7 +39,7 @@ Result<PoolLayout> layout_for_pages(const ConnectorConfig& c, uint64_t num_pages
 
 Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   std::unique_ptr<Connector> m(new Connector());
-  m->self_ = RankId{c.role, 0, c.tp_rank, 0};
+  m->self_ = RankId{c.role, 0, c.tp_rank, c.dp_rank};
   if (c.buffers.empty()) {
     if (c.pool == nullptr || c.pool_bytes == 0) return bad("no memory: give a KV pool or engine buffers");
     auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);
@@ -54,6 +54,7 @@ Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   mc.self = m->self_;
   mc.tp_size = c.tp_size;
   mc.peer_tp_size = c.peer_tp_size;
+  mc.peer_dp_size = c.peer_dp_size;
   mc.model = c.model;
   mc.page_size = c.page_size;
   mc.buffers = c.buffers;

@@ -22,6 +22,23 @@ Faults (the plan the test passes): "write_failure" (prefill: every write of the 
 release), "abort" (decode: the receiver is aborted once its metadata went out and, if a prefill
 rank holds the room, once its held writes are in flight). The ranks tell each other these events
 through marker files in the run's events directory, so the deferred release is certain, not a race.
+
+DP attention (cfg dp_size > 1, SGLang's --enable-dp-attention): the engine's tp_size ranks form
+dp_size attention DP ranks of attn_tp = tp_size // dp_size ranks each (layers/dp_attention.py
+compute_dp_attention_world_info: tp_rank = attn_dp_rank * attn_tp + attn_tp_rank). KVArgs as
+prefill.py / decode.py _init_kv_manager set them: engine_rank the global TP rank on prefill, the
+rank in its attention TP group on decode; system_dp_rank the scheduler's DP rank (the attention DP
+rank, data_parallel_controller.py launch_tensor_parallel_group). The DP controller gives each
+request to one DP rank (data_parallel_controller.py: follow_bootstrap_room_scheduler room % dp,
+round_robin_scheduler in arrival order, an external routed DP rank first:
+maybe_external_dp_rank_routing); a request's "prefill_dp" is such a routed rank, and the router
+then gives decode the same (req.disagg_prefill_dp_rank; prefill.py passes
+req_has_disagg_prefill_dp_rank to the KVSender). The poll MIN is over the attention TP group only
+(prefill.py poll_and_all_reduce_attn_cp_tp_group over attn_tp_cpu_group; decode.py's gloo_group is
+the scheduler's attn_tp_cpu_group, scheduler.py). Decode resolves a room's prefill DP rank as
+decode.py DecodePreallocQueue._resolve_prefill_dp_rank / _resolve_pending_reqs do: the request's
+own, else 0 for a prefill of DP 1, else room % dp with follow_bootstrap_room, else the bootstrap
+service's query_prefill_dp_ranks for the rooms still unresolved (retried every step).
 """
 import logging
 import os
@@ -91,11 +108,25 @@ def state_content(room):
     return np.random.default_rng(room + 2).integers(0, 256, size=STATE_ITEM, dtype=np.uint8)
 
 
+def rank_name(role, attn_tp_rank, dp_rank):
+    """As kvferry names a rank (RankId::str): "decode/tp1", "prefill/tp0/dp1"."""
+    return f"{role}/tp{attn_tp_rank}" + (f"/dp{dp_rank}" if dp_rank else "")
+
+
+def place(cfg):
+    """(attention TP size, attention TP rank, attention DP rank) of the rank cfg describes."""
+    attn_tp = cfg["tp_size"] // cfg.get("dp_size", 1)
+    return attn_tp, cfg["tp_rank"] % attn_tp, cfg["tp_rank"] // attn_tp
+
+
 class Rank:
     def __init__(self, cfg, group, records):
         import kvferry.sglang as ks
         self.ks, self.cfg, self.group, self.records = ks, cfg, group, records
-        self.role, self.tp, self.tp_size = cfg["role"], cfg["tp_rank"], cfg["tp_size"]
+        self.role, self.engine_tp, self.engine_tp_size = cfg["role"], cfg["tp_rank"], cfg["tp_size"]
+        self.dp_size = cfg.get("dp_size", 1)
+        self.tp_size, self.tp, self.dp = place(cfg)  # attention TP size and rank, attention DP rank
+        self.name = rank_name(self.role, self.tp, self.dp)
         self.log = logging.getLogger(LOG_NAMES[self.role])
         self.mla = cfg["mla"]
         self.tensors = 1 if self.mla else 2
@@ -108,7 +139,9 @@ class Rank:
         self.aux_room = np.zeros((AUX_ROWS, 8), np.uint64)  # SGLang's bootstrap_room metadata buffer
         self.state = np.zeros((STATE_ROWS, STATE_ITEM), np.uint8) if cfg["state"] else None
         a = ks.KVArgs()
-        a.engine_rank, a.pp_rank, a.system_dp_rank, a.page_size = self.tp, 0, 0, PAGE
+        # prefill.py _init_kv_manager: engine_rank = tp_rank; decode.py: tp_rank % attn_tp_size.
+        a.engine_rank = self.engine_tp if self.role == "prefill" else self.tp
+        a.pp_rank, a.system_dp_rank, a.page_size = 0, self.dp, PAGE
         a.kv_data_ptrs = [x.ctypes.data for x in self.kv]
         a.kv_data_lens = [x.nbytes for x in self.kv]
         a.kv_item_lens = [item] * len(self.kv)
@@ -128,9 +161,13 @@ class Rank:
         # Across hosts (cfg "host": this rank's address) the bootstrap service is on the prefill's
         # host (cfg "bootstrap_host"), as SGLang's --host of the prefill server gives it.
         bootstrap_host = cfg.get("bootstrap_host", "127.0.0.1")
-        sargs = ServerArgs(tp_size=self.tp_size, disaggregation_bootstrap_port=cfg["bootstrap_port"],
+        sargs = ServerArgs(tp_size=self.engine_tp_size, dp_size=self.dp_size,
+                           enable_dp_attention=self.dp_size > 1,
+                           load_balance_method=cfg.get("load_balance_method", "auto"),
+                           disaggregation_bootstrap_port=cfg["bootstrap_port"],
                            disaggregation_transfer_backend="kvferry", disaggregation_mode=self.role,
                            host=bootstrap_host)
+        self.lbm = ks.settings.load_balance_method(sargs, self.role)
         mode = DisaggregationMode.PREFILL if self.role == "prefill" else DisaggregationMode.DECODE
         self.mgr = ks.KVManager(a, mode, sargs, self.mla)
         self.addr = f"{bootstrap_host}:{cfg['bootstrap_port']}"
@@ -138,17 +175,53 @@ class Rank:
         self.free_aux = list(range(AUX_ROWS))
         self.free_state = list(range(STATE_ROWS))
         self.out = {"rooms": {}, "frees": [], "bytes_ok": {}, "overhead_ms": {}, "latency_s": {},
-                    "rank_ip": self.mgr.rank_ip}
+                    "rank_ip": self.mgr.rank_ip, "served": [], "prefill_dp": {}}
+
+    def mine(self, index, req):
+        """Whether the engine's DP controller gives request `index` of the run to this DP rank
+        (data_parallel_controller.py: maybe_external_dp_rank_routing, then the method)."""
+        if self.dp_size == 1:
+            return True
+        if self.role == "prefill" and req.get("prefill_dp") is not None:
+            return req["prefill_dp"] == self.dp
+        if self.lbm == "follow_bootstrap_room":
+            return req["room"] % self.dp_size == self.dp
+        assert self.lbm == "round_robin", self.lbm  # its counter counts the requests it dispatched itself
+        own = [r for r in self.cfg["requests"][:index] if self.role == "decode" or r.get("prefill_dp") is None]
+        return len(own) % self.dp_size == self.dp
+
+    def requests(self):
+        reqs = [dict(r) for i, r in enumerate(self.cfg["requests"]) if self.mine(i, r)]
+        self.out["served"] = [r["room"] for r in reqs]
+        return reqs
 
     # -- helpers ---------------------------------------------------------------------------------------
     def faults(self, room):
-        return self.cfg["faults"].get(f"{self.role}/tp{self.tp}", {}).get(str(room), [])
+        return self.cfg["faults"].get(self.name, {}).get(str(room), [])
 
     def alloc(self, req):
         n = req["pages"]
         req["kv_pages"], self.free_pages = self.free_pages[:n], self.free_pages[n:]
         req["aux_row"] = self.free_aux.pop(0)
         req["state_row"] = self.free_state.pop(0) if self.state is not None else None
+
+    def budget(self):
+        """Pages, aux rows and state rows every rank of the attention TP group can still allocate
+        (a collective: every rank calls it once a step). SGLang takes a request off its queue only
+        when memory allows (decode.py DecodePreallocQueue.pop_preallocated: allocatable tokens and
+        req_to_token slots; prefill.py PrefillBootstrapQueue: a free metadata buffer index), alike on
+        every rank of the group; a deferred release may leave ranks with different free counts."""
+        big = 1 << 30
+        return self.group.min([len(self.free_pages), len(self.free_aux),
+                               len(self.free_state) if self.state is not None else big])
+
+    @staticmethod
+    def fits(budget, req):
+        """Takes the request's pages and rows off `budget` if it fits; else it waits in its queue."""
+        if budget[0] < req["pages"] or budget[1] < 1 or budget[2] < 1:
+            return False
+        budget[0], budget[1], budget[2] = budget[0] - req["pages"], budget[1] - 1, budget[2] - 1
+        return True
 
     def free(self, req, obj, how):
         safe = obj.release_safe()
@@ -167,7 +240,7 @@ class Rank:
         req["kv_pages"], req["aux_row"], req["state_row"] = [], None, None
 
     def fail_log(self, req, obj, what, local_level):
-        msg = f"{what} failed for request rank={self.tp} bootstrap_room={req['room']}"
+        msg = f"{what} failed for request rank={self.engine_tp} bootstrap_room={req['room']}"
         exc = None
         try:
             obj.failure_exception()
@@ -184,7 +257,7 @@ class Rank:
 
     # -- prefill -----------------------------------------------------------------------------------------
     def prefill_run(self):
-        ks, reqs = self.ks, [dict(r) for r in self.cfg["requests"]]
+        ks, reqs = self.ks, self.requests()
         pending, bootstrap, running, inflight = list(reqs), [], [], []
         deadline = time.monotonic() + self.cfg["timeout_s"]
         step = 0
@@ -193,7 +266,8 @@ class Rank:
                 [(r["room"], int(r["obj"].poll())) for r in bootstrap + running + inflight])
             for req in [r for r in pending if r["arrive"] <= step]:
                 pending.remove(req)
-                req["obj"] = ks.KVSender(self.mgr, self.addr, req["room"], [self.tp], 0)
+                req["obj"] = ks.KVSender(self.mgr, self.addr, req["room"], [self.tp], 0,
+                                         req_has_disagg_prefill_dp_rank=req.get("prefill_dp") is not None)
                 for f in self.faults(req["room"]):
                     if f == "write_failure":
                         self.mgr._mgr.inject_write_failure(req["room"], "transfer_error", "injected write failure")
@@ -202,12 +276,13 @@ class Rank:
                         req["held"] = True
                 bootstrap.append(req)
             polls = self.group.min([r["obj"].poll() for r in bootstrap])
+            budget = self.budget()
             for req, p in list(zip(bootstrap, polls)):
                 if p == ks.KVPoll.Failed:
                     self.fail_log(req, req["obj"], "Prefill bootstrap", logging.WARNING)
                     self.free(req, req["obj"], "bootstrap_failure")
                     bootstrap.remove(req)
-                elif p == ks.KVPoll.WaitingForInput:
+                elif p == ks.KVPoll.WaitingForInput and self.fits(budget, req):
                     assert req["obj"].pop_decode_prefix_len() == 0
                     self.alloc(req)
                     req["obj"].init(req["pages"], req["aux_row"])
@@ -277,7 +352,7 @@ class Rank:
 
     # -- decode ------------------------------------------------------------------------------------------
     def decode_run(self):
-        ks, reqs = self.ks, [dict(r) for r in self.cfg["requests"]]
+        ks, reqs = self.ks, self.requests()
         pending, prealloc, transfer, deferred = list(reqs), [], [], []
         deadline = time.monotonic() + self.cfg["timeout_s"]
         step = 0
@@ -289,17 +364,15 @@ class Rank:
                 req["obj"] = ks.KVReceiver(self.mgr, self.addr, req["room"])
                 req["init"] = False
                 prealloc.append(req)
-            for req in prealloc:  # SGLang's pending queue: parallel info, then init(prefill_dp_rank)
-                if not req["init"] and self.mgr.try_ensure_parallel_info(self.addr):
-                    req["obj"].init(0)
-                    req["init"] = True
+            self.resolve_prefill_dp(prealloc)
             polls = self.group.min([r["obj"].poll() if r["init"] else ks.KVPoll.Bootstrapping for r in prealloc])
+            budget = self.budget()
             for req, p in list(zip(prealloc, polls)):
                 if p == ks.KVPoll.Failed:
                     self.fail_log(req, req["obj"], "Decode handshake", logging.ERROR)
                     self.free(req, req["obj"], "handshake_failure")
                     prealloc.remove(req)
-                elif p == ks.KVPoll.WaitingForInput:
+                elif p == ks.KVPoll.WaitingForInput and self.fits(budget, req):
                     self.alloc(req)
                     state = [np.array([req["state_row"]], np.int32)] if self.state is not None else []
                     req["t_meta"] = time.perf_counter()
@@ -346,6 +419,31 @@ class Rank:
                     deferred.remove(req)
             step += 1
             time.sleep(STEP_S)
+
+    def resolve_prefill_dp(self, prealloc):
+        """SGLang's pending queue: parallel info, the room's prefill DP rank, then
+        init(prefill_dp_rank) (decode.py _resolve_prefill_dp_rank, _resolve_pending_reqs)."""
+        waiting = [r for r in prealloc if not r["init"]]
+        if not waiting or not self.mgr.try_ensure_parallel_info(self.addr):
+            return
+        info = self.mgr.prefill_info_table[self.addr]
+        resolved, need_query = [], []
+        for req in waiting:
+            if req.get("prefill_dp") is not None:
+                resolved.append((req, req["prefill_dp"]))
+            elif info.dp_size == 1:
+                resolved.append((req, 0))
+            elif info.follow_bootstrap_room:
+                resolved.append((req, req["room"] % info.dp_size))
+            else:
+                need_query.append(req)
+        if need_query:
+            got = self.ks.KVReceiver.query_prefill_dp_ranks(self.addr, [r["room"] for r in need_query])
+            resolved += [(r, int(got[str(r["room"])])) for r in need_query if str(r["room"]) in got]
+        for req, dp in resolved:
+            self.out["prefill_dp"][str(req["room"])] = dp
+            req["obj"].init(dp)
+            req["init"] = True
 
     def check(self, req):
         g = room_content(req["room"], req["pages"], self.total_heads, self.tensors)
@@ -394,7 +492,8 @@ def main(cfg, barrier, arr, width, results, all_done):
     root.setLevel(logging.DEBUG)
     rank = None
     try:
-        rank = Rank(cfg, Group(cfg["tp_rank"], cfg["tp_size"], barrier, arr, width), records)
+        attn_tp, attn_tp_rank, _ = place(cfg)  # the MIN is over the attention TP group
+        rank = Rank(cfg, Group(attn_tp_rank, attn_tp, barrier, arr, width), records)
         rank.prefill_run() if cfg["role"] == "prefill" else rank.decode_run()
         import kvferry
         kvferry.flush_logs()
@@ -402,11 +501,11 @@ def main(cfg, barrier, arr, width, results, all_done):
         all_done.wait()  # every rank of both engines is done before any closes
         rank.mgr.close()
         kvferry.flush_logs()
-        results.put({"rank": f"{cfg['role']}/tp{cfg['tp_rank']}", "ok": True, **rank.out, "records": records.items,
+        results.put({"rank": rank.name, "ok": True, **rank.out, "records": records.items,
                      "work_records": done})
     except BaseException as e:  # noqa: BLE001 (reported to the test)
         import traceback
         barrier.abort()
         all_done.abort()
-        results.put({"rank": f"{cfg['role']}/tp{cfg['tp_rank']}", "ok": False, "error": traceback.format_exc(),
+        results.put({"rank": rank_name(cfg["role"], *place(cfg)[1:]), "ok": False, "error": traceback.format_exc(),
                      "records": records.items, "exc": repr(e)})

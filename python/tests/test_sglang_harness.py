@@ -35,9 +35,13 @@ def req(room, pages, chunks, arrive=0):
     return {"room": room, "pages": pages, "chunks": chunks, "arrive": arrive}
 
 
-def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False, hosts=None):
+def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False, hosts=None, prefill_dp=1, decode_dp=1,
+        prefill_lbm="auto"):
     """`hosts`: {"prefill": (netns, address), "decode": (netns, address)} to place each engine on a
-    test host (tests/hosts/hosts.sh); the bootstrap service then runs on the prefill's host."""
+    test host (tests/hosts/hosts.sh); the bootstrap service then runs on the prefill's host.
+    `prefill_dp`, `decode_dp`: DP attention (--dp-size with --enable-dp-attention; each DP rank is
+    tp // dp ranks); `prefill_lbm`: the prefill's --load-balance-method (decode with DP uses
+    follow_bootstrap_room, which kvferry's backend requires there)."""
     ctx = mp.get_context("spawn")
     bootstrap_proc, server = None, None
     if hosts:
@@ -53,14 +57,19 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False, hosts=N
     procs, shared = [], []  # the engines' barriers and arrays live until the ranks are done
     events_dir = tempfile.mkdtemp(prefix="kvf-sglang-events-")  # held/deferred markers (harness)
     all_done = ctx.Barrier(prefill_tp + decode_tp, timeout=TIMEOUT_S)
-    for role, tp_size in (("prefill", prefill_tp), ("decode", decode_tp)):
-        barrier, arr = ctx.Barrier(tp_size, timeout=TIMEOUT_S), ctx.Array("q", tp_size * width, lock=False)
-        shared.append((barrier, arr))
+    for role, tp_size, dp_size in (("prefill", prefill_tp, prefill_dp), ("decode", decode_tp, decode_dp)):
+        attn_tp = tp_size // dp_size
         for tp in range(tp_size):
-            env = {**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp)} if role == "prefill" else dict(ENV)
+            if tp % attn_tp == 0:  # each attention DP rank's CPU group (its poll MIN)
+                barrier, arr = ctx.Barrier(attn_tp, timeout=TIMEOUT_S), ctx.Array("q", attn_tp * width, lock=False)
+                shared.append((barrier, arr))
+            env = ({**ENV, "KVFERRY_PEER_TP_SIZE": str(decode_tp // decode_dp), "KVFERRY_PEER_DP_SIZE": str(decode_dp)}
+                   if role == "prefill" else dict(ENV))
             if hosts:  # each rank binds and advertises its host's address
                 env["KVFERRY_CONTROL_HOST"] = hosts[role][1]
-            cfg = {"role": role, "tp_rank": tp, "tp_size": tp_size, "mla": mla, "state": state, "total_heads": 4,
+            lbm = prefill_lbm if role == "prefill" else ("follow_bootstrap_room" if dp_size > 1 else "auto")
+            cfg = {"role": role, "tp_rank": tp, "tp_size": tp_size, "dp_size": dp_size, "load_balance_method": lbm,
+                   "mla": mla, "state": state, "total_heads": 4,
                    "bootstrap_port": bootstrap_port, "bootstrap_host": bootstrap_host, "requests": requests,
                    "faults": faults,
                    # A prefill engine is told the decode engine's TP size (docs/sglang.md); decode
@@ -87,12 +96,16 @@ def run(prefill_tp, decode_tp, requests, faults, mla=False, state=False, hosts=N
         shutil.rmtree(events_dir, ignore_errors=True)
 
 
-def check_run(out, requests, failed):
-    """`failed`: room -> (code, origin) of the rooms that must fail."""
-    decode = [k for k in out if k.startswith("decode")]
+def check_run(out, requests, failed, serving=None):
+    """`failed`: room -> (code, origin) of the rooms that must fail. `serving`: room -> the ranks
+    whose DP rank serves it (default: every rank)."""
     for room in (r["room"] for r in requests):
         key = str(room)
-        for rank, res in out.items():
+        ranks = sorted(serving[room]) if serving else sorted(out)
+        assert sorted(r for r, res in out.items() if room in res["served"]) == ranks, (room, ranks)
+        decode = [k for k in ranks if k.startswith("decode")]
+        for rank in ranks:
+            res = out[rank]
             got = res["rooms"].get(key)
             assert got is not None, f"{rank}: room {room} never concluded"
             if room in failed:
@@ -115,7 +128,7 @@ def check_run(out, requests, failed):
                 {40: "ERROR", 30: "WARNING"}.get(line["level"]), line
             o = out[origin]["rooms"][str(room)]
             assert (o["code"], o["is_from_another_rank"]) == (code, False), (origin, o)
-            for r in out:
+            for r in ranks:
                 if r != origin:
                     assert out[r]["rooms"][str(room)]["is_from_another_rank"] is True, (r, room)
                 # Issue 30 fix 3: every rank of both engines names the same root cause, also a rank
@@ -127,7 +140,7 @@ def check_run(out, requests, failed):
             assert not lines, f"room {room} succeeded but was logged above debug: {lines}"
             for rank in decode:
                 assert out[rank]["bytes_ok"][str(room)] == {"kv": True, "aux": True, "state": True}, (rank, room)
-    for rank in decode:
+    for rank in (k for k in out if k.startswith("decode")):
         early = [f for f in out[rank]["frees"] if not f["release_safe"]]
         assert not early, f"{rank} freed before release-safe: {early}"
     # Nothing else above info from kvferry on any rank while the engines worked (at teardown a rank
@@ -167,6 +180,61 @@ def test_mla_prefill_tp2_to_decode_tp1():
     reqs = [req(401, 4, [2, 2, 0]), req(402, 1, [1]), req(403, 3, [3])]
     out = run(2, 1, reqs, {"prefill/tp0": {"403": ["write_failure"]}}, mla=True)
     check_run(out, reqs, {403: ("transfer_error", "prefill/tp0")})
+
+
+# DP attention: room -> the prefill DP rank serving it, for each prefill --load-balance-method
+# (data_parallel_controller.py: follow_bootstrap_room_scheduler room % dp; round_robin_scheduler in
+# arrival order, not counting a request routed to a DP rank; 605 is routed to prefill DP 0 and the
+# router gives decode the same rank, req.disagg_prefill_dp_rank). Decode (follow_bootstrap_room)
+# serves room % 2. With round_robin the prefill registers each room's DP rank (/register_dp_rank)
+# and decode asks the bootstrap service (query_prefill_dp_ranks); with follow_bootstrap_room decode
+# computes room % dp. Room 603 is served by prefill DP 1 either way: its write failure there.
+DP_REQS = [req(602, 2, [2, 0]), req(603, 4, [2, 2]), req(601, 3, [1, 2]), req(604, 1, [1]),
+           {**req(605, 2, [1, 1]), "prefill_dp": 0}, req(606, 3, [3], arrive=5)]
+DP_PREFILL = {"follow_bootstrap_room": {602: 0, 603: 1, 601: 1, 604: 0, 605: 0, 606: 0},
+              "round_robin": {602: 0, 603: 1, 601: 0, 604: 1, 605: 0, 606: 0}}
+
+
+def dp_name(role, tp, dp):
+    return harness.rank_name(role, tp, dp)
+
+
+@pytest.mark.parametrize("prefill_lbm", ["follow_bootstrap_room", "round_robin"])
+def test_dp_attention_prefill_dp2_decode_dp2(prefill_lbm):
+    """Prefill tp2 dp2 and decode tp2 dp2 (attention TP 1 each): every room goes from the prefill DP
+    rank that served it to decode DP rank room % 2, which names it by the request's own DP rank, by
+    room % dp or by the bootstrap service's query; a write failure on one prefill DP rank fails only
+    that room, on exactly its two ranks, with its origin, logged once."""
+    faults = {"prefill/tp0/dp1": {"603": ["write_failure"]}}
+    out = run(2, 2, DP_REQS, faults, state=True, prefill_dp=2, decode_dp=2, prefill_lbm=prefill_lbm)
+    where = DP_PREFILL[prefill_lbm]
+    serving = {room: [dp_name("prefill", 0, pdp), dp_name("decode", 0, room % 2)] for room, pdp in where.items()}
+    check_run(out, DP_REQS, {603: ("transfer_error", "prefill/tp0/dp1")}, serving)
+    for room, pdp in where.items():  # decode resolved the prefill DP rank that served the room
+        assert out[dp_name("decode", 0, room % 2)]["prefill_dp"][str(room)] == pdp, room
+
+
+def test_dp_attention_prefill_dp2_to_decode_tp2():
+    """Unequal: prefill tp2 dp2 (attention TP 1) to decode tp2 without DP (attention TP 2, one poll
+    MIN over both): each decode rank takes its heads from the prefill DP rank serving the room; a
+    write failure on prefill DP 1 fails that room on both decode ranks with its origin."""
+    reqs = [req(701, 3, [1, 2]), req(702, 2, [2]), req(703, 4, [2, 2, 0]), req(704, 1, [1], arrive=5)]
+    out = run(2, 2, reqs, {"prefill/tp0/dp1": {"703": ["write_failure"]}}, prefill_dp=2, decode_dp=1)
+    serving = {r["room"]: [dp_name("prefill", 0, r["room"] % 2), "decode/tp0", "decode/tp1"] for r in reqs}
+    check_run(out, reqs, {703: ("transfer_error", "prefill/tp0/dp1")}, serving)
+
+
+def test_dp_attention_agreement_is_per_attention_tp_group():
+    """Prefill tp4 dp2 (attention TP 2) to decode tp2 dp2 (attention TP 1): a write failure on
+    prefill/tp1/dp1 fails room 803 on the three ranks of the two DP ranks serving it (prefill/tp0/dp1
+    learns it from its decode destination or its attention TP group's poll MIN, whichever comes
+    first) with that origin, logged once; the poll MIN of each DP rank's group spans only its ranks,
+    so DP 0's rooms run to Success beside it."""
+    reqs = [req(801, 3, [1, 2]), req(802, 2, [2]), req(803, 4, [2, 2, 0]), req(804, 1, [1], arrive=5)]
+    out = run(4, 2, reqs, {"prefill/tp1/dp1": {"803": ["write_failure"]}}, prefill_dp=2, decode_dp=2)
+    serving = {r["room"]: [dp_name("prefill", t, r["room"] % 2) for t in (0, 1)] + [dp_name("decode", 0, r["room"] % 2)]
+               for r in reqs}
+    check_run(out, reqs, {803: ("transfer_error", "prefill/tp1/dp1")}, serving)
 
 
 HOSTS_SH = os.path.join(HERE, "..", "..", "tests", "hosts", "hosts.sh")

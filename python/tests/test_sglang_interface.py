@@ -235,6 +235,64 @@ def test_unsupported_parallelism_fails_at_construction(host_env, field, value, n
         ks.KVManager(kv_args(), DisaggregationMode.PREFILL, sargs, False)
 
 
+def test_dp_attention_refusals_name_the_setting(host_env):
+    """DP attention is served (test_sglang_harness.py); what is not is refused at construction."""
+    dp2 = dict(tp_size=2, dp_size=2, enable_dp_attention=True)
+    # Decode DP attention with SGLang's decode default (auto: round_robin): kvferry's prefill
+    # writes a room to decode DP rank room % dp, so decode must dispatch by bootstrap_room.
+    with pytest.raises(ks.UnsupportedConfiguration, match="follow_bootstrap_room"):
+        ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE, ServerArgs(**dp2), False)
+    with pytest.raises(ks.UnsupportedConfiguration, match="multiple"):
+        ks.KVManager(kv_args(), DisaggregationMode.PREFILL, ServerArgs(**{**dp2, "tp_size": 3}), False)
+    a = kv_args(tp_rank=1)  # prefill: engine_rank is the global TP rank, so DP rank 1 with attn_tp 1
+    a.system_dp_rank = 0
+    with pytest.raises(ks.UnsupportedConfiguration, match="attention DP rank 1"):
+        ks.KVManager(a, DisaggregationMode.PREFILL, ServerArgs(**dp2), False)
+
+
+def test_dp_attention_rooms_on_the_wrong_dp_rank(host_env, monkeypatch):
+    """Prefill tp2 dp2 and a decode rank of DP 0 (tp2 dp2, attention TP 1): the registration gives
+    decode dp_size 2 and follow_bootstrap_room; a prefill room dispatched to DP 1 that
+    follow_bootstrap_room puts on DP 0 fails there as in SGLang (CommonKVSender.__init__), or is
+    registered at the bootstrap service with SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1;
+    a decode room on a DP rank other than room % 2 fails on it, naming both."""
+    monkeypatch.setenv("KVFERRY_PEER_DP_SIZE", "2")
+    server = ks.KVBootstrapServer("127.0.0.1", 0)
+    addr = f"127.0.0.1:{server.port}"
+    dp2 = dict(tp_size=2, dp_size=2, enable_dp_attention=True, disaggregation_bootstrap_port=server.port)
+    prefill = []
+    for rank in (0, 1):
+        a = kv_args(tp_rank=rank)
+        a.system_dp_rank = rank
+        prefill.append(ks.KVManager(a, DisaggregationMode.PREFILL, ServerArgs(**dp2), False))
+    d = ks.KVManager(kv_args(decode=True), DisaggregationMode.DECODE,
+                     ServerArgs(**dp2, load_balance_method="follow_bootstrap_room"), False)
+    try:
+        assert d.try_ensure_parallel_info(addr) is True
+        info = d.prefill_info_table[addr]
+        assert (info.dp_size, info.attn_tp_size, info.follow_bootstrap_room) == (2, 1, True)
+        s = ks.KVSender(prefill[1], addr, 10, [0], 0)
+        assert s.poll() == ks.KVPoll.Failed
+        with pytest.raises(ks.KVTransferError, match="follow_bootstrap_room conflict") as e:
+            s.failure_exception()
+        assert (e.value.code, e.value.origin) == ("invalid_argument", "prefill/tp0/dp1")
+        monkeypatch.setenv("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "1")
+        s2 = ks.KVSender(prefill[1], addr, 12, [0], 0)
+        assert s2.poll() == ks.KVPoll.Bootstrapping
+        assert ks.KVReceiver.query_prefill_dp_ranks(addr, [12, 10]) == {"12": 1}
+        r = ks.KVReceiver(d, addr, 13)
+        r.init(1)
+        assert r.poll() == ks.KVPoll.Failed
+        with pytest.raises(ks.KVTransferError, match="decode dp_rank 0 got bootstrap_room 13") as e:
+            r.failure_exception()
+        assert (e.value.code, e.value.origin) == ("invalid_argument", "decode/tp0")
+        for x in (s, s2, r):
+            x.clear()
+    finally:
+        for m in prefill + [d]:
+            m.close()
+
+
 def test_decode_needs_deferred_release_and_no_decode_prefix(host_env, monkeypatch):
     sargs = ServerArgs(disaggregation_decode_enable_radix_cache=True)
     with pytest.raises(ks.UnsupportedConfiguration, match="decode-enable-radix-cache"):

@@ -26,6 +26,34 @@ namespace {
 using namespace std::chrono_literals;
 using namespace kvferry::testing;
 
+// A poll that concludes the room itself (its inline progress took in the last completions, before
+// the progress step's housekeeping ran) sets the room's done instant, so an engine that closes the
+// room at once (SGLang's clear() at Success, then get_transfer_metric()) still reads a transfer
+// latency. Here the caller-pumped prefill is never pumped after its last send: only its poll()s see
+// the completions.
+TEST(ManagerMetrics, APollThatConcludesTheRoomSetsItsDoneInstant) {
+  auto r = make_ranks("shm", false);
+  ASSERT_TRUE(r);
+  const uint64_t room = 78;
+  const std::vector<uint64_t> src{3, 1, 4, 0, 2}, dst{9, 5, 12, 7, 6};
+  auto rx = r->decode->receiver(room);
+  ASSERT_TRUE(rx.ok()) << rx.status().str();
+  auto tx = r->prefill->sender(room);
+  ASSERT_TRUE(tx.ok()) << tx.status().str();
+  ASSERT_TRUE((*rx)->init(-1).ok());
+  ASSERT_TRUE((*rx)->send_metadata(dst, 11, {}, 70).ok());
+  ASSERT_TRUE((*tx)->init(5, 0, 70).ok());
+  ASSERT_TRUE(r->until([&] { return (*tx)->poll() == KVPoll::WaitingForInput; }));
+  fill(*r->prefill, room, 0, src);
+  ASSERT_TRUE((*tx)->send(src, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return (*tx)->poll() == KVPoll::Success; }, 10s, [&] { r->decode->progress(); }))
+      << "prefill " << to_string((*tx)->poll());
+  const TransferMetrics m = (*tx)->metrics();
+  EXPECT_GT(m.first_send_ns, 0);
+  EXPECT_GE(m.done_ns, m.first_send_ns);
+  EXPECT_GT(m.latency_s(), 0);
+}
+
 class ManagerPair : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(ManagerPair, RoomEndToEndInChunksWithAnEmptyLastChunk) {

@@ -60,6 +60,16 @@ KVTransferError agreement_failure(Handle& h, ManagerImpl& m, uint64_t room, cons
   return e;
 }
 
+// The engine saw the room concluded (Success or Failed): its metrics' done instant is now at the
+// latest. The progress thread's housekeeping usually sets it first; a poll that concluded the room
+// inline (progress_inline) may come before it, and an engine that then closes the room at once
+// (SGLang's clear() at Success) must still get its transfer latency. Under the manager's lock.
+void note_concluded(ManagerImpl& m, uint64_t room, KVPoll p) {
+  ManagerImpl::Room* r = m.room(room);
+  if (r != nullptr && r->initialized && r->metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed))
+    r->metrics.done_ns = monotonic_ns();
+}
+
 class SenderImpl final : public Sender {
  public:
   SenderImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
@@ -186,10 +196,13 @@ class SenderImpl final : public Sender {
 
   KVPoll poll() const override {
     std::lock_guard lock(m_.mutex());
-    const KVPoll p = poll_locked();
-    if (p == KVPoll::Success || p == KVPoll::Failed) return p;
-    m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
-    return poll_locked();
+    KVPoll p = poll_locked();
+    if (p != KVPoll::Success && p != KVPoll::Failed) {
+      m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
+      p = poll_locked();
+    }
+    note_concluded(m_, room_, p);
+    return p;
   }
 
   KVPoll poll_locked() const {
@@ -373,10 +386,13 @@ class ReceiverImpl final : public Receiver {
 
   KVPoll poll() const override {
     std::lock_guard lock(m_.mutex());
-    const KVPoll p = poll_locked();
-    if (p == KVPoll::Success || p == KVPoll::Failed) return p;
-    m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
-    return poll_locked();
+    KVPoll p = poll_locked();
+    if (p != KVPoll::Success && p != KVPoll::Failed) {
+      m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
+      p = poll_locked();
+    }
+    note_concluded(m_, room_, p);
+    return p;
   }
 
   KVPoll poll_locked() const {

@@ -13,7 +13,10 @@ Prefill: one kvferry manager, registered at the engine's bootstrap service (kvfe
 and, in SGLang's shape, by ``register_to_bootstrap()``. Decode: one kvferry manager per prefill
 instance it serves (kvferry connects a manager to one prefill instance), the first built here,
 others when ``try_ensure_parallel_info`` meets a new instance (at most
-KVFERRY_MAX_PREFILL_INSTANCES). Failures are logged by SGLang's scheduler, not by kvferry
+KVFERRY_MAX_PREFILL_INSTANCES). DP attention: each attention DP rank is its own group of attention
+TP ranks (the kvferry manager's dp_rank; a prefill is told the decode's DP size by
+KVFERRY_PEER_DP_SIZE, a decode learns the prefill's from its bootstrap service; docs/sglang.md
+"DP attention"). Failures are logged by SGLang's scheduler, not by kvferry
 (``log_failures=False``): one line above debug per failure, on its origin rank.
 """
 from __future__ import annotations
@@ -111,7 +114,10 @@ class KVManager:
         _settings.check_supported(self.role, args, server_args, par)
         self.parallel = par
         self.attn_tp_size, self.attn_tp_rank = par.attn_tp_size, par.attn_tp_rank
-        self.attn_cp_size, self.attn_cp_rank, self.attn_dp_size, self.attn_dp_rank = 1, 0, 1, 0
+        self.attn_cp_size, self.attn_cp_rank = 1, 0
+        # DP attention: each attention DP rank is its own group of attn_tp ranks (its own kvferry TP
+        # engine, ManagerConfig::self.dp_rank); its poll agreement is over that group only.
+        self.attn_dp_size, self.attn_dp_rank = par.attn_dp_size, par.attn_dp_rank
         self.pp_size, self.pp_rank = par.pp_size, par.pp_rank
         self.system_dp_rank = int(getattr(args, "system_dp_rank", 0) or 0)
         self.kv_cache_dtype_str = getattr(args, "kv_cache_dtype_str", None)
@@ -139,7 +145,8 @@ class KVManager:
                     f"state rows with unequal TP (prefill {par.attn_tp_size}, decode {peer_tp}): kvferry copies "
                     "whole state rows and does not slice them by head")
             self.peer_tp_size = peer_tp
-            self._mgr = self._build(self.bootstrap_address(), peer_tp)
+            self.peer_dp_size = _settings.peer_dp_size("prefill", par)
+            self._mgr = self._build(self.bootstrap_address(), peer_tp, self.peer_dp_size)
             self.rank_ip, self.rank_port = self._control_host_port(self._mgr)
             self.req_to_decode_prefix_len: Dict[int, int] = {}
             self.transfer_infos: Dict[int, object] = {}
@@ -152,8 +159,8 @@ class KVManager:
             self._max_instances = int(_settings.env("KVFERRY_MAX_PREFILL_INSTANCES"))
             peer_tp = int(_settings.env("KVFERRY_PEER_TP_SIZE") or par.attn_tp_size)
             # Built now, so memory kinds, transport and geometry fail here, not at the first request.
-            self._spare: Optional[_Manager] = self._build("", peer_tp)
-            self._spare_peer_tp = peer_tp
+            self._spare: Optional[_Manager] = self._build("", peer_tp, 1)
+            self._spare_peer = (peer_tp, 1)
             self._managers: Dict[str, _Manager] = {}
             self.rank_ip, self.rank_port = self._control_host_port(self._spare)
 
@@ -168,11 +175,12 @@ class KVManager:
             host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.bootstrap_host, self.bootstrap_host)
         return f"[{host}]:{self.bootstrap_port}" if ":" in host else f"{host}:{self.bootstrap_port}"
 
-    def _build(self, bootstrap_addr: str, peer_tp: int) -> _Manager:
+    def _build(self, bootstrap_addr: str, peer_tp: int, peer_dp: int) -> _Manager:
         from ..buffers import EngineBuffers
         advertise = _settings.env("KVFERRY_CONTROL_HOST")
         log_file = _settings.env("KVFERRY_LOG_FILE")
-        rank = f"{self.role}-tp{self.attn_tp_rank}"
+        rank = (f"{self.role}-dp{self.attn_dp_rank}-tp{self.attn_tp_rank}" if self.attn_dp_size > 1
+                else f"{self.role}-tp{self.attn_tp_rank}")
         return _Manager(self.role, buffers=EngineBuffers(list(self._descs), []), bootstrap_addr=bootstrap_addr,
                         transport=_settings.env("KVFERRY_TRANSPORT"), tp_rank=self.attn_tp_rank,
                         tp_size=self.attn_tp_size, peer_tp_size=peer_tp,
@@ -183,6 +191,7 @@ class KVManager:
                         control_advertise=advertise,
                         fault_injection=_settings.env("KVFERRY_FAULT_INJECTION").lower() in _settings.TRUE,
                         integrity=_settings.env("KVFERRY_INTEGRITY").lower() in _settings.TRUE,
+                        dp_rank=self.attn_dp_rank, peer_dp_size=peer_dp,
                         **self.geometry.manager_kwargs())
 
     @staticmethod
@@ -199,19 +208,19 @@ class KVManager:
         with self._lock:
             return self._managers[bootstrap_addr]
 
-    def _attach(self, bootstrap_addr: str, prefill_tp: int) -> None:
+    def _attach(self, bootstrap_addr: str, prefill_tp: int, prefill_dp: int) -> None:
         with self._lock:
             if bootstrap_addr in self._managers:
                 return
             if len(self._managers) >= self._max_instances:
                 raise RuntimeError(f"kvferry: this decode rank already serves {len(self._managers)} prefill "
                                    f"instances (KVFERRY_MAX_PREFILL_INSTANCES={self._max_instances})")
-            if self._spare is not None and self._spare_peer_tp == prefill_tp:
+            if self._spare is not None and self._spare_peer == (prefill_tp, prefill_dp):
                 mgr, self._spare = self._spare, None
             else:
                 mgr = None
         if mgr is None:
-            mgr = self._build("", prefill_tp)
+            mgr = self._build("", prefill_tp, prefill_dp)
         with self._lock:
             self._managers[bootstrap_addr] = mgr
 
@@ -223,12 +232,15 @@ class KVManager:
         if self.role != "prefill":
             return
         payload = {"attn_tp_size": self.attn_tp_size, "attn_tp_rank": self.attn_tp_rank,
-                   "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1, "attn_dp_rank": 0,
-                   "pp_size": self.pp_size, "pp_rank": self.pp_rank, "system_dp_size": 1,
-                   "system_dp_rank": 0, "rank_ip": self.rank_ip, "rank_port": self.rank_port,
+                   "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": self.attn_dp_size,
+                   "attn_dp_rank": self.attn_dp_rank, "pp_size": self.pp_size, "pp_rank": self.pp_rank,
+                   # SGLang registers system_dp_size 1 under DP attention (CommonKVManager.__init__);
+                   # its bootstrap then files the rank under attn_dp_rank.
+                   "system_dp_size": 1, "system_dp_rank": 0, "rank_ip": self.rank_ip, "rank_port": self.rank_port,
                    "page_size": self.geometry.page_size, "kv_cache_dtype": self.kv_cache_dtype_str,
-                   "load_balance_method": getattr(self.server_args, "load_balance_method", None)
-                   or "follow_bootstrap_room", "enable_dsa_cache_layer_split": False}
+                   # as SGLang's ServerArgs resolves "auto" before its manager registers it
+                   "load_balance_method": _settings.load_balance_method(self.server_args, "prefill"),
+                   "enable_dsa_cache_layer_split": False}
         port = getattr(self.server_args, "port", None)
         if port:
             payload["prefill_http_port"] = int(port)
@@ -268,13 +280,13 @@ class KVManager:
         if info.kv_cache_dtype is not None and info.kv_cache_dtype != self.kv_cache_dtype_str:
             raise RuntimeError(f"KV cache dtype mismatch: prefill {info.kv_cache_dtype}, decode "
                                f"{self.kv_cache_dtype_str}")
-        if info.attn_cp_size != 1 or info.pp_size != 1 or info.dp_size != 1:
-            raise RuntimeError(f"prefill instance {bootstrap_addr}: cp {info.attn_cp_size}, pp {info.pp_size}, dp "
-                               f"{info.dp_size}; kvferry's backend serves cp 1, pp 1, dp 1")
+        if info.attn_cp_size != 1 or info.pp_size != 1:
+            raise RuntimeError(f"prefill instance {bootstrap_addr}: cp {info.attn_cp_size}, pp {info.pp_size}; "
+                               "kvferry's backend serves cp 1, pp 1")
         if self.has_state and info.attn_tp_size != self.attn_tp_size:
             raise RuntimeError("state rows with unequal TP are not supported by kvferry (whole rows, no head slices)")
         self._resolve_rank_mapping(info)
-        self._attach(bootstrap_addr, info.attn_tp_size)
+        self._attach(bootstrap_addr, info.attn_tp_size, info.dp_size)
         self.prefill_info_table[bootstrap_addr] = info
         return True
 

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Dict, List, Optional
 
 from .. import KVPoll, KVReceiver as _Receiver, KVSender as _Sender, KVTransferError
 from . import bootstrap as _bootstrap
+from . import settings as _settings
+
+logger = logging.getLogger("kvferry.sglang")
 
 AGREEMENT_REASON = "failed on another rank of this engine (the engine's poll agreement)"
 
@@ -83,7 +87,9 @@ class _Common:
         mgr._track(self)
 
     def _rank(self) -> str:
-        return f"{self.role}/tp{self.kv_mgr.attn_tp_rank}"
+        m = self.kv_mgr  # as kvferry names a rank (RankId::str): "decode/tp1", "prefill/tp0/dp1"
+        dp = getattr(m, "attn_dp_rank", 0)
+        return f"{self.role}/tp{m.attn_tp_rank}" + (f"/dp{dp}" if dp else "")
 
     def _fail_here(self, code: str, reason: str) -> None:
         """Fails the room on this rank, as its own (local) failure."""
@@ -160,6 +166,35 @@ class KVSender(_Common):
         except (ValueError, RuntimeError) as e:
             self._local = KVTransferError(self.bootstrap_room, f"sender not created: {e}", False, self._rank(),
                                           _code_of(e, "invalid_argument"))
+            return
+        self._place_dp_rank(req_has_disagg_prefill_dp_rank)
+
+    def _place_dp_rank(self, req_has_disagg_prefill_dp_rank: bool) -> None:
+        """Under DP attention, tells decode which prefill DP rank serves the room, as SGLang's
+        CommonKVSender.__init__ does (common/conn.py): with the DP rank given with the request, decode
+        has it too; else with a --load-balance-method other than follow_bootstrap_room this DP rank
+        registers the room at the bootstrap service (/register_dp_rank, which decode's
+        query_prefill_dp_ranks reads); with follow_bootstrap_room decode computes bootstrap_room % dp,
+        and a room dispatched elsewhere (an external routed DP rank) fails here, unless
+        SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 makes it register too."""
+        mgr = self.kv_mgr
+        dp = mgr.attn_dp_size
+        if dp <= 1 or req_has_disagg_prefill_dp_rank:
+            return
+        if _settings.load_balance_method(mgr.server_args, "prefill") == "follow_bootstrap_room":
+            if mgr.attn_dp_rank == self.bootstrap_room % dp:
+                return
+            if os.environ.get("SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "").lower() not in _settings.TRUE:
+                self._fail_here("invalid_argument", f"follow_bootstrap_room conflict: dispatched to dp_rank "
+                                f"{mgr.attn_dp_rank} but bootstrap_room {self.bootstrap_room} implies dp_rank "
+                                f"{self.bootstrap_room % dp}; set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 "
+                                "to allow mixed routing")
+                return
+        status, text = _bootstrap.request("POST", self.bootstrap_addr, "/register_dp_rank",
+                                          {"bootstrap_room": self.bootstrap_room, "dp_rank": mgr.attn_dp_rank})
+        if status != 200:  # decode's query then finds no DP rank and its waiting deadline fails the room
+            logger.error("kvferry: registering room %d's prefill dp_rank at %s failed: HTTP %s: %s",
+                         self.bootstrap_room, self.bootstrap_addr, status, text[:200])
 
     def poll(self) -> KVPoll:
         # A sender never init()ed fails at its bootstrap deadline in kvferry's manager (SGLang's
@@ -236,9 +271,21 @@ class KVReceiver(_Common):
         self.required_prefill_response_num = info.required_prefill_response_num
         self.prefill_dp_rank = int(prefill_dp_rank)
         self.bootstrap_infos = [{"tp_rank": t, "is_dummy": False} for t in info.target_tp_ranks]
+        m = self.kv_mgr
+        if m.attn_dp_size > 1 and self.bootstrap_room % m.attn_dp_size != m.attn_dp_rank:
+            # kvferry's prefill writes a room to decode DP rank bootstrap_room % dp (kvferry/routing.h;
+            # decode's --load-balance-method follow_bootstrap_room, settings.check_supported): a
+            # room routed to another decode DP rank (an external routed DP rank) cannot be served.
+            self._local = KVTransferError(
+                self.bootstrap_room, f"decode dp_rank {m.attn_dp_rank} got bootstrap_room {self.bootstrap_room}, "
+                f"which kvferry's prefill serves to decode dp_rank {self.bootstrap_room % m.attn_dp_size} "
+                "(follow_bootstrap_room); an external routed DP rank on decode is not supported", False,
+                self._rank(), "invalid_argument")
+            return
         try:
-            mgr = self.kv_mgr.manager_for(self.bootstrap_addr)
-            self._room = _Receiver(mgr, self.bootstrap_room, bootstrap_addr=self.bootstrap_addr)
+            mgr = m.manager_for(self.bootstrap_addr)
+            self._room = _Receiver(mgr, self.bootstrap_room, bootstrap_addr=self.bootstrap_addr,
+                                   prefill_dp_rank=self.prefill_dp_rank)
         except (KeyError, ValueError, RuntimeError) as e:
             self._local = KVTransferError(self.bootstrap_room, f"receiver not created: {e}", False, self._rank(),
                                           _code_of(e, "peer_unreachable"))

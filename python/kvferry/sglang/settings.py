@@ -23,6 +23,7 @@ ENV_DEFAULTS = {
     "KVFERRY_CONTROL_HOST": "",            # advertised host of each rank's control socket ("": loopback)
     "KVFERRY_CONTROL_BIND": "",            # its bind host ("": the advertised host, else loopback)
     "KVFERRY_PEER_TP_SIZE": "",            # prefill: the decode engine's attention TP size ("": own)
+    "KVFERRY_PEER_DP_SIZE": "",            # prefill: the decode engine's DP size under DP attention ("": 1)
     "KVFERRY_TOTAL_KV_HEADS": "",          # the model's KV heads when KVArgs does not carry them
     "KVFERRY_TRANSFER_SHARDS": "1",
     "KVFERRY_MAX_PREFILL_INSTANCES": "8",  # decode: prefill instances one decode rank serves
@@ -60,23 +61,55 @@ def _int_attr(obj, name: str, default: int) -> int:
 
 @dataclass
 class Parallel:
-    """This rank's place in its engine, as SGLang's CommonKVManager derives it."""
+    """This rank's place in its engine, as SGLang's CommonKVManager derives it (common/conn.py
+    CommonKVManager.__init__: attn_tp_size/rank from its parallel state, attn_dp_size/rank from
+    get_attention_dp_size/rank, layers/dp_attention.py compute_dp_attention_world_info)."""
     attn_tp_size: int
     attn_tp_rank: int
     attn_cp_size: int
     attn_dp_size: int
     pp_size: int
     pp_rank: int
+    attn_dp_rank: int = 0
+
+
+def load_balance_method(server_args, role: str) -> str:
+    """SGLang's --load-balance-method as its ServerArgs resolves "auto" (server_args.py
+    _handle_load_balance_method: prefill follow_bootstrap_room, decode round_robin)."""
+    m = getattr(server_args, "load_balance_method", None) or "auto"
+    if m == "auto":
+        return "follow_bootstrap_room" if role == "prefill" else "round_robin"
+    return str(m)
 
 
 def parallel_of(kv_args, server_args) -> Parallel:
     tp = _int_attr(server_args, "tp_size", 1)
     dp = _int_attr(server_args, "dp_size", 1)
     dp_attention = bool(getattr(server_args, "enable_dp_attention", False))
-    attn_tp = tp // dp if dp_attention and dp > 1 else tp
+    attn_dp = dp if dp_attention and dp > 1 else 1
+    attn_tp = max(1, tp // attn_dp)
+    # Under DP attention the scheduler of attention DP rank d is launched with dp_rank d
+    # (data_parallel_controller.py launch_tensor_parallel_group), and prefill.py / decode.py
+    # _init_kv_manager put it in KVArgs.system_dp_rank; prefill's engine_rank is the global TP rank
+    # (decode's is the rank in its attention TP group).
+    attn_dp_rank = _int_attr(kv_args, "system_dp_rank", 0) if attn_dp > 1 else 0
     return Parallel(attn_tp_size=attn_tp, attn_tp_rank=_int_attr(kv_args, "engine_rank", 0) % attn_tp,
-                    attn_cp_size=_int_attr(server_args, "attn_cp_size", 1), attn_dp_size=dp if dp_attention else 1,
-                    pp_size=_int_attr(server_args, "pp_size", 1), pp_rank=_int_attr(kv_args, "pp_rank", 0))
+                    attn_cp_size=_int_attr(server_args, "attn_cp_size", 1), attn_dp_size=attn_dp,
+                    pp_size=_int_attr(server_args, "pp_size", 1), pp_rank=_int_attr(kv_args, "pp_rank", 0),
+                    attn_dp_rank=attn_dp_rank)
+
+
+def peer_dp_size(role: str, par: Parallel) -> int:
+    """Prefill: the decode engine's DP size (KVFERRY_PEER_DP_SIZE, default 1: SGLang does not tell
+    a prefill the decode's). Decode learns the prefill's from its bootstrap service."""
+    v = env("KVFERRY_PEER_DP_SIZE") if role == "prefill" else ""
+    try:
+        n = int(v) if v else 1
+    except ValueError:
+        raise UnsupportedConfiguration(f"KVFERRY_PEER_DP_SIZE={v!r} is not an integer") from None
+    if not 1 <= n <= 1024:
+        raise UnsupportedConfiguration(f"KVFERRY_PEER_DP_SIZE={n} is outside 1..1024")
+    return n
 
 
 def check_supported(role: str, kv_args, server_args, par: Parallel) -> None:
@@ -84,8 +117,25 @@ def check_supported(role: str, kv_args, server_args, par: Parallel) -> None:
     def refuse(what: str, why: str):
         raise UnsupportedConfiguration(f"kvferry backend: {what} is not supported: {why} (docs/sglang.md)")
 
-    if _int_attr(server_args, "dp_size", 1) > 1:
-        refuse(f"--dp-size {server_args.dp_size}", "kvferry's SGLang backend serves one DP group per engine for now")
+    dp = _int_attr(server_args, "dp_size", 1)
+    if dp > 1 and not getattr(server_args, "enable_dp_attention", False):
+        refuse(f"--dp-size {dp} without --enable-dp-attention",
+               "SGLang's system DP (a full TP replica per DP rank, registered by system_dp_rank) is not "
+               "implemented; DP attention is")
+    if dp > 1:
+        tp = _int_attr(server_args, "tp_size", 1)
+        if tp % dp:
+            refuse(f"--dp-size {dp} with --tp-size {tp}", "DP attention needs the TP size to be a multiple of it")
+        if not 0 <= par.attn_dp_rank < dp:
+            refuse(f"KVArgs.system_dp_rank {par.attn_dp_rank}", f"outside --dp-size {dp}")
+        engine_rank = _int_attr(kv_args, "engine_rank", 0)
+        if role == "prefill" and engine_rank // par.attn_tp_size != par.attn_dp_rank:
+            refuse(f"KVArgs.engine_rank {engine_rank} with system_dp_rank {par.attn_dp_rank}",
+                   f"prefill's TP rank {engine_rank} is in attention DP rank {engine_rank // par.attn_tp_size}")
+        if role == "decode" and load_balance_method(server_args, role) != "follow_bootstrap_room":
+            refuse(f"decode --dp-size {dp} with --load-balance-method {load_balance_method(server_args, role)}",
+                   "kvferry's prefill writes a room to decode DP rank bootstrap_room % dp-size (kvferry/routing.h); "
+                   "start decode with --load-balance-method follow_bootstrap_room")
     if par.pp_size > 1:
         refuse(f"--pp-size {par.pp_size}", "pipeline-parallel transfers are not implemented")
     if par.attn_cp_size > 1 or _int_attr(server_args, "dcp_size", 1) > 1:
