@@ -131,10 +131,12 @@ void control() {
   Heartbeat hb{rank(Role::kPrefill, 0), 7, 123456789, 12};
   Heartbeat challenge = hb;  // a restart claim's challenge (docs/security.md, "Incarnations")
   challenge.challenge = 0x0123456789abcdefull;
+  Heartbeat renewal{rank(Role::kDecode, 1), 0, 123456789, 11};  // a lease renewal (docs/manager.md "Renewal")
+  renewal.renew_rooms = {42, 43};
   RegistrationRefusal refusal{rank(Role::kPrefill, 0),
                               {ErrorCode::kProtocolError, rank(Role::kPrefill, 0), "bad spans", 1, 2}, 12, 11};
   int n = 0;
-  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal, challenge}) {
+  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal, challenge, renewal}) {
     const std::string frame = encode(m);
     put("control_codec", "msg" + std::to_string(n), frame);
     if (n == 0) put("remote_info", "registration", frame);

@@ -30,6 +30,14 @@
 //                                                                  wait for it fail, peer_unreachable)
 //   engine_timeout        KVFERRY_ENGINE_TIMEOUT_MS        600      an engine rank stopped answering the per-step agreement
 //   fault_timeout         KVFERRY_FAULT_TIMEOUT_MS         1000     replay only: the deadline of a room given a timeout fault
+//   renew_interval        KVFERRY_RENEW_INTERVAL_MS        1000     decode: how often a room init()ed but without its metadata sent
+//                                                                  yet (the engine has no pages for it yet) renews its bootstrap
+//                                                                  deadline at its sources (a Heartbeat naming the room; keep it
+//                                                                  under a third of the sources' bootstrap_timeout)
+//   renew_limit           KVFERRY_RENEW_LIMIT_MS           3000000  prefill: renewals never move a room's bootstrap deadline past
+//                                                                  this after the room's opening (10x bootstrap_timeout's
+//                                                                  default): a decode that never sends metadata cannot pin the
+//                                                                  pages for longer (bootstrap_timeout, origin the prefill rank)
 //
 // The first three defaults are SGLang's (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT and
 // SGLANG_DISAGGREGATION_WAITING_TIMEOUT are 300 s in python/sglang/srt/disaggregation/).
@@ -54,6 +62,8 @@ struct Deadlines {
   int64_t lookup_timeout_ms = 60000;
   int64_t engine_timeout_ms = 600;
   int64_t fault_timeout_ms = 1000;
+  int64_t renew_interval_ms = 1000;
+  int64_t renew_limit_ms = 3000000;
 };
 
 struct DeadlineField {

@@ -27,11 +27,13 @@ namespace kvferry {
 // state_indices). 3: RoomStatus carries the failure record with its wall_ns (kvferry/error.h).
 // 4: every message carries the sender's incarnation, and the ones about rooms the incarnation of
 // the receiver they are meant for (below). 5: PoolRegistration carries the decode rank's
-// compatibility fingerprint right after its sender (kvferry/compat.h).
-constexpr uint16_t kProtocolVersion = 5;
+// compatibility fingerprint right after its sender (kvferry/compat.h). 6: a Heartbeat may carry
+// the rooms whose bootstrap deadline decode renews (Heartbeat::renew_rooms).
+constexpr uint16_t kProtocolVersion = 6;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
 constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
+constexpr uint32_t kMaxRenewRooms = 1u << 10;   // rooms renewed per Heartbeat
 constexpr uint32_t kMaxRegionSpans = kMaxKvBuffers + kMaxAuxBuffers + kMaxStateBuffers + 1;  // + guard rows
 
 // Incarnations (docs/design.md §10: a rank restarted on the same address is a new peer). Each
@@ -143,6 +145,13 @@ struct RoomStatus {
 // own incarnation echoing the nonce, sent to the challenger's known control endpoint. Only the
 // owner of the endpoint sees the nonce, so the answer says which incarnation lives there
 // (docs/security.md, "Incarnations").
+//
+// Lease renewal (decode -> prefill, docs/manager.md "Renewal"): `renew_rooms` names rooms the
+// decode rank has init()ed but not sent metadata for yet (its engine has no pages for them yet);
+// the prefill rank moves each one's bootstrap deadline to bootstrap_timeout from now, for a room it
+// holds in Bootstrapping whose destination the sender is, never past renew_limit after the
+// room's opening. At most kMaxRenewRooms, no room twice; such a heartbeat is sent by the decode
+// rank's main thread every renew_interval (kvferry/deadlines.h), so it also says that thread is alive.
 struct Heartbeat {
   RankId sender;
   uint64_t seq = 0;
@@ -150,6 +159,7 @@ struct Heartbeat {
   uint64_t incarnation = 0;  // the sender's
   uint64_t challenge = 0;    // non-zero: answer with this nonce
   uint64_t answer = 0;       // non-zero: the nonce of the challenge this heartbeat answers
+  std::vector<uint64_t> renew_rooms;  // decode -> prefill: rooms whose bootstrap deadline is renewed
 };
 
 // prefill -> decode, once per pool registration the prefill rank refuses (prefill_registration.cc:

@@ -154,6 +154,32 @@ def test_lease_expires_when_decode_never_comes(cluster):
     all_blocks_back(c)
 
 
+def test_lease_renewed_while_decode_waits_for_blocks(cluster):
+    """kv_lease_duration 2 s, and the decode request waits for blocks (other requests hold every
+    free one: vLLM's Scheduler.schedule stops at the waiting request whose allocate_slots returns
+    None) for two leases past prefill's lease expiry. Decode's worker opened its room at
+    on_new_request (vLLM's Scheduler.add_request calls it), so kvferry renews the lease at prefill
+    every third of it, as NIXL's decode heartbeats do (docs/vllm.md "The lease"): prefill keeps the
+    blocks, and once decode has blocks the room succeeds with every byte right and no line above
+    debug. Without the renewal prefill frees them at the lease (as in the test above)."""
+    c = cluster(1, 1, extra={"kv_lease_duration": 2})
+    kvp = c.prefill(17, PROMPTS[17], params={"kvferry_room": 70017})
+    c.send("decode", "take_blocks")
+    c.wait("decode", lambda e: e[0] == "blocks_taken", what="decode's blocks taken")
+    c.add("decode", "d-17", PROMPTS[17], 3, kvp)
+    end = kvp["kvferry_lease_expiry"] + 4.0  # the lease's deadline, and two more leases
+    while time.time() < end:
+        c._drain("prefill", 0.05)
+    freed = [e for e in c.events["prefill"] if e[0] == "kv" and "p-17" in e[1]["finished_sending"]]
+    assert not freed and not failures(c, "prefill", 70017), (freed, failures(c, "prefill", 70017))
+    c.send("decode", "give_blocks")
+    check_success(c, 17, c.output("decode", "d-17"), 1)
+    c.kv("prefill", lambda k: "p-17" in k["finished_sending"], what="p-17 freed once written")
+    assert not failures(c, "prefill", 70017) and not failures(c, "decode", 70017)
+    all_blocks_back(c)
+    assert not c.lines_above_debug()
+
+
 def test_prefill_killed_while_holding_blocks(cluster):
     """Prefill's writes of room 70013 are held in flight when the prefill engine is killed: decode
     fails the room (peer_unreachable, origin the dead prefill rank) by its heartbeat timeout, long

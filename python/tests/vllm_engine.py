@@ -232,6 +232,7 @@ def engine_main(cfg, in_q, out_q):
     agg = KVOutputAggregator.from_connector(sched.connector, tp)
     out_q.put(("ready", cfg["role"], pids + [os.getpid()]))
     free = None
+    taken = []
     while True:
         stop = False
         while not in_q.empty():
@@ -243,6 +244,13 @@ def engine_main(cfg, in_q, out_q):
                 sched.finish_requests([cmd[1]], RequestStatus.FINISHED_ABORTED)
             elif cmd[0] == "preempt":
                 out_q.put(("preempted", cmd[1], sched.preempt(cmd[1])))
+            elif cmd[0] == "take_blocks":  # test hook: other requests hold every free block
+                taken = list(sched.kv_cache_manager.free_blocks)
+                sched.kv_cache_manager.free_blocks.clear()
+                out_q.put(("blocks_taken", len(taken)))
+            elif cmd[0] == "give_blocks":
+                sched.kv_cache_manager.free_blocks.extend(taken)
+                taken = []
             elif cmd[0] == "stop":
                 stop = True
         if stop:

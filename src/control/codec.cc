@@ -23,8 +23,10 @@
 //                    follows, state Success, terminal); absent means terminal without a digest (the
 //                    original format).
 //   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64 [| probe u8 | nonce u64]
+//                    [| renew u8 (=3) | rooms u64[]]
 //                    the optional tail: probe 1 = a challenge, 2 = its answer, nonce not 0;
-//                    absent means neither (the original format).
+//                    absent means neither (the original format). Then, optionally, the renewed
+//                    rooms (1 to kMaxRenewRooms, no room twice); absent means none.
 //   RegistrationRefusal sender RankId | incarnation u64 | peer_incarnation u64 | failure Failure (code not kOk)
 // A sender incarnation of 0 is refused (every rank has one, messages.h).
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
@@ -48,6 +50,7 @@ constexpr uint8_t kFlagDigest = 2;       // RoomStatus flags: the integrity dige
 constexpr uint8_t kFlagIntegrity = 1;    // RoomMetadata flags: the digest is asked for
 constexpr uint8_t kProbeChallenge = 1;   // Heartbeat tail: a challenge
 constexpr uint8_t kProbeAnswer = 2;      // Heartbeat tail: the answer to one
+constexpr uint8_t kRenewTag = 3;         // Heartbeat tail: the renewed rooms follow
 
 using wire::WireReader;
 using wire::WireWriter;
@@ -193,6 +196,11 @@ void put_body(WireWriter& w, const Heartbeat& m) {
     w.u8(m.challenge != 0 ? kProbeChallenge : kProbeAnswer);
     w.u64(m.challenge != 0 ? m.challenge : m.answer);
   }
+  if (!m.renew_rooms.empty()) {
+    w.u8(kRenewTag);
+    w.u32(static_cast<uint32_t>(m.renew_rooms.size()));
+    for (uint64_t room : m.renew_rooms) w.u64(room);
+  }
 }
 
 void put_body(WireWriter& w, const RegistrationRefusal& m) {
@@ -335,20 +343,36 @@ void get_body(WireReader& r, Heartbeat* m) {
   get_incarnation(r, "Heartbeat.incarnation", &m->incarnation);
   r.u64("Heartbeat.seq", &m->seq);
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
-  if (r.ok() && r.remaining() > 0) {  // the optional challenge or answer
-    uint8_t probe = 0;
+  uint8_t tag = 0;
+  if (r.ok() && r.remaining() > 0) r.u8("Heartbeat.probe", &tag);
+  if (r.ok() && (tag == kProbeChallenge || tag == kProbeAnswer)) {  // the optional challenge or answer
     uint64_t nonce = 0;
-    r.u8("Heartbeat.probe", &probe);
     r.u64("Heartbeat.nonce", &nonce);
     if (!r.ok()) return;
-    if (probe != kProbeChallenge && probe != kProbeAnswer) {
-      r.fail("Heartbeat.probe", std::to_string(probe) + " is neither a challenge (1) nor an answer (2)");
-    } else if (nonce == 0) {
-      r.fail("Heartbeat.nonce", "is 0");
-    } else {
-      (probe == kProbeChallenge ? m->challenge : m->answer) = nonce;
-    }
+    if (nonce == 0) return r.fail("Heartbeat.nonce", "is 0");
+    (tag == kProbeChallenge ? m->challenge : m->answer) = nonce;
+    tag = 0;
+    if (r.remaining() > 0) r.u8("Heartbeat.renew", &tag);
+    if (r.ok() && tag != 0 && tag != kRenewTag)
+      return r.fail("Heartbeat.renew", std::to_string(tag) + " is not the renewal tag (3)");
   }
+  if (!r.ok() || tag == 0) return;
+  if (tag != kRenewTag)
+    return r.fail("Heartbeat.probe",
+                  std::to_string(tag) + " is neither a challenge (1), an answer (2) nor the renewal tag (3)");
+  uint32_t n = 0;
+  r.u32("Heartbeat.renew_rooms", &n);
+  if (!r.ok()) return;
+  if (n == 0 || n > kMaxRenewRooms)
+    return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms (1 to " + std::to_string(kMaxRenewRooms) + ")");
+  if (r.remaining() < static_cast<size_t>(n) * 8)
+    return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms do not fit the body");
+  m->renew_rooms.resize(n);
+  for (uint64_t& room : m->renew_rooms) r.u64("Heartbeat.renew_rooms", &room);
+  std::vector<uint64_t> sorted = m->renew_rooms;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    r.fail("Heartbeat.renew_rooms", "names a room twice");
 }
 
 void get_body(WireReader& r, RegistrationRefusal* m) {

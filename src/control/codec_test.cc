@@ -284,7 +284,7 @@ TEST(Codec, HeartbeatCarriesAChallengeOrItsAnswer) {
   std::string f = encode(Message(hb));
   ASSERT_EQ(f.size(), 12u + 37 + 9);
   expect_rejected(f.substr(0, f.size() - 1).replace(8, 1, 1, char(45)), "Heartbeat.nonce");
-  f[12 + 37] = 3;
+  f[12 + 37] = 4;  // 3 is the renewal tag (codec_renewal_test.cc)
   expect_rejected(f, "Heartbeat.probe");
   f[12 + 37] = 1;
   f.replace(12 + 38, 8, 8, '\0');
@@ -295,7 +295,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 5);  // version 5, low byte first
+  EXPECT_EQ(f[4], 6);  // version 6, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 37);  // body length
@@ -376,7 +376,10 @@ TEST(CodecReject, BadMagicVersionType) {
   put_le(g, 4, 4, 2);  // version 4: registrations without the compatibility fingerprint
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 6, 2);
+  put_le(g, 4, 5, 2);  // version 5: heartbeats without lease renewals
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 7, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
@@ -522,12 +525,16 @@ TEST(CodecFuzz, MutatedFramesNeverCrashAndAcceptedOnesAreCanonical) {
   digest_status.digest = 0x5a5a'0000'ffff'1234ull;
   RoomMetadata integrity_metadata = sample_metadata(5);
   integrity_metadata.integrity = true;
+  Heartbeat renewal = sample_heartbeat();  // with renewed rooms (codec_renewal_test.cc)
+  renewal.renew_rooms = {7, 8, 9};
+  renewal.challenge = 3;
   const std::vector<std::string> seeds = {
       encode(Message(sample_registration())), encode(Message(minimal_registration())),
       encode(Message(sample_metadata(0))),    encode(Message(sample_metadata(40))),
       encode(Message(sample_status())),       encode(Message(ok_status)),
       encode(Message(sample_heartbeat())),    encode(Message(early_status)),
       encode(Message(digest_status)),         encode(Message(integrity_metadata)),
+      encode(Message(renewal)),
   };
   std::mt19937_64 rng(20240611);
   int accepted = 0, rejected = 0;

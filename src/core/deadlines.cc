@@ -31,6 +31,10 @@ const std::vector<DeadlineField>& deadline_fields() {
        "a rank of the same engine silent this long in the per-step agreement is dead"},
       {"--fault-timeout-ms", "KVFERRY_FAULT_TIMEOUT_MS", &Deadlines::fault_timeout_ms,
        "replay: the deadline of a room given a timeout fault"},
+      {"--renew-interval-ms", "KVFERRY_RENEW_INTERVAL_MS", &Deadlines::renew_interval_ms,
+       "decode: renew the bootstrap deadline of a room without its metadata yet at its sources this often"},
+      {"--renew-limit-ms", "KVFERRY_RENEW_LIMIT_MS", &Deadlines::renew_limit_ms,
+       "prefill: renewals never keep a room waiting for its metadata longer than this after its opening"},
   };
   return fields;
 }

@@ -528,6 +528,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     if (r.state.get() == KVPoll::Failed && !r.final_told) answer_sources(r, now_ns);
   flush_held_statuses();
   reask(now_ns);
+  renew(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_)
     if (r.state.get() == KVPoll::WaitingForInput && now_ns > r.waiting_deadline_ns) expired.push_back(id);

@@ -177,6 +177,8 @@ class DecodeEndpoint {
   size_t pending_restarts() const { return restart_claims_.size(); }
   // Sources asked again for a room's status, so far (one per source per ask).
   uint64_t status_asks() const { return status_asks_; }
+  // Renewal heartbeats sent to sources, so far (decode_renewal.cc).
+  uint64_t renewals_sent() const { return renewals_sent_; }
   static constexpr uint32_t kMaxAsks = 8;
 
   // The receiver-side room fence installed into this rank's transport (kvferry/write_fence.h,
@@ -235,6 +237,9 @@ class DecodeEndpoint {
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
   void reask(int64_t now_ns);
+  // decode_renewal.cc: every renew_interval, each live source is sent the rooms it feeds that
+  // were add_room()ed (Receiver::init) but not init()ed (no metadata yet): their lease renewal.
+  void renew(int64_t now_ns);
   // `incarnation`: the peer's, from its bootstrap entry (kvferry/messages.h; 0: not known).
   // This rank's pool registration, meant for a source of incarnation `peer_incarnation`.
   PoolRegistration make_registration(uint64_t peer_incarnation) const;
@@ -331,6 +336,8 @@ class DecodeEndpoint {
   uint64_t quarantined_total_ = 0;
   uint64_t reclaimed_total_ = 0;
   uint64_t status_asks_ = 0;
+  int64_t next_renew_ns_ = 0;
+  uint64_t renewals_sent_ = 0;
   // Failures of rooms to tell a source that was down when they failed, sent when it is back;
   // dropped at its rejoin deadline.
   std::map<RankId, std::vector<RoomStatus>> owed_;

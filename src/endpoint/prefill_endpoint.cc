@@ -551,9 +551,15 @@ void PrefillEndpoint::tick(int64_t now_ns) {
     std::string missing;
     for (const RankId& d : r.dests)
       if (!r.meta.count(d)) missing += (missing.empty() ? "" : ", ") + d.str();
+    // A room its destination kept renewing (prefill_renewal.cc) ends here at the renew limit.
+    const int64_t waited_ms = (r.bootstrap_deadline_ns - r.created_ns) / 1'000'000;
     fail(id, ErrorCode::kBootstrapTimeout,
-         fmt::format("metadata from {} did not come within {} ms", missing,
-                     (r.bootstrap_deadline_ns - r.created_ns) / 1'000'000),
+         r.renewals == 0 ? fmt::format("metadata from {} did not come within {} ms", missing, waited_ms)
+                         : fmt::format("metadata from {} did not come within {} ms (the lease renewed by decode "
+                                       "{} times; renewals end {} ms after the room's opening)",
+                                       missing, waited_ms, r.renewals,
+                                       std::max(core_.config().deadlines.renew_limit_ms,
+                                                core_.config().deadlines.bootstrap_timeout_ms)),
          core_.self(), now_ns, true);
   }
   std::erase_if(pending_fail_, [&](const auto& kv) { return now_ns - kv.second.first > kPendingTtlNs; });

@@ -75,6 +75,7 @@ struct SenderRoom {
   std::set<RankId> failure_heard;
   int64_t created_ns = 0;
   int64_t bootstrap_deadline_ns = 0;  // Bootstrapping past this fails with bootstrap_timeout
+  uint64_t renewals = 0;              // renewals by a destination that moved the deadline (on_renewal)
   int64_t first_send_ns = 0;
   int64_t failed_ns = 0;
   // Last submission or completion of a write of the room: Transferring with writes in flight and
@@ -373,6 +374,12 @@ class PrefillEndpoint {
   void maybe_ready(SenderRoom& r);
   void on_metadata(const RoomMetadata& md);
   void on_status(const RoomStatus& st);
+  // A decode rank renews rooms it awaits (Heartbeat::renew_rooms, prefill_renewal.cc): each room
+  // this rank holds in Bootstrapping whose destination the sender is gets its bootstrap deadline
+  // moved to bootstrap_timeout from now, at most renew_limit after its opening. Unknown or
+  // released rooms are skipped (a renewal racing the room's end); a sender that is no destination
+  // of the room is refused (counted as foreign, from_destination); neither changes the room.
+  void on_renewal(const Heartbeat& hb, int64_t now_ns);
   void apply_metadata(SenderRoom& r, const RoomMetadata& md);
   // A destination sent its metadata again (a lost status): the status it is owed, if any, again.
   void answer_again(SenderRoom& r, const RankId& d);

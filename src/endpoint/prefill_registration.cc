@@ -100,6 +100,7 @@ void PrefillEndpoint::on_message(const Message& m) {
     if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
     core_.monitor().heard(hb->sender, now);
     if (hb->challenge != 0) answer_challenge(*hb);
+    if (!hb->renew_rooms.empty()) on_renewal(*hb, now);
     return;
   }
   if (auto* r = std::get_if<PoolRegistration>(&m)) return on_registration(*r);

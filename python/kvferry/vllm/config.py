@@ -36,6 +36,9 @@ EXTRA_ENV = {
     "kvferry_transfer_shards": "KVFERRY_TRANSFER_SHARDS",
     "kvferry_aux_rows": "KVFERRY_AUX_ROWS",                # rooms in flight per kvferry manager
     "kvferry_integrity": "KVFERRY_INTEGRITY",              # end-to-end integrity (both engines alike)
+    # prefill: seconds after a room's opening past which decode's renewals no longer hold its
+    # blocks (default 10 x kv_lease_duration; kvferry's renew_limit, docs/vllm.md "The lease")
+    "kvferry_lease_limit": "KVFERRY_LEASE_LIMIT",
     # Tests only: kvferry's fault-injecting transport (inject_write_failure, hold_writes). Off by
     # default; never on in an engine's default path.
     "kvferry_fault_injection": "KVFERRY_FAULT_INJECTION",
@@ -72,6 +75,7 @@ class Settings:
     load_failure_policy: str  # vLLM's kv_load_failure_policy ("recompute" or "fail")
     aux_rows: int = AUX_ROWS  # aux rows of each kvferry manager (rooms in flight through it)
     integrity: bool = False   # KVManager(integrity=...): end-to-end integrity
+    lease_limit_s: float = 0.0  # prefill: renewals end this long after a room's opening (0: 10 x lease_s)
 
     @property
     def produces(self) -> bool:
@@ -140,7 +144,8 @@ def settings_of(vllm_config) -> Settings:
         transfer_shards=_num(get("kvferry_transfer_shards", "1"), "kvferry_transfer_shards", 1, 8),
         fault_injection=get("kvferry_fault_injection", "0").lower() in TRUE, load_failure_policy=str(policy),
         aux_rows=_num(get("kvferry_aux_rows") or AUX_ROWS, "kvferry_aux_rows", 1, 1 << 20),
-        integrity=get("kvferry_integrity", "0").lower() in TRUE)
+        integrity=get("kvferry_integrity", "0").lower() in TRUE,
+        lease_limit_s=_num(get("kvferry_lease_limit") or 0, "kvferry_lease_limit", 0, 864000, float))
 
 
 def check_kv_cache_config(kv_cache_config) -> None:

@@ -69,6 +69,9 @@ class KvferryConnector(KVConnectorBase_V1, SupportsHMA):
             raise RuntimeError("a scheduler-side call on kvferry's worker connector")
         return self._scheduler
 
+    def on_new_request(self, request) -> None:
+        self._sched().on_new_request(request)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:
         return self._sched().get_num_new_matched_tokens(request, num_computed_tokens)
 

@@ -22,6 +22,15 @@ class SendSpec:
 
 
 @dataclasses.dataclass
+class AwaitSpec:
+    """Decode: a request that waits for blocks (vLLM's on_new_request): the workers open its room
+    without metadata, so kvferry renews its lease at the prefill holding ``room``."""
+    room: int
+    bootstrap: str            # the prefill instance's bootstrap service
+    prefill_tp: int           # the prefill engine's TP size
+
+
+@dataclasses.dataclass
 class RecvSpec:
     """Decode: a request whose blocks are to be filled by the prefill holding ``room``."""
     room: int
@@ -46,19 +55,21 @@ class EndSpec:
 
 
 class KvferryConnectorMetadata(KVConnectorMetadata):
-    """One step's work for the workers: rooms to open (sends, recvs), rooms whose prompt is
+    """One step's work for the workers: rooms to open (sends, recvs; awaits: decode requests waiting
+    for blocks, opened without metadata so their lease is renewed), rooms whose prompt is
     computed in this step (``layerwise``: prefill may send each layer as it is saved, if decode's
     metadata already came), rooms to end (``ends``)."""
 
     def __init__(self) -> None:
         self.sends: Dict[str, SendSpec] = {}
         self.layerwise: Dict[str, SendSpec] = {}
+        self.awaits: Dict[str, AwaitSpec] = {}
         self.recvs: Dict[str, RecvSpec] = {}
         self.ends: Dict[str, EndSpec] = {}
 
     def __repr__(self) -> str:
-        return (f"KvferryConnectorMetadata(sends={self.sends}, layerwise={self.layerwise}, recvs={self.recvs}, "
-                f"ends={self.ends})")
+        return (f"KvferryConnectorMetadata(sends={self.sends}, layerwise={self.layerwise}, awaits={self.awaits}, "
+                f"recvs={self.recvs}, ends={self.ends})")
 
 
 class KvferryConnectorStats(KVConnectorStats):

@@ -2,8 +2,9 @@
 process). It holds no kvferry objects: it decides, from vLLM's calls, which rooms the workers open
 and end, and carries that to them in each step's metadata (docs/vllm.md "Data flow").
 
-vLLM's scheduler calls it (vllm/v1/core/sched/scheduler.py, Scheduler.schedule /
-update_from_output / _free_request): get_num_new_matched_tokens for a waiting request,
+vLLM's scheduler calls it (vllm/v1/core/sched/scheduler.py, Scheduler.add_request / schedule /
+update_from_output / _free_request): on_new_request as a request is added,
+get_num_new_matched_tokens for a waiting request,
 update_state_after_alloc once its blocks are allocated, build_connector_meta at the end of every
 schedule(), update_connector_output with the workers' aggregated output, request_finished (or
 request_finished_all_groups) when a request finishes, before its blocks are freed.
@@ -28,7 +29,7 @@ from typing import Any, Dict, Optional, Set, Tuple
 
 from . import params as P
 from .config import Settings
-from .metadata import EndSpec, KvferryConnectorMetadata, RecvSpec, SendSpec
+from .metadata import AwaitSpec, EndSpec, KvferryConnectorMetadata, RecvSpec, SendSpec
 
 logger = logging.getLogger("kvferry.vllm")
 _rng = random.SystemRandom()
@@ -104,6 +105,18 @@ class SchedulerSide:
             self._aux[got[0]].give(got[1])
 
     # -- vLLM's scheduler-side calls -------------------------------------------------------------
+
+    def on_new_request(self, request) -> None:
+        """Decode: vLLM's Scheduler.add_request calls it as the request enters the waiting queue,
+        possibly many steps before it gets blocks. The workers open its room at once, without
+        metadata (AwaitSpec): kvferry then renews the room's lease at prefill while this engine
+        lives, as NIXL's decode heartbeats do (docs/vllm.md "The lease"). A request kvferry cannot
+        serve is left to update_state_after_alloc, which ends its room."""
+        p = request.kv_transfer_params
+        if not (self.s.consumes and P.is_kvferry_decode(p)) or self._refusal(request, 0):
+            return
+        rp = P.parse_remote_prefill(p)
+        self._meta.awaits[request.request_id] = AwaitSpec(rp.room, rp.bootstrap, rp.tp_size)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> Tuple[int, bool]:
         """Decode: the prompt's tokens beyond what is computed here come from prefill, loaded

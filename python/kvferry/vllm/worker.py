@@ -17,8 +17,12 @@ whose decode is already waiting is sent layer by layer from save_kv_layer instea
 reported in get_finished (vLLM frees the blocks) once it succeeded, or failed and no write reads
 the blocks any more (release_safe). The lease is kvferry's bootstrap deadline: decode's metadata
 must come within kv_lease_duration of the room's opening, else the room fails (bootstrap_timeout,
-origin this rank) and the blocks are freed; decode, if it comes later, is told that failure.
-Decode: one kvferry manager per prefill instance, built on a thread when a request first names
+origin this rank) and the blocks are freed; decode, if it comes later, is told that failure. A
+decode whose request waits for blocks renews it (kvferry's renewal, every third of the lease, up to
+kvferry_lease_limit after the opening: docs/vllm.md "The lease").
+Decode: a request's room opens when vLLM adds the request (on_new_request: AwaitSpec), without
+metadata, so kvferry renews its lease at prefill while the request waits for blocks.
+One kvferry manager per prefill instance, built on a thread when a request first names
 the instance (kvferry's bootstrap lookup may take up to KVFERRY_LOOKUP_TIMEOUT_MS; vLLM's step never
 waits for it: the instance's requests wait until it is built). A request's room is opened with its blocks
 (KVReceiver: kvferry's metadata goes to every prefill source); Success reports it in get_finished;
@@ -35,7 +39,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from .. import BootstrapServer, KVManager, KVPoll, KVReceiver, KVSender, KVTransferError
 from ..buffers import EngineBuffers
 from .config import Geometry, Settings, geometry_of, layer_order
-from .metadata import EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
+from .metadata import AwaitSpec, EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
 from .params import manager_key
 
 logger = logging.getLogger("kvferry.vllm")
@@ -85,10 +89,11 @@ class _Build:
     lookup and registration may take up to KVFERRY_LOOKUP_TIMEOUT_MS), and the rooms of that
     instance that wait for it. vLLM's step never waits for it: the requests stay
     WAITING_FOR_REMOTE_KVS until it is done, then their rooms open, or fail as refused."""
-    __slots__ = ("addr", "loads", "ends", "done", "mgr", "error")
+    __slots__ = ("addr", "awaits", "loads", "ends", "done", "mgr", "error")
 
     def __init__(self, addr: str):
         self.addr = addr
+        self.awaits: Dict[str, AwaitSpec] = {}
         self.loads: Dict[str, RecvSpec] = {}
         self.ends: Dict[str, EndSpec] = {}
         self.done = False
@@ -110,6 +115,9 @@ class WorkerSide:
         self._peer: Dict[str, Tuple[int, str]] = {}  # decode manager -> (prefill TP size, address its rooms name)
         self._sends: Dict[str, _Send] = {}
         self._recvs: Dict[str, _Recv] = {}
+        # decode: requests waiting for blocks whose room is open without metadata (kvferry renews
+        # its lease at prefill meanwhile); it moves to _recvs when the blocks come or it ends
+        self._awaits: Dict[str, KVReceiver] = {}
         self._quarantined: Dict[Tuple[str, int], _Recv] = {}
         self._finished: Set[str] = set()     # finished_req_ids vLLM gave get_finished, not reported yet
         self._unopened_sends: Set[str] = set()  # held requests whose room kvferry refused to open
@@ -140,7 +148,14 @@ class WorkerSide:
     def _build(self, role: str, bootstrap: str, peer_tp: int) -> KVManager:
         g = self.geometry
         log_file = self.s.log_file.replace("{rank}", f"{role}-tp{self.tp_rank}") if self.s.log_file else None
-        deadlines = {"bootstrap_timeout_ms": max(1, int(self.s.lease_s * 1000))} if role == "prefill" else {}
+        # The lease (docs/vllm.md "The lease"): prefill's bootstrap deadline, renewed by decode every
+        # third of it while decode waits for blocks, up to the limit.
+        lease_ms = max(1, int(self.s.lease_s * 1000))
+        if role == "prefill":
+            limit_ms = int(self.s.lease_limit_s * 1000) if self.s.lease_limit_s > 0 else 10 * lease_ms
+            deadlines = {"bootstrap_timeout_ms": lease_ms, "renew_limit_ms": max(lease_ms, limit_ms)}
+        else:
+            deadlines = {"renew_interval_ms": max(1, lease_ms // 3)}
         return KVManager(role, buffers=EngineBuffers(list(g.descs), []), bootstrap_addr=bootstrap,
                          transport=self.s.transport, tp_rank=self.tp_rank, tp_size=self.s.tp_size,
                          peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
@@ -198,6 +213,8 @@ class WorkerSide:
             del self._building[key]
             if b.mgr is not None:
                 self.decode[key] = b.mgr
+                for rid, spec in b.awaits.items():
+                    self._open_await(rid, spec)
                 for rid, spec in b.loads.items():
                     self._open_recv(rid, spec)
                 for rid, spec in b.ends.items():
@@ -229,6 +246,8 @@ class WorkerSide:
                     st.held = True
                 else:  # the room could not be opened: vLLM frees the blocks at once
                     self._unopened_sends.add(rid)
+            for rid, spec in meta.awaits.items():
+                self._open_await(rid, spec)
             for rid, spec in meta.recvs.items():
                 self._open_recv(rid, spec)
             for rid, spec in meta.ends.items():
@@ -255,13 +274,38 @@ class WorkerSide:
         st = self._sends[rid] = _Send(spec, room)
         return st
 
+    def _open_await(self, rid: str, spec: AwaitSpec) -> None:
+        """Decode: a request waiting for blocks. Its room opens now, without metadata: kvferry's
+        receiver knows its prefill sources and renews the room's lease there while this rank
+        lives (docs/vllm.md "The lease"). Nothing is reported for it until its blocks come
+        (RecvSpec) or it ends (EndSpec); a refusal here is left to those (they meet it again)."""
+        try:
+            mgr, addr, key = self.manager_for(spec.bootstrap, spec.prefill_tp)
+            if mgr is None:  # its manager is being built: the room opens when it is done
+                self._building[key].awaits[rid] = spec
+                return
+            if rid not in self._awaits and rid not in self._recvs:
+                self._awaits[rid] = KVReceiver(mgr, spec.room, bootstrap_addr=addr)
+        except (ValueError, RuntimeError) as e:
+            logger.debug("request %s: kvferry room %d not opened while it waits for blocks: %s", rid, spec.room, e)
+
+    def _take_await(self, rid: str, room: int) -> Optional[KVReceiver]:
+        """The room opened for the request while it waited for blocks, if it is this room."""
+        r = self._awaits.pop(rid, None)
+        if r is not None and r.bootstrap_room != room:
+            r.abort(f"request {rid} names room {room} now")
+            r.close()
+            return None
+        return r
+
     def _open_recv(self, rid: str, spec: RecvSpec) -> None:
         try:
             mgr, addr, key = self.manager_for(spec.bootstrap, spec.prefill_tp)
             if mgr is None:  # its manager is being built: the room opens when it is done
+                self._building[key].awaits.pop(rid, None)
                 self._building[key].loads[rid] = spec
                 return
-            room = KVReceiver(mgr, spec.room, bootstrap_addr=addr)
+            room = self._take_await(rid, spec.room) or KVReceiver(mgr, spec.room, bootstrap_addr=addr)
         except (ValueError, RuntimeError) as e:
             self._refused_recv(rid, spec, e)
             return
@@ -318,10 +362,11 @@ class WorkerSide:
                     mgr, addr, key = self.manager_for(spec.bootstrap, spec.peer_tp)
                     if mgr is None:  # its manager is being built: the end waits for it
                         b = self._building[key]
+                        b.awaits.pop(rid, None)
                         b.loads.pop(rid, None)
                         b.ends[rid] = spec
                         return
-                    room = KVReceiver(mgr, spec.room, bootstrap_addr=addr)
+                    room = self._take_await(rid, spec.room) or KVReceiver(mgr, spec.room, bootstrap_addr=addr)
                 except (ValueError, RuntimeError) as e:
                     return self._end_untold(rid, spec, e)
                 r = self._recvs[rid] = _Recv(spec, room, rid, spec.report, True)
@@ -493,8 +538,11 @@ class WorkerSide:
                 st.room.close()
             for r in self._recvs.values():
                 r.room.close()
+            for w in self._awaits.values():
+                w.close()
             self._sends.clear()
             self._recvs.clear()
+            self._awaits.clear()
             for mgr in [self.prefill] + list(self.decode.values()):
                 if mgr is not None:
                     mgr.close()

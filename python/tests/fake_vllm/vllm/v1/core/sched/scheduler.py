@@ -3,6 +3,8 @@ vLLM's order (no chunked prefill, no prefix caching, no spec decode):
 
 * __init__: KVConnectorFactory.create_connector(config, SCHEDULER, kv_cache_config);
   recompute_kv_load_failures from kv_transfer_config.kv_load_failure_policy.
+* add_request(): the request joins waiting and self.requests, then connector.on_new_request(request)
+  (vLLM's Scheduler.add_request; KVConnectorBase_V1.on_new_request is a no-op by default).
 * schedule(): running requests get one token each (a request that gets no block is preempted:
   _preempt_request); then waiting ones: a WAITING_FOR_REMOTE_KVS request is skipped until
   _update_waiting_for_remote_kv says its KV arrived; others: get_num_new_matched_tokens (None:
@@ -48,6 +50,8 @@ class Scheduler:
     def add_request(self, request) -> None:
         self.waiting.append(request)
         self.requests[request.request_id] = request
+        if self.connector is not None:  # vLLM's Scheduler.add_request, after registering the request
+            self.connector.on_new_request(request)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.finished_req_ids or

@@ -83,6 +83,9 @@ class KVConnectorBase_V1(ABC):
         return None
 
     # scheduler side
+    def on_new_request(self, request):  # vLLM: a no-op unless a connector overrides it
+        return
+
     @abstractmethod
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int): ...
 
