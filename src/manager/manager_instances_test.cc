@@ -134,7 +134,7 @@ TEST_P(PrefillInstances, InterleavedRoomsFromEveryInstanceArriveByteForByte) {
     r.src = {2 * j, 2 * j + 1};
     r.dst = {2 * k + 1, 2 * k};
     r.aux = k;
-    ask(*c, r);
+    ASSERT_NO_FATAL_FAILURE(ask(*c, r));
   }
   ManagerStats s = c->decode->stats();
   ASSERT_EQ(s.prefill_instances.size(), n);
@@ -148,7 +148,7 @@ TEST_P(PrefillInstances, InterleavedRoomsFromEveryInstanceArriveByteForByte) {
     }
   }
   // Interleaved: the instances send in turn, in reverse order of the asks.
-  for (size_t k = rooms; k-- > 0;) send(*c, rs[k]);
+  for (size_t k = rooms; k-- > 0;) ASSERT_NO_FATAL_FAILURE(send(*c, rs[k]));
   for (TestRoom& r : rs) {
     ASSERT_TRUE(Cluster::until([&] { return r.rx->poll() == KVPoll::Success; }))
         << "room " << r.id << " of instance " << r.instance << ": "
@@ -183,7 +183,7 @@ TEST(PrefillInstancesDeath, AKilledInstanceFailsOnlyItsRooms) {
     rs[k].src = {k / 2};
     rs[k].dst = {k};
     rs[k].aux = k;
-    ask(*c, rs[k]);
+    ASSERT_NO_FATAL_FAILURE(ask(*c, rs[k]));
   }
   for (TestRoom& r : rs) ASSERT_TRUE(Cluster::until([&] { return r.rx->poll() == KVPoll::WaitingForInput; }));
   // Instance 0 holds the metadata of its rooms, no sender yet: killed, it tells nobody.
@@ -205,7 +205,7 @@ TEST(PrefillInstancesDeath, AKilledInstanceFailsOnlyItsRooms) {
   for (TestRoom& r : rs) {
     if (r.instance != 1) continue;
     EXPECT_EQ(r.rx->poll(), KVPoll::WaitingForInput) << "room " << r.id;
-    send(*c, r);
+    ASSERT_NO_FATAL_FAILURE(send(*c, r));
     ASSERT_TRUE(Cluster::until([&] { return r.rx->poll() == KVPoll::Success; }))
         << "room " << r.id << ": "
         << why(*r.rx);
@@ -238,8 +238,8 @@ TEST(PrefillInstancesLookup, AnAddressThatDoesNotAnswerFailsOnlyTheReceiversNami
   good.id = 70;
   good.src = {0, 1};
   good.dst = {3, 2};
-  ask(*c, good);
-  send(*c, good);
+  ASSERT_NO_FATAL_FAILURE(ask(*c, good));
+  ASSERT_NO_FATAL_FAILURE(send(*c, good));
   ASSERT_TRUE(Cluster::until([&] { return good.rx->poll() == KVPoll::Success; })) << to_string(good.rx->poll());
   EXPECT_EQ(mismatched(*c->decode, good.id, good.dst), 0u);
   a.join();
@@ -284,8 +284,8 @@ TEST(PrefillInstancesBound, OneInstanceTooManyIsRefusedUntilAnIdleOneIsForgotten
   r.instance = 2;
   r.src = {0};
   r.dst = {4};
-  ask(*c, r);
-  send(*c, r);
+  ASSERT_NO_FATAL_FAILURE(ask(*c, r));
+  ASSERT_NO_FATAL_FAILURE(send(*c, r));
   ASSERT_TRUE(Cluster::until([&] { return r.rx->poll() == KVPoll::Success; })) << to_string(r.rx->poll());
   EXPECT_EQ(mismatched(*c->decode, r.id, r.dst), 0u);
 }
