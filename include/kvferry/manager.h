@@ -70,8 +70,15 @@ struct ManagerConfig {
   uint32_t aux_rows = 1024;
   // Prefill: the bootstrap service ("host:port") it registers at (empty: it registers nowhere;
   // tests). Decode: the prefill instance's bootstrap service used by receiver(room) without one
-  // (empty: none until a receiver names one).
+  // (empty: none until a receiver names one); looked up by create() and kept for the manager's life.
   std::string bootstrap_address;
+  // Decode: the most prefill instances served at once (looked up, or being looked up); a
+  // receiver naming one more is refused (kResourceExhausted) until an idle one is forgotten.
+  uint32_t max_prefill_instances = 64;
+  // Decode: a prefill instance (other than bootstrap_address's) with no room for this long, whose
+  // sources owe nothing (no quarantined room, no failure waiting to be told), is forgotten: its
+  // heartbeats stop and a later receiver naming it looks it up again.
+  int64_t prefill_instance_idle_ms = 60'000;
   // The control socket's bind and advertised host (port 0: any free port). Peers (the prefill's
   // bootstrap entry, decode's pool registration) are told the advertised host.
   ListenAddress control;
@@ -272,6 +279,17 @@ struct ManagerStats {
   // that are not the sender's), so far. Every kind is listed, zeros included.
   std::vector<std::pair<std::string, uint64_t>> refusals;
   TransportStats transport;
+  // Decode: per prefill instance served (by bootstrap address, in address order).
+  struct PrefillInstance {
+    std::string bootstrap;
+    uint64_t rooms = 0;              // receivers' rooms naming it, dropped ones until released
+    uint64_t peers = 0;              // its source ranks known to this rank
+    uint64_t dead_peers = 0;         // of those, declared dead and not back yet
+    uint64_t quarantined_rooms = 0;  // released quarantined, not reclaimed yet
+    uint64_t quarantined_pages = 0;
+  };
+  std::vector<PrefillInstance> prefill_instances;
+  uint64_t forgotten_prefill_instances = 0;  // decode: forgotten idle, so far
 };
 
 class FaultInjectingTransport;
@@ -293,10 +311,15 @@ class Manager {
   // decode rank's late metadata for it is answered with that failure.
   virtual Result<std::unique_ptr<Sender>> sender(uint64_t room) = 0;
   // Decode only. `prefill_bootstrap` ("host:port"; empty: config.bootstrap_address) names the
-  // prefill instance serving the room; it is looked up and connected on first use and cached
-  // (heartbeats per peer). One prefill instance per decode manager for now: a receiver naming
-  // another instance than the one connected is refused with kInvalidArgument. Errors: as
-  // create() for the lookup; kInvalidArgument for a live receiver of the room, a prefill manager,
+  // prefill instance serving the room: any number of instances (up to
+  // config.max_prefill_instances), each looked up and connected on the first receiver naming it
+  // (this call then blocks up to lookup_timeout_ms, without holding up the other instances'
+  // rooms; concurrent calls naming it wait for that one lookup) and kept while it has rooms
+  // (docs/manager.md "Several prefill instances"). Heartbeats, peer deaths, restarts, quarantine
+  // and the compatibility check are per instance: a dead or incompatible instance fails its own
+  // rooms only. Errors: as create() for the lookup (the calls waiting for a failed lookup all get
+  // its error; the next call naming the address looks it up again); kResourceExhausted past
+  // max_prefill_instances; kInvalidArgument for a live receiver of the room, a prefill manager,
   // no address at all.
   virtual Result<std::unique_ptr<Receiver>> receiver(uint64_t room, const std::string& prefill_bootstrap = "") = 0;
 

@@ -201,17 +201,17 @@ bool PeerChallenges::answered(const Heartbeat& hb) {
   return true;
 }
 
-void challenge_unproven(EndpointCore& core, PeerChallenges& c, int64_t now_ns,
+void challenge_unproven(EndpointCore& core, PeerMonitor& monitor, PeerChallenges& c, int64_t now_ns,
                         const std::function<const std::string*(const RankId&)>& endpoint_of) {
-  for (const RankId& peer : core.monitor().take_unproven())
+  for (const RankId& peer : monitor.take_unproven())
     if (const std::string* endpoint = endpoint_of(peer)) c.send(core, peer, *endpoint, now_ns);
 }
 
-bool proven_alive(EndpointCore& core, PeerChallenges& c, const Heartbeat& hb, uint64_t known) {
+bool proven_alive(EndpointCore& /*core*/, PeerMonitor& monitor, PeerChallenges& c, const Heartbeat& hb, uint64_t known) {
   if (!c.answered(hb)) return false;
   if (hb.incarnation == known) {
     log_event(LogLevel::kDebug, "endpoint", fmt::format("{} answered a challenge at its endpoint: alive", hb.sender.str()));
-    core.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
+    monitor.heard(hb.sender, monotonic_ns(), /*proven=*/true);
   }
   return true;
 }

@@ -271,8 +271,16 @@ class PeerChallenges {
 // A dead peer's frames only ask for a proof (PeerMonitor::heard): challenge each such peer's known
 // endpoint (`endpoint_of`: null when unknown). Its answer naming the `known` incarnation proves it
 // alive: proven_alive() is true for any answer to these challenges, and revives the peer then.
-void challenge_unproven(EndpointCore& core, PeerChallenges& c, int64_t now_ns,
+// `monitor`: the one watching those peers (the core's, or a decode endpoint's own).
+void challenge_unproven(EndpointCore& core, PeerMonitor& monitor, PeerChallenges& c, int64_t now_ns,
                         const std::function<const std::string*(const RankId&)>& endpoint_of);
-bool proven_alive(EndpointCore& core, PeerChallenges& c, const Heartbeat& hb, uint64_t known);
+bool proven_alive(EndpointCore& core, PeerMonitor& monitor, PeerChallenges& c, const Heartbeat& hb, uint64_t known);
+inline void challenge_unproven(EndpointCore& core, PeerChallenges& c, int64_t now_ns,
+                               const std::function<const std::string*(const RankId&)>& endpoint_of) {
+  challenge_unproven(core, core.monitor(), c, now_ns, endpoint_of);
+}
+inline bool proven_alive(EndpointCore& core, PeerChallenges& c, const Heartbeat& hb, uint64_t known) {
+  return proven_alive(core, core.monitor(), c, hb, known);
+}
 
 }  // namespace kvferry

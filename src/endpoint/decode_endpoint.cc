@@ -18,10 +18,21 @@ constexpr std::string_view kComp = "decode.endpoint";
 }
 
 DecodeEndpoint::DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
-                               uint32_t prefill_dp)
+                               uint32_t prefill_dp, Sharing sharing)
     : core_(core), plan_(std::move(plan)), prefill_dp_(std::max<uint32_t>(1, prefill_dp)),
-      bootstrap_address_(std::move(bootstrap_address)) {
+      bootstrap_address_(std::move(bootstrap_address)), fence_(std::move(sharing.fence)) {
+  if (sharing.own_monitor)
+    own_monitor_ = std::make_unique<PeerMonitor>(core_.self(), core_.config().deadlines, core_.config().control,
+                                                 core_.incarnation());
+  if (!fence_) fence_ = std::make_shared<WriteFence>();
   core_.transport().set_write_fence(fence_);  // before any peer connects (decode_fence.cc)
+}
+
+void DecodeEndpoint::forget_sources() {
+  for (const auto& [rank, p] : peers_) {
+    monitor().unwatch(rank);
+    core_.control().forget(p.control_endpoint);
+  }
 }
 
 DecodeEndpoint::~DecodeEndpoint() {
@@ -41,7 +52,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   peers_[peer] = {peer, endpoint, 0, incarnation};
   refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
-  core_.monitor().watch(peer, endpoint);
+  monitor().watch(peer, endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
   if (was_dead) on_peer_back(peer, endpoint);  // after the registration: the peer reads it first
   return Status::Ok();
@@ -157,6 +168,9 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
     return;
   }
   int64_t now = monotonic_ns();
+  // The ranks of two prefill instances have the same RankId: the reason names the instance.
+  const std::string instance =
+      bootstrap_address_.empty() ? std::string() : fmt::format(" (prefill instance {})", bootstrap_address_);
   std::vector<uint64_t> failed;
   for (auto& [id, r] : rooms_) {
     bool fed = false;
@@ -169,13 +183,14 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
       answer_sources(r, now);
       continue;
     }
-    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
+    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}{}", peer.str(), reason, instance), peer, now,
+         false);
     failed.push_back(id);
   }
   it->second.dead_since_ns = now;
   std::sort(failed.begin(), failed.end());
   log_event(LogLevel::kError, kComp,
-            fmt::format("prefill peer {} unreachable: {}; {} failed: {}", peer.str(), reason,
+            fmt::format("prefill peer {}{} unreachable: {}; {} failed: {}", peer.str(), instance, reason,
                         failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
              .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
@@ -207,35 +222,54 @@ KVPoll DecodeEndpoint::poll(uint64_t room) const {
 }
 
 Status DecodeEndpoint::connect_peers(BootstrapClient& bootstrap, int64_t deadline_ns) {
-  const RankId self = core_.self();
-  std::vector<uint32_t> wanted = sources_of(plan_, self.tp_rank);
+  auto entries = look_up_sources(plan_, core_.self().tp_rank, prefill_dp_, bootstrap, deadline_ns);
+  if (!entries.ok()) return entries.status();
+  return adopt_sources(*entries);
+}
+
+Result<std::vector<PrefillRankInfo>> DecodeEndpoint::look_up_sources(const std::vector<HeadTransfer>& plan,
+                                                                     uint32_t self_tp_rank, uint32_t prefill_dp,
+                                                                     BootstrapClient& bootstrap, int64_t deadline_ns) {
+  std::vector<uint32_t> wanted = sources_of(plan, self_tp_rank);
+  std::vector<PrefillRankInfo> out;
   // Rooms are routed to a prefill DP rank by room id, so every DP rank's sources are peers.
-  for (uint32_t dp = 0; dp < prefill_dp_; ++dp)
+  for (uint32_t dp = 0; dp < std::max<uint32_t>(1, prefill_dp); ++dp)
   for (uint32_t tp : wanted) {
     Result<PrefillRankInfo> info = bootstrap.lookup(0, dp, tp);
     while (!info.ok()) {
       if (bootstrap::not_authorized(info.status()))  // waiting will not change the secret
-        return {info.status().code(), fmt::format("prefill dp{} tp{}: {}", dp, tp, info.status().message())};
+        return Status{info.status().code(), fmt::format("prefill dp{} tp{}: {}", dp, tp, info.status().message())};
       if (monotonic_ns() > deadline_ns)
-        return {ErrorCode::kBootstrapTimeout,
-                fmt::format("prefill dp{} tp{} did not register at the bootstrap service within the lookup "
-                            "timeout: {}",
-                            dp, tp, info.status().str())};
+        return Status{ErrorCode::kBootstrapTimeout,
+                      fmt::format("prefill dp{} tp{} did not register at the bootstrap service within the lookup "
+                                  "timeout: {}",
+                                  dp, tp, info.status().str())};
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       info = bootstrap.lookup(0, dp, tp);
     }
-    RankId pr{Role::kPrefill, 0, tp, dp};
+    // The entry answers the key asked (a service that answers another rank's entry is not used).
+    info->engine_id = 0;
+    info->dp_rank = dp;
+    info->tp_rank = tp;
+    out.push_back(std::move(*info));
+  }
+  return out;
+}
+
+Status DecodeEndpoint::adopt_sources(const std::vector<PrefillRankInfo>& entries) {
+  for (const PrefillRankInfo& info : entries) {
+    RankId pr{Role::kPrefill, 0, info.tp_rank, info.dp_rank};
     // Before any other field of the entry is used (kvferry/compat.h; decode_compat.cc).
-    if (Status c = check_source_compat(pr, *info); !c.ok()) return c;
+    if (Status c = check_source_compat(pr, info); !c.ok()) return c;
     // Open the data connection from this side before the prefill rank connects to us: its connect
     // then reuses it, and its sending socket is one its own listener accepted (docs/transport.md
     // "TCP congestion control"). A failure only costs that reuse.
-    if (!info->transport_address.empty()) {
-      Status r = core_.transport().connect_reverse(info->transport_address);
+    if (!info.transport_address.empty()) {
+      Status r = core_.transport().connect_reverse(info.transport_address);
       if (!r.ok())
         log_event(LogLevel::kDebug, kComp, fmt::format("reverse connection to {}: {}", pr.str(), r.str()));
     }
-    Status s = send_registration(pr, info->control_endpoint, info->incarnation);
+    Status s = send_registration(pr, info.control_endpoint, info.incarnation);
     if (!s.ok()) return s;
   }
   return Status::Ok();
@@ -247,13 +281,13 @@ void DecodeEndpoint::on_message(const Message& m) {
   if (auto* hb = std::get_if<Heartbeat>(&m)) {
     if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
     if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
-    core_.monitor().heard(hb->sender, now);
+    monitor().heard(hb->sender, now);
     if (hb->challenge != 0) answer_challenge(*hb);
     return;
   }
   if (auto* st = std::get_if<RoomStatus>(&m)) {
     if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
-    core_.monitor().heard(st->sender, now);
+    monitor().heard(st->sender, now);
     on_status(*st);
     return close_fence_if_drained(st->room);
   }
@@ -477,14 +511,14 @@ void DecodeEndpoint::set_waiting_deadline(uint64_t room, int64_t deadline_ns) {
 }
 
 void DecodeEndpoint::tick(int64_t now_ns) {
-  for (const DeadPeer& d : core_.monitor().take_dead(now_ns))
+  for (const DeadPeer& d : monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
-  challenge_unproven(core_, revivals_, now_ns, [&](const RankId& s) {
+  challenge_unproven(core_, monitor(), revivals_, now_ns, [&](const RankId& s) {
     auto it = peers_.find(s);
     return it == peers_.end() ? nullptr : &it->second.control_endpoint;
   });
-  for (const RankId& peer : core_.monitor().take_revived()) {  // a long silence, not a death
+  for (const RankId& peer : monitor().take_revived()) {  // a long silence, not a death
     auto it = peers_.find(peer);
     if (it != peers_.end() && dead_peers_.count(peer)) {
       log_event(LogLevel::kDebug, kComp, fmt::format("{} answers again", peer.str()));

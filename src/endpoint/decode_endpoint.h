@@ -80,14 +80,52 @@ struct ReceiverRoom {
   uint32_t asks = 0;
 };
 
+// A decode manager serving several prefill instances builds one endpoint per instance over its
+// one core (docs/manager.md "Several prefill instances"): the endpoints share the transport's
+// room fence (`fence`; null: a fence of this endpoint's own), and each watches its sources with a
+// PeerMonitor of its own (`own_monitor`; false: the core's), since the ranks of two instances
+// have the same RankId.
+struct DecodeSharing {
+  std::shared_ptr<WriteFence> fence;
+  bool own_monitor = false;
+};
+
 class DecodeEndpoint {
  public:
+  using Sharing = DecodeSharing;
   // `bootstrap_address` ("host:port") is used again to find a prefill peer that restarted.
   // `prefill_dp`: the prefill engine's DP size; a room is served by prefill DP rank
   // dp_rank_for_room(room, prefill_dp) (kvferry/routing.h).
   DecodeEndpoint(EndpointCore& core, std::vector<HeadTransfer> plan, std::string bootstrap_address,
-                 uint32_t prefill_dp = 1);
+                 uint32_t prefill_dp = 1, DecodeSharing sharing = DecodeSharing());
   ~DecodeEndpoint();
+
+  // The bootstrap entries of every source prefill rank of `self_tp_rank` (every DP rank of
+  // `prefill_dp`), looked up at `bootstrap` (retrying until `deadline_ns`), in (dp, tp) order.
+  // Touches no endpoint: a manager calls it without its lock. Errors: as connect_peers().
+  static Result<std::vector<PrefillRankInfo>> look_up_sources(const std::vector<HeadTransfer>& plan,
+                                                              uint32_t self_tp_rank, uint32_t prefill_dp,
+                                                              BootstrapClient& bootstrap, int64_t deadline_ns);
+  // Checks each entry's fingerprint, opens the reverse data connection and registers the pool
+  // with it (the second half of connect_peers()). Errors: kIncompatiblePeer, a registration that
+  // could not be sent.
+  Status adopt_sources(const std::vector<PrefillRankInfo>& entries);
+  const std::string& bootstrap_address() const { return bootstrap_address_; }
+  // The incarnation this endpoint knows for its source `peer` (nullopt: not its source).
+  std::optional<uint64_t> known_incarnation(const RankId& peer) const {
+    auto it = peers_.find(peer);
+    return it == peers_.end() ? std::nullopt : std::optional<uint64_t>(it->second.incarnation);
+  }
+  // No room, no quarantined room, nothing owed or held for a source: forgetting the endpoint
+  // loses nothing.
+  bool idle() const {
+    return rooms_.empty() && quarantined_.empty() && owed_.empty() && held_count_ == 0 && reclaimed_.empty();
+  }
+  // Closes the control connections to every source (the endpoint is being forgotten).
+  void forget_sources();
+  size_t dead_sources() const { return dead_peers_.size(); }
+  // The monitor that watches this endpoint's sources (Sharing::own_monitor).
+  PeerMonitor& monitor() { return own_monitor_ ? *own_monitor_ : core_.monitor(); }
 
   // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
   // registration. Errors: kBootstrapTimeout if a peer never registered, kPeerUnreachable if the
@@ -294,6 +332,7 @@ class DecodeEndpoint {
   };
 
   EndpointCore& core_;
+  std::unique_ptr<PeerMonitor> own_monitor_;  // Sharing::own_monitor (null: the core's)
   std::vector<uint64_t> fresh_failures_;  // see take_fresh_failures()
   std::vector<HeadTransfer> plan_;
   uint32_t prefill_dp_ = 1;
@@ -352,7 +391,7 @@ class DecodeEndpoint {
   uint64_t statuses_dropped_ = 0;  // past kMaxHeldStatuses (the source's bootstrap deadline acts)
   std::map<RankId, std::unique_ptr<Rediscovery>> rediscovery_;
   std::unordered_map<uint64_t, ReceiverRoom> rooms_;
-  std::shared_ptr<WriteFence> fence_ = std::make_shared<WriteFence>();
+  std::shared_ptr<WriteFence> fence_;
 };
 
 }  // namespace kvferry

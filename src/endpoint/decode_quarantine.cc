@@ -69,7 +69,7 @@ void DecodeEndpoint::reclaim_from_gone_sources(int64_t now_ns) {
     auto it = peers_.find(src);
     if (it == peers_.end() || !it->second.control_endpoint.starts_with("tcp://") || !quarantine_probes_.take(now_ns))
       continue;
-    const int64_t last = core_.monitor().last_heard_ns(src);
+    const int64_t last = monitor().last_heard_ns(src);
     const int64_t silent_ns = last == 0 ? 0 : now_ns - last;
     // Silence proves nothing (a stopped or starved process writes when it runs again); a refused
     // connect does: the socket closed with its process, and so did every thread that could write.

@@ -64,7 +64,7 @@ void DecodeEndpoint::judge_restart_claims(int64_t now_ns) {
       continue;
     }
     const std::string& endpoint = known->second.control_endpoint;
-    const int64_t last = core_.monitor().last_heard_ns(peer);
+    const int64_t last = monitor().last_heard_ns(peer);
     if (dead_peers_.count(peer) && old_endpoint_gone(endpoint, last == 0 ? 0 : now_ns - last, restart_probes_, now_ns)) {
       believed.emplace_back(peer, claim.incarnation);
       it = restart_claims_.erase(it);
@@ -100,7 +100,7 @@ void DecodeEndpoint::answer_challenge(const Heartbeat& hb) {
 
 void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   auto known = peers_.find(hb.sender);
-  if (known != peers_.end() && proven_alive(core_, revivals_, hb, known->second.incarnation)) return;
+  if (known != peers_.end() && proven_alive(core_, monitor(), revivals_, hb, known->second.incarnation)) return;
   if (known != peers_.end() && on_ownership_answer(hb, known->second.incarnation)) return;
   auto it = restart_claims_.find(hb.sender);
   if (it == restart_claims_.end() || it->second.nonce != hb.answer || known == peers_.end()) {
@@ -112,7 +112,7 @@ void DecodeEndpoint::on_challenge_answer(const Heartbeat& hb) {
   const uint64_t inc = known->second.incarnation;
   restart_claims_.erase(it);
   if (hb.incarnation <= inc) {  // the known incarnation still owns its endpoint: it lives
-    if (hb.incarnation == inc) core_.monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
+    if (hb.incarnation == inc) monitor().heard(hb.sender, monotonic_ns(), /*proven=*/true);
     core_.refuse(Refusal::kUnconfirmedRestart, hb.sender,
                  fmt::format("restart claim of {} as incarnation {} refused: incarnation {} answered at {}",
                              hb.sender.str(), claimed, hb.incarnation, known->second.control_endpoint));

@@ -137,26 +137,17 @@ Status ManagerImpl::start() {
       if (!s.ok()) return Status(s.code(), "bootstrap registration at " + c.bootstrap_address + ": " + s.message());
     }
   } else {
-    decode_ = std::make_unique<DecodeEndpoint>(*core_, plan_, c.bootstrap_address, c.peer_dp_size);
+    if (c.max_prefill_instances == 0) return bad("max_prefill_instances must be at least 1");
+    decoding_ = true;
+    core_->transport().set_write_fence(fence_);  // before any peer connects (decode_fence.cc)
     if (!c.bootstrap_address.empty()) {
-      Status s = connect_prefill_instance(c.bootstrap_address);
-      if (!s.ok()) return s;
+      std::unique_lock lock(mu_);
+      Result<DecodeEndpoint*> ep = prefill_instance(c.bootstrap_address, lock);
+      if (!ep.ok()) return ep.status();
     }
   }
   log_event(LogLevel::kDebug, "manager", "rank up: " + std::string(prefill ? "registered at " : "found ") +
                                              (c.bootstrap_address.empty() ? "no bootstrap service" : c.bootstrap_address));
-  return Status::Ok();
-}
-
-Status ManagerImpl::connect_prefill_instance(const std::string& address) {
-  // The endpoint re-finds restarted peers at the address it was built with: one built without
-  // rooms for another address is replaced.
-  if (address != config_.bootstrap_address && decode_->live_rooms() == 0 && decode_->peers() == 0)
-    decode_ = std::make_unique<DecodeEndpoint>(*core_, plan_, address, config_.peer_dp_size);
-  BootstrapClient bootstrap(address, 2000);
-  Status s = decode_->connect_peers(bootstrap, monotonic_ns() + config_.deadlines.lookup_timeout_ms * 1'000'000);
-  if (!s.ok()) return Status(s.code(), "prefill instance at " + address + ": " + s.message());
-  connected_bootstrap_ = address;
   return Status::Ok();
 }
 
@@ -165,9 +156,9 @@ ManagerImpl::~ManagerImpl() {
   if (core_) core_->waker().signal();
   if (thread_.joinable()) thread_.join();
   std::lock_guard lock(mu_);
-  if (prefill_ || decode_) log_unsettled_failures();  // rooms the engine still held: logged as known now
+  if (prefill_ || decoding_) log_unsettled_failures();  // rooms the engine still held: logged as known now
   prefill_.reset();
-  decode_.reset();
+  instances_.clear();
   core_.reset();  // the transport goes before the engine may free its memory
   rooms_.clear();
 }
@@ -214,7 +205,7 @@ void ManagerImpl::progress_control(bool drain_waker) {
     if (!frame) break;
     // A sender that is no peer of this rank in the plan is refused before the frame is decoded.
     const std::optional<RankId> sender = frame_sender(*frame);
-    if (sender && !(prefill_ ? prefill_->admits(*sender) : decode_->admits(*sender))) continue;
+    if (sender && !(prefill_ ? prefill_->admits(*sender) : decode_admits(*sender))) continue;
     // A pool registration's compatibility fingerprint is compared before the rest is decoded.
     if (sender && prefill_ && !prefill_->admits_compat(*frame)) continue;
     // A RoomMetadata names the decode rank's pages, not this rank's: a prefill rank's pool (e.g. a
@@ -231,7 +222,7 @@ void ManagerImpl::progress_control(bool drain_waker) {
     }
     if (message_hook_) message_hook_(*msg);
     if (prefill_) prefill_->on_message(*msg);
-    else decode_->on_message(*msg);
+    else dispatch_decode(*msg);
   }
   if (prefill_ && prefill_->incompatible_refusals() != incompatible_seen_) {
     // A decode rank refused as incompatible: senders not init()ed yet bound for it fail now.
@@ -285,7 +276,7 @@ void ManagerImpl::progress_tick() {
     prefill_->tick(now);
     for (const ChunkDone& done : prefill_->take_abandoned_chunks()) chunk_done(done);  // staging moves on
   } else {
-    decode_->tick(now);
+    tick_instances(now);
   }
   housekeeping(now);
 }
@@ -322,7 +313,7 @@ void ManagerImpl::log_unsettled_failures() {
   for (auto& [id, r] : rooms_) {
     if (r.logged) continue;
     if (!r.initialized && !r.early_failure) continue;
-    const KVPoll p = r.early_failure ? KVPoll::Failed : prefill_ ? prefill_->poll(id) : decode_->poll(id);
+    const KVPoll p = r.early_failure ? KVPoll::Failed : prefill_ ? prefill_->poll(id) : r.ep->poll(id);
     if (p == KVPoll::Failed || (p == KVPoll::Success && core_->registry().get(id))) log_failure_once(id, r);
   }
 }
@@ -330,7 +321,7 @@ void ManagerImpl::log_unsettled_failures() {
 bool ManagerImpl::release_safe_locked(uint64_t id, const Room& r, int64_t now) const {
   if (!r.initialized) return true;
   if (prefill_) return r.chunks_out == 0 && prefill_->drained(id);
-  return decode_->drained(id, now);
+  return r.ep->drained(id, now);
 }
 
 void ManagerImpl::housekeeping(int64_t now) {
@@ -338,7 +329,7 @@ void ManagerImpl::housekeeping(int64_t now) {
     const uint64_t id = it->first;
     Room& r = it->second;
     if (r.initialized) {
-      KVPoll p = prefill_ ? prefill_->poll(id) : decode_->poll(id);
+      KVPoll p = prefill_ ? prefill_->poll(id) : r.ep->poll(id);
       if (prefill_ && r.metrics.metadata_ns == 0 && p >= KVPoll::WaitingForInput) r.metrics.metadata_ns = now;
       if (r.metrics.done_ns == 0 && (p == KVPoll::Success || p == KVPoll::Failed)) r.metrics.done_ns = now;
       // A room that concluded here and failed since (the engine's failure, or a peer's told after
@@ -352,7 +343,7 @@ void ManagerImpl::housekeeping(int64_t now) {
         // Never a fallback: a record naming this rank that it did not observe (fail_from_agreement
         // found nothing) would make other ranks name this one.
         std::optional<KVTransferError> e = core_->registry().get(id);
-        if (e && (e->origin != self() || core_->registry().own(id))) poster_.post(board_address(), id, e->failure());
+        if (e && (e->origin != self() || core_->registry().own(id))) poster_.post(board_address(id), id, e->failure());
       }
     } else if (std::optional<RankId> dead = prefill_ && !r.early_failure ? prefill_->dead_destination(id) : std::nullopt) {
       // A sender not init()ed yet whose destination died: its metadata can no longer come. It
@@ -378,9 +369,9 @@ void ManagerImpl::housekeeping(int64_t now) {
         if (!r.early_failure->is_from_another_rank) {
           Failure f = r.early_failure->failure();  // observed here: its wall clock is this host's
           if (f.wall_ns == 0) f.wall_ns = wall_from_monotonic(f.first_seen_ns);
-          poster_.post(board_address(), id, f);
+          poster_.post(board_address(id), id, f);
         } else if (r.early_failure->wall_ns != 0) {
-          poster_.post(board_address(), id, r.early_failure->failure());  // as a peer stamped it
+          poster_.post(board_address(id), id, r.early_failure->failure());  // as a peer stamped it
         }
       }
     }
@@ -389,7 +380,7 @@ void ManagerImpl::housekeeping(int64_t now) {
         if (prefill_) {
           prefill_->release(id);
         } else {
-          const ReceiverRoom* rr = decode_->room(id);
+          const ReceiverRoom* rr = r.ep->room(id);
           bool quarantined = false;
           if (rr && rr->failed_ns != 0)
             for (const RankId& src : rr->metadata_sent)
@@ -398,7 +389,7 @@ void ManagerImpl::housekeeping(int64_t now) {
                 quarantined = true;
                 break;
               }
-          decode_->release(id);
+          r.ep->release(id);
           // A receiver dropped while a write could land: its engine waits for the room's name
           // (take_reclaimed_rooms); a quarantined one is named when its quarantine ends.
           if (r.dropped_unsafe && !quarantined && reclaimed_dropped_.size() < kMaxReclaimedDropped)
@@ -406,6 +397,7 @@ void ManagerImpl::housekeeping(int64_t now) {
         }
         if (core_->faults()) core_->faults()->clear_room(id);
       }
+      if (!r.instance.empty()) room_left(r.instance, now);
       it = rooms_.erase(it);
       continue;
     }
@@ -413,13 +405,15 @@ void ManagerImpl::housekeeping(int64_t now) {
   }
 }
 
-std::string ManagerImpl::board_address() const {
+std::string ManagerImpl::board_address(uint64_t room) const {
   std::lock_guard lock(mu_);
-  return prefill_ ? config_.bootstrap_address : connected_bootstrap_;
+  if (prefill_) return config_.bootstrap_address;
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? std::string() : it->second.instance;
 }
 
 std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_ms) {
-  const std::string address = board_address();
+  const std::string address = board_address(room);
   if (address.empty()) return std::nullopt;
   const bool waits = wait_ms > 0;  // an agreement-only rank's wait (not the one look of a failed room)
   int64_t now = monotonic_ns();
@@ -469,8 +463,12 @@ std::optional<Failure> ManagerImpl::look_up_failure(uint64_t room, int64_t wait_
 
 std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {
   std::lock_guard lock(mu_);
-  if (!decode_) return {};
-  std::vector<uint64_t> out = decode_->take_reclaimed();
+  if (!decoding_) return {};
+  std::vector<uint64_t> out;
+  for (auto& [address, inst] : instances_) {
+    std::vector<uint64_t> some = inst.ep->take_reclaimed();
+    out.insert(out.end(), some.begin(), some.end());
+  }
   out.insert(out.end(), reclaimed_dropped_.begin(), reclaimed_dropped_.end());
   reclaimed_dropped_.clear();
   return out;
@@ -479,14 +477,25 @@ std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {
 ManagerStats ManagerImpl::stats() const {
   std::lock_guard lock(mu_);
   ManagerStats s;
-  s.live_rooms = prefill_ ? prefill_->live_rooms() : decode_->live_rooms();
+  if (prefill_) {
+    s.live_rooms = prefill_->live_rooms();
+    s.peers = prefill_->peers();
+  }
   for (const auto& [id, r] : rooms_)
     if (!r.initialized) ++s.live_rooms;
-  s.peers = prefill_ ? prefill_->peers() : decode_->peers();
   s.quarantined_rooms = quarantined_rooms_;
-  if (decode_) {
-    s.quarantined_pages = decode_->quarantined_pages();
-    s.reclaimed_rooms = decode_->reclaimed_total();
+  if (decoding_) {
+    s.reclaimed_rooms = forgotten_reclaimed_;
+    s.forgotten_prefill_instances = forgotten_instances_;
+    for (const auto& [address, inst] : instances_) {
+      const DecodeEndpoint& ep = *inst.ep;
+      s.live_rooms += ep.live_rooms();
+      s.peers += ep.peers();
+      s.quarantined_pages += ep.quarantined_pages();
+      s.reclaimed_rooms += ep.reclaimed_total();
+      s.prefill_instances.push_back({address, inst.rooms, ep.peers(), ep.dead_sources(), ep.quarantined_rooms(),
+                                     ep.quarantined_pages()});
+    }
   }
   s.failure_records = core_->registry().records();
   if (prefill_) s.aux_rows_in_use = prefill_->aux_in_use();

@@ -16,6 +16,7 @@
 #include <thread>
 #include <unordered_map>
 #include <atomic>
+#include <condition_variable>
 #include <vector>
 
 #include "endpoint/core.h"
@@ -45,7 +46,14 @@ class ManagerImpl final : public Manager {
   // --- internal ---
   EndpointCore& core() { return *core_; }
   PrefillEndpoint* prefill() { return prefill_.get(); }  // null on a decode manager
-  DecodeEndpoint* decode() { return decode_.get(); }     // null on a prefill manager
+  // Decode: the endpoint of the configured prefill instance, else of the first one served (null on
+  // a prefill manager, or before any instance was looked up). Tests with one instance use it.
+  DecodeEndpoint* decode();
+  // Decode: the endpoint of the prefill instance serving the room (null: no such room).
+  DecodeEndpoint* decode_of(uint64_t room) {
+    auto it = rooms_.find(room);
+    return it == rooms_.end() ? nullptr : it->second.ep;
+  }
   const ManagerConfig& config() const { return config_; }
   const std::vector<HeadTransfer>& plan() const { return plan_; }
   // Chunk completions of writes not issued by a Sender of this manager.
@@ -85,6 +93,10 @@ class ManagerImpl final : public Manager {
     bool metadata_sent = false;  // receiver: send_metadata() accepted
     std::optional<KVTransferError> early_failure;  // aborted before init
     TransferMetrics metrics;
+    // Receiver: the prefill instance serving the room (its bootstrap address) and its endpoint,
+    // which is kept while a room names it.
+    std::string instance;
+    DecodeEndpoint* ep = nullptr;
   };
   std::recursive_mutex& mutex() const { return mu_; }
   Room* room(uint64_t id);
@@ -102,9 +114,9 @@ class ManagerImpl final : public Manager {
   // then stays the room's early_failure, local).
   bool open_sender_for_failure(uint64_t id, Room& r, const Failure& f, bool observed_here);
   void wake() { core_->waker().signal(); }
-  // The failure board of the rooms' bootstrap service (prefill: config.bootstrap_address; decode:
-  // the prefill instance looked up; empty: none). Takes the lock.
-  std::string board_address() const;
+  // The failure board of the room's bootstrap service (prefill: config.bootstrap_address; decode:
+  // the room's prefill instance; empty: none). Takes the lock.
+  std::string board_address(uint64_t room) const;
   // The room's record on the failure board, asked again until it is there or `wait_ms` passed
   // (Sender/Receiver::fail_from_agreement). Call without the lock: it blocks. After a lookup that
   // waited in vain, the next ones for kBoardQuietNs wait at most 25 ms (manager.cc), so an engine
@@ -122,7 +134,22 @@ class ManagerImpl final : public Manager {
   friend class Manager;
   explicit ManagerImpl(const ManagerConfig& c) : config_(c) {}
   Status start();
-  Status connect_prefill_instance(const std::string& address);
+  // Decode (prefill_instances.cc): the endpoint of the prefill instance at `address`, looked up
+  // and connected on its first use and kept (one lookup in flight per address: other callers
+  // naming it wait for its answer; the lookup runs without the lock). `lock` holds mu_ once.
+  // Errors: the lookup's (kBootstrapTimeout, kPeerUnreachable, kIncompatiblePeer), and
+  // kResourceExhausted past config.max_prefill_instances.
+  Result<DecodeEndpoint*> prefill_instance(const std::string& address, std::unique_lock<std::recursive_mutex>& lock);
+  // A frame for the decode side: to the instance of its room, else the instance that knows its
+  // sender at its incarnation, else every instance that has that source (each judges it by the
+  // incarnation it knows: a restart claim, a stale frame, the answer to a challenge).
+  void dispatch_decode(const Message& m);
+  bool decode_admits(const RankId& sender);
+  // Ticks every instance; forgets one idle past config.prefill_instance_idle_ms (not the
+  // configured one).
+  void tick_instances(int64_t now);
+  // A room of `instance` was released.
+  void room_left(const std::string& instance, int64_t now);
   void run();
   void housekeeping(int64_t now);
   // A chunk's writes are done (completed, or abandoned): a Sender's count, else the hook.
@@ -133,10 +160,26 @@ class ManagerImpl final : public Manager {
   mutable std::recursive_mutex mu_;
   std::unique_ptr<EndpointCore> core_;
   std::unique_ptr<PrefillEndpoint> prefill_;
-  std::unique_ptr<DecodeEndpoint> decode_;
+  // Decode: the prefill instances served, by bootstrap address (prefill_instances.cc).
+  struct PrefillInstance {
+    std::unique_ptr<DecodeEndpoint> ep;
+    uint64_t rooms = 0;         // rooms_ entries naming it
+    int64_t idle_since_ns = 0;  // its last room left (0: a room is live)
+    bool core_monitor = false;  // its sources are watched by the core's PeerMonitor
+  };
+  struct Lookup {
+    bool done = false;
+    Status status;
+  };
+  bool decoding_ = false;  // a decode manager
+  std::map<std::string, PrefillInstance> instances_;
+  std::map<std::string, std::shared_ptr<Lookup>> lookups_;  // in flight
+  std::condition_variable_any lookup_done_;
+  std::shared_ptr<WriteFence> fence_ = std::make_shared<WriteFence>();  // the instances' shared room fence
+  uint64_t forgotten_reclaimed_ = 0;  // reclaimed_total() of forgotten instances
+  uint64_t forgotten_instances_ = 0;
   uint64_t incompatible_seen_ = 0;  // PrefillEndpoint::incompatible_refusals() acted on
   int64_t last_inline_ns_ = 0;  // progress_inline()'s last run (guarded by mu_)
-  std::string connected_bootstrap_;  // decode: the prefill instance looked up (empty: none yet)
   std::vector<HeadTransfer> plan_;
   std::function<void(const ChunkDone&)> chunk_hook_;
   std::function<void(const Message&)> message_hook_;

@@ -403,7 +403,6 @@ TEST(Manager, BadCallsAreRefusedNamingTheValue) {
 
   auto rx = r->decode->receiver(2).value();
   EXPECT_TRUE(is_bad(r->decode->receiver(2).status(), "already has a receiver"));
-  EXPECT_TRUE(is_bad(r->decode->receiver(3, "127.0.0.1:1").status(), "one prefill instance"));
   EXPECT_TRUE(is_bad(rx->init(1), "prefill_dp_rank 1"));
   EXPECT_TRUE(is_bad(rx->send_metadata(std::vector<uint64_t>{1, 1}, 0, {}), "kv_indices[1] = 1 appears twice"));
   EXPECT_TRUE(is_bad(rx->send_metadata(std::vector<uint64_t>{1, 99}, 0, {}), "kv_indices[1] = 99"));

@@ -304,16 +304,16 @@ class ReceiverImpl final : public Receiver {
       // Dropped after init() (its sources known) but before send_metadata(), without a failure:
       // the engine gave the request up. Every source is told (aborted, origin this rank) rather
       // than waiting for its bootstrap deadline; no page was given out.
-      const KVPoll p = r->initialized ? m_.decode()->poll(room_) : KVPoll::Failed;
+      const KVPoll p = r->initialized ? m_.decode_of(room_)->poll(room_) : KVPoll::Failed;
       if (r->initialized && !r->metadata_sent && p != KVPoll::Failed)
-        m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before send_metadata()", m_.self(),
+        m_.decode_of(room_)->fail(room_, ErrorCode::kAborted, "the receiver was dropped before send_metadata()", m_.self(),
                           monotonic_ns(), true);
       // Dropped before the room ended: every source stops and is told; the pages may still take a
       // write until the room is release-safe, which take_reclaimed_rooms() then says (manager.h).
       else if (r->metadata_sent && p != KVPoll::Success && p != KVPoll::Failed)
-        m_.decode()->fail(room_, ErrorCode::kAborted, "the receiver was dropped before the room ended", m_.self(),
+        m_.decode_of(room_)->fail(room_, ErrorCode::kAborted, "the receiver was dropped before the room ended", m_.self(),
                           monotonic_ns(), true);
-      r->dropped_unsafe = r->metadata_sent && !m_.decode()->drained(room_, monotonic_ns());
+      r->dropped_unsafe = r->metadata_sent && !m_.decode_of(room_)->drained(room_, monotonic_ns());
       r->dropped = true;
     }
     m_.wake();
@@ -335,7 +335,7 @@ class ReceiverImpl final : public Receiver {
     // source's failure, or its death, reaches the receiver while the engine waits for memory,
     // and the sources are told of a failure here at once.
     if (!r.early_failure) {
-      m_.decode()->add_room(room_, 0, prefill_dp_rank);
+      m_.decode_of(room_)->add_room(room_, 0, prefill_dp_rank);
       r.initialized = true;
     }
     m_.wake();
@@ -363,7 +363,7 @@ class ReceiverImpl final : public Receiver {
         return bad(fmt::format("room {}: kv_indices[{}] = {} is out of range: the pool has {} pages", room_, i, dst[i], l.num_pages));
       if (!seen.insert(dst[i]).second) return bad(fmt::format("room {}: kv_indices[{}] = {} appears twice", room_, i, dst[i]));
     }
-    DecodeEndpoint& ep = *m_.decode();
+    DecodeEndpoint& ep = *m_.decode_of(room_);
     const bool opened = r.initialized;  // by init()
     ep.add_room(room_, num_tokens, r.prefill_dp_rank);  // sizes a room init() opened
     r.initialized = true;
@@ -401,7 +401,7 @@ class ReceiverImpl final : public Receiver {
     if (!r.initialized) return KVPoll::Bootstrapping;
     // A room whose transfer concluded here and that failed since (the engine's failure, told by
     // fail_from_engine): the engine's room failed, so it polls Failed (manager.h).
-    const KVPoll p = m_.decode()->poll(room_);
+    const KVPoll p = m_.decode_of(room_)->poll(room_);
     return p == KVPoll::Success && m_.core().registry().get(room_) ? KVPoll::Failed : p;
   }
 
@@ -410,7 +410,7 @@ class ReceiverImpl final : public Receiver {
     const ManagerImpl::Room& r = *m_.room(room_);
     if (r.early_failure) return r.early_failure;
     if (!r.initialized) return std::nullopt;
-    const KVPoll p = m_.decode()->poll(room_);
+    const KVPoll p = m_.decode_of(room_)->poll(room_);
     if (p != KVPoll::Failed && p != KVPoll::Success) return std::nullopt;
     return m_.core().registry().get(room_);
   }
@@ -435,7 +435,7 @@ class ReceiverImpl final : public Receiver {
     if (!r.initialized && !open_for_failure(r)) {
       if (!r.early_failure) r.early_failure = KVTransferError{room_, code, reason, m_.self(), false, now};
     } else {
-      m_.decode()->fail(room_, code, reason, m_.self(), now, true);
+      m_.decode_of(room_)->fail(room_, code, reason, m_.self(), now, true);
     }
     m_.log_if_settled(room_, r, monotonic_ns());  // e.g. no peer involved: settled now
     m_.wake();
@@ -451,7 +451,7 @@ class ReceiverImpl final : public Receiver {
         r.early_failure->is_from_another_rank = e.is_from_another_rank || e.origin != m_.self();
       }
     } else {
-      m_.decode()->fail(room_, e.failure(), false);  // the whole record: its wall_ns decides the rule
+      m_.decode_of(room_)->fail(room_, e.failure(), false);  // the whole record: its wall_ns decides the rule
     }
     m_.wake();
   }
@@ -463,14 +463,14 @@ class ReceiverImpl final : public Receiver {
   bool release_safe() const override {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
-    return !r.initialized || m_.decode()->drained(room_, monotonic_ns());
+    return !r.initialized || m_.decode_of(room_)->drained(room_, monotonic_ns());
   }
 
   bool quarantined() const override {
     std::lock_guard lock(m_.mutex());
     const ManagerImpl::Room& r = *m_.room(room_);
-    if (!r.initialized || !m_.decode()->drained(room_, monotonic_ns())) return false;
-    const ReceiverRoom* rr = m_.decode()->room(room_);
+    if (!r.initialized || !m_.decode_of(room_)->drained(room_, monotonic_ns())) return false;
+    const ReceiverRoom* rr = m_.decode_of(room_)->room(room_);
     if (!rr || rr->failed_ns == 0) return false;
     for (const RankId& src : rr->metadata_sent)
       if (!rr->terminal.count(src)) return true;
@@ -482,7 +482,7 @@ class ReceiverImpl final : public Receiver {
     const ManagerImpl::Room& r = *m_.room(room_);
     TransferMetrics t = r.metrics;
     // The endpoint's instants, not the next progress's.
-    if (const ReceiverRoom* rr = r.initialized ? m_.decode()->room(room_) : nullptr) {
+    if (const ReceiverRoom* rr = r.initialized ? m_.decode_of(room_)->room(room_) : nullptr) {
       t.failed_ns = rr->failed_ns;  // also a room that failed after it concluded here
       t.done_ns = rr->success_ns ? rr->success_ns : rr->failed_ns;
     }
@@ -497,7 +497,7 @@ class ReceiverImpl final : public Receiver {
   bool open_for_failure(ManagerImpl::Room& r) {
     if (r.initialized) return true;  // init() opened it
     if (!r.dp_set || r.early_failure) return false;
-    m_.decode()->add_room(room_, 0, r.prefill_dp_rank);
+    m_.decode_of(room_)->add_room(room_, 0, r.prefill_dp_rank);
     r.initialized = true;
     return true;
   }
@@ -522,22 +522,25 @@ Result<std::unique_ptr<Sender>> ManagerImpl::sender(uint64_t id) {
 }
 
 Result<std::unique_ptr<Receiver>> ManagerImpl::receiver(uint64_t id, const std::string& prefill_bootstrap) {
-  std::lock_guard lock(mu_);
-  if (!decode_) return bad(fmt::format("receiver(room {}) on a prefill manager: receivers are decode's", id));
-  if (rooms_.count(id))
+  std::unique_lock lock(mu_);
+  if (!decoding_) return bad(fmt::format("receiver(room {}) on a prefill manager: receivers are decode's", id));
+  auto taken = [&] {
     return bad(fmt::format("room {} already has a receiver on {} (or it is still being released)", id, self().str()));
-  const std::string& address = prefill_bootstrap.empty() ? config_.bootstrap_address : prefill_bootstrap;
-  if (connected_bootstrap_.empty()) {
-    if (address.empty())
-      return bad(fmt::format("receiver(room {}): no prefill bootstrap address (none given, none configured)", id));
-    Status s = connect_prefill_instance(address);
-    if (!s.ok()) return s;
-  } else if (!address.empty() && address != connected_bootstrap_) {
-    return bad(fmt::format("receiver(room {}): prefill instance {} differs from {}, the one this decode manager "
-                           "serves (one prefill instance per decode manager for now)",
-                           id, address, connected_bootstrap_));
-  }
-  rooms_[id].metrics.created_ns = monotonic_ns();
+  };
+  if (rooms_.count(id)) return taken();
+  const std::string address = prefill_bootstrap.empty() ? config_.bootstrap_address : prefill_bootstrap;
+  if (address.empty())
+    return bad(fmt::format("receiver(room {}): no prefill bootstrap address (none given, none configured)", id));
+  Result<DecodeEndpoint*> ep = prefill_instance(address, lock);  // may wait for a lookup, unlocked
+  if (!ep.ok()) return ep.status();
+  if (rooms_.count(id)) return taken();  // another call took the room while the lookup ran
+  Room& r = rooms_[id];
+  r.metrics.created_ns = monotonic_ns();
+  r.instance = address;
+  r.ep = *ep;
+  PrefillInstance& inst = instances_.at(address);
+  ++inst.rooms;
+  inst.idle_since_ns = 0;
   return std::unique_ptr<Receiver>(new ReceiverImpl(*this, id));
 }
 
