@@ -97,7 +97,9 @@ class BootstrapClient {
  public:
   // `address` is "host:port", "[v6]:port" or "http://host:port"; host an IPv4 or IPv6 address
   // or a host name (kvferry/net.h parse_host_port). A malformed address makes every call fail with
-  // kInvalidArgument. Each call is bounded by `timeout_ms`.
+  // kInvalidArgument. Each call's connect, reads and writes are bounded by `timeout_ms`, and the
+  // whole call by 3 x `timeout_ms` (then kPeerUnreachable "did not answer ... within"); an answer
+  // longer than 4 MiB is kProtocolError, read no further.
   // The client sends the process's bearer token (docs/security.md); a bad secret file makes every
   // call fail with its reason, a 401 is kInvalidArgument "not authorized".
   BootstrapClient(std::string address, int timeout_ms = 2000);

@@ -260,3 +260,29 @@ def test_a_wrong_secret_fails_at_once_not_as_a_timeout(engines, monkeypatch, sta
         assert D.reqs["d1"].status == H.RequestStatus.RUNNING  # recomputed on decode
     finally:
         srv.shutdown()
+
+
+def test_a_reused_request_id_loads_again(engines):
+    """Attack on issue 33, finding 5: a decode request id used a second time (older vLLM does not
+    suffix its request ids) loads its KV like any request; it was never reported finished_recving
+    again (the id was among those already reported), so it waited for ever with its blocks pinned."""
+    port = H.free_port()
+    P, D = engines("kv_producer", port), engines("kv_consumer")
+    prompts = {"r0": [(j * 7) % 250 + 1 for j in range(17)], "r1": [(j * 11) % 250 + 1 for j in range(33)]}
+    for rid, pr in prompts.items():
+        P.add(rid, pr, 1, {"do_remote_decode": True})
+    assert H.run_until([P], lambda: len(P.outputs) == 2)
+    params = {o["request_id"]: o["kv_transfer_params"] for o in P.outputs}
+    for rid in ("r0", "r1"):
+        D.add("same", prompts[rid], 2, dict(params[rid]))
+        bad = []
+
+        def running():
+            r = D.reqs["same"]
+            if r.status == H.RequestStatus.RUNNING:
+                bad.append(D.check("same", len(r.prompt_token_ids)))
+                return True
+            return False
+        assert H.run_until([P, D], running), f"{rid}'s KV never loaded under the reused request id"
+        assert bad == [[]]
+        assert H.run_until([P, D], lambda: "same" not in D.sched.requests)

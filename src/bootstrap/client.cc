@@ -1,5 +1,9 @@
 // BootstrapClient (include/kvferry/bootstrap.h): one cpp-httplib client per BootstrapClient, every
-// call bounded by the constructor's timeout (connect, read and write each).
+// call bounded by the constructor's timeout (connect, read and write each), and as a whole, whatever
+// the server does: its answer's body at most kMaxResponseBytes, the whole call at most
+// kCallBudgetFactor x the timeout (cpp-httplib's timeouts apply to each read, so a server that
+// drips a byte at a time, or streams without end, would otherwise hold the call, and its memory,
+// for ever; issue 33's attack, findings 3 and 4).
 //   no HTTP answer          -> kPeerUnreachable
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
 //   400                     -> kInvalidArgument with the server's reason
@@ -9,7 +13,10 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/refusal.h"
@@ -31,12 +38,49 @@ std::string server_reason(const std::string& body) {
   return body.substr(0, 256);
 }
 
+constexpr size_t kMaxResponseBytes = 4u << 20;
+constexpr int kCallBudgetFactor = 3;
+
+// Stops `http` (cpp-httplib shuts its socket down, the call in progress fails) unless disarmed
+// before `budget` passed.
+class CallWatchdog {
+ public:
+  CallWatchdog(httplib::Client& http, std::chrono::milliseconds budget)
+      : thread_([this, &http, budget] {
+          std::unique_lock lock(mu_);
+          if (!cv_.wait_for(lock, budget, [this] { return done_; })) {
+            fired_ = true;
+            http.stop();
+          }
+        }) {}
+  ~CallWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  bool fired() {
+    std::lock_guard lock(mu_);
+    return fired_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool fired_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
 }  // namespace
 
 struct BootstrapClient::Impl {
   std::string address;
   std::unique_ptr<httplib::Client> http;  // null when `address` is not "host:port"
   Status keys_error;                        // a bad cluster secret: every call fails with it
+  std::chrono::milliseconds budget{1};      // one whole call (kCallBudgetFactor x the timeout)
 
   // GET/PUT and map transport failures and non-200 statuses; on 200 returns the parsed body.
   // `http_status`, if given, gets the answer's HTTP status (0: no answer).
@@ -49,14 +93,41 @@ struct BootstrapClient::Impl {
                         "' is not host:port, [IPv6]:port or http://host:port with a port other than 0");
     }
     try {
-      const std::string_view m(method);
-      httplib::Result res = m == "PUT"    ? http->Put(path.c_str(), body, "application/json")
-                            : m == "POST" ? http->Post(path.c_str(), body, "application/json")
-                                          : http->Get(path.c_str());
+      httplib::Request req;
+      req.method = method;
+      req.path = path;
+      if (std::string_view(method) != "GET") {
+        req.body = body;
+        req.set_header("Content-Type", "application/json");
+      }
+      std::string got;
+      bool too_big = false;
+      req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
+        if (got.size() + len > kMaxResponseBytes) {
+          too_big = true;
+          return false;
+        }
+        got.append(data, len);
+        return true;
+      };
+      bool fired = false;
+      httplib::Result res = [&] {
+        CallWatchdog watchdog(*http, budget);
+        httplib::Result r = http->send(req);
+        fired = watchdog.fired();
+        return r;
+      }();
+      if (too_big)
+        return Status(ErrorCode::kProtocolError, "bootstrap " + address + ": answer to " + method + " " + path +
+                                                     " longer than " + std::to_string(kMaxResponseBytes) + " bytes");
+      if (fired)
+        return Status(ErrorCode::kPeerUnreachable, "bootstrap " + address + " did not answer " + method + " " + path +
+                                                       " within " + std::to_string(budget.count()) + " ms");
       if (!res) {
         return Status(ErrorCode::kPeerUnreachable, "bootstrap " + address + " unreachable (" +
                                                        httplib::to_string(res.error()) + ")");
       }
+      res->body = std::move(got);
       if (http_status) *http_status = res->status;
       const std::string what = std::string(method) + " " + path;
       if (res->status == 404) {
@@ -110,6 +181,7 @@ void BootstrapClient::init(std::string address, int timeout_ms, const security::
   try {
     impl_->http = std::make_unique<httplib::Client>(hp->host, hp->port);
     const auto t = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : 1);
+    impl_->budget = t * kCallBudgetFactor;
     impl_->http->set_connection_timeout(t);
     impl_->http->set_read_timeout(t);
     impl_->http->set_write_timeout(t);

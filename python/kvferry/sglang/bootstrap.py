@@ -15,6 +15,7 @@ answers 401 to any call without the cluster's bearer token, and these helpers se
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Optional, Tuple
@@ -22,6 +23,23 @@ from typing import Optional, Tuple
 from .. import _kvferry
 
 MAX_RESPONSE_BYTES = 4 << 20
+# The whole call, whatever the server does, at most this many times the timeout (urllib's timeout
+# applies to each socket operation: a server dripping a byte at a time would hold the call for ever).
+CALL_BUDGET_FACTOR = 3
+
+
+def _read_bounded(r, deadline: float) -> str:
+    """At most MAX_RESPONSE_BYTES of the answer, read until `deadline` (then TimeoutError)."""
+    out = bytearray()
+    read = getattr(r, "read1", None) or r.read
+    while len(out) < MAX_RESPONSE_BYTES:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the bootstrap service did not answer in time")
+        chunk = read(min(1 << 16, MAX_RESPONSE_BYTES - len(out)))
+        if not chunk:
+            break
+        out += chunk
+    return out.decode("utf-8", "replace")
 
 
 class KVBootstrapServer:
@@ -57,11 +75,12 @@ def request(method: str, addr: str, path: str, body: Optional[dict] = None,
     if auth:
         headers["Authorization"] = auth
     req = urllib.request.Request(_url(addr, path), data=data, method=method, headers=headers)
+    deadline = time.monotonic() + CALL_BUDGET_FACTOR * timeout
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read(MAX_RESPONSE_BYTES).decode("utf-8", "replace")
+            return r.status, _read_bounded(r, deadline)
     except urllib.error.HTTPError as e:
-        return e.code, e.read(MAX_RESPONSE_BYTES).decode("utf-8", "replace")
+        return e.code, _read_bounded(e, deadline)
     except (urllib.error.URLError, OSError, ValueError) as e:
         return 0, str(getattr(e, "reason", e))
 

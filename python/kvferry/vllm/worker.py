@@ -299,6 +299,9 @@ class WorkerSide:
         return r
 
     def _open_recv(self, rid: str, spec: RecvSpec) -> None:
+        # A request id vLLM reuses (older vLLM does not suffix its ids) is a new request: it is
+        # reported again when its room concludes (issue 33's attack, finding 5).
+        self._reported.pop(rid, None)
         try:
             mgr, addr, key = self.manager_for(spec.bootstrap, spec.prefill_tp)
             if mgr is None:  # its manager is being built: the room opens when it is done
