@@ -70,6 +70,20 @@ void note_concluded(ManagerImpl& m, uint64_t room, KVPoll p) {
     r->metrics.done_ns = monotonic_ns();
 }
 
+// A handle's poll(): the room's state, after taking in what already arrived when it is not
+// concluded (ManagerImpl::progress_inline); a poll that sees it conclude sets its done instant.
+template <class PollLocked>
+KVPoll poll_room(ManagerImpl& m, uint64_t room, const PollLocked& poll_locked) {
+  std::lock_guard lock(m.mutex());
+  KVPoll p = poll_locked();
+  if (p != KVPoll::Success && p != KVPoll::Failed) {
+    m.progress_inline();
+    p = poll_locked();
+  }
+  note_concluded(m, room, p);
+  return p;
+}
+
 class SenderImpl final : public Sender {
  public:
   SenderImpl(ManagerImpl& m, uint64_t room) : m_(m), room_(room) {}
@@ -195,14 +209,7 @@ class SenderImpl final : public Sender {
   }
 
   KVPoll poll() const override {
-    std::lock_guard lock(m_.mutex());
-    KVPoll p = poll_locked();
-    if (p != KVPoll::Success && p != KVPoll::Failed) {
-      m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
-      p = poll_locked();
-    }
-    note_concluded(m_, room_, p);
-    return p;
+    return poll_room(m_, room_, [this] { return poll_locked(); });
   }
 
   KVPoll poll_locked() const {
@@ -385,14 +392,7 @@ class ReceiverImpl final : public Receiver {
   }
 
   KVPoll poll() const override {
-    std::lock_guard lock(m_.mutex());
-    KVPoll p = poll_locked();
-    if (p != KVPoll::Success && p != KVPoll::Failed) {
-      m_.progress_inline();  // what already arrived, seen now (ManagerImpl::progress_inline)
-      p = poll_locked();
-    }
-    note_concluded(m_, room_, p);
-    return p;
+    return poll_room(m_, room_, [this] { return poll_locked(); });
   }
 
   KVPoll poll_locked() const {
