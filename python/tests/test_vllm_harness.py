@@ -136,6 +136,60 @@ def test_layerwise_when_decode_is_ready_first(cluster):
     all_blocks_back(c)
 
 
+def test_prefill_abort_keeps_blocks_while_a_layerwise_write_is_held(cluster):
+    """Issue 33 attack F9: decode waits first (as above), so prefill sends room 70021's layers from
+    save_kv_layer; its writes stay held in flight (reading prefill's blocks) when the client aborts
+    the prefill request (vLLM's Scheduler.finish_requests -> _free_request -> request_finished).
+    The connector asks vLLM to keep the blocks (delay_free_blocks) and reports the request in
+    get_finished only once kvferry says no write reads them (release_safe): while the writes are
+    held the blocks are not free; once they are released, vLLM frees every block. Before the fix
+    request_finished returned False for an aborted request and vLLM freed the blocks at once."""
+    c = cluster(1, 1, layer_ms=100, faults={"prefill/tp0": {"hold_kept": [70021]}})
+    c.request(10, PROMPTS[10])  # connects decode to prefill (the handshake) first
+    all_blocks_back(c)
+    prompt = PROMPTS[21]
+    kvp = {"do_remote_prefill": True, "do_remote_decode": False, "kvferry_room": 70021, "tp_size": 1,
+           "kvferry_bootstrap": f"127.0.0.1:{c.cfg['prefill']['extra']['kvferry_bootstrap_port']}",
+           "kvferry_block_size": 4, "kvferry_num_tokens": len(prompt)}
+    c.add("decode", "d-21", prompt, 3, kvp)
+    time.sleep(0.5)  # lets decode's metadata reach prefill first (as in the test above)
+    # max_tokens 5: the request still runs after its prompt's step, so the client can abort it
+    c.add("prefill", "p-21", prompt, 5, {**C.PREFILL_PARAMS, "kvferry_room": 70021})
+    c.wait("prefill", lambda e: e == ("held", 70021), what="layer-wise writes of 70021 held in flight")
+    c.send("prefill", "abort", "p-21")
+    # decode learns of the abort from prefill: prefill has run request_finished by then
+    c.kv("decode", lambda k: k["invalid"], what="decode's blocks of 70021 reported as load errors")
+    n = len(c.events["prefill"])
+    c.send("prefill", "count_free")
+    free = c.wait("prefill", lambda e: e[0] == "free_now" and c.events["prefill"].index(e) >= n)[1]
+    assert free < E.NUM_BLOCKS, "prefill's blocks were freed while a write still read them"
+    assert not any(e[0] == "kv" and "p-21" in e[1]["finished_sending"] for e in c.events["prefill"])
+    c.send("prefill", "release_holds")
+    c.kv("prefill", lambda k: "p-21" in k["finished_sending"], what="p-21 reported once no write reads its blocks")
+    f = failures(c, "prefill", 70021)
+    assert [(x["code"], x["origin"]) for x in f] == [("aborted", "prefill/tp0")], f
+    assert c.output("decode", "d-21")["token_ids"] == C.expected_tokens(prompt, 3)  # recomputed on decode
+    all_blocks_back(c)
+
+
+def test_write_failure_with_policy_fail_has_one_line(cluster):
+    """kv_load_failure_policy=fail: a prefill write failure fails the decode request
+    (FINISHED_ERROR: vLLM's Scheduler._handle_invalid_blocks finishes it before the workers report
+    it in finished_recving, so request_finished still finds it loading). The failure has its one
+    line, at its origin (prefill/tp0); decode added a second, wrong "aborted"
+    info line for the request's end before (issue 33 attack F7)."""
+    c = cluster(1, 1, policy="fail", faults={"prefill/tp0": {"write_failure": [70022]}})
+    _, out = c.request(22, PROMPTS[22], params={"kvferry_room": 70022})
+    assert out["finish_reason"] == "error" and out["token_ids"] == [], out
+    f = c.kv("decode", lambda k: k["failures"], what="decode's failure record of 70022")["failures"]
+    assert [(x["room"], x["code"], x["origin"]) for x in f] == [(70022, "transfer_error", "prefill/tp0")], f
+    all_blocks_back(c)
+    deadline = time.monotonic() + 10  # lines reach the records on each process's own time
+    while not c.lines_above_debug(70022) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    one_line_at_origin(c, 70022, "prefill/tp0", "transfer_error", 30)
+
+
 def test_lease_expires_when_decode_never_comes(cluster):
     """kv_lease_duration 1 s: prefill frees the blocks at its end (bootstrap_timeout, origin
     prefill, one warning there); a decode that comes later is told that failure and recomputes."""

@@ -286,3 +286,21 @@ def test_a_reused_request_id_loads_again(engines):
         assert H.run_until([P, D], running), f"{rid}'s KV never loaded under the reused request id"
         assert bad == [[]]
         assert H.run_until([P, D], lambda: "same" not in D.sched.requests)
+
+
+def test_finished_requests_kvferry_never_held_are_not_kept(engines):
+    """Issue 33 attack F8: vLLM names every finished request in get_finished(finished_req_ids),
+    most of them never kvferry's; the worker kept each name for good. Now it keeps only requests
+    it still holds a room for: after 200 plain requests and one kvferry request on prefill, nothing."""
+    port = H.free_port()
+    P, D = engines("kv_producer", port), engines("kv_consumer")
+    for i in range(200):
+        P.add(f"plain{i}", [i % 250 + 1] * 3, 1)
+    assert H.run_until([P], lambda: len(P.outputs) == 200)
+    prompt = [7] * 20
+    P.add("k", prompt, 1, {"do_remote_decode": True})
+    assert H.run_until([P], lambda: len(P.outputs) == 201)
+    loaded, nfailed = load_all(P, D, {"k": prompt}, {"k": P.outputs[-1]["kv_transfer_params"]})
+    assert loaded["dk"] == [] and nfailed == 0
+    assert H.run_until([P, D], lambda: not P.sched.requests)  # "k" reported and freed
+    assert P.w._worker._finished == set() and D.w._worker._finished == set()

@@ -176,7 +176,8 @@ def worker_main(cfg, rank, tp, conn):
     for room in faults.get("write_failure", []):
         mgr.inject_write_failure(room)
     holds = set(faults.get("hold", []))
-    for room in holds:
+    kept = set(faults.get("hold_kept", []))  # held until the test says release_holds, even if the room fails
+    for room in holds | kept:
         mgr.hold_writes(room)
     told = set()
     conn.send(("ready", os.getpid()))
@@ -184,8 +185,18 @@ def worker_main(cfg, rank, tp, conn):
         msg = conn.recv()
         if msg[0] == "stop":
             break
+        if msg[0] == "release":
+            for room in kept:
+                mgr.release_held_writes(room)
+            kept = set()
+            conn.send(("released",))
+            continue
         mro = model.execute(msg[1])
         events = []
+        for room in list(kept):
+            if room not in told and mgr.held_writes(room) > 0:
+                told.add(room)
+                events.append(("held", room))
         for room in list(holds):
             if room not in told and mgr.held_writes(room) > 0:
                 told.add(room)
@@ -248,6 +259,13 @@ def engine_main(cfg, in_q, out_q):
                 taken = list(sched.kv_cache_manager.free_blocks)
                 sched.kv_cache_manager.free_blocks.clear()
                 out_q.put(("blocks_taken", len(taken)))
+            elif cmd[0] == "release_holds":  # test hook: the "hold_kept" writes of every rank go on
+                for c in conns:
+                    c.send(("release",))
+                    c.recv()
+                out_q.put(("holds_released",))
+            elif cmd[0] == "count_free":  # test hook: the free blocks now, stepping or not
+                out_q.put(("free_now", len(sched.kv_cache_manager.free_blocks)))
             elif cmd[0] == "give_blocks":
                 sched.kv_cache_manager.free_blocks.extend(taken)
                 taken = []

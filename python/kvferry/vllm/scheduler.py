@@ -307,8 +307,15 @@ class SchedulerSide:
         num_tokens = int(getattr(request, "num_prompt_tokens", 0) or len(request.prompt_token_ids or []))
         npages = _cdiv(num_tokens, self.s.block_size)
         if _status_name(request) not in _DONE or num_tokens <= 0 or len(ids) < npages:
-            # the workers may have opened the room: end it (decode is told)
-            self._end_prefill(rid, st, f"request {rid} finished ({_status_name(request)}) on prefill without its KV")
+            reason = f"request {rid} finished ({_status_name(request)}) on prefill without its KV"
+            if st.seen:
+                # The workers may have opened the room and sent layers from save_kv_layer: a write
+                # may still read these blocks. vLLM keeps them until the workers report the request
+                # in get_finished, once kvferry says no write reads them (issue 33 attack, F9).
+                self._meta.ends[rid] = EndSpec(st.room, "", "aborted", reason, True, 0)
+                self._holding[rid] = st.room
+                return True, None
+            self._end_prefill(rid, st, reason)
             return False, None
         self._meta.sends[rid] = SendSpec(st.room, ids[:npages], num_tokens, st.aux)
         self._holding[rid] = st.room

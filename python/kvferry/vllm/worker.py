@@ -355,10 +355,16 @@ class WorkerSide:
                 # room (take_reclaimed_rooms); no second receiver for the room, no report now.
                 self._quarantined[q].report = self._quarantined[q].report or spec.report
                 return
-            if r is None and rid in self._reported:  # this rank's part concluded and was reported
-                if self.tp_rank == 0:
-                    logger.info("room %d failed: %s at decode/tp0: %s", spec.room, spec.code, spec.reason,
-                                extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
+            if r is None and rid in self._reported:
+                # This rank's part concluded and was reported: its failure, if any, has had its line at
+                # its origin, and an end after a Success is no transfer failure (issue 33 attack F7).
+                logger.debug("request %s ended (%s) after room %d concluded here: %s", rid, spec.code, spec.room,
+                             spec.reason)
+                return
+            if r is not None and r.room.poll() == KVPoll.Failed:
+                # Failed already (e.g. vLLM's policy fail ends the request for the failure it was
+                # told of): the failure stands, with its own origin and line; nothing new to say.
+                r.report = r.report or spec.report
                 return
             if r is None:
                 try:
@@ -377,9 +383,19 @@ class WorkerSide:
             target = r.room
         else:
             self._refused.pop(rid, None)
-            st = self._sends.pop(rid, None)
-            if st is None:
-                return
+            if spec.report:
+                # vLLM keeps the blocks (a write may read them): the room is reported in
+                # get_finished once it failed and no write reads them (release_safe), or at once
+                # if it was never opened here.
+                st = self._sends.get(rid)
+                if st is None or st.spec.room != spec.room:
+                    self._unopened_sends.add(rid)
+                    return
+                st.held, st.written, st.layerwise, st.candidate = True, True, False, False
+            else:
+                st = self._sends.pop(rid, None)
+                if st is None:
+                    return
             target = st.room
         if self.tp_rank == 0:
             if spec.code == "aborted":
@@ -388,7 +404,7 @@ class WorkerSide:
                 target.fail(spec.code, spec.reason)
         else:
             target.fail_from_engine(KVTransferError(spec.room, spec.reason, True, f"{role}/tp0", spec.code))
-        if not spec.bootstrap:
+        if not spec.bootstrap and not spec.report:
             target.close()
 
     def _pump(self) -> bool:
@@ -475,7 +491,9 @@ class WorkerSide:
                 self._reported[rid] = None
             while len(self._reported) > 4096:
                 del self._reported[next(iter(self._reported))]
-            self._finished -= sending
+            # Only requests this rank still holds a room for, or reports later, are kept: vLLM
+            # names every finished request here, most of them never kvferry's (attack F8).
+            self._finished &= set(self._sends) | self._unopened_sends
         return sending or None, recving or None
 
     def _finished_recvs(self) -> Set[str]:
