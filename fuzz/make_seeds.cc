@@ -133,10 +133,14 @@ void control() {
   challenge.challenge = 0x0123456789abcdefull;
   Heartbeat renewal{rank(Role::kDecode, 1), 0, 123456789, 11};  // a lease renewal (docs/manager.md "Renewal")
   renewal.renew_rooms = {42, 43};
+  Heartbeat leaving_renewal = renewal;  // an orderly shutdown's last heartbeat (messages.h Heartbeat::leaving)
+  leaving_renewal.leaving = true;
+  Heartbeat leaving = hb;
+  leaving.leaving = true;
   RegistrationRefusal refusal{rank(Role::kPrefill, 0),
                               {ErrorCode::kProtocolError, rank(Role::kPrefill, 0), "bad spans", 1, 2}, 12, 11};
   int n = 0;
-  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal, challenge, renewal}) {
+  for (const Message& m : std::vector<Message>{reg, meta, ok, failed, hb, refusal, challenge, renewal, leaving_renewal, leaving}) {
     const std::string frame = encode(m);
     put("control_codec", "msg" + std::to_string(n), frame);
     if (n == 0) put("remote_info", "registration", frame);

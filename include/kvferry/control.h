@@ -91,6 +91,11 @@ class ControlSocket {
   // edge-like, drain with recv(0) until nullopt). It does not signal held outgoing frames.
   int fd() const;
 
+  // Frames queued on the outgoing connections are still delivered for up to `time` after this
+  // socket is closed (ZMQ_LINGER; every socket has 0 otherwise): for a last frame such as a
+  // leaving heartbeat, best effort.
+  void linger(std::chrono::milliseconds time);
+
   // Outgoing connections kept (at most ControlLimits::max_connections).
   size_t open_connections() const;
   // Whether a connection to `dest_endpoint` is kept (send() to it opens none).

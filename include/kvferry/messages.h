@@ -28,8 +28,9 @@ namespace kvferry {
 // 4: every message carries the sender's incarnation, and the ones about rooms the incarnation of
 // the receiver they are meant for (below). 5: PoolRegistration carries the decode rank's
 // compatibility fingerprint right after its sender (kvferry/compat.h). 6: a Heartbeat may carry
-// the rooms whose bootstrap deadline decode renews (Heartbeat::renew_rooms).
-constexpr uint16_t kProtocolVersion = 6;
+// the rooms whose bootstrap deadline decode renews (Heartbeat::renew_rooms). 7: a Heartbeat may
+// say that its sender is leaving (Heartbeat::leaving: an orderly shutdown).
+constexpr uint16_t kProtocolVersion = 7;
 constexpr uint32_t kMaxKvIndices = 1u << 24;    // pages per room per message
 constexpr uint32_t kMaxStringBytes = 1u << 16;  // any string field
 constexpr uint32_t kMaxStateIndices = 1u << 12; // state rows per room
@@ -160,6 +161,10 @@ struct Heartbeat {
   uint64_t challenge = 0;    // non-zero: answer with this nonce
   uint64_t answer = 0;       // non-zero: the nonce of the challenge this heartbeat answers
   std::vector<uint64_t> renew_rooms;  // decode -> prefill: rooms whose bootstrap deadline is renewed
+  // The sender's last heartbeat: it is shutting down in order (its manager is closed). A peer with
+  // no room in flight with it forgets it without a failure or a line above info; rooms it still
+  // feeds fail as for any lost peer (docs/failure-model.md, "Leaving").
+  bool leaving = false;
 };
 
 // prefill -> decode, once per pool registration the prefill rank refuses (prefill_registration.cc:

@@ -23,10 +23,11 @@
 //                    follows, state Success, terminal); absent means terminal without a digest (the
 //                    original format).
 //   Heartbeat        sender RankId | incarnation u64 | seq u64 | sent_ns i64 [| probe u8 | nonce u64]
-//                    [| renew u8 (=3) | rooms u64[]]
+//                    [| renew u8 (=3) | rooms u64[]] [| leaving u8 (=4)]
 //                    the optional tail: probe 1 = a challenge, 2 = its answer, nonce not 0;
 //                    absent means neither (the original format). Then, optionally, the renewed
-//                    rooms (1 to kMaxRenewRooms, no room twice); absent means none.
+//                    rooms (1 to kMaxRenewRooms, no room twice); absent means none. Then,
+//                    optionally, the leaving tag, last (the sender shuts down in order).
 //   RegistrationRefusal sender RankId | incarnation u64 | peer_incarnation u64 | failure Failure (code not kOk)
 // A sender incarnation of 0 is refused (every rank has one, messages.h).
 // str = u32 length (<= kMaxStringBytes) + bytes. A RoomStatus must be terminal and consistent:
@@ -51,6 +52,7 @@ constexpr uint8_t kFlagIntegrity = 1;    // RoomMetadata flags: the digest is as
 constexpr uint8_t kProbeChallenge = 1;   // Heartbeat tail: a challenge
 constexpr uint8_t kProbeAnswer = 2;      // Heartbeat tail: the answer to one
 constexpr uint8_t kRenewTag = 3;         // Heartbeat tail: the renewed rooms follow
+constexpr uint8_t kLeavingTag = 4;       // Heartbeat tail, last: the sender is leaving
 
 using wire::WireReader;
 using wire::WireWriter;
@@ -201,6 +203,7 @@ void put_body(WireWriter& w, const Heartbeat& m) {
     w.u32(static_cast<uint32_t>(m.renew_rooms.size()));
     for (uint64_t room : m.renew_rooms) w.u64(room);
   }
+  if (m.leaving) w.u8(kLeavingTag);
 }
 
 void put_body(WireWriter& w, const RegistrationRefusal& m) {
@@ -343,36 +346,48 @@ void get_body(WireReader& r, Heartbeat* m) {
   get_incarnation(r, "Heartbeat.incarnation", &m->incarnation);
   r.u64("Heartbeat.seq", &m->seq);
   r.i64("Heartbeat.sent_ns", &m->sent_ns);
+  // The optional tail, each part at most once and in this order: probe, renewal, leaving.
   uint8_t tag = 0;
-  if (r.ok() && r.remaining() > 0) r.u8("Heartbeat.probe", &tag);
+  auto next_tag = [&](const char* field) {
+    tag = 0;
+    if (r.ok() && r.remaining() > 0) r.u8(field, &tag);
+  };
+  next_tag("Heartbeat.probe");
   if (r.ok() && (tag == kProbeChallenge || tag == kProbeAnswer)) {  // the optional challenge or answer
     uint64_t nonce = 0;
     r.u64("Heartbeat.nonce", &nonce);
     if (!r.ok()) return;
     if (nonce == 0) return r.fail("Heartbeat.nonce", "is 0");
     (tag == kProbeChallenge ? m->challenge : m->answer) = nonce;
-    tag = 0;
-    if (r.remaining() > 0) r.u8("Heartbeat.renew", &tag);
-    if (r.ok() && tag != 0 && tag != kRenewTag)
-      return r.fail("Heartbeat.renew", std::to_string(tag) + " is not the renewal tag (3)");
+    next_tag("Heartbeat.renew");
+    if (r.ok() && tag != 0 && tag != kRenewTag && tag != kLeavingTag)
+      return r.fail("Heartbeat.renew", std::to_string(tag) + " is neither the renewal tag (3) nor the leaving tag (4)");
   }
   if (!r.ok() || tag == 0) return;
-  if (tag != kRenewTag)
-    return r.fail("Heartbeat.probe",
-                  std::to_string(tag) + " is neither a challenge (1), an answer (2) nor the renewal tag (3)");
-  uint32_t n = 0;
-  r.u32("Heartbeat.renew_rooms", &n);
-  if (!r.ok()) return;
-  if (n == 0 || n > kMaxRenewRooms)
-    return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms (1 to " + std::to_string(kMaxRenewRooms) + ")");
-  if (r.remaining() < static_cast<size_t>(n) * 8)
-    return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms do not fit the body");
-  m->renew_rooms.resize(n);
-  for (uint64_t& room : m->renew_rooms) r.u64("Heartbeat.renew_rooms", &room);
-  std::vector<uint64_t> sorted = m->renew_rooms;
-  std::sort(sorted.begin(), sorted.end());
-  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    r.fail("Heartbeat.renew_rooms", "names a room twice");
+  if (tag == kRenewTag) {
+    uint32_t n = 0;
+    r.u32("Heartbeat.renew_rooms", &n);
+    if (!r.ok()) return;
+    if (n == 0 || n > kMaxRenewRooms)
+      return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms (1 to " + std::to_string(kMaxRenewRooms) + ")");
+    if (r.remaining() < static_cast<size_t>(n) * 8)
+      return r.fail("Heartbeat.renew_rooms", std::to_string(n) + " rooms do not fit the body");
+    m->renew_rooms.resize(n);
+    for (uint64_t& room : m->renew_rooms) r.u64("Heartbeat.renew_rooms", &room);
+    std::vector<uint64_t> sorted = m->renew_rooms;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+      return r.fail("Heartbeat.renew_rooms", "names a room twice");
+    next_tag("Heartbeat.leaving");
+    if (r.ok() && tag != 0 && tag != kLeavingTag)
+      return r.fail("Heartbeat.leaving", std::to_string(tag) + " is not the leaving tag (4)");
+    if (!r.ok() || tag == 0) return;
+  }
+  if (tag != kLeavingTag)
+    return r.fail("Heartbeat.probe", std::to_string(tag) +
+                                         " is neither a challenge (1), an answer (2), the renewal tag (3) nor the "
+                                         "leaving tag (4)");
+  m->leaving = true;  // last: anything after it is left over (refused by decode())
 }
 
 void get_body(WireReader& r, RegistrationRefusal* m) {

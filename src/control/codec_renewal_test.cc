@@ -1,6 +1,7 @@
-// The lease renewal a Heartbeat carries (kvferry/messages.h Heartbeat::renew_rooms, protocol 6):
-// round trips alone and behind a challenge or an answer, and every malformed tail refused with
-// the field named (count 0, over kMaxRenewRooms, a room twice, cut, an unknown tag after a probe).
+// The tail a Heartbeat may carry (kvferry/messages.h): the lease renewal (Heartbeat::renew_rooms,
+// protocol 6) and the leaving tag (Heartbeat::leaving, protocol 7): round trips alone and behind a
+// challenge, an answer or a renewal, and every malformed tail refused with the field named (count
+// 0, over kMaxRenewRooms, a room twice, cut, an unknown tag after a probe, bytes after leaving).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -74,6 +75,40 @@ TEST(CodecRenewal, MalformedListsAreRefusedNamingTheField) {
   fix_body_length(g);
   g[kTail + 9] = 3;
   expect_rejected(g, "Heartbeat.renew_rooms");
+}
+
+TEST(CodecRenewal, LeavingRoundTripsAloneAndLastOfTheTail) {
+  Heartbeat hb = renewal({});
+  hb.leaving = true;
+  EXPECT_EQ(encode(Message(hb)).size(), kTail + 1);
+  EXPECT_TRUE(round_trip(hb).leaving);
+  EXPECT_FALSE(round_trip(renewal({})).leaving);
+  hb.renew_rooms = {8, 9};
+  auto d = round_trip(hb);
+  EXPECT_TRUE(d.leaving);
+  EXPECT_EQ(d.renew_rooms, hb.renew_rooms);
+  hb.challenge = 77;
+  d = round_trip(hb);
+  EXPECT_TRUE(d.leaving);
+  EXPECT_EQ(d.challenge, 77u);
+  hb.renew_rooms.clear();
+  d = round_trip(hb);
+  EXPECT_TRUE(d.leaving && d.challenge == 77u && d.renew_rooms.empty());
+}
+
+TEST(CodecRenewal, LeavingIsLastAndOnce) {
+  Heartbeat hb = renewal({});
+  hb.leaving = true;
+  std::string g = encode(Message(hb)) + std::string(1, char(4));  // twice
+  fix_body_length(g);
+  expect_rejected(g, "trailing");
+  hb.renew_rooms = {3};
+  g = encode(Message(hb));
+  g[kTail + 1 + 4 + 8] = 3;  // a second renewal tag where leaving may stand
+  expect_rejected(g, "Heartbeat.leaving");
+  g = encode(Message(hb)) + std::string(8, '\0');  // bytes after leaving
+  fix_body_length(g);
+  expect_rejected(g, "trailing");
 }
 
 }  // namespace

@@ -284,7 +284,7 @@ TEST(Codec, HeartbeatCarriesAChallengeOrItsAnswer) {
   std::string f = encode(Message(hb));
   ASSERT_EQ(f.size(), 12u + 37 + 9);
   expect_rejected(f.substr(0, f.size() - 1).replace(8, 1, 1, char(45)), "Heartbeat.nonce");
-  f[12 + 37] = 4;  // 3 is the renewal tag (codec_renewal_test.cc)
+  f[12 + 37] = 9;  // 3 and 4 are the renewal and leaving tags (codec_renewal_test.cc)
   expect_rejected(f, "Heartbeat.probe");
   f[12 + 37] = 1;
   f.replace(12 + 38, 8, 8, '\0');
@@ -295,7 +295,7 @@ TEST(Codec, HeaderLayoutIsLittleEndian) {
   const std::string f = encode(Message(sample_heartbeat()));
   ASSERT_EQ(f.size(), 12u + 13 + 8 + 8 + 8);
   EXPECT_EQ(f.substr(0, 4), "KVFY");
-  EXPECT_EQ(f[4], 6);  // version 6, low byte first
+  EXPECT_EQ(f[4], 7);  // version 7, low byte first
   EXPECT_EQ(f[5], 0);
   EXPECT_EQ(f[6], 4);  // type Heartbeat
   EXPECT_EQ(f[8], 37);  // body length

@@ -388,6 +388,11 @@ int ControlSocket::fd() const {
   }
 }
 
+void ControlSocket::linger(std::chrono::milliseconds time) {
+  impl_->flush_all();
+  for (auto& [dest, p] : impl_->pushes) p.socket.set(zmq::sockopt::linger, static_cast<int>(time.count()));
+}
+
 size_t ControlSocket::open_connections() const { return impl_->pushes.size(); }
 bool ControlSocket::connected_to(const std::string& dest_endpoint) const {
   return impl_->pushes.count(dest_endpoint) != 0;

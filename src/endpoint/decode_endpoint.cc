@@ -160,57 +160,6 @@ void DecodeEndpoint::rediscover(const RankId& peer, const std::string& old_endpo
   rediscovery_[peer] = std::move(r);
 }
 
-void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason, bool gone) {
-  auto it = peers_.find(peer);
-  if (it == peers_.end()) return;
-  if (dead_peers_.count(peer)) {
-    if (gone) source_restarted(peer);  // presumed dead before, now known to be gone
-    return;
-  }
-  int64_t now = monotonic_ns();
-  // The ranks of two prefill instances have the same RankId: the reason names the instance.
-  const std::string instance =
-      bootstrap_address_.empty() ? std::string() : fmt::format(" (prefill instance {})", bootstrap_address_);
-  std::vector<uint64_t> failed;
-  for (auto& [id, r] : rooms_) {
-    bool fed = false;
-    for (const RankId& s : r.sources) fed |= (s == peer);
-    if (!fed) continue;
-    // Only a process known to be gone writes nothing more; a silent one may still be writing
-    // into these pages (a false death under load), so its rooms wait for its terminal status.
-    if (gone) r.terminal.insert(peer);
-    if (r.state.terminal()) {
-      answer_sources(r, now);
-      continue;
-    }
-    fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}{}", peer.str(), reason, instance), peer, now,
-         false);
-    failed.push_back(id);
-  }
-  it->second.dead_since_ns = now;
-  std::sort(failed.begin(), failed.end());
-  log_event(LogLevel::kError, kComp,
-            fmt::format("prefill peer {}{} unreachable: {}; {} failed: {}", peer.str(), instance, reason,
-                        failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
-            {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
-             .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
-  core_.control().forget(it->second.control_endpoint);
-  dead_peers_.insert(peer);
-  if (gone) source_gone(peer);  // a gone process writes nothing more into quarantined rooms either
-  rediscover(peer, it->second.control_endpoint, it->second.incarnation);
-}
-
-void DecodeEndpoint::source_restarted(const RankId& src) {
-  serving_.erase(src);  // a new process: its answer to our registration is a new one
-  const int64_t now = monotonic_ns();
-  for (auto& [id, r] : rooms_) {
-    if (std::find(r.sources.begin(), r.sources.end(), src) == r.sources.end()) continue;
-    if (!r.terminal.insert(src).second) continue;
-    if (r.state.terminal()) answer_sources(r, now);
-  }
-  source_gone(src);
-}
-
 const ReceiverRoom* DecodeEndpoint::room(uint64_t room) const {
   auto it = rooms_.find(room);
   return it == rooms_.end() ? nullptr : &it->second;
@@ -282,6 +231,8 @@ void DecodeEndpoint::on_message(const Message& m) {
     if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
     if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
     monitor().heard(hb->sender, now);
+    on_leaving(*hb);
+    if (hb->leaving) return;
     if (hb->challenge != 0) answer_challenge(*hb);
     return;
   }

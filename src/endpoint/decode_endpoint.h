@@ -186,7 +186,10 @@ class DecodeEndpoint {
   // nothing more and its rooms are drained. A silent peer (no heartbeat) is only presumed dead: it
   // may be alive and still writing, so its rooms drain only by its terminal status once it
   // answers again, or are quarantined by the drain deadline (docs/failure-model.md "Drain").
+  // A peer that said it is leaving (Heartbeat::leaving) and has not been heard since: its loss
+  // with no room failed is one info line (decode_peer_loss.cc).
   void on_peer_dead(const RankId& peer, const std::string& reason, bool gone = false);
+  void on_leaving(const Heartbeat& hb);
   // Releases the room; one released before every source it sent metadata to confirmed the drain
   // is quarantined until they do (decode_quarantine.cc).
   void release(uint64_t room);
@@ -339,6 +342,7 @@ class DecodeEndpoint {
   std::string bootstrap_address_;
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
+  std::set<RankId> leaving_;  // peers (of peers_) whose last heartbeat said they are leaving
   // Restart claims not believed yet: the newest claimed incarnation of each source (keys are
   // admitted senders: the plan bounds them) and the challenge sent to its known endpoint.
   struct RestartClaim {

@@ -18,6 +18,9 @@
 namespace kvferry {
 namespace {
 
+// How long the leaving heartbeat may still be on its way after the heartbeat socket closes.
+constexpr int kLeavingLingerMs = 200;
+
 // KVFERRY_LIVENESS_NICE: -20..0 (0: leave the threads' priority alone); anything else: the default.
 int liveness_nice() {
   const char* v = std::getenv("KVFERRY_LIVENESS_NICE");
@@ -286,6 +289,16 @@ void PeerMonitor::run() {
     cv_.wait_for(lock, std::chrono::milliseconds(deadlines_.heartbeat_interval_ms), [&] { return stop_; });
     if (options_.stall_credit) stall_.tick(monotonic_ns());
   }
+  // An orderly stop (a crash never gets here): the last heartbeat says this rank is leaving, so a
+  // peer with nothing in flight with it forgets it without taking its silence for a death.
+  std::vector<std::string> endpoints;
+  for (auto& [rank, p] : peers_) endpoints.push_back(p.endpoint);
+  lock.unlock();
+  Heartbeat bye{self_, ++seq, monotonic_ns(), incarnation_};
+  bye.leaving = true;
+  const std::string frame = encode(bye);
+  for (const std::string& ep : endpoints) (void)(*sock)->send(ep, frame);
+  (*sock)->linger(std::chrono::milliseconds(kLeavingLingerMs));
 }
 
 }  // namespace kvferry

@@ -196,6 +196,8 @@ class PrefillEndpoint {
 
   // A decode peer is dead (heartbeats stopped, or the transport failed its endpoint): every room
   // bound for it fails with origin = the peer and code peer_unreachable; one line above debug.
+  // A peer that said it is leaving (Heartbeat::leaving) and has not been heard since: its loss
+  // with no room failed is one info line.
   void on_peer_dead(const RankId& peer, const std::string& reason);
   // The transport failed its endpoint to `peer` (`reason`: its error). Not a death verdict by
   // itself (docs/failure-model.md, "A transport error is only a suspicion"): UCX's tcp transport
@@ -452,6 +454,7 @@ class PrefillEndpoint {
   bool omit_digest_ = false;
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
+  std::set<RankId> leaving_;  // peers (of peers_) whose last heartbeat said they are leaving
   UnopenedHook unopened_hook_;
   UnopenedFailureHook unopened_failure_hook_;
   // Decode ranks whose last registration was refused, with the refusal's record (until one of

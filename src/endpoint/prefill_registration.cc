@@ -99,6 +99,12 @@ void PrefillEndpoint::on_message(const Message& m) {
     if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
     if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
     core_.monitor().heard(hb->sender, now);
+    // An orderly shutdown of that decode rank (messages.h Heartbeat::leaving): its loss, when
+    // reported, is quiet if no room failed with it; nothing is cut off on its word, and its next
+    // heartbeat revokes it (decode_peer_loss.cc says why).
+    if (!hb->leaving) leaving_.erase(hb->sender);
+    else if (peers_.count(hb->sender)) leaving_.insert(hb->sender);
+    if (hb->leaving) return;
     if (hb->challenge != 0) answer_challenge(*hb);
     if (!hb->renew_rooms.empty()) on_renewal(*hb, now);
     return;
@@ -375,7 +381,9 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
     for (uint64_t id : unopened_hook_(peer, fmt::format("cannot connect to {}: {}", peer.str(), why), now))
       failed.push_back(id);
   std::sort(failed.begin(), failed.end());
-  log_event(again && failed.empty() ? LogLevel::kDebug : LogLevel::kWarning, kComp,
+  const bool left = leaving_.erase(peer) > 0;  // it said it was leaving (docs/failure-model.md, "Leaving")
+  log_event(again && failed.empty() ? LogLevel::kDebug : left && failed.empty() ? LogLevel::kInfo : LogLevel::kWarning,
+            kComp,
             fmt::format("cannot connect to decode peer {}: {}; {} failed: {}", peer.str(), why,
                         failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
             {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
