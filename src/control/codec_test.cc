@@ -379,7 +379,10 @@ TEST(CodecReject, BadMagicVersionType) {
   put_le(g, 4, 5, 2);  // version 5: heartbeats without lease renewals
   expect_rejected(g, "version");
   g = f;
-  put_le(g, 4, 7, 2);
+  put_le(g, 4, 6, 2);  // version 6: heartbeats without the leaving tag
+  expect_rejected(g, "version");
+  g = f;
+  put_le(g, 4, 8, 2);
   expect_rejected(g, "version");
   g = f;
   put_le(g, 4, 0, 2);
