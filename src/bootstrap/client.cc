@@ -10,8 +10,8 @@
 //   401, 403                -> kInvalidArgument "...: not authorized (HTTP 401..." (no or another
 //                              cluster secret, or clocks apart by more than the MAC's window,
 //                              docs/security.md); permanent: refusal.h
-// With cluster keys each request carries a MAC of itself (core/request_mac.h), never a token.
 //   other status, bad JSON  -> kProtocolError
+// With cluster keys each request carries a MAC of itself (core/request_mac.h), never a token.
 #include <httplib.h>
 
 #include <chrono>
@@ -30,12 +30,13 @@
 namespace kvferry {
 namespace {
 
-// The server's {"error": ...} text, or the raw body when it is not that shape.
+// The server's {"error": ...} text (at most 1024 bytes), or the first 256 bytes of the raw body
+// when it is not that shape (the server may be anyone's: the text goes into a status and a log line).
 std::string server_reason(const std::string& body) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_object()) {
     auto it = j.find("error");
-    if (it != j.end() && it->is_string()) return it->get<std::string>();
+    if (it != j.end() && it->is_string()) return it->get<std::string>().substr(0, 1024);
   }
   return body.substr(0, 256);
 }
