@@ -143,7 +143,8 @@ RequestVerifier::RequestVerifier(const ClusterKeys& keys, size_t max_nonces, int
     : keys_(keys), max_nonces_(max_nonces > 0 ? max_nonces : 1), window_s_(window_s) {}
 
 MacVerdict RequestVerifier::fresh(const MacHeader& h, int64_t now_s) const {
-  if (h.ts < now_s - window_s_ || h.ts > now_s + window_s_) return MacVerdict::kStale;
+  // ts and now_s are not negative (ts parses without a sign): neither difference overflows.
+  if (h.ts < now_s - window_s_ || h.ts - now_s > window_s_) return MacVerdict::kStale;
   if (has_floor_ && Seen{h.ts, h.nonce} <= floor_) return MacVerdict::kStale;
   return MacVerdict::kOk;
 }
