@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -50,7 +51,10 @@ class RogueServer {
     http_.Post(R"(/.*)", keep);
     port_ = http_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { http_.listen_after_bind(); });
-    while (!http_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!http_.is_running() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(http_.is_running()) << "the rogue server did not start";
   }
   ~RogueServer() {
     http_.stop();
