@@ -30,7 +30,7 @@ TSAN_BUILD ?= build-tsan
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := control_codec am_wire shard_address remote_info engine_sync router_protocol \
-  rank_info_json sglang_routes trace endpoint_address rkey_unpack
+  rank_info_json sglang_routes trace endpoint_address rkey_unpack request_mac
 JOBS ?= $(shell nproc)
 RUN_OUT ?= out/run
 FAULTS_OUT ?= out/faults

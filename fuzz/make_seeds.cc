@@ -15,6 +15,7 @@
 
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/sglang_routes.h"
+#include "core/request_mac.h"
 #include "driver/engine_protocol.h"
 #include "driver/sync_codec.h"
 #include "kvferry/messages.h"
@@ -44,6 +45,7 @@ bool accepted(const std::string& target, const std::string& b) {
   if (target == "rank_info_json") return bootstrap::rank_info_from_json(nlohmann::json::parse(b, nullptr, false)).ok();
   if (target == "trace") return parse_trace(b, 0).ok();
   if (target == "endpoint_address") return parse_host_port(b).ok();
+  if (target == "request_mac") return security::parse_mac_header(b).ok();
   if (target == "am_wire") {  // the spans of fuzz/am_wire_fuzz.cc
     static std::vector<uint8_t> a(4096), c(8192);
     ucx::SpanTable spans({{0, 4096, a.data()}, {16384, 8192, c.data()}});
@@ -294,6 +296,18 @@ void endpoint_address() {
   put("endpoint_address", "any_port", "10.0.0.5:*");
 }
 
+// Bootstrap Authorization headers (src/core/request_mac.cc): one a client sends, one with a
+// ts at the edge of what parses.
+void request_mac() {
+  auto keys = security::derive_keys("request mac fuzz secret 0123456789");
+  security::Nonce n{};
+  n[0] = 1;
+  put("request_mac", "lookup",
+      security::mac_authorization(*keys, "GET", "/health", "", 1'800'000'000, n));
+  put("request_mac", "big_ts", "KVF-MAC v=1,ts=9223372036854775807,nonce=" + std::string(32, 'a') +
+                                   ",mac=" + std::string(64, 'f'));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,5 +324,6 @@ int main(int argc, char** argv) {
   sglang_routes();
   trace();
   endpoint_address();
+  request_mac();
   return refused == 0 ? 0 : 1;
 }

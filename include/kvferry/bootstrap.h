@@ -71,9 +71,12 @@ class BootstrapServer {
   // The same on address.bind_host and address.port; address() then gives the advertised one.
   static Result<std::unique_ptr<BootstrapServer>> start(const ListenAddress& address);
   // Both use the process's cluster keys (KVFERRY_SECRET_FILE / KVFERRY_SECRET, docs/security.md):
-  // with a secret set, every request without "Authorization: Bearer <token>" gets 401 before its
-  // body is read; a bad secret file fails the start. The same with explicit keys (nullptr: none),
-  // which must outlive the server:
+  // with a secret set, every request must carry a MAC of itself ("Authorization: KVF-MAC ...",
+  // src/core/request_mac.h): a missing or malformed header or a timestamp more than 120 s off this
+  // service's clock gets 401 before the body is read; a MAC that is not the request's (another key,
+  // method, target, body, ts or nonce) or a nonce already accepted gets 401 before the route runs.
+  // The bearer token is not accepted (only /metrics takes it). A bad secret file fails the start.
+  // The same with explicit keys (nullptr: none), which must outlive the server:
   static Result<std::unique_ptr<BootstrapServer>> start(const ListenAddress& address,
                                                         const security::ClusterKeys* keys);
   ~BootstrapServer();  // stops and joins
@@ -100,10 +103,13 @@ class BootstrapClient {
   // kInvalidArgument. Each call's connect, reads and writes are bounded by `timeout_ms`, and the
   // whole call by 3 x `timeout_ms` (then kPeerUnreachable "did not answer ... within"); an answer
   // longer than 4 MiB is kProtocolError, read no further.
-  // The client sends the process's bearer token (docs/security.md); a bad secret file makes every
-  // call fail with its reason, a 401 is kInvalidArgument "not authorized".
+  // With the process's cluster keys each request carries a MAC of that request alone, with the
+  // current time and a fresh nonce (docs/security.md): the address may be one a request named, so
+  // nothing it is sent authenticates any other request. A bad secret file makes every call fail
+  // with its reason; a 401 is kInvalidArgument "not authorized" (another secret, or clocks more
+  // than 120 s apart).
   BootstrapClient(std::string address, int timeout_ms = 2000);
-  // The same with explicit keys (nullptr: no token), which must outlive the client.
+  // The same with explicit keys (nullptr: no MAC), which must outlive the client.
   BootstrapClient(std::string address, int timeout_ms, const security::ClusterKeys* keys);
   ~BootstrapClient();
   Status register_rank(const PrefillRankInfo& info);

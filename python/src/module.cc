@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/request_mac.h"
 #include "core/secret.h"
 #include "kvferry/bootstrap.h"
 #include "log_queue.h"
@@ -227,15 +228,21 @@ PYBIND11_MODULE(_kvferry, mod) {
   mod.doc() = "kvferry's compiled core; use the `kvferry` package";
   using nogil = py::call_guard<py::gil_scoped_release>;
 
-  // The Authorization header value the cluster's HTTP endpoints require (docs/security.md), from
+  // The Authorization header value of one request to a bootstrap service (docs/security.md): a MAC
+  // of (method, target: path and query string as sent, body bytes) with the cluster's bootstrap MAC
+  // key, a fresh nonce and the current time (core/request_mac.h), so the key never reaches Python
+  // and a server the request goes to learns nothing that authenticates another request. Keys from
   // KVFERRY_SECRET_FILE / KVFERRY_SECRET like the C++ side; None when no secret is set; ValueError
   // for a bad secret file.
-  mod.def("authorization_header", []() -> py::object {
-    auto keys = security::cluster_keys();
-    check(keys.status());
-    if (!*keys) return py::none();
-    return py::str("Bearer " + (*keys)->bearer_token);
-  });
+  mod.def(
+      "bootstrap_authorization",
+      [](const std::string& method, const std::string& target, const py::bytes& body) -> py::object {
+        auto keys = security::cluster_keys();
+        check(keys.status());
+        if (!*keys) return py::none();
+        return py::str(security::mac_authorization(**keys, method, target, std::string(body)));
+      },
+      py::arg("method"), py::arg("target"), py::arg("body") = py::bytes());
 
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,

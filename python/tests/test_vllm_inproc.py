@@ -229,7 +229,7 @@ def test_an_unreachable_prefill_never_blocks_the_decode_step(engines, monkeypatc
 
 @pytest.mark.parametrize("status", [401, 403])
 def test_a_wrong_secret_fails_at_once_not_as_a_timeout(engines, monkeypatch, status):
-    """Finding 5 (issue 33): a bootstrap service that refuses decode's token (401/403: another
+    """Finding 5 (issue 33): a bootstrap service that refuses decode's request MAC (401/403: another
     cluster secret) fails the room at once, not after KVFERRY_LOOKUP_TIMEOUT_MS as
     bootstrap_timeout: kvferry's invalid_argument naming the refusal, through vLLM's path."""
     import http.server

@@ -8,8 +8,10 @@
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
 //   400                     -> kInvalidArgument with the server's reason
 //   401, 403                -> kInvalidArgument "...: not authorized (HTTP 401..." (no or another
-//                              cluster secret, docs/security.md); permanent: refusal.h
+//                              cluster secret, or clocks apart by more than the MAC's window,
+//                              docs/security.md); permanent: refusal.h
 //   other status, bad JSON  -> kProtocolError
+// With cluster keys each request carries a MAC of itself (core/request_mac.h), never a token.
 #include <httplib.h>
 
 #include <chrono>
@@ -21,19 +23,20 @@
 #include "bootstrap/rank_info_json.h"
 #include "bootstrap/refusal.h"
 #include "core/failure_json.h"
-#include "core/http_auth.h"
+#include "core/request_mac.h"
 #include "kvferry/bootstrap.h"
 #include "kvferry/net.h"
 
 namespace kvferry {
 namespace {
 
-// The server's {"error": ...} text, or the raw body when it is not that shape.
+// The server's {"error": ...} text (at most 1024 bytes), or the first 256 bytes of the raw body
+// when it is not that shape (the server may be anyone's: the text goes into a status and a log line).
 std::string server_reason(const std::string& body) {
   auto j = nlohmann::json::parse(body, nullptr, false);
   if (j.is_object()) {
     auto it = j.find("error");
-    if (it != j.end() && it->is_string()) return it->get<std::string>();
+    if (it != j.end() && it->is_string()) return it->get<std::string>().substr(0, 1024);
   }
   return body.substr(0, 256);
 }
@@ -80,6 +83,7 @@ struct BootstrapClient::Impl {
   std::string address;
   std::unique_ptr<httplib::Client> http;  // null when `address` is not "host:port"
   Status keys_error;                        // a bad cluster secret: every call fails with it
+  const security::ClusterKeys* keys = nullptr;  // with a secret: each request carries its MAC
   std::chrono::milliseconds budget{1};      // one whole call (kCallBudgetFactor x the timeout)
 
   // GET/PUT and map transport failures and non-200 statuses; on 200 returns the parsed body.
@@ -100,6 +104,9 @@ struct BootstrapClient::Impl {
         req.body = body;
         req.set_header("Content-Type", "application/json");
       }
+      // A MAC of this request only (core/request_mac.h): worth nothing for another request, even to
+      // a server that is not the cluster's (the address may be one a request named).
+      if (keys) req.set_header("Authorization", security::mac_authorization(*keys, method, path, req.body));
       std::string got;
       bool too_big = false;
       req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
@@ -137,7 +144,9 @@ struct BootstrapClient::Impl {
         return Status(ErrorCode::kInvalidArgument,
                       "bootstrap " + address + " refused " + what + std::string(bootstrap::kNotAuthorized) +
                           std::to_string(res->status) +
-                          "; is KVFERRY_SECRET_FILE the cluster's secret? docs/security.md)");
+                          "; is KVFERRY_SECRET_FILE the cluster's secret, and do the clocks agree? "
+                          "docs/security.md): " +
+                          server_reason(res->body));
       }
       if (res->status == 400) {
         return Status(ErrorCode::kInvalidArgument,
@@ -185,7 +194,8 @@ void BootstrapClient::init(std::string address, int timeout_ms, const security::
     impl_->http->set_connection_timeout(t);
     impl_->http->set_read_timeout(t);
     impl_->http->set_write_timeout(t);
-    security::send_bearer(*impl_->http, keys);
+    impl_->http->set_url_encode(false);  // the target on the wire is the one the MAC covers
+    impl_->keys = keys;
   } catch (const std::exception&) {
     impl_->http.reset();
   }

@@ -1,5 +1,6 @@
 // A bootstrap service's answer that waiting will not change (docs/security.md): 401 or 403, the
-// caller's bearer token is not the cluster's (no KVFERRY_SECRET_FILE, or another secret).
+// caller's request MAC is not the cluster's (no KVFERRY_SECRET_FILE, or another secret) or its
+// timestamp is outside the service's window (clocks apart by more than 120 s).
 // BootstrapClient (client.cc) reports it as kInvalidArgument "...: not authorized (HTTP 401...";
 // the loops that retry a lookup or a registration until lookup_timeout_ms stop at it at once.
 #pragma once

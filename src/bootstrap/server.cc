@@ -84,6 +84,8 @@ struct BootstrapServer::Impl {
   std::atomic<bool> listen_returned{false};
   uint16_t port = 0;
   std::string advertised;  // host clients are told (address())
+  // With the secret: checks each request's MAC and remembers its nonce (core/request_mac.h).
+  std::unique_ptr<security::RequestVerifier> verifier;
   mutable std::mutex mu;
   // A registered rank: what it PUT, the address the PUT came from, and whether its control
   // endpoint is on that host (handle_put()).
@@ -312,11 +314,13 @@ struct BootstrapServer::Impl {
     reply(res, 200, {{"ok", true}, {"ranks", ranks.size()}});
   }
 
-  // Wraps a handler so nothing escapes into httplib.
+  // Wraps a handler: with the secret, the request's MAC is checked first (its body read by now;
+  // core/http_auth.h), and nothing escapes into httplib.
   template <typename F>
   httplib::Server::Handler guarded(F f) {
-    return [f](const httplib::Request& req, httplib::Response& res) {
+    return [this, f](const httplib::Request& req, httplib::Response& res) {
       try {
+        if (!security::check_request_mac(verifier.get(), req, res)) return;
         f(req, res);
       } catch (const std::exception& e) {
         reply_error(res, 500, std::string("internal error: ") + e.what());
@@ -416,8 +420,9 @@ Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(const ListenAddr
   Impl& impl = *s->impl_;
   impl.advertised = address.advertised();
   try {
+    if (keys) impl.verifier = std::make_unique<security::RequestVerifier>(*keys);
     impl.install();
-    security::require_bearer(impl.http, keys);
+    security::require_request_mac(impl.http, impl.verifier.get());
     // "*" and "" listen on IPv6 and IPv4 ("::"), or on IPv4 only where IPv6 is off.
     std::vector<std::string> hosts{bind_host_for_socket(*host)};
     if (host->empty() || *host == "*") hosts.push_back("0.0.0.0");

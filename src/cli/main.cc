@@ -25,8 +25,8 @@ void add_secret_file_option(CLI::App& cmd) {
            auto keys = kvferry::security::cluster_keys();
            if (!keys.ok()) throw CLI::ValidationError("--secret-file", keys.status().message());
          },
-         "the cluster's shared secret: CURVE on every ZeroMQ socket, a bearer token on the bootstrap and "
-         "metrics HTTP endpoints (sets KVFERRY_SECRET_FILE for this process and its children; the file must "
+         "the cluster's shared secret: CURVE on every ZeroMQ socket, a MAC of each request to the bootstrap "
+         "service, a bearer token on the metrics endpoints (sets KVFERRY_SECRET_FILE for this process and its children; the file must "
          "not be readable by group or others; docs/security.md)")
       ->type_name("PATH");
 }

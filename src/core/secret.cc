@@ -19,8 +19,10 @@ namespace {
 constexpr std::string_view kMasterKey = "kvferry cluster secret v1";
 constexpr uint64_t kCurveSubkey = 1;
 constexpr uint64_t kBearerSubkey = 2;
+constexpr uint64_t kBootstrapMacSubkey = 3;
 constexpr char kCurveContext[crypto_kdf_CONTEXTBYTES + 1] = "kvfcurve";
 constexpr char kBearerContext[crypto_kdf_CONTEXTBYTES + 1] = "kvfbearr";
+constexpr char kBootstrapMacContext[crypto_kdf_CONTEXTBYTES + 1] = "kvfbtmac";
 static_assert(crypto_kdf_KEYBYTES == 32 && crypto_box_SEEDBYTES == 32 && crypto_box_PUBLICKEYBYTES == 32 &&
               crypto_box_SECRETKEYBYTES == 32);
 
@@ -60,6 +62,8 @@ Result<ClusterKeys> derive_keys(std::string_view secret) {
   uint8_t token[32];
   crypto_kdf_derive_from_key(seed, sizeof seed, kCurveSubkey, kCurveContext, master);
   crypto_kdf_derive_from_key(token, sizeof token, kBearerSubkey, kBearerContext, master);
+  crypto_kdf_derive_from_key(k.bootstrap_mac_key.data(), k.bootstrap_mac_key.size(), kBootstrapMacSubkey,
+                             kBootstrapMacContext, master);
   crypto_box_seed_keypair(k.curve_public.data(), k.curve_secret.data(), seed);
   char hex[sizeof token * 2 + 1];
   sodium_bin2hex(hex, sizeof hex, token, sizeof token);

@@ -8,13 +8,16 @@
 //                        the same user, core dumps and crash reports). The file wins when both are
 //                        set. Empty values are unset.
 // A secret has at least kMinSecretBytes bytes. Without one, nothing is authenticated (today's
-// behaviour); with one, every ZeroMQ socket uses CURVE with the cluster's keypair and every HTTP
-// endpoint (bootstrap, metrics) requires "Authorization: Bearer <token>".
+// behaviour); with one, every ZeroMQ socket uses CURVE with the cluster's keypair, the bootstrap
+// service requires a MAC of each request (core/request_mac.h: "Authorization: KVF-MAC ...") and a
+// rank's /metrics "Authorization: Bearer <token>".
 //
 // Derivation (libsodium): master = BLAKE2b-256(secret, key "kvferry cluster secret v1");
 // curve seed = crypto_kdf(master, id 1, ctx "kvfcurve") -> crypto_box_seed_keypair (the cluster's
 // one CURVE keypair: every binding socket is a server with it, every connecting socket a client
-// with it and the server key); bearer token = hex(crypto_kdf(master, id 2, ctx "kvfbearr")).
+// with it and the server key); bearer token = hex(crypto_kdf(master, id 2, ctx "kvfbearr")) (only
+// /metrics takes it); bootstrap MAC key = crypto_kdf(master, id 3, ctx "kvfbtmac"). The three are
+// independent: one does not give another, nor the secret.
 // Thread contract: derive_keys and read_secret_file are pure; cluster_keys() is thread-safe
 // (computed once).
 #pragma once
@@ -35,7 +38,8 @@ constexpr const char* kSecretEnv = "KVFERRY_SECRET";
 struct ClusterKeys {
   std::array<uint8_t, 32> curve_public{};
   std::array<uint8_t, 32> curve_secret{};
-  std::string bearer_token;  // 64 lowercase hex digits
+  std::string bearer_token;  // 64 lowercase hex digits; /metrics only
+  std::array<uint8_t, 32> bootstrap_mac_key{};  // keys the bootstrap requests' MACs (core/request_mac.h)
 
   std::string public_key() const { return {curve_public.begin(), curve_public.end()}; }
   std::string secret_key() const { return {curve_secret.begin(), curve_secret.end()}; }

@@ -1,11 +1,14 @@
-// Cluster secret (core/secret.h): derivation is deterministic and differs per secret; the secret
-// file's checks; the bearer comparison.
+// Cluster secret (core/secret.h): derivation is deterministic and differs per secret; the bootstrap
+// MAC key is crypto_kdf(master, 3, "kvfbtmac") and independent of the token; the secret file's
+// checks; the bearer comparison.
 #include "core/secret.h"
 
 #include <gtest/gtest.h>
+#include <sodium.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -37,6 +40,31 @@ TEST(Secret, EachSecretHasItsOwnKeys) {
   std::string pub_hex;
   for (uint8_t c : a->curve_public) pub_hex += "0123456789abcdef"[c >> 4], pub_hex += "0123456789abcdef"[c & 15];
   EXPECT_NE(pub_hex, a->bearer_token);
+}
+
+// The bootstrap MAC key, computed here from the documented derivation (docs/security.md), not by
+// secret.cc's code: its id and context are what the docs (and any other implementation) say.
+TEST(Secret, BootstrapMacKeyIsItsOwnDerivation) {
+  const std::string secret = "correct horse battery staple";
+  auto k = derive_keys(secret);
+  auto other = derive_keys(secret + "r");
+  ASSERT_TRUE(k.ok() && other.ok());
+  ASSERT_GE(sodium_init(), 0);
+  const std::string master_key = "kvferry cluster secret v1";
+  uint8_t master[32], want[32], token[32];
+  crypto_generichash(master, sizeof master, reinterpret_cast<const uint8_t*>(secret.data()), secret.size(),
+                     reinterpret_cast<const uint8_t*>(master_key.data()), master_key.size());
+  ASSERT_EQ(crypto_kdf_derive_from_key(want, sizeof want, 3, "kvfbtmac", master), 0);
+  EXPECT_EQ(0, std::memcmp(k->bootstrap_mac_key.data(), want, sizeof want));
+  ASSERT_EQ(crypto_kdf_derive_from_key(token, sizeof token, 2, "kvfbearr", master), 0);
+  char token_hex[65];
+  sodium_bin2hex(token_hex, sizeof token_hex, token, sizeof token);
+  EXPECT_EQ(k->bearer_token, token_hex);
+  // Independent of the token and the CURVE keys, and per secret.
+  EXPECT_NE(0, std::memcmp(k->bootstrap_mac_key.data(), token, sizeof token));
+  EXPECT_NE(k->bootstrap_mac_key, k->curve_secret);
+  EXPECT_NE(k->bootstrap_mac_key, k->curve_public);
+  EXPECT_NE(k->bootstrap_mac_key, other->bootstrap_mac_key);
 }
 
 TEST(Secret, ShortAndLongSecretsAreRefused) {

@@ -1,6 +1,7 @@
 // Issue 13: a replay with the cluster secret set (KVFERRY_SECRET_FILE, docs/security.md) runs
-// clean, and while it runs the bootstrap service and every rank's metrics endpoint answer 401 to a
-// request without the cluster's bearer token (200 with it). A secret file others can read stops
+// clean, and while it runs the bootstrap service answers 401 to a request without a MAC of it and
+// to one with the cluster's bearer token (200 with its MAC, core/request_mac.h), and every rank's
+// metrics endpoint 401 without the bearer token (200 with it). A secret file others can read stops
 // the replay before it starts anything.
 #include <httplib.h>
 #include <signal.h>
@@ -9,7 +10,9 @@
 
 #include <fstream>
 #include <thread>
+#include <tuple>
 
+#include "core/request_mac.h"
 #include "core/secret.h"
 #include "replay_harness.h"
 
@@ -66,7 +69,7 @@ TEST_F(Auth, ReplayWithSecretRunsCleanAndRefusesUnauthenticatedHttp) {
   ASSERT_GT(pid, 0);
   // While it runs: the bootstrap port (from its port file) and each rank's metrics port.
   std::map<std::string, std::pair<int, int>> metrics_checked;  // rank -> (anonymous, with token)
-  std::optional<std::pair<int, int>> bootstrap_checked;
+  std::optional<std::tuple<int, int, int>> bootstrap_checked;  // anonymous, bearer token, MAC
   int rc = -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(600);
   while (std::chrono::steady_clock::now() < deadline) {
@@ -78,7 +81,9 @@ TEST_F(Auth, ReplayWithSecretRunsCleanAndRefusesUnauthenticatedHttp) {
     if (!bootstrap_checked) {
       if (auto port = port_in(out() / "logs" / "bootstrap.port")) {
         const int anon = get_status(*port, "/health");
-        if (anon != 0) bootstrap_checked = {anon, get_status(*port, "/health", bearer)};
+        if (anon != 0)
+          bootstrap_checked = {anon, get_status(*port, "/health", bearer),
+                               get_status(*port, "/health", kvferry::security::mac_authorization(*keys, "GET", "/health", ""))};
       }
     }
     if (metrics_checked.size() < 4 && fs::exists(out() / "metrics.json")) {
@@ -97,8 +102,9 @@ TEST_F(Auth, ReplayWithSecretRunsCleanAndRefusesUnauthenticatedHttp) {
   }
   ASSERT_EQ(rc, 0) << slurp(dir_ / "output.txt");
   ASSERT_TRUE(bootstrap_checked.has_value()) << "the bootstrap service was never reached while the replay ran";
-  EXPECT_EQ(bootstrap_checked->first, 401);
-  EXPECT_EQ(bootstrap_checked->second, 200);
+  EXPECT_EQ(std::get<0>(*bootstrap_checked), 401);
+  EXPECT_EQ(std::get<1>(*bootstrap_checked), 401);
+  EXPECT_EQ(std::get<2>(*bootstrap_checked), 200);
   EXPECT_EQ(metrics_checked.size(), 4u) << "not every rank's metrics endpoint was reached while it ran";
   for (const auto& [rank, s] : metrics_checked) {
     SCOPED_TRACE(rank);

@@ -306,7 +306,7 @@ TEST_P(HostilePeer, BootstrapPutOverwritingAnotherRank) {
   auto real = own.lookup(0, 0, 0);
   ASSERT_TRUE(real.ok()) << real.status().str();
   EXPECT_EQ(real->control_endpoint, pctl());
-  BootstrapClient liar_http(c_.bootstrap->address(), 2000, nullptr);  // no token
+  BootstrapClient liar_http(c_.bootstrap->address(), 2000, nullptr);  // no key: no MAC
   PrefillRankInfo forged = *real;
   forged.control_endpoint = liar().control->endpoint();
   forged.incarnation = 9;

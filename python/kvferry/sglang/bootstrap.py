@@ -10,7 +10,9 @@ own threads, without the GIL.
 
 The client helpers use urllib (stdlib); every call is bounded by a timeout and a response size.
 With the cluster secret set (KVFERRY_SECRET_FILE or KVFERRY_SECRET, docs/security.md) the service
-answers 401 to any call without the cluster's bearer token, and these helpers send it.
+answers 401 to any call without a MAC of that call under the cluster's key; these helpers send one
+(``_kvferry.bootstrap_authorization``: the key stays in the C++ extension), never a token, so a
+bootstrap address a request names learns nothing that authenticates another call.
 """
 from __future__ import annotations
 
@@ -71,7 +73,8 @@ def request(method: str, addr: str, path: str, body: Optional[dict] = None,
     (0, reason) when it cannot be reached."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data else {}
-    auth = _kvferry.authorization_header()  # None without a cluster secret
+    # urllib sends `path` as the request target unchanged: the MAC covers exactly that.
+    auth = _kvferry.bootstrap_authorization(method, path, data or b"")  # None without a cluster secret
     if auth:
         headers["Authorization"] = auth
     req = urllib.request.Request(_url(addr, path), data=data, method=method, headers=headers)
