@@ -343,17 +343,17 @@ class PrefillEndpoint {
   };
   std::map<uint32_t, DecodeInstance> instances_;
   uint64_t forgotten_instances_ = 0;
-  // Whether a registration of `sender` may add its instance (known already, or under the bound);
-  // false: refused (counted, told once rate-limited), nothing kept.
+  // Whether `r` may add its instance (known, or under the bound); false: refused, nothing kept.
   bool admit_instance(const PoolRegistration& r, int64_t now_ns);
   void touch_instance(const RankId& sender, int64_t now_ns);
+  bool known_instance(uint32_t engine) const;  // in instances_, or a rank of it in refused_
+  std::optional<uint32_t> sole_instance() const;  // the only one known_instance() knows, if one
   void forget_idle_instances(int64_t now_ns);
   void forget_instance(uint32_t engine);
   // Binds `r` to instance `engine` (its dests); a destination down or refused as incompatible
   // fails it as add_room did. False: the room failed.
   bool bind(SenderRoom& r, uint32_t engine);
-  // r.dests, or for a room not bound yet the presumed instance's ranks (presumed_engine()).
-  std::vector<RankId> dests_or_presumed(const SenderRoom& r) const;
+  std::vector<RankId> dests_or_presumed(const SenderRoom& r) const;  // r.dests, or sole_instance()'s
   // The incarnation checks of a registration (prefill_registration.cc): false when it is refused
   // (counted and logged here; nothing changed but a held restart claim). Sets *restart when it is
   // a confirmed restart of a known peer: peer_incarnation ours, incarnation within

@@ -32,10 +32,32 @@ std::optional<uint32_t> PrefillEndpoint::bound_engine(uint64_t room) const {
   return std::nullopt;
 }
 
+bool PrefillEndpoint::known_instance(uint32_t engine) const {
+  if (instances_.count(engine)) return true;
+  auto it = refused_.lower_bound(RankId{Role::kDecode, engine, 0, 0});  // a rank of it refused (its record)
+  return it != refused_.end() && it->first.role == Role::kDecode && it->first.engine_id == engine;
+}
+
+std::optional<uint32_t> PrefillEndpoint::sole_instance() const {
+  if (instances_.size() > 1) return std::nullopt;
+  std::optional<uint32_t> one;
+  if (!instances_.empty()) one = instances_.begin()->first;
+  // The instances whose ranks were refused count too (their rooms fail with the refusal's record):
+  // one step per distinct engine_id in refused_ (ordered by role, then engine_id).
+  for (auto it = refused_.lower_bound(RankId{Role::kDecode, 0, 0, 0});
+       it != refused_.end() && it->first.role == Role::kDecode;) {
+    const uint32_t e = it->first.engine_id;
+    if (one && *one != e) return std::nullopt;
+    one = e;
+    if (e == UINT32_MAX) break;
+    it = refused_.lower_bound(RankId{Role::kDecode, e + 1, 0, 0});
+  }
+  return one;
+}
+
 std::optional<uint32_t> PrefillEndpoint::presumed_engine(uint64_t room) const {
   if (std::optional<uint32_t> e = bound_engine(room)) return e;
-  if (instances_.size() == 1) return instances_.begin()->first;
-  return std::nullopt;
+  return sole_instance();
 }
 
 std::vector<RankId> PrefillEndpoint::dests_for(uint64_t room, uint32_t engine) const {
@@ -47,7 +69,7 @@ std::vector<RankId> PrefillEndpoint::dests_for(uint64_t room, uint32_t engine) c
 
 std::vector<RankId> PrefillEndpoint::dests_or_presumed(const SenderRoom& r) const {
   if (!r.planned || r.engine) return r.dests;
-  if (instances_.size() == 1) return dests_for(r.room, instances_.begin()->first);
+  if (std::optional<uint32_t> e = sole_instance()) return dests_for(r.room, *e);
   return {};
 }
 

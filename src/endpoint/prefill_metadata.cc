@@ -25,8 +25,10 @@ LogFields room_fields(uint64_t room) {
 
 bool PrefillEndpoint::is_destination(uint64_t room, const RankId& r) const {
   if (r.role != Role::kDecode || r.dp_rank != dp_rank_for_room(room, decode_dp_)) return false;
-  // A room bound to a decode instance hears from its ranks only (prefill_instances.cc).
-  if (std::optional<uint32_t> e = bound_engine(room); e && *e != r.engine_id) return false;
+  // A room bound to a decode instance hears from its ranks only (prefill_instances.cc); a room not
+  // bound yet from the ranks of an instance known here (registered, or refused with a record).
+  if (std::optional<uint32_t> e = bound_engine(room); e ? *e != r.engine_id : !known_instance(r.engine_id))
+    return false;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
     if (d == r.tp_rank) return true;
   return false;
