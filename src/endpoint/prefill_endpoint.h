@@ -313,11 +313,8 @@ class PrefillEndpoint {
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
 
   // Several decode instances (prefill_instances.cc; docs/manager.md "Several decode instances"):
-  // each decode engine_id is an instance, each of its ranks its own peer. A room is bound to the
-  // instance of its first accepted metadata (or renewal); frames of another instance for it are
-  // refused (foreign_messages). At most config().max_decode_instances instances are known at once
-  // (a registration from one more is refused with resource_exhausted, nothing kept); one with no
-  // room and no frame for decode_instance_idle_ms is forgotten.
+  // each decode engine_id is one, each of its ranks its own peer; a room is bound to the instance
+  // of its first accepted metadata (or renewal), another's frames for it are refused (foreign).
   size_t decode_instances() const { return instances_.size(); }
   uint64_t forgotten_decode_instances() const { return forgotten_instances_; }
   // The instance `room` is bound to (a live or released room's; a room not added yet: its first kept metadata's).
