@@ -4,7 +4,8 @@
 // one bootstrap service: interleaved rooms of two instances with every byte verified; a killed
 // decode instance fails only its rooms at prefill (peer_unreachable, origin its rank) while the
 // other's succeed; metadata for a room from another instance is refused and changes nothing; the
-// bound on instances (max_decode_instances) and an idle dead instance forgotten.
+// bound on instances (max_decode_instances) and an idle dead instance forgotten; an instance of
+// another TP size refused (the compatibility fingerprint).
 //
 // Before issue 34d a prefill rank admitted decode ranks of engine 0 only, so the ranks of a second
 // decode engine were refused (and with the same engine_id they claimed to be a restart of the
@@ -291,6 +292,33 @@ TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) 
   r.src = {1};
   r.dst = {3};
   ASSERT_NO_FATAL_FAILURE(ask(*c, r, 2));
+  ASSERT_NO_FATAL_FAILURE(open(*c, r));
+  ASSERT_NO_FATAL_FAILURE(send(*c, r));
+  ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
+}
+
+// Every decode instance must have the TP size the prefill was configured with (peer_tp_size): the
+// sizes are in the compatibility fingerprint, so an instance of TP 2 meeting a prefill set up for
+// decode TP 1 is refused at its registration (incompatible, naming the field) and kept out; the
+// instance of the right size goes on.
+TEST(DecodeInstancesShape, AnInstanceOfAnotherTpSizeIsRefused) {
+  auto c = make_cluster(1, "shm", {1});
+  ASSERT_TRUE(c);
+  Manager& prefill = *c->prefill[0];
+  ManagerConfig wrong = c->config(Role::kDecode, 2, 0);
+  wrong.tp_size = 2;  // its tp0 only: enough to be refused
+  auto d = Manager::create(wrong);
+  // Decode refuses it as well once the prefill's fingerprint differs (create may already fail).
+  if (d.ok()) {
+    ASSERT_TRUE(until([&] { return refusals(prefill, "incompatible") > 0; }));
+  }
+  EXPECT_EQ(prefill.stats().peers, 1u);
+  EXPECT_EQ(prefill.stats().decode_instances, 1u) << "the refused instance takes no slot";
+  TestRoom r;
+  r.id = 4711;
+  r.src = {2};
+  r.dst = {5};
+  ASSERT_NO_FATAL_FAILURE(ask(*c, r, 0));
   ASSERT_NO_FATAL_FAILURE(open(*c, r));
   ASSERT_NO_FATAL_FAILURE(send(*c, r));
   ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
