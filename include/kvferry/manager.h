@@ -79,6 +79,15 @@ struct ManagerConfig {
   // sources owe nothing (no quarantined room, no failure waiting to be told), is forgotten: its
   // heartbeats stop and a later receiver naming it looks it up again.
   int64_t prefill_instance_idle_ms = 60'000;
+  // Prefill: the most decode instances (distinct decode engine_ids, self.engine_id of their
+  // ranks) known at once; a pool registration from one more is refused (kResourceExhausted) and
+  // nothing of it is kept (docs/manager.md "Several decode instances").
+  uint32_t max_decode_instances = 64;
+  // Prefill: a decode instance with no room bound to it, no rank connected (each declared dead
+  // or never connected) and no frame from any of its ranks for this long is forgotten: its
+  // registrations, incarnations and connections go and its slot is free. A live instance, which
+  // heartbeats, is never forgotten.
+  int64_t decode_instance_idle_ms = 60'000;
   // The control socket's bind and advertised host (port 0: any free port). Peers (the prefill's
   // bootstrap entry, decode's pool registration) are told the advertised host.
   ListenAddress control;
@@ -290,6 +299,8 @@ struct ManagerStats {
   };
   std::vector<PrefillInstance> prefill_instances;
   uint64_t forgotten_prefill_instances = 0;  // decode: forgotten idle, so far
+  uint64_t decode_instances = 0;             // prefill: decode instances (engine_ids) known now
+  uint64_t forgotten_decode_instances = 0;   // prefill: forgotten idle, so far
 };
 
 class FaultInjectingTransport;

@@ -144,7 +144,9 @@ class KVManager(_kvferry.Manager):
     DP group is its own TP engine of tp_size ranks; DP attention); peer_dp_size: the other
     engine's DP size. A room is served by decode DP group ``room % decode DP size``
     (kvferry/routing.h) and by the prefill DP group its receiver names (``prefill_dp_rank``,
-    default the same rule).
+    default the same rule). engine_id: decode only, its decode instance's id (every rank of the
+    instance the same, two instances different: kvferry.engine_id); one prefill instance serves
+    several decode instances that way. A prefill engine's is 0.
 
     KVManager is the compiled manager type itself (``kvferry._kvferry.Manager``): ``layout``,
     ``rank``, ``control_endpoint`` and the calls by room id that KVSender and KVReceiver make
@@ -164,7 +166,7 @@ class KVManager(_kvferry.Manager):
                  log_file: Optional[str] = None, transfer_shards: int = 1, log_failures: bool = True,
                  control_bind: str = "", control_advertise: str = "", control_port: int = 0,
                  fault_injection: bool = False, integrity: bool = False, dp_rank: int = 0,
-                 peer_dp_size: int = 1):
+                 peer_dp_size: int = 1, engine_id: int = 0):
         if (kv_pool is None) == (buffers is None):
             raise ValueError("give kv_pool or buffers (one of them)")
         _logging_start()
@@ -176,7 +178,7 @@ class KVManager(_kvferry.Manager):
                          tp_rank, tp_size, peer_tp_size or 0, dict(deadlines or {}),
                          os.fspath(log_file) if log_file else "", transfer_shards, bool(log_failures),
                          control_bind, control_advertise, int(control_port), bool(fault_injection),
-                         bool(integrity), int(dp_rank), int(peer_dp_size))
+                         bool(integrity), int(dp_rank), int(peer_dp_size), int(engine_id))
         self._constructed = True  # the compiled manager exists (close() may call into it)
 
     def page_offset(self, buffer: int, page: int) -> int:

@@ -39,7 +39,7 @@ Result<PoolLayout> layout_for_pages(const ConnectorConfig& c, uint64_t num_pages
 
 Result<std::unique_ptr<Connector>> Connector::create(const ConnectorConfig& c) {
   std::unique_ptr<Connector> m(new Connector());
-  m->self_ = RankId{c.role, 0, c.tp_rank, c.dp_rank};
+  m->self_ = RankId{c.role, c.engine_id, c.tp_rank, c.dp_rank};
   if (c.buffers.empty()) {
     if (c.pool == nullptr || c.pool_bytes == 0) return bad("no memory: give a KV pool or engine buffers");
     auto layout = make_layout(c.model, c.tp_size, c.tp_rank, c.page_size, c.pool_bytes, c.aux_slots);

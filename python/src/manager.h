@@ -47,6 +47,7 @@ struct ConnectorConfig {
   uint32_t peer_tp_size = 0;  // the other engine's TP size (0: same as tp_size)
   uint32_t dp_rank = 0;       // this rank's DP group (each DP group is its own TP engine; kvferry/routing.h)
   uint32_t peer_dp_size = 1;  // the other engine's DP size (ManagerConfig::peer_dp_size)
+  uint32_t engine_id = 0;     // decode: its instance's engine_id (ManagerConfig::self); prefill: 0
   ModelGeometry model;        // name, layers, tensors per layer, KV heads (global), head_dim, dtype
   uint32_t page_size = 16;    // tokens
   uint32_t aux_slots = 64;

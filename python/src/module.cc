@@ -101,8 +101,11 @@ class PyManager {
             uint32_t tp_rank, uint32_t tp_size, uint32_t peer_tp_size, const py::dict& deadlines,
             const std::string& log_file, uint32_t transfer_shards, bool log_failures,
             const std::string& control_bind, const std::string& control_advertise, uint16_t control_port,
-            bool fault_injection, bool integrity, uint32_t dp_rank, uint32_t peer_dp_size) {
+            bool fault_injection, bool integrity, uint32_t dp_rank, uint32_t peer_dp_size, uint32_t engine_id) {
     ConnectorConfig c;
+    if (role == "prefill" && engine_id != 0)
+      throw py::value_error("a prefill engine's engine_id is 0 (decode looks its ranks up under engine 0)");
+    c.engine_id = engine_id;
     if (peer_dp_size < 1) throw py::value_error("peer_dp_size must be at least 1");
     c.dp_rank = dp_rank;
     c.peer_dp_size = peer_dp_size;
@@ -247,13 +250,14 @@ PYBIND11_MODULE(_kvferry, mod) {
   py::class_<PyManager>(mod, "Manager")
       .def(py::init<const std::string&, const py::object&, const py::list&, const py::dict&, uint32_t, uint32_t,
                     const std::string&, const std::string&, uint32_t, uint32_t, uint32_t, const py::dict&,
-                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t, bool, bool, uint32_t, uint32_t>(),
+                    const std::string&, uint32_t, bool, const std::string&, const std::string&, uint16_t, bool, bool, uint32_t, uint32_t, uint32_t>(),
            py::arg("role"), py::arg("pool"), py::arg("buffers"), py::arg("geometry"), py::arg("page_size"),
            py::arg("aux_slots"),
            py::arg("bootstrap_addr"), py::arg("transport"), py::arg("tp_rank"), py::arg("tp_size"),
            py::arg("peer_tp_size"), py::arg("deadlines"), py::arg("log_file"), py::arg("transfer_shards"), py::arg("log_failures") = true,
            py::arg("control_bind") = "", py::arg("control_advertise") = "", py::arg("control_port") = 0, py::arg("fault_injection") = false,
-           py::arg("integrity") = false, py::arg("dp_rank") = 0, py::arg("peer_dp_size") = 1)
+           py::arg("integrity") = false, py::arg("dp_rank") = 0, py::arg("peer_dp_size") = 1,
+           py::arg("engine_id") = 0)
       .def("close", &PyManager::close)
       .def_property_readonly("layout", [](PyManager& p) { return layout_dict(p.m()->layout()); })
       .def_property_readonly("rank", [](PyManager& p) { return p.m()->self().str(); })

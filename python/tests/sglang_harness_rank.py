@@ -108,9 +108,15 @@ def state_content(room):
     return np.random.default_rng(room + 2).integers(0, 256, size=STATE_ITEM, dtype=np.uint8)
 
 
+# The decode server's kvferry engine_id (kvferry.engine_id): given by KVFERRY_ENGINE_ID, which
+# every decode rank process of the harness sets, so that the names below are known in advance.
+DECODE_ENGINE = 77
+
+
 def rank_name(role, attn_tp_rank, dp_rank):
-    """As kvferry names a rank (RankId::str): "decode/tp1", "prefill/tp0/dp1"."""
-    return f"{role}/tp{attn_tp_rank}" + (f"/dp{dp_rank}" if dp_rank else "")
+    """As kvferry names a rank (RankId::str): "decode77/tp1", "prefill/tp0/dp1"."""
+    engine = DECODE_ENGINE if role == "decode" else ""
+    return f"{role}{engine}/tp{attn_tp_rank}" + (f"/dp{dp_rank}" if dp_rank else "")
 
 
 def place(cfg):
@@ -122,6 +128,8 @@ def place(cfg):
 class Rank:
     def __init__(self, cfg, group, records):
         import kvferry.sglang as ks
+        if cfg["role"] == "decode":
+            os.environ["KVFERRY_ENGINE_ID"] = str(DECODE_ENGINE)  # this rank's process only
         self.ks, self.cfg, self.group, self.records = ks, cfg, group, records
         self.role, self.engine_tp, self.engine_tp_size = cfg["role"], cfg["tp_rank"], cfg["tp_size"]
         self.dp_size = cfg.get("dp_size", 1)

@@ -156,22 +156,22 @@ def test_two_prefill_two_decode_faults_on_every_rank():
             req(105, 2, [2, 0], arrive=40), req(106, 7, [3, 4], arrive=40)]
     faults = {"prefill/tp0": {"201": ["write_failure"], "203": ["hold"]},
               "prefill/tp1": {"202": ["write_failure"], "204": ["hold"]},
-              "decode/tp0": {"203": ["abort"]}, "decode/tp1": {"204": ["abort"]}}
+              "decode77/tp0": {"203": ["abort"]}, "decode77/tp1": {"204": ["abort"]}}
     out = run(2, 2, reqs, faults, state=True)
     check_run(out, reqs, {201: ("transfer_error", "prefill/tp0"), 202: ("transfer_error", "prefill/tp1"),
-                          203: ("aborted", "decode/tp0"), 204: ("aborted", "decode/tp1")})
+                          203: ("aborted", "decode77/tp0"), 204: ("aborted", "decode77/tp1")})
     # The held rooms were failed while prefill's writes were in flight: decode deferred their release.
-    for rank, room in (("decode/tp0", 203), ("decode/tp1", 204)):
+    for rank, room in (("decode77/tp0", 203), ("decode77/tp1", 204)):
         assert [f["how"] for f in out[rank]["frees"] if f["room"] == room] == ["deferred"], out[rank]["frees"]
-    ms = [v for r in ("decode/tp0", "decode/tp1") for k, v in out[r]["overhead_ms"].items() if k == "102"]
+    ms = [v for r in ("decode77/tp0", "decode77/tp1") for k, v in out[r]["overhead_ms"].items() if k == "102"]
     print(f"\n1-page room 102, send_metadata to Success on decode: {max(ms):.2f} ms")
 
 
 @pytest.mark.parametrize("prefill_tp,decode_tp", [(2, 1), (1, 2)])
 def test_unequal_tp(prefill_tp, decode_tp):
     reqs = [req(301, 4, [2, 2, 0]), req(302, 3, [3]), req(303, 2, [1, 1]), req(304, 5, [5, 0], arrive=5)]
-    origin = "prefill/tp1" if prefill_tp == 2 else "decode/tp1"
-    fault = {"prefill/tp1": {"303": ["write_failure"]}} if prefill_tp == 2 else {"decode/tp1": {"303": ["abort"]}}
+    origin = "prefill/tp1" if prefill_tp == 2 else "decode77/tp1"
+    fault = {"prefill/tp1": {"303": ["write_failure"]}} if prefill_tp == 2 else {"decode77/tp1": {"303": ["abort"]}}
     out = run(prefill_tp, decode_tp, reqs, fault)
     check_run(out, reqs, {303: ("transfer_error" if prefill_tp == 2 else "aborted", origin)})
 
@@ -220,7 +220,7 @@ def test_dp_attention_prefill_dp2_to_decode_tp2():
     write failure on prefill DP 1 fails that room on both decode ranks with its origin."""
     reqs = [req(701, 3, [1, 2]), req(702, 2, [2]), req(703, 4, [2, 2, 0]), req(704, 1, [1], arrive=5)]
     out = run(2, 2, reqs, {"prefill/tp0/dp1": {"703": ["write_failure"]}}, prefill_dp=2, decode_dp=1)
-    serving = {r["room"]: [dp_name("prefill", 0, r["room"] % 2), "decode/tp0", "decode/tp1"] for r in reqs}
+    serving = {r["room"]: [dp_name("prefill", 0, r["room"] % 2), "decode77/tp0", "decode77/tp1"] for r in reqs}
     check_run(out, reqs, {703: ("transfer_error", "prefill/tp0/dp1")}, serving)
 
 
@@ -278,8 +278,8 @@ def test_across_two_hosts(two_hosts):
     every rank binds and advertises its host's address, the bootstrap service is on the prefill's."""
     reqs = [req(501, 5, [2, 3, 0]), req(502, 1, [1]), req(503, 4, [4, 0]), req(504, 3, [1, 2]),
             req(505, 2, [2, 0], arrive=10)]
-    faults = {"prefill/tp1": {"503": ["write_failure"]}, "decode/tp0": {"504": ["abort"]}}
+    faults = {"prefill/tp1": {"503": ["write_failure"]}, "decode77/tp0": {"504": ["abort"]}}
     out = run(2, 2, reqs, faults, state=True, hosts=two_hosts)
     for rank, res in out.items():  # each rank's control socket is on its own host's address
-        assert res["rank_ip"] == two_hosts[rank.split("/")[0]][1], (rank, res["rank_ip"])
-    check_run(out, reqs, {503: ("transfer_error", "prefill/tp1"), 504: ("aborted", "decode/tp0")})
+        assert res["rank_ip"] == two_hosts[rank.split("/")[0].rstrip("0123456789")][1], (rank, res["rank_ip"])
+    check_run(out, reqs, {503: ("transfer_error", "prefill/tp1"), 504: ("aborted", "decode77/tp0")})

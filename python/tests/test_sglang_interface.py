@@ -155,7 +155,9 @@ def test_live_objects_have_what_the_schedulers_read(host_env):
         assert r.poll() == ks.KVPoll.Failed
         with pytest.raises(ks.KVTransferError) as e:
             r.failure_exception()
-        assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == ("aborted", "decode/tp0", False)
+        # The decode server's ranks carry its engine_id (kvferry.engine_id: one prefill serves several).
+        assert (e.value.code, e.value.origin, e.value.is_from_another_rank) == ("aborted", f"decode{d.engine_id()}/tp0",
+                                                                                False)
         assert isinstance(s.get_transfer_metric(), ks.rooms.KVTransferMetric)
         s.clear()
         r.clear()
@@ -285,7 +287,7 @@ def test_dp_attention_rooms_on_the_wrong_dp_rank(host_env, monkeypatch):
         assert r.poll() == ks.KVPoll.Failed
         with pytest.raises(ks.KVTransferError, match="decode dp_rank 0 got bootstrap_room 13") as e:
             r.failure_exception()
-        assert (e.value.code, e.value.origin) == ("invalid_argument", "decode/tp0")
+        assert (e.value.code, e.value.origin) == ("invalid_argument", f"decode{r.kv_mgr.engine_id()}/tp0")
         for x in (s, s2, r):
             x.clear()
     finally:

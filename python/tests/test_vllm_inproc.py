@@ -18,6 +18,7 @@ import vllm_inproc as H  # noqa: E402
 from kvferry.vllm.metadata import EndSpec, RecvSpec  # noqa: E402
 from kvferry.vllm.params import manager_key  # noqa: E402
 from kvferry.vllm.worker import _Recv  # noqa: E402
+from kvferry.engine_id import derive  # noqa: E402
 
 
 @pytest.fixture
@@ -222,7 +223,7 @@ def test_an_unreachable_prefill_never_blocks_the_decode_step(engines, monkeypatc
     assert D.check("dgood", 20) == []
     assert H.run_until([P, D], lambda: _failures(D, fails) is not None and
                        D.reqs["dbad"].status != H.RequestStatus.WAITING_FOR_REMOTE_KVS)
-    assert [(f["request_id"], f["code"], f["origin"]) for f in fails] == [("dbad", "bootstrap_timeout", "decode/tp0")]
+    assert [(f["request_id"], f["code"], f["origin"]) for f in fails] == [("dbad", "bootstrap_timeout", f"decode{derive('kv_consumer')}/tp0")]
     assert D.reqs["dbad"].status == H.RequestStatus.RUNNING  # recomputed on decode (policy recompute)
     assert list(D.w._worker.decode) == [f"127.0.0.1:{port}"]  # the failed instance is forgotten
 

@@ -65,6 +65,9 @@ struct EndpointConfig {
   bool fault_injection = true;
   bool integrity = false;  // ManagerConfig::integrity
   Deadlines deadlines;
+  // Prefill: ManagerConfig::max_decode_instances and decode_instance_idle_ms.
+  uint32_t max_decode_instances = 64;
+  int64_t decode_instance_idle_ms = 60'000;
   // Caller-owned pool memory (e.g. a numpy array from Python) to register instead of letting the
   // transport allocate one: at least layout.total_bytes() bytes, valid until the core is destroyed.
   uint8_t* external_base = nullptr;

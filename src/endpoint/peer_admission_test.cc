@@ -31,7 +31,9 @@ TEST(PeerAdmission, IdentitiesOutsideThePlanAreRefusedFirst) {
   auto p = make_pair();
   ASSERT_TRUE(p);
   EXPECT_TRUE(p->prefill().in_plan(decode_rank0()));
-  for (const RankId& r : {RankId{Role::kDecode, 0, 200, 0}, RankId{Role::kDecode, 4, 0, 0},
+  // Another decode engine_id is another decode instance (admitted since issue 34d): its TP rank
+  // outside the plan is refused as engine 0's is.
+  for (const RankId& r : {RankId{Role::kDecode, 0, 200, 0}, RankId{Role::kDecode, 4, 200, 0},
                           RankId{Role::kDecode, 0, 0, 1}, RankId{Role::kPrefill, 0, 0, 0}}) {
     SCOPED_TRACE(r.str());
     EXPECT_FALSE(p->prefill().in_plan(r));

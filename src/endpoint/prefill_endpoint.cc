@@ -52,10 +52,9 @@ bool PrefillEndpoint::metadata_complete(uint64_t room) const {
   const std::vector<uint32_t> dests = dests_of(plan_, core_.self().tp_rank);
   if (dests.empty()) return true;
   auto pm = pending_meta_.find(room);
-  if (pm == pending_meta_.end()) return false;
-  const uint32_t dp = dp_rank_for_room(room, decode_dp_);
-  for (uint32_t d : dests) {
-    const RankId want{Role::kDecode, 0, d, dp};
+  if (pm == pending_meta_.end() || pm->second.empty()) return false;
+  // The instance of the first metadata kept (bound_engine): its ranks' metadata.
+  for (const RankId& want : dests_for(room, pm->second.front().second.sender.engine_id)) {
     if (!peers_.count(want) || connecting_.count(want)) return false;  // as maybe_ready: connected first
     bool found = false;
     for (const auto& [ns, md] : pm->second) found |= (md.sender == want);
@@ -66,11 +65,8 @@ bool PrefillEndpoint::metadata_complete(uint64_t room) const {
 
 std::optional<RankId> PrefillEndpoint::dead_destination(uint64_t room) const {
   if (dead_peers_.empty()) return std::nullopt;
-  const uint32_t dp = dp_rank_for_room(room, decode_dp_);
-  for (uint32_t d : dests_of(plan_, core_.self().tp_rank)) {
-    const RankId want{Role::kDecode, 0, d, dp};
+  for (const RankId& want : destinations(room))
     if (dead_peers_.count(want)) return want;
-  }
   return std::nullopt;
 }
 
@@ -83,8 +79,8 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
   for (auto& [id, r] : rooms_) {
     if (r.meta.count(peer)) r.failure_heard.insert(peer);  // that process answers no more
     if (r.state.terminal()) continue;
-    bool bound = false;
-    for (const RankId& d : r.dests) bound |= (d == peer);
+    bool bound = false;  // a room of another decode instance is not (prefill_instances.cc)
+    for (const RankId& d : dests_or_presumed(r)) bound |= (d == peer);
     if (!bound) continue;
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("{} unreachable: {}", peer.str(), reason), peer, now, false);
     failed.push_back(id);
@@ -165,12 +161,12 @@ Status PrefillEndpoint::add_room(uint64_t room, uint64_t input_tokens, std::opti
   r.layer_pages.assign(core_.layout().model.num_layers, 0);
   r.created_ns = monotonic_ns();
   r.bootstrap_deadline_ns = r.created_ns + core_.config().deadlines.bootstrap_timeout_ms * 1'000'000;
-  for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
-    r.dests.push_back({Role::kDecode, 0, d, dp_rank_for_room(room, decode_dp_)});
-  if (r.dests.empty()) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
+  // Its destinations come with the instance its first metadata binds it to (bind()).
+  r.planned = !dests_of(plan_, core_.self().tp_rank).empty();
+  if (!r.planned) r.state.advance(KVPoll::WaitingForInput);  // nothing to wait for
   core_.registry().open(room);
   log_event(LogLevel::kDebug, kComp, fmt::format("sender created ({} pages)", r.total_pages), room_fields(room));
-  for (const RankId& dst : r.dests) {
+  for (const RankId& dst : dests_or_presumed(r)) {
     if (dead_peers_.count(dst)) {
       fail(room, ErrorCode::kPeerUnreachable, fmt::format("{} is down", dst.str()), dst, monotonic_ns(), false);
       return Status::Ok();
@@ -403,7 +399,7 @@ void PrefillEndpoint::send_status(SenderRoom& r, KVPoll state, bool terminal) {
     auto e = core_.registry().get(r.room);
     if (e) st.failure = e->failure();
   }
-  for (const RankId& d : r.dests) {
+  for (const RankId& d : dests_or_presumed(r)) {  // not bound yet: the only instance's, if one
     const std::string* peer = control_endpoint_of(d);
     if (!peer) continue;  // never registered: it cannot be waiting for our writes
     st.peer_incarnation = incarnation_of(d);
@@ -487,7 +483,9 @@ void PrefillEndpoint::release(uint64_t room) {
   if (it->second.state.get() == KVPoll::Success)
     for (const RankId& d : it->second.dests)
       if (auto dg = digest_for(it->second, d)) digests.emplace_back(d, *dg);
+  const std::optional<uint32_t> engine = it->second.engine;
   bury(room, core_.registry().get(room), monotonic_ns(), std::move(digests));
+  tombstones_[room].engine = engine;  // its instance's frames only are answered
   core_.registry().release(room);
   rooms_.erase(it);
   std::erase(fresh_failures_, room);
@@ -545,6 +543,7 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   }
   check_connects(now_ns);
   check_write_deadlines(now_ns);
+  forget_idle_instances(now_ns);
   std::vector<uint64_t> expired;
   for (auto& [id, r] : rooms_) {
     if (r.state.get() == KVPoll::Bootstrapping && now_ns > r.bootstrap_deadline_ns) expired.push_back(id);
@@ -554,8 +553,9 @@ void PrefillEndpoint::tick(int64_t now_ns) {
   for (uint64_t id : expired) {
     SenderRoom& r = rooms_.at(id);
     std::string missing;
-    for (const RankId& d : r.dests)
+    for (const RankId& d : dests_or_presumed(r))
       if (!r.meta.count(d)) missing += (missing.empty() ? "" : ", ") + d.str();
+    if (missing.empty()) missing = "any decode instance";
     // A room its destination kept renewing (prefill_renewal.cc) ends here at the renew limit.
     const int64_t waited_ms = (r.bootstrap_deadline_ns - r.created_ns) / 1'000'000;
     fail(id, ErrorCode::kBootstrapTimeout,

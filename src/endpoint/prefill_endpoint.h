@@ -54,6 +54,12 @@ struct SenderRoom {
   uint64_t input_tokens = 0;
   uint64_t total_pages = 0;
   RoomState state;
+  // The decode instance (engine_id) the room is bound to: that of its first accepted metadata or
+  // renewal (prefill_instances.cc). dests are that instance's ranks the plan sends to; they stay
+  // empty until the room is bound. `planned`: the plan gives this rank destinations (false: the
+  // room has none and needs no instance: replicated heads, MLA non-source).
+  std::optional<uint32_t> engine;
+  bool planned = false;
   std::vector<RankId> dests;
   std::map<RankId, RoomMetadata> meta;
   // Per layer, pages handed to send() (layer-wise sends: kvferry/geometry.h LayerRange); a page
@@ -277,8 +283,9 @@ class PrefillEndpoint {
   // page_bytes not page_size x its heads, heads outside the model or not covering what the plan
   // sends it, buffers outside the registered spans (overflow-safe).
   std::string check_registration(const PoolRegistration& r) const;
-  // Whether `sender` is a destination of this rank in the agreed plan (a decode rank of engine 0,
-  // a TP rank the plan sends to, a DP rank below the decode engine's DP size). admits() counts and
+  // Whether `sender` is a destination of this rank in the agreed plan (a decode rank of any
+  // engine_id, i.e. of any decode instance: a TP rank the plan sends to, a DP rank below the
+  // decode engine's DP size). admits() counts and
   // logs a refusal (Refusal::kOutsidePlan); the manager asks it before decoding a frame
   // (kvferry::frame_sender) and on_message() again.
   bool in_plan(const RankId& sender) const;
@@ -305,6 +312,20 @@ class PrefillEndpoint {
   size_t pending_restarts() const { return pending_restarts_.size(); }
   uint64_t aux_in_use() const { return aux_alloc_.in_use(); }
 
+  // Several decode instances (prefill_instances.cc; docs/manager.md "Several decode instances"):
+  // each decode engine_id is one, each of its ranks its own peer; a room is bound to the instance
+  // of its first accepted metadata (or renewal), another's frames for it are refused (foreign).
+  size_t decode_instances() const { return instances_.size(); }
+  uint64_t forgotten_decode_instances() const { return forgotten_instances_; }
+  // The instance `room` is bound to (a live or released room's; a room not added yet: its first kept metadata's).
+  std::optional<uint32_t> bound_engine(uint64_t room) const;
+  // bound_engine(), else the only decode instance known (with one instance, a room not bound yet
+  // can only be its: its death or incompatibility fails the room, as before instances).
+  std::optional<uint32_t> presumed_engine(uint64_t room) const;
+  // The ranks of instance `engine` this rank writes `room` to (the plan, the room's DP group).
+  std::vector<RankId> dests_for(uint64_t room, uint32_t engine) const;
+  std::vector<RankId> destinations(uint64_t room) const;  // its instance's (bound, presumed), or none yet
+
  private:
   struct ChunkState {
     uint64_t room;
@@ -313,6 +334,23 @@ class PrefillEndpoint {
     uint64_t units;  // pages x layers of the chunk
   };
   void on_registration(const PoolRegistration& r);
+  // prefill_instances.cc: the decode instances known here.
+  struct DecodeInstance {
+    int64_t last_ns = 0;  // the last frame from any of its ranks (or its admission)
+  };
+  std::map<uint32_t, DecodeInstance> instances_;
+  uint64_t forgotten_instances_ = 0;
+  // Whether `r` may add its instance (known, or under the bound); false: refused, nothing kept.
+  bool admit_instance(const PoolRegistration& r, int64_t now_ns);
+  void touch_instance(const RankId& sender, int64_t now_ns);
+  bool known_instance(uint32_t engine) const;  // in instances_, or a rank of it in refused_
+  std::optional<uint32_t> sole_instance() const;  // the only one known_instance() knows, if one
+  void forget_idle_instances(int64_t now_ns);
+  void forget_instance(uint32_t engine);
+  // Binds `r` to instance `engine` (its dests); a destination down or refused as incompatible
+  // fails it as add_room did. False: the room failed.
+  bool bind(SenderRoom& r, uint32_t engine);
+  std::vector<RankId> dests_or_presumed(const SenderRoom& r) const;  // r.dests, or sole_instance()'s
   // The incarnation checks of a registration (prefill_registration.cc): false when it is refused
   // (counted and logged here; nothing changed but a held restart claim). Sets *restart when it is
   // a confirmed restart of a known peer: peer_incarnation ours, incarnation within
@@ -528,6 +566,7 @@ class PrefillEndpoint {
     // A room that succeeded: the digests its Success carried (integrity), for a destination that
     // asks again after the release.
     std::vector<std::pair<RankId, uint64_t>> digests;
+    std::optional<uint32_t> engine;  // the decode instance the room was bound to
   };
   struct TombstoneRef {
     int64_t release_ns = 0;

@@ -24,7 +24,11 @@ LogFields room_fields(uint64_t room) {
 }  // namespace
 
 bool PrefillEndpoint::is_destination(uint64_t room, const RankId& r) const {
-  if (r.role != Role::kDecode || r.engine_id != 0 || r.dp_rank != dp_rank_for_room(room, decode_dp_)) return false;
+  if (r.role != Role::kDecode || r.dp_rank != dp_rank_for_room(room, decode_dp_)) return false;
+  // A room bound to a decode instance hears from its ranks only (prefill_instances.cc); a room not
+  // bound yet from the ranks of an instance known here (registered, or refused with a record).
+  if (std::optional<uint32_t> e = bound_engine(room); e ? *e != r.engine_id : !known_instance(r.engine_id))
+    return false;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
     if (d == r.tp_rank) return true;
   return false;
@@ -147,6 +151,13 @@ void PrefillEndpoint::add_failed_room(uint64_t room, const Failure& f, bool obse
 }
 
 void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
+  if (r.planned && r.engine && *r.engine != md.sender.engine_id) {  // another instance's: refused
+    (void)from_destination("metadata", r.room, md.sender);
+    return;
+  }
+  // The first metadata accepted binds the room to its instance (a destination of it down, or
+  // refused as incompatible, fails the room, as add_room does; the metadata is answered below).
+  if (r.planned && !r.engine) (void)bind(r, md.sender.engine_id);
   // The same destination again: it asks for the status it is owed (decode_reask.cc). The first
   // metadata stays; nothing of the repeat is stored.
   if (r.meta.count(md.sender)) return answer_again(r, md.sender);
@@ -215,7 +226,7 @@ void PrefillEndpoint::apply_metadata(SenderRoom& r, const RoomMetadata& md) {
 }
 
 void PrefillEndpoint::maybe_ready(SenderRoom& r) {
-  if (r.state.get() != KVPoll::Bootstrapping || r.meta.size() != r.dests.size()) return;
+  if (r.state.get() != KVPoll::Bootstrapping || (r.planned && !r.engine) || r.meta.size() != r.dests.size()) return;
   for (const RankId& d : r.dests)
     if (!peers_.count(d) || connecting_.count(d)) return;  // not ready (a state): its connect is under way
   r.state.advance(KVPoll::WaitingForInput);

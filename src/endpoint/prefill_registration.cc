@@ -78,7 +78,8 @@ std::string PrefillEndpoint::check_registration(const PoolRegistration& r) const
 }
 
 bool PrefillEndpoint::in_plan(const RankId& r) const {
-  if (r.role != Role::kDecode || r.engine_id != 0 || r.dp_rank >= decode_dp_) return false;
+  // Any engine_id: each decode instance is one (prefill_instances.cc).
+  if (r.role != Role::kDecode || r.dp_rank >= decode_dp_) return false;
   for (uint32_t d : dests_of(plan_, core_.self().tp_rank))
     if (d == r.tp_rank) return true;
   return false;
@@ -99,6 +100,7 @@ void PrefillEndpoint::on_message(const Message& m) {
     if (hb->answer != 0) return on_challenge_answer(*hb);  // may name the claimed incarnation
     if (!accept_incarnation(hb->sender, hb->incarnation, 0, "Heartbeat")) return;
     core_.monitor().heard(hb->sender, now);
+    touch_instance(hb->sender, now);
     // An orderly shutdown of that decode rank (messages.h Heartbeat::leaving): its loss, when
     // reported, is quiet if no room failed with it; nothing is cut off on its word, and its next
     // heartbeat revokes it (decode_peer_loss.cc says why).
@@ -113,11 +115,13 @@ void PrefillEndpoint::on_message(const Message& m) {
   if (auto* md = std::get_if<RoomMetadata>(&m)) {
     if (!accept_incarnation(md->sender, md->incarnation, md->peer_incarnation, "RoomMetadata")) return;
     core_.monitor().heard(md->sender, now);
+    touch_instance(md->sender, now);
     return on_metadata(*md);
   }
   if (auto* st = std::get_if<RoomStatus>(&m)) {
     if (!accept_incarnation(st->sender, st->incarnation, st->peer_incarnation, "RoomStatus")) return;
     core_.monitor().heard(st->sender, now);
+    touch_instance(st->sender, now);
     return on_status(*st);
   }
 }
@@ -239,6 +243,7 @@ void PrefillEndpoint::on_peer_restart(const RankId& peer, uint64_t inc) {
 }
 
 void PrefillEndpoint::on_registration(const PoolRegistration& r) {
+  if (r.sender.role == Role::kDecode && !admit_instance(r, monotonic_ns())) return;  // nothing kept
   if (!incarnations_.count(r.sender) && !connecting_.count(r.sender) && !dead_regs_.count(r.sender) &&
       incarnations_.size() + connecting_.size() + dead_regs_.size() >= kMaxPeerIdentities) {
     core_.refuse(Refusal::kTooManyPeers, r.sender,
@@ -263,6 +268,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     refuse(r, bad);
     return;
   }
+  instances_.try_emplace(r.sender.engine_id, DecodeInstance{monotonic_ns()});  // under the bound (admit_instance)
   if (restart) on_peer_restart(r.sender, r.incarnation);  // confirmed: the old one is gone
   refused_.erase(r.sender);
   auto old = peers_.find(r.sender);
@@ -372,7 +378,8 @@ void PrefillEndpoint::connect_failed(const RankId& peer, const PoolRegistration&
   std::vector<uint64_t> failed;
   for (auto& [id, r] : rooms_) {
     if (r.state.terminal()) continue;
-    if (std::find(r.dests.begin(), r.dests.end(), peer) == r.dests.end()) continue;
+    const std::vector<RankId> dests = dests_or_presumed(r);
+    if (std::find(dests.begin(), dests.end(), peer) == dests.end()) continue;
     fail(id, ErrorCode::kPeerUnreachable, fmt::format("cannot connect to {}: {}", peer.str(), why), peer, now, false);
     failed.push_back(id);
   }
@@ -449,7 +456,7 @@ bool PrefillEndpoint::admits_compat(std::string_view frame) {
   std::vector<uint64_t> bound;
   for (auto& [id, room] : rooms_) {
     if (room.state.terminal()) continue;
-    for (const RankId& d : room.dests)
+    for (const RankId& d : dests_or_presumed(room))
       if (d == r.sender) bound.push_back(id);
   }
   for (uint64_t id : bound) fail(id, f, /*observed_here=*/false, &r.sender);
@@ -459,7 +466,7 @@ bool PrefillEndpoint::admits_compat(std::string_view frame) {
 bool PrefillEndpoint::fail_if_incompatible(uint64_t room) {
   auto it = rooms_.find(room);
   if (it == rooms_.end()) return false;
-  for (const RankId& d : it->second.dests) {
+  for (const RankId& d : dests_or_presumed(it->second)) {
     auto rf = refused_.find(d);
     if (rf == refused_.end() || rf->second.code != ErrorCode::kIncompatiblePeer) continue;
     const Failure f = rf->second;
@@ -470,8 +477,8 @@ bool PrefillEndpoint::fail_if_incompatible(uint64_t room) {
 }
 
 std::optional<Failure> PrefillEndpoint::incompatible_destination(uint64_t room) const {
-  for (uint32_t d : dests_of(plan_, core_.self().tp_rank)) {
-    auto rf = refused_.find(RankId{Role::kDecode, 0, d, dp_rank_for_room(room, decode_dp_)});
+  for (const RankId& d : destinations(room)) {
+    auto rf = refused_.find(d);
     if (rf != refused_.end() && rf->second.code == ErrorCode::kIncompatiblePeer) return rf->second;
   }
   return std::nullopt;

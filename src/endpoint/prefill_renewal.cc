@@ -31,6 +31,7 @@ void PrefillEndpoint::on_renewal(const Heartbeat& hb, int64_t now_ns) {
     if (!from_destination("renewal", id, hb.sender)) continue;
     SenderRoom& r = it->second;
     if (r.state.get() != KVPoll::Bootstrapping) continue;  // metadata came, or the room ended
+    if (r.planned && !r.engine && !bind(r, hb.sender.engine_id)) continue;  // its instance's from now on
     const int64_t to = std::min(now_ns + lease_ns, r.created_ns + limit_ns);
     if (to <= r.bootstrap_deadline_ns) continue;
     r.bootstrap_deadline_ns = to;

@@ -75,6 +75,8 @@ Status ManagerImpl::start() {
   ec.external_bytes = c.pool_base ? c.pool_bytes : 0;
   ec.fault_injection = c.fault_injection;
   ec.integrity = c.integrity;
+  ec.max_decode_instances = c.max_decode_instances;
+  ec.decode_instance_idle_ms = c.decode_instance_idle_ms;
   for (const BufferDesc& b : c.buffers)
     if (c.integrity && b.memory != MemoryKind::kHost)  // digests read the bytes on the host
       return Status(ErrorCode::kInvalidArgument,
@@ -100,6 +102,8 @@ Status ManagerImpl::start() {
       if (std::find(dests.begin(), dests.end(), dead.tp_rank) == dests.end()) return failed;
       for (auto& [id, r] : rooms_) {
         if (r.initialized || r.early_failure || dp_rank_for_room(id, config_.peer_dp_size) != dead.dp_rank) continue;
+        // Only a sender of the dead rank's decode instance (its metadata's, or the only one known).
+        if (prefill_->presumed_engine(id) != std::optional<uint32_t>(dead.engine_id)) continue;
         const Failure f{ErrorCode::kPeerUnreachable, dead, reason, now, 0};
         if (!open_sender_for_failure(id, r, f, false)) r.early_failure = KVTransferError::from(id, f, true);
         failed.push_back(id);
@@ -480,6 +484,8 @@ ManagerStats ManagerImpl::stats() const {
   if (prefill_) {
     s.live_rooms = prefill_->live_rooms();
     s.peers = prefill_->peers();
+    s.decode_instances = prefill_->decode_instances();
+    s.forgotten_decode_instances = prefill_->forgotten_decode_instances();
   }
   for (const auto& [id, r] : rooms_)
     if (!r.initialized) ++s.live_rooms;

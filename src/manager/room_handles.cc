@@ -233,10 +233,11 @@ class SenderImpl final : public Sender {
   }
 
   std::vector<RankId> peers() const override {
-    std::vector<RankId> out;
-    const uint32_t dp = dp_rank_for_room(room_, m_.config().peer_dp_size);
-    for (uint32_t d : dests_of(m_.plan(), m_.self().tp_rank)) out.push_back({Role::kDecode, 0, d, dp});
-    return out;
+    // Its decode instance's ranks once known (its metadata; the only instance); engine 0's before.
+    std::lock_guard lock(m_.mutex());
+    std::vector<RankId> out = m_.prefill()->destinations(room_);
+    if (!out.empty() || dests_of(m_.plan(), m_.self().tp_rank).empty()) return out;
+    return m_.prefill()->dests_for(room_, 0);
   }
 
   void abort(const std::string& reason) override { fail(ErrorCode::kAborted, reason, 0); }

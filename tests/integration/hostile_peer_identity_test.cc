@@ -3,8 +3,8 @@
 // the wire format alone found five ways to hurt a rank without the cluster secret; each is a case
 // here, run without and with the secret (with it, the liar is refused before anything is parsed,
 // and expect_unharmed() checks that nothing of it reached a rank):
-//   - registrations in the names of identities outside the transfer plan (decode TP 200+, another
-//     engine, a DP rank the decode engine does not have),
+//   - registrations in the names of identities outside the transfer plan (decode TP 200+, of
+//     engine 0 and of another engine, a DP rank the decode engine does not have),
 //   - a re-registration under the live decode rank's own incarnation with a garbage worker address,
 //   - a heartbeat in the decode rank's name with incarnation 2^63 and a registration from the far
 //     future, and a restart claim while the real rank is alive,
@@ -34,7 +34,8 @@ size_t open_fds() {
 
 // 64 registrations of valid shape (the liar's real region and worker: on main each one was
 // connected, watched, and later declared dead with a warning) as decode ranks outside the plan:
-// TP ranks 200+ of engine 0, DP group 1 of engine 3, and DP rank 9 of a decode engine of DP 2.
+// TP ranks 200+ of engine 0, TP rank 200 of engine 3 (another decode engine_id is another decode
+// instance since issue 34d: admitted within the plan), and DP rank 9 of a decode engine of DP 2.
 // Each is refused before it is decoded: no connect, no peer, no "unreachable" warning, no answer.
 TEST_P(HostilePeer, OutsideIdentitiesAreRefusedBeforeDecoding) {
   HOSTILE_START();
@@ -45,7 +46,7 @@ TEST_P(HostilePeer, OutsideIdentitiesAreRefusedBeforeDecoding) {
   for (size_t i = 0; i < kOutside; ++i) {
     PoolRegistration r = liar_registration(*c_.honest_registration, liar(), kPages);
     r.sender = i < 60 ? RankId{Role::kDecode, 0, uint32_t(200 + i), 1}
-                      : (i < 62 ? RankId{Role::kDecode, 3, 0, 1} : RankId{Role::kDecode, 0, 0, 9});
+                      : (i < 62 ? RankId{Role::kDecode, 3, 200, 1} : RankId{Role::kDecode, 0, 0, 9});
     liar_send(pctl(), Message{r});
   }
   if (!secret()) {

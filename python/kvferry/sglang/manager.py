@@ -24,11 +24,13 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import socket
 import threading
 import weakref
 from typing import Dict, List, Optional
 
 from .. import KVManager as _Manager
+from ..engine_id import decode_engine_id
 from . import bootstrap as _bootstrap
 from . import settings as _settings
 
@@ -166,6 +168,18 @@ class KVManager:
 
     # -- building kvferry managers ------------------------------------------------------------------
 
+    def engine_id(self) -> int:
+        """Decode: this server's kvferry engine_id, the same on every rank of the server and different
+        between servers, with no communication (kvferry.engine_id; docs/sglang.md "Several decode
+        instances"): from dist_init_addr (every rank of a multi-node server has it), else this host's
+        name and the server's HTTP port (the ranks of a one-node server share both)."""
+        if getattr(self, "_engine_id", None) is None:
+            dist = getattr(self.server_args, "dist_init_addr", None)
+            key = (f"dist:{dist}" if dist else
+                   f"host:{socket.gethostname()}:{getattr(self.server_args, 'port', '')}")
+            self._engine_id = decode_engine_id(key)
+        return self._engine_id
+
     def bootstrap_address(self) -> str:
         """Where this prefill engine's bootstrap service listens ("host:port"), as SGLang derives it."""
         dist = getattr(self.server_args, "dist_init_addr", None)
@@ -182,6 +196,7 @@ class KVManager:
         rank = (f"{self.role}-dp{self.attn_dp_rank}-tp{self.attn_tp_rank}" if self.attn_dp_size > 1
                 else f"{self.role}-tp{self.attn_tp_rank}")
         return _Manager(self.role, buffers=EngineBuffers(list(self._descs), []), bootstrap_addr=bootstrap_addr,
+                        engine_id=self.engine_id() if self.role == "decode" else 0,
                         transport=_settings.env("KVFERRY_TRANSPORT"), tp_rank=self.attn_tp_rank,
                         tp_size=self.attn_tp_size, peer_tp_size=peer_tp,
                         deadlines=_settings.deadlines_from_sglang_env(),

@@ -87,9 +87,10 @@ class _Common:
         mgr._track(self)
 
     def _rank(self) -> str:
-        m = self.kv_mgr  # as kvferry names a rank (RankId::str): "decode/tp1", "prefill/tp0/dp1"
+        m = self.kv_mgr  # as kvferry names a rank (RankId::str): "decode17/tp1", "prefill/tp0/dp1"
         dp = getattr(m, "attn_dp_rank", 0)
-        return f"{self.role}/tp{m.attn_tp_rank}" + (f"/dp{dp}" if dp else "")
+        engine = m.engine_id() if self.role == "decode" and hasattr(m, "engine_id") else 0
+        return f"{self.role}{engine or ''}/tp{m.attn_tp_rank}" + (f"/dp{dp}" if dp else "")
 
     def _fail_here(self, code: str, reason: str) -> None:
         """Fails the room on this rank, as its own (local) failure."""

@@ -38,6 +38,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from .. import BootstrapServer, KVManager, KVPoll, KVReceiver, KVSender, KVTransferError
 from ..buffers import EngineBuffers
+from ..engine_id import decode_engine_id
 from .config import Geometry, Settings, geometry_of, layer_order
 from .metadata import AwaitSpec, EndSpec, KvferryConnectorMetadata, KvferryConnectorStats, RecvSpec, SendSpec
 from .params import manager_key
@@ -145,6 +146,11 @@ class WorkerSide:
             self._thread = threading.Thread(target=self._send_loop, name="kvferry-vllm-send", daemon=True)
             self._thread.start()
 
+    def _rank_name(self, role: str, tp: int) -> str:
+        """As kvferry names a rank (RankId::str): a decode rank with its instance's engine_id."""
+        engine = decode_engine_id(self.s.engine_id) if role == "decode" else 0
+        return f"{role}{engine or ''}/tp{tp}"
+
     def _build(self, role: str, bootstrap: str, peer_tp: int) -> KVManager:
         g = self.geometry
         log_file = self.s.log_file.replace("{rank}", f"{role}-tp{self.tp_rank}") if self.s.log_file else None
@@ -156,7 +162,11 @@ class WorkerSide:
             deadlines = {"bootstrap_timeout_ms": lease_ms, "renew_limit_ms": max(lease_ms, limit_ms)}
         else:
             deadlines = {"renew_interval_ms": max(1, lease_ms // 3)}
+        # Decode: its instance's engine_id, from vLLM's per-instance engine_id (kvferry.engine_id;
+        # docs/vllm.md "Several decode instances"); prefill's is 0.
+        engine_id = decode_engine_id(self.s.engine_id) if role == "decode" else 0
         return KVManager(role, buffers=EngineBuffers(list(g.descs), []), bootstrap_addr=bootstrap,
+                         engine_id=engine_id,
                          transport=self.s.transport, tp_rank=self.tp_rank, tp_size=self.s.tp_size,
                          peer_tp_size=peer_tp, deadlines=deadlines, log_file=log_file,
                          transfer_shards=self.s.transfer_shards, log_failures=True,
@@ -325,9 +335,9 @@ class WorkerSide:
         get_block_ids_with_load_errors and the request to get_finished (vLLM's policy applies)."""
         code = getattr(e, "code", None) or "protocol_error"
         logger.error("request %s: kvferry room %d refused at the handshake with %s: %s", rid, spec.room,
-                     spec.bootstrap, e, extra={"room": spec.room, "code": code, "origin": f"decode/tp{self.tp_rank}"})
+                     spec.bootstrap, e, extra={"room": spec.room, "code": code, "origin": self._rank_name("decode", self.tp_rank)})
         self._invalid.update(spec.block_ids)
-        self._record_failure(rid, spec.room, code, f"decode/tp{self.tp_rank}", False, str(e))
+        self._record_failure(rid, spec.room, code, self._rank_name("decode", self.tp_rank), False, str(e))
         self._unopened_recvs.add(rid)
 
     def _end_untold(self, rid: str, spec: EndSpec, e: BaseException) -> None:
@@ -336,9 +346,9 @@ class WorkerSide:
         told and frees the blocks at its lease. A request vLLM waits for is reported at once."""
         if self.tp_rank == 0:
             logger.log(logging.INFO if spec.code == "aborted" else logging.ERROR,
-                       "room %d failed: %s at decode/tp0: %s; the prefill instance %s could not be told (%s)",
-                       spec.room, spec.code, spec.reason, spec.bootstrap, e,
-                       extra={"room": spec.room, "code": spec.code, "origin": "decode/tp0"})
+                       "room %d failed: %s at %s: %s; the prefill instance %s could not be told (%s)",
+                       spec.room, spec.code, self._rank_name("decode", 0), spec.reason, spec.bootstrap, e,
+                       extra={"room": spec.room, "code": spec.code, "origin": self._rank_name("decode", 0)})
         if spec.report:
             self._unopened_recvs.add(rid)
 
@@ -403,7 +413,7 @@ class WorkerSide:
             else:
                 target.fail(spec.code, spec.reason)
         else:
-            target.fail_from_engine(KVTransferError(spec.room, spec.reason, True, f"{role}/tp0", spec.code))
+            target.fail_from_engine(KVTransferError(spec.room, spec.reason, True, self._rank_name(role, 0), spec.code))
         if not spec.bootstrap and not spec.report:
             target.close()
 
