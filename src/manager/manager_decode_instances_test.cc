@@ -28,15 +28,6 @@ namespace {
 using namespace std::chrono_literals;
 using namespace kvferry::testing;
 
-bool until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
-
 uint64_t refusals(const Manager& m, const std::string& kind) {
   for (const auto& [name, n] : m.stats().refusals)
     if (name == kind) return n;
@@ -80,7 +71,7 @@ struct Cluster {
     decodes.push_back(std::move(ranks));
     engines.push_back(engine);
     if (!wait) return true;
-    const bool ok = until([&] { return prefill_peers() == before + tp; });
+    const bool ok = wait_until([&] { return prefill_peers() == before + tp; });
     EXPECT_TRUE(ok) << "decode instance " << engine << ": its registrations never reached the prefill ranks ("
                     << prefill_peers() << " peers, " << refusals(*prefill[0], "outside_plan") << " refused outside the plan)";
     return ok;
@@ -139,7 +130,7 @@ void open(Cluster& c, TestRoom& r) {
     r.tx.push_back(std::move(tx).value());
   }
   for (auto& tx : r.tx)
-    ASSERT_TRUE(until([&] { return tx->poll() == KVPoll::WaitingForInput; })) << "room " << r.id << ": "
+    ASSERT_TRUE(wait_until([&] { return tx->poll() == KVPoll::WaitingForInput; })) << "room " << r.id << ": "
                                                                               << to_string(tx->poll());
 }
 
@@ -155,12 +146,12 @@ void send(Cluster& c, TestRoom& r) {
 void expect_arrived(Cluster& c, TestRoom& r) {
   for (size_t t = 0; t < r.rx.size(); ++t) {
     Receiver& rx = *r.rx[t];
-    ASSERT_TRUE(until([&] { return rx.poll() == KVPoll::Success; }))
+    ASSERT_TRUE(wait_until([&] { return rx.poll() == KVPoll::Success; }))
         << "room " << r.id << " of instance " << c.engines[r.instance] << " tp" << t << ": " << to_string(rx.poll())
         << (rx.failure() ? ": " + rx.failure()->str() : "");
     EXPECT_EQ(mismatched(*c.decodes[r.instance][t], r.id, r.dst), 0u) << "room " << r.id << " tp" << t;
   }
-  for (auto& tx : r.tx) EXPECT_TRUE(until([&] { return tx->poll() == KVPoll::Success && tx->release_safe(); }));
+  for (auto& tx : r.tx) EXPECT_TRUE(wait_until([&] { return tx->poll() == KVPoll::Success && tx->release_safe(); }));
 }
 
 class DecodeInstances : public ::testing::TestWithParam<std::tuple<uint32_t, std::string>> {};
@@ -222,12 +213,12 @@ TEST(DecodeInstancesDeath, AKilledInstanceFailsOnlyItsRooms) {
   for (TestRoom& r : rs) {
     if (r.instance != 0) continue;
     Sender& tx = *r.tx[0];
-    ASSERT_TRUE(until([&] { return tx.poll() == KVPoll::Failed; })) << "room " << r.id;
+    ASSERT_TRUE(wait_until([&] { return tx.poll() == KVPoll::Failed; })) << "room " << r.id;
     auto f = tx.failure();
     ASSERT_TRUE(f);
     EXPECT_EQ(f->code, ErrorCode::kPeerUnreachable) << f->str();
     EXPECT_EQ(f->origin, (RankId{Role::kDecode, 3, 0, 0})) << f->str();
-    EXPECT_TRUE(until([&] { return tx.release_safe(); })) << "room " << r.id;
+    EXPECT_TRUE(wait_until([&] { return tx.release_safe(); })) << "room " << r.id;
   }
   for (TestRoom& r : rs) {
     if (r.instance != 1) continue;
@@ -256,7 +247,7 @@ TEST(DecodeInstancesBinding, MetadataFromAnotherInstanceIsRefused) {
   intruder.dst = {0, 1};
   intruder.aux = 0;
   ASSERT_NO_FATAL_FAILURE(ask(*c, intruder, 1));
-  ASSERT_TRUE(until([&] { return refusals(*c->prefill[0], "foreign") > foreign; }))
+  ASSERT_TRUE(wait_until([&] { return refusals(*c->prefill[0], "foreign") > foreign; }))
       << "instance 2's metadata for instance 1's room is refused";
   EXPECT_EQ(r.tx[0]->poll(), KVPoll::WaitingForInput) << "the refused metadata changed nothing";
   EXPECT_FALSE(r.tx[0]->failure());
@@ -277,12 +268,12 @@ TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) 
   Manager& prefill = *c->prefill[0];
   const uint64_t refused = refusals(prefill, "too_many_peers");
   ASSERT_TRUE(c->add_decode(5, /*wait=*/false));
-  ASSERT_TRUE(until([&] { return refusals(prefill, "too_many_peers") > refused; }));
+  ASSERT_TRUE(wait_until([&] { return refusals(prefill, "too_many_peers") > refused; }));
   EXPECT_EQ(prefill.stats().peers, 1u) << "the refused instance's rank is not kept";
   EXPECT_EQ(prefill.stats().decode_instances, 1u);
   EXPECT_EQ(prefill.stats().forgotten_decode_instances, 0u) << "a live instance heartbeats: it is kept";
   c->decodes[0].clear();  // instance 4 dies; no room of it
-  ASSERT_TRUE(until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
+  ASSERT_TRUE(wait_until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
   EXPECT_EQ(prefill.stats().decode_instances, 0u);
   EXPECT_EQ(prefill.stats().peers, 0u);
   ASSERT_TRUE(c->add_decode(6));
@@ -310,7 +301,7 @@ TEST(DecodeInstancesShape, AnInstanceOfAnotherTpSizeIsRefused) {
   auto d = Manager::create(wrong);
   // Decode refuses it as well once the prefill's fingerprint differs (create may already fail).
   if (d.ok()) {
-    ASSERT_TRUE(until([&] { return refusals(prefill, "incompatible") > 0; }));
+    ASSERT_TRUE(wait_until([&] { return refusals(prefill, "incompatible") > 0; }));
   }
   EXPECT_EQ(prefill.stats().peers, 1u);
   EXPECT_EQ(prefill.stats().decode_instances, 1u) << "the refused instance takes no slot";

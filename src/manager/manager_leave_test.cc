@@ -57,16 +57,6 @@ struct LineLog {
   }
 };
 
-// Waits (the managers run their own progress threads) until pred() holds or the deadline passed.
-bool wait_for(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > end) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 class ManagerLeave : public ::testing::TestWithParam<Role> {};
 
 TEST_P(ManagerLeave, ARankClosedInOrderIsForgottenWithOneInfoLine) {
@@ -83,15 +73,15 @@ TEST_P(ManagerLeave, ARankClosedInOrderIsForgottenWithOneInfoLine) {
     ASSERT_TRUE(tx->init(src.size(), 0, 32).ok());
     ASSERT_TRUE(rx->init(-1).ok());
     ASSERT_TRUE(rx->send_metadata(dst, 3, {}, 32).ok());
-    ASSERT_TRUE(wait_for([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+    ASSERT_TRUE(wait_until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
     fill(*r->prefill, room, 0, src);
     ASSERT_TRUE(tx->send(src, {}, true).ok());
-    ASSERT_TRUE(wait_for([&] { return rx->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }));
+    ASSERT_TRUE(wait_until([&] { return rx->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }));
     EXPECT_EQ(mismatched(*r->decode, room, dst), 0u);
   }
   // That engine shuts down in order; the other one notices.
   (GetParam() == Role::kPrefill ? r->prefill : r->decode).reset();
-  ASSERT_TRUE(wait_for([&] { return log.has_event("peer_left") || log.has_event("peer_dead"); }))
+  ASSERT_TRUE(wait_until([&] { return log.has_event("peer_left") || log.has_event("peer_dead"); }))
       << "the peer never noticed the rank was gone";
   std::vector<Line> lines = log.snapshot();
   ASSERT_TRUE(log.has_event("peer_left"));
@@ -116,10 +106,10 @@ TEST(ManagerLeaveInFlight, ARoomInFlightWhenPrefillLeavesFailsAsForALostPeer) {
     ASSERT_TRUE(rx->init(-1).ok());
     const std::vector<uint64_t> dst{4, 6};
     ASSERT_TRUE(rx->send_metadata(dst, 2, {}, 32).ok());
-    ASSERT_TRUE(wait_for([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+    ASSERT_TRUE(wait_until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
   }  // the sender is closed, nothing sent
   r->prefill.reset();
-  ASSERT_TRUE(wait_for([&] { return rx->poll() == KVPoll::Failed; }));
+  ASSERT_TRUE(wait_until([&] { return rx->poll() == KVPoll::Failed; }));
   auto e = rx->failure();
   ASSERT_TRUE(e);
   EXPECT_EQ(e->origin.str(), "prefill/tp0");  // the sender's close or the rank's leave: prefill's, either way

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "endpoint/endpoint_pair_test_util.h"
@@ -47,6 +48,16 @@ struct Ranks {
     }
   }
 };
+
+// Waits (managers running their own progress threads) until pred() holds or `timeout` passed.
+inline bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 30s) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
 
 inline ManagerConfig base_config(Role role, const std::string& transport, bool thread) {
   ManagerConfig c;
