@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bootstrap/bootstrap_auth_test_util.h"
 #include "bootstrap/rank_info_json.h"
 #include "core/request_mac.h"
 #include "core/secret.h"
@@ -14,38 +15,18 @@
 namespace kvferry {
 namespace {
 
-security::ClusterKeys keys_of(const std::string& secret) {
-  auto k = security::derive_keys(secret);
-  EXPECT_TRUE(k.ok()) << k.status().str();
-  return k.ok() ? *k : security::ClusterKeys{};
-}
+using namespace kvferry::testing;
 
 const security::ClusterKeys kKeys = keys_of("bootstrap auth test secret 0123456789");
 const security::ClusterKeys kOther = keys_of("another cluster's secret 0123456789");
 
-PrefillRankInfo rank0() {
-  PrefillRankInfo r;
-  r.engine_id = 0;
-  r.tp_rank = 0;
-  r.tp_size = 1;
-  r.host = "127.0.0.1";
-  r.control_endpoint = "tcp://127.0.0.1:5600";
-  r.page_size = 16;
-  r.dtype = "bfloat16";
-  r.model = "llama3-8b";
-  r.num_layers = 32;
-  r.heads_per_rank = 8;
-  return r;
-}
+PrefillRankInfo rank0() { return test_rank("tcp://127.0.0.1:5600"); }
 
 class BootstrapAuth : public ::testing::Test {
  protected:
   void SetUp() override {
-    ListenAddress a;
-    a.bind_host = "127.0.0.1";
-    auto s = BootstrapServer::start(a, &kKeys);
-    ASSERT_TRUE(s.ok()) << s.status().str();
-    server_ = std::move(s).value();
+    server_ = start_service(&kKeys);
+    ASSERT_TRUE(server_);
     address_ = "127.0.0.1:" + std::to_string(server_->port());
   }
   httplib::Client raw() {

@@ -15,17 +15,14 @@
 #include <thread>
 #include <vector>
 
+#include "bootstrap/bootstrap_auth_test_util.h"
 #include "core/secret.h"
 #include "kvferry/bootstrap.h"
 
 namespace kvferry {
 namespace {
 
-security::ClusterKeys keys_of(const std::string& secret) {
-  auto k = security::derive_keys(secret);
-  EXPECT_TRUE(k.ok()) << k.status().str();
-  return k.ok() ? *k : security::ClusterKeys{};
-}
+using namespace kvferry::testing;
 
 const security::ClusterKeys kKeys = keys_of("bootstrap rogue test secret 0123456789");
 
@@ -74,26 +71,13 @@ class RogueServer {
   std::vector<Captured> got_;
 };
 
-PrefillRankInfo liar_rank() {
-  PrefillRankInfo r;
-  r.host = "127.0.0.1";
-  r.control_endpoint = "tcp://127.0.0.1:6666";  // the attacker's
-  r.page_size = 16;
-  r.dtype = "bfloat16";
-  r.model = "llama3-8b";
-  r.num_layers = 32;
-  r.heads_per_rank = 8;
-  return r;
-}
+PrefillRankInfo liar_rank() { return test_rank("tcp://127.0.0.1:6666"); }  // the attacker's endpoint
 
 class BootstrapRogue : public ::testing::Test {
  protected:
   void SetUp() override {
-    ListenAddress a;
-    a.bind_host = "127.0.0.1";
-    auto s = BootstrapServer::start(a, &kKeys);
-    ASSERT_TRUE(s.ok()) << s.status().str();
-    real_ = std::move(s).value();
+    real_ = start_service(&kKeys);
+    ASSERT_TRUE(real_);
     // What a decode rank asks the bootstrap address a request named: lookups, the failure board.
     BootstrapClient decode(rogue_.address(), 5000, &kKeys);
     (void)decode.lookup(0, 0, 0);
