@@ -465,6 +465,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
   for (const DeadPeer& d : monitor().take_dead(now_ns))
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
+  retry_refused(now_ns);
   challenge_unproven(core_, monitor(), revivals_, now_ns, [&](const RankId& s) {
     auto it = peers_.find(s);
     return it == peers_.end() ? nullptr : &it->second.control_endpoint;

@@ -275,6 +275,9 @@ class DecodeEndpoint {
   // are reclaimed.
   void source_restarted(const RankId& src);
   bool fail_if_refused(uint64_t room);
+  // Refusals for a lack of room at the source (resource_exhausted: its table of decode instances
+  // was full) are not for good: the registration is sent again once due (decode_refusal.cc).
+  void retry_refused(int64_t now_ns);
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
   void reask(int64_t now_ns);
@@ -364,6 +367,8 @@ class DecodeEndpoint {
   // Sources that refused our registration, with their record (keys are peers_ keys; cleared when
   // we register with the source again).
   std::map<RankId, Failure> refused_;
+  std::map<RankId, int64_t> refusal_retry_ns_;  // of refused_: when its registration goes again
+  std::set<RankId> refused_before_;            // refused for room and retried: its next refusal is quiet
   // Sources that reported a room's Success since they (re)started: they use our registration, so
   // a refusal in their name is not theirs (issue 31; keys bounded by the plan).
   std::set<RankId> serving_;

@@ -1,7 +1,9 @@
 // DecodeEndpoint's side of a refused pool registration (decode_endpoint.h): a prefill source that
 // will not use our registration says why once (RegistrationRefusal); every room it feeds fails
 // with that record, and rooms added later for it fail at once, with one line above debug for all
-// of them (the rooms' own lines are debug: the record came in a message).
+// of them (the rooms' own lines are debug: the record came in a message). A refusal for a lack of
+// room at the source (resource_exhausted) is asked again every 5 s (retry_refused), its repeats at
+// debug: a table of decode instances that was full for a while cuts no instance off for good.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +14,7 @@
 namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "decode.endpoint";
+constexpr int64_t kRefusalRetryNs = 5'000'000'000;  // a source refused us for room: ask again after
 }  // namespace
 
 bool DecodeEndpoint::in_plan(const RankId& r) const {
@@ -47,18 +50,48 @@ void DecodeEndpoint::on_refusal(const RegistrationRefusal& rf) {
     return;
   }
   refused_[rf.sender] = rf.failure;
+  const bool transient = rf.failure.code == ErrorCode::kResourceExhausted;
+  const bool again = transient && refused_before_.count(rf.sender);
+  if (transient) {
+    // Not for good: the source had no room for another decode instance. Its heartbeats stop (it
+    // keeps nothing of ours), so it is not watched meanwhile; the registration goes again later.
+    refusal_retry_ns_[rf.sender] = monotonic_ns() + kRefusalRetryNs;
+    monitor().unwatch(rf.sender);
+  }
   std::vector<uint64_t> fed;
   for (auto& [id, r] : rooms_) {
     if (r.state.terminal()) continue;
     if (std::find(r.sources.begin(), r.sources.end(), rf.sender) != r.sources.end()) fed.push_back(id);
   }
   for (uint64_t id : fed) fail(id, rf.failure, /*observed_here=*/false, &rf.sender);
-  log_event(LogLevel::kError, kComp,
+  log_event(again && fed.empty() ? LogLevel::kDebug : LogLevel::kError, kComp,
             fmt::format("prefill peer {} refused our pool registration: {}; {} rooms failed, later rooms it feeds "
-                        "fail at once",
-                        rf.sender.str(), rf.failure.reason, fed.size()),
+                        "fail at once{}",
+                        rf.sender.str(), rf.failure.reason, fed.size(),
+                        transient ? fmt::format(" until it is asked again in {} s", kRefusalRetryNs / 1'000'000'000)
+                                  : ""),
             {.code = std::string(code_name(rf.failure.code)), .origin = rf.sender.str(),
              .extra = {{"peer", rf.sender.str()}, {"event", "registration_refused"}}});
+}
+
+void DecodeEndpoint::retry_refused(int64_t now_ns) {
+  for (auto it = refusal_retry_ns_.begin(); it != refusal_retry_ns_.end();) {
+    const RankId peer = it->first;
+    auto known = peers_.find(peer);
+    if (!refused_.count(peer) || known == peers_.end()) {
+      it = refusal_retry_ns_.erase(it);
+      continue;
+    }
+    if (now_ns < it->second) {
+      ++it;
+      continue;
+    }
+    it = refusal_retry_ns_.erase(it);
+    refused_before_.insert(peer);
+    const PrefillPeer p = known->second;
+    log_event(LogLevel::kDebug, kComp, fmt::format("registering with {} again: it refused us for room", peer.str()));
+    (void)send_registration(peer, p.control_endpoint, p.incarnation);  // a new registration: a new answer
+  }
 }
 
 bool DecodeEndpoint::fail_if_refused(uint64_t room) {

@@ -426,6 +426,9 @@ class PrefillEndpoint {
   // A released (tombstoned) room: sends `d` the status it is owed (its cause, terminal unless
   // abandoned writes may still land). False: not a released room.
   bool answer_released(uint64_t room, const RankId& d);
+  void answer_other_instance(const RoomMetadata& md);  // a room bound to another instance (prefill_metadata.cc)
+  RateLimit other_instance_answers_{20, 50};  // those answers; one warning line per 10 s of them
+  int64_t other_instance_line_ns_ = 0;
   // Whether `r` is one of the decode ranks this rank writes `room` to (the plan and the room's DP
   // group say so; no peer's claim does). from_destination() counts and logs a refusal.
   bool is_destination(uint64_t room, const RankId& r) const;
@@ -527,9 +530,7 @@ class PrefillEndpoint {
   // with its known incarnation (PeerMonitor::heard(proven), core.h challenge_unproven()).
   PeerChallenges revivals_;
   RateLimit challenge_answers_{10.0, 20.0};  // answers to decode ranks' challenges
-  // Identities told a refusal at an endpoint they named (once each, bounded by the plan); a known
-  // peer is told over its existing connection only.
-  std::set<RankId> told_refusal_;
+  std::set<RankId> told_refusal_;  // told a refusal at an endpoint they named (once each, bounded)
   RateLimit refusal_answers_{10.0, 20.0};  // RegistrationRefusals sent, per second and burst
   RateLimit restart_probes_{5.0, 5.0};     // probes of an old incarnation's endpoint
   std::unordered_map<uint64_t, SenderRoom> rooms_;
@@ -589,7 +590,6 @@ class PrefillEndpoint {
   std::vector<ChunkDone> abandoned_chunks_;
   uint64_t abandoned_writes_ = 0;
   uint64_t abandoned_completed_ = 0;
-
   std::unordered_map<uint64_t, Tombstone> tombstones_;
   std::deque<TombstoneRef> ok_fifo_;      // rooms released without a failure
   std::deque<TombstoneRef> failed_fifo_;  // rooms released with a failure cause

@@ -44,7 +44,7 @@ bool PrefillEndpoint::from_destination(std::string_view kind, uint64_t room, con
 }
 
 void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
-  if (!from_destination("metadata", md.room, md.sender)) return;
+  if (!from_destination("metadata", md.room, md.sender)) return answer_other_instance(md);
   auto it = rooms_.find(md.room);
   if (it != rooms_.end()) return apply_metadata(it->second, md);
   if (answer_released(md.room, md.sender)) {  // the room is gone: answered, not resurrected
@@ -97,6 +97,34 @@ std::vector<std::pair<int64_t, RoomMetadata>> PrefillEndpoint::take_pending_meta
     if (--q->second.entries == 0) pending_quota_.erase(q);
   }
   return list;
+}
+
+// Metadata from a registered rank of another decode instance for a room bound to one instance
+// (prefill_instances.cc): two instances were given one room id. The late one is told at once, with
+// a terminal failure (nothing is or will be written to it for this room), instead of waiting out
+// its waiting deadline; nothing changes here. Only a rank with a registration here is answered, at
+// the endpoint it registered (issue 33's second attack, finding 3).
+void PrefillEndpoint::answer_other_instance(const RoomMetadata& md) {
+  const std::optional<uint32_t> bound = bound_engine(md.room);
+  if (!bound || *bound == md.sender.engine_id || !in_plan(md.sender)) return;
+  const std::string* peer = control_endpoint_of(md.sender);
+  const int64_t now = monotonic_ns();
+  if (!peer || !other_instance_answers_.take(now)) return;
+  RoomStatus st{md.room, core_.self(), KVPoll::Failed,
+                Failure{ErrorCode::kInvalidArgument, core_.self(),
+                        fmt::format("room {} is decode instance {}'s here: two decode instances were given one room id",
+                                    md.room, *bound),
+                        now, wall_from_monotonic(now)}};
+  st.terminal = true;
+  st.peer_incarnation = incarnation_of(md.sender);
+  (void)core_.send(*peer, st);
+  // This rank is the failure's origin: its line, at most one per 10 s (a peer may repeat it).
+  const bool line = now - other_instance_line_ns_ >= 10'000'000'000 || other_instance_line_ns_ == 0;
+  if (line) other_instance_line_ns_ = now;
+  LogFields f = failure_log_fields(md.room, st.failure);
+  f.extra.push_back({"peer", md.sender.str()});
+  log_event(line ? LogLevel::kWarning : LogLevel::kDebug, kComp,
+            fmt::format("room {} failed for {}: {}", md.room, md.sender.str(), st.failure.reason), f);
 }
 
 bool PrefillEndpoint::answer_released(uint64_t room, const RankId& d) {

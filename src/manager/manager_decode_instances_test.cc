@@ -251,6 +251,17 @@ TEST(DecodeInstancesBinding, MetadataFromAnotherInstanceIsRefused) {
       << "instance 2's metadata for instance 1's room is refused";
   EXPECT_EQ(r.tx[0]->poll(), KVPoll::WaitingForInput) << "the refused metadata changed nothing";
   EXPECT_FALSE(r.tx[0]->failure());
+  // The late instance is told at once why its room is not served (issue 33's second attack,
+  // finding 3: it waited out its waiting deadline, blaming itself): a terminal failure, origin the
+  // prefill rank, long before any deadline (waiting_timeout is 300 s by default).
+  ASSERT_TRUE(wait_until([&] { return intruder.rx[0]->poll() == KVPoll::Failed; }))
+      << "the late instance's room is not failed";
+  auto e = intruder.rx[0]->failure();
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->origin.str(), "prefill/tp0");
+  EXPECT_EQ(e->code, ErrorCode::kInvalidArgument) << e->failure_reason;
+  EXPECT_TRUE(intruder.rx[0]->release_safe()) << "nothing is written to it for this room";
+  EXPECT_EQ(r.tx[0]->poll(), KVPoll::WaitingForInput) << "the answer changed nothing of the room";
   ASSERT_NO_FATAL_FAILURE(send(*c, r));
   ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
   EXPECT_NE(intruder.rx[0]->poll(), KVPoll::Success) << "nothing was written for the intruder";
@@ -283,6 +294,35 @@ TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) 
   r.src = {1};
   r.dst = {3};
   ASSERT_NO_FATAL_FAILURE(ask(*c, r, 2));
+  ASSERT_NO_FATAL_FAILURE(open(*c, r));
+  ASSERT_NO_FATAL_FAILURE(send(*c, r));
+  ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
+}
+
+// Issue 33's second attack, finding 1: the instance refused while the table was full is not cut
+// off for good. It registers again every 5 s while refused for room (decode_refusal.cc
+// retry_refused), so once the dead instance is forgotten it takes the free slot and its rooms are
+// served. Without the retry its rooms kept failing at once with resource_exhausted.
+TEST(DecodeInstancesBound, TheRefusedInstanceIsServedOnceASlotIsFree) {
+  auto c = make_cluster(1, "shm", {4}, [](ManagerConfig& p) {
+    p.max_decode_instances = 1;
+    p.decode_instance_idle_ms = 300;
+  });
+  ASSERT_TRUE(c);
+  Manager& prefill = *c->prefill[0];
+  const uint64_t refused = refusals(prefill, "too_many_peers");
+  ASSERT_TRUE(c->add_decode(5, /*wait=*/false));
+  ASSERT_TRUE(wait_until([&] { return refusals(prefill, "too_many_peers") > refused; }));
+  c->decodes[0].clear();  // instance 4 dies; no room of it
+  ASSERT_TRUE(wait_until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
+  ASSERT_TRUE(wait_until([&] { return prefill.stats().decode_instances == 1 && prefill.stats().peers == 1; }, 60s))
+      << "the refused instance never registered again";
+  TestRoom r;
+  r.id = 98;
+  r.instance = 1;
+  r.src = {1};
+  r.dst = {3};
+  ASSERT_NO_FATAL_FAILURE(ask(*c, r, 1));
   ASSERT_NO_FATAL_FAILURE(open(*c, r));
   ASSERT_NO_FATAL_FAILURE(send(*c, r));
   ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
