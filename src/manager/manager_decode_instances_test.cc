@@ -267,36 +267,52 @@ TEST(DecodeInstancesBinding, MetadataFromAnotherInstanceIsRefused) {
   EXPECT_NE(intruder.rx[0]->poll(), KVPoll::Success) << "nothing was written for the intruder";
 }
 
-// At most max_decode_instances: one more instance's registration is refused (too_many_peers,
-// nothing kept); once a known instance is dead and idle for decode_instance_idle_ms it is
-// forgotten and a new instance is served.
-TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) {
+// A prefill with room for one decode instance: instance 4 is served, instance 5's registration
+// is refused (too_many_peers, nothing kept); then instance 4 dies (no room of it) and, dead and
+// idle for decode_instance_idle_ms, is forgotten. `keep_refused`: instance 5 lives on (it asks
+// again every 5 s), else it is gone before instance 4 dies.
+std::unique_ptr<Cluster> table_full_then_freed(bool keep_refused) {
   auto c = make_cluster(1, "shm", {4}, [](ManagerConfig& p) {
     p.max_decode_instances = 1;
     p.decode_instance_idle_ms = 300;
   });
-  ASSERT_TRUE(c);
+  if (!c) return nullptr;
   Manager& prefill = *c->prefill[0];
   const uint64_t refused = refusals(prefill, "too_many_peers");
-  ASSERT_TRUE(c->add_decode(5, /*wait=*/false));
-  ASSERT_TRUE(wait_until([&] { return refusals(prefill, "too_many_peers") > refused; }));
+  EXPECT_TRUE(c->add_decode(5, /*wait=*/false));
+  EXPECT_TRUE(wait_until([&] { return refusals(prefill, "too_many_peers") > refused; }));
   EXPECT_EQ(prefill.stats().peers, 1u) << "the refused instance's rank is not kept";
   EXPECT_EQ(prefill.stats().decode_instances, 1u);
   EXPECT_EQ(prefill.stats().forgotten_decode_instances, 0u) << "a live instance heartbeats: it is kept";
+  if (!keep_refused) c->decodes[1].clear();
   c->decodes[0].clear();  // instance 4 dies; no room of it
-  ASSERT_TRUE(wait_until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
+  EXPECT_TRUE(wait_until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
+  return c;
+}
+
+// Sends one room of instance `instance` (its decodes index) and checks it arrived byte for byte.
+void one_room(Cluster& c, uint64_t id, size_t instance) {
+  TestRoom r;
+  r.id = id;
+  r.instance = instance;
+  r.src = {1};
+  r.dst = {3};
+  ASSERT_NO_FATAL_FAILURE(ask(c, r, instance));
+  ASSERT_NO_FATAL_FAILURE(open(c, r));
+  ASSERT_NO_FATAL_FAILURE(send(c, r));
+  ASSERT_NO_FATAL_FAILURE(expect_arrived(c, r));
+}
+
+// At most max_decode_instances: one more instance's registration is refused; once a known
+// instance is dead and idle it is forgotten and a new instance is served.
+TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) {
+  auto c = table_full_then_freed(/*keep_refused=*/false);
+  ASSERT_TRUE(c);
+  Manager& prefill = *c->prefill[0];
   EXPECT_EQ(prefill.stats().decode_instances, 0u);
   EXPECT_EQ(prefill.stats().peers, 0u);
   ASSERT_TRUE(c->add_decode(6));
-  TestRoom r;
-  r.id = 99;
-  r.instance = 2;
-  r.src = {1};
-  r.dst = {3};
-  ASSERT_NO_FATAL_FAILURE(ask(*c, r, 2));
-  ASSERT_NO_FATAL_FAILURE(open(*c, r));
-  ASSERT_NO_FATAL_FAILURE(send(*c, r));
-  ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
+  ASSERT_NO_FATAL_FAILURE(one_room(*c, 99, 2));
 }
 
 // Issue 33's second attack, finding 1: the instance refused while the table was full is not cut
@@ -304,28 +320,12 @@ TEST(DecodeInstancesBound, OneInstanceTooManyIsRefusedUntilADeadOneIsForgotten) 
 // retry_refused), so once the dead instance is forgotten it takes the free slot and its rooms are
 // served. Without the retry its rooms kept failing at once with resource_exhausted.
 TEST(DecodeInstancesBound, TheRefusedInstanceIsServedOnceASlotIsFree) {
-  auto c = make_cluster(1, "shm", {4}, [](ManagerConfig& p) {
-    p.max_decode_instances = 1;
-    p.decode_instance_idle_ms = 300;
-  });
+  auto c = table_full_then_freed(/*keep_refused=*/true);
   ASSERT_TRUE(c);
   Manager& prefill = *c->prefill[0];
-  const uint64_t refused = refusals(prefill, "too_many_peers");
-  ASSERT_TRUE(c->add_decode(5, /*wait=*/false));
-  ASSERT_TRUE(wait_until([&] { return refusals(prefill, "too_many_peers") > refused; }));
-  c->decodes[0].clear();  // instance 4 dies; no room of it
-  ASSERT_TRUE(wait_until([&] { return prefill.stats().forgotten_decode_instances == 1; }));
   ASSERT_TRUE(wait_until([&] { return prefill.stats().decode_instances == 1 && prefill.stats().peers == 1; }, 60s))
       << "the refused instance never registered again";
-  TestRoom r;
-  r.id = 98;
-  r.instance = 1;
-  r.src = {1};
-  r.dst = {3};
-  ASSERT_NO_FATAL_FAILURE(ask(*c, r, 1));
-  ASSERT_NO_FATAL_FAILURE(open(*c, r));
-  ASSERT_NO_FATAL_FAILURE(send(*c, r));
-  ASSERT_NO_FATAL_FAILURE(expect_arrived(*c, r));
+  ASSERT_NO_FATAL_FAILURE(one_room(*c, 98, 1));
 }
 
 // Every decode instance must have the TP size the prefill was configured with (peer_tp_size): the
