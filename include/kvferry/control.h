@@ -83,6 +83,14 @@ class ControlSocket {
   // Next received frame, waiting at most `timeout` (0: do not wait). nullopt when none arrived.
   std::optional<std::string> recv(std::chrono::milliseconds timeout);
 
+  // Frames and bytes through this socket so far: sent counts frames send() accepted (queued or
+  // held), received every frame recv() returned. Safe to read from any thread.
+  struct Counters {
+    uint64_t frames_sent = 0, bytes_sent = 0;
+    uint64_t frames_received = 0, bytes_received = 0;
+  };
+  Counters counters() const;
+
   // Drops the PUSH socket to `dest_endpoint` (e.g. after the peer died), so a restarted peer on
   // the same endpoint gets a fresh connection.
   void forget(const std::string& dest_endpoint);

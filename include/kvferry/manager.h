@@ -288,6 +288,13 @@ struct ManagerStats {
   // that are not the sender's), so far. Every kind is listed, zeros included.
   std::vector<std::pair<std::string, uint64_t>> refusals;
   TransportStats transport;
+  // The control plane's cost so far (docs/BENCHMARKS.md "Control plane"): frames and bytes through
+  // this rank's control socket (sent: room messages, registrations, answers; received: those and
+  // every peer's heartbeats), and heartbeat frames this rank sent (one per watched peer per
+  // heartbeat_interval, from each of its peer monitors).
+  uint64_t control_frames_sent = 0, control_bytes_sent = 0;
+  uint64_t control_frames_received = 0, control_bytes_received = 0;
+  uint64_t heartbeats_sent = 0;
   // Decode: per prefill instance served (by bootstrap address, in address order).
   struct PrefillInstance {
     std::string bootstrap;

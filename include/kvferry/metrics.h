@@ -30,6 +30,10 @@
 //                                       pages_in_use)
 //   kvferry_reclaimed_pages_total       decode: pages and aux rows given back after their quarantine
 //                                       ended on every rank of the engine (counter)
+//   kvferry_control_frames_total{direction="sent"|"received"}, kvferry_control_bytes_total{direction}
+//                                       the rank's control socket (received includes heartbeats)
+//   kvferry_heartbeats_sent_total       heartbeat frames sent to peers
+//   process_resident_memory_bytes       the process's resident memory (gauge)
 //
 // Thread contract: init_rank_metrics() once per process before the other calls; every other
 // function is thread-safe (the HTTP server reads while the engine loop writes). Without
@@ -77,6 +81,14 @@ class RankMetrics {
   // and spans that could not be locked or pre-faulted so far (a counter).
   void set_pool_residency(uint64_t locked_bytes, uint64_t unlocked_bytes, uint64_t warnings);
 
+  // The control plane so far (counters: never below what was set before): frames sent, bytes sent,
+  // frames received, bytes received (the rank's control socket), heartbeats sent:
+  // kvferry_control_frames_total{direction}, kvferry_control_bytes_total{direction},
+  // kvferry_heartbeats_sent_total.
+  void set_control_plane(const std::array<uint64_t, 5>& totals);
+  // The process's resident memory now (a gauge): process_resident_memory_bytes.
+  void set_process_resident_bytes(uint64_t bytes);
+
   // The whole exposition (text/plain; version=0.0.4).
   std::string exposition() const;
 
@@ -84,6 +96,9 @@ class RankMetrics {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The calling process's resident memory (VmRSS of /proc/self/statm, bytes); 0 when unreadable.
+uint64_t process_resident_bytes();
 
 // The process's metrics (one rank per process).
 void init_rank_metrics(const RankId& self);

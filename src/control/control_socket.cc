@@ -17,6 +17,7 @@
 // receive_high_water_mark frames per incoming connection (ZMQ_RCVHWM); at most max_connections
 // PUSH sockets are kept, the least recently used one with nothing held closed for a new one.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <unordered_map>
@@ -105,6 +106,8 @@ struct ControlSocket::Impl {
   ControlLimits limits;
   uint64_t uses = 0;
   uint64_t evicted = 0;
+  // counters(): read from other threads (a manager's stats()).
+  std::atomic<uint64_t> frames_sent{0}, bytes_sent{0}, frames_received{0}, bytes_received{0};
 
   // Room for one more PUSH socket: closes the least recently used one that holds nothing (one
   // holding frames is mid-connect and kept). False: every kept socket holds frames.
@@ -292,7 +295,12 @@ Status ControlSocket::send(const std::string& dest_endpoint, const std::string& 
   if (Status st = impl_->push_for(dest_endpoint, p); !st.ok()) return st;
   p->used = ++impl_->uses;
   try {
-    return impl_->queue(dest_endpoint, *p, frame);
+    Status st = impl_->queue(dest_endpoint, *p, frame);
+    if (st.ok()) {
+      impl_->frames_sent.fetch_add(1, std::memory_order_relaxed);
+      impl_->bytes_sent.fetch_add(frame.size(), std::memory_order_relaxed);
+    }
+    return st;
   } catch (const zmq::error_t& e) {
     return Status(ErrorCode::kPeerUnreachable,
                   "control socket: send to " + dest_endpoint + " failed: " + e.what());
@@ -366,6 +374,8 @@ std::optional<std::string> ControlSocket::recv(milliseconds timeout) {
       zmq::poll(items, left);
     }
     std::string frame = msg.to_string();
+    impl_->frames_received.fetch_add(1, std::memory_order_relaxed);
+    impl_->bytes_received.fetch_add(frame.size(), std::memory_order_relaxed);
     // Frames are single-part; drop any further parts so they cannot pose as frames.
     while (msg.more()) {
       if (!impl_->pull.recv(msg, zmq::recv_flags::dontwait)) break;
@@ -398,6 +408,14 @@ bool ControlSocket::connected_to(const std::string& dest_endpoint) const {
   return impl_->pushes.count(dest_endpoint) != 0;
 }
 uint64_t ControlSocket::evicted_connections() const { return impl_->evicted; }
+ControlSocket::Counters ControlSocket::counters() const {
+  Counters c;
+  c.frames_sent = impl_->frames_sent.load(std::memory_order_relaxed);
+  c.bytes_sent = impl_->bytes_sent.load(std::memory_order_relaxed);
+  c.frames_received = impl_->frames_received.load(std::memory_order_relaxed);
+  c.bytes_received = impl_->bytes_received.load(std::memory_order_relaxed);
+  return c;
+}
 const ControlLimits& ControlSocket::limits() const { return impl_->limits; }
 
 }  // namespace kvferry

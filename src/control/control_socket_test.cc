@@ -77,6 +77,26 @@ TEST(ControlSocket, ExchangeBothWays) {
   EXPECT_EQ(b->open_connections(), 1u);
 }
 
+TEST(ControlSocket, CountsFramesAndBytesBothWays) {
+  auto a = bind_local();
+  auto b = bind_local();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->counters().frames_sent, 0u);
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(a->send(b->endpoint(), "12345").ok());
+  for (int i = 0; i < 10; ++i) ASSERT_EQ(deliver(*a, *b), "12345");
+  EXPECT_EQ(b->recv(0ms), std::nullopt);  // nothing more: not counted
+  const ControlSocket::Counters ca = a->counters(), cb = b->counters();
+  EXPECT_EQ(ca.frames_sent, 10u);
+  EXPECT_EQ(ca.bytes_sent, 50u);
+  EXPECT_EQ(ca.frames_received, 0u);
+  EXPECT_EQ(cb.frames_received, 10u);
+  EXPECT_EQ(cb.bytes_received, 50u);
+  EXPECT_EQ(cb.frames_sent, 0u);
+  // A frame send() refuses is not counted.
+  EXPECT_FALSE(a->send("nonsense://x", "zz").ok());
+  EXPECT_EQ(a->counters().frames_sent, 10u);
+}
+
 TEST(ControlSocket, RecvTimesOutWhenIdle) {
   auto a = bind_local();
   ASSERT_TRUE(a);

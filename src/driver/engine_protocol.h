@@ -113,6 +113,9 @@ struct RankLeakStats {
   uint64_t quarantined_pages = 0;  // decode: pages and aux rows quarantined now (leaked, not in pages_in_use)
   uint64_t reclaimed_pages = 0;    // decode: pages and aux rows given back after a quarantine, so far
   TransportStats transport;        // resident memory figures (kvferry/transport.h), for the metrics
+  // The control plane's cost so far (ManagerStats control_*, heartbeats_sent), for the metrics:
+  // frames sent, bytes sent, frames received, bytes received, heartbeats sent.
+  std::array<uint64_t, 5> control{};
 };
 
 // The per-step agreement between the ranks of one engine (docs/design.md §3 "Propagation,

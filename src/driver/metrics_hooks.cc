@@ -24,6 +24,8 @@ void metrics_on_step(const EngineDriver& driver, const std::vector<RoomReport>& 
   m->set_quarantined_pages(s.quarantined_pages);
   m->set_reclaimed_pages(s.reclaimed_pages);
   m->set_pool_residency(s.transport.locked_bytes, s.transport.unlocked_bytes, s.transport.residency_warnings);
+  m->set_control_plane(s.control);
+  m->set_process_resident_bytes(process_resident_bytes());
 }
 
 void metrics_on_release(const ReleasedRoom& r) {

@@ -29,6 +29,8 @@ RankLeakStats leak_stats_of(const RankId& self, const ManagerStats& m) {
   s.peer_restarts = m.peer_restarts;
   s.refusals = m.refusals;
   s.transport = m.transport;
+  s.control = {m.control_frames_sent, m.control_bytes_sent, m.control_frames_received, m.control_bytes_received,
+               m.heartbeats_sent};
   return s;
 }
 

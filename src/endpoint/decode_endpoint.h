@@ -126,6 +126,9 @@ class DecodeEndpoint {
   size_t dead_sources() const { return dead_peers_.size(); }
   // The monitor that watches this endpoint's sources (Sharing::own_monitor).
   PeerMonitor& monitor() { return own_monitor_ ? *own_monitor_ : core_.monitor(); }
+  // Its own monitor's liveness figures (has_own_monitor(): counted apart from the core's).
+  bool has_own_monitor() const { return own_monitor_ != nullptr; }
+  LivenessStats own_monitor_stats() const { return own_monitor_ ? own_monitor_->stats() : LivenessStats{}; }
 
   // Looks up every source prefill rank (retrying until `deadline_ns`) and sends each the pool
   // registration. Errors: kBootstrapTimeout if a peer never registered, kPeerUnreachable if the

@@ -283,9 +283,11 @@ void PeerMonitor::run() {
     lock.unlock();
     Heartbeat hb{self_, ++seq, monotonic_ns(), incarnation_};
     std::string frame = encode(hb);
-    for (const std::string& ep : endpoints) (void)(*sock)->send(ep, frame);
+    uint64_t sent = 0;
+    for (const std::string& ep : endpoints) sent += (*sock)->send(ep, frame).ok() ? 1 : 0;
     (void)(*sock)->recv(std::chrono::milliseconds(0));  // lets held frames go out
     lock.lock();
+    counts_.heartbeats_sent += sent;
     cv_.wait_for(lock, std::chrono::milliseconds(deadlines_.heartbeat_interval_ms), [&] { return stop_; });
     if (options_.stall_credit) stall_.tick(monotonic_ns());
   }

@@ -81,6 +81,7 @@ struct LivenessStats {
   double stalled_ms = 0, max_stall_ms = 0;  // this rank's own stalls, not counted as silence
   int heartbeat_nice = 0;  // the heartbeat thread's niceness (negative: raised)
   int io_nice = 0;         // the ZeroMQ I/O threads' niceness (the highest of them)
+  uint64_t heartbeats_sent = 0;  // heartbeat frames queued to peers so far (one per peer per period)
 };
 
 class PeerMonitor {

@@ -501,6 +501,7 @@ ManagerStats ManagerImpl::stats() const {
       s.reclaimed_rooms += ep.reclaimed_total();
       s.prefill_instances.push_back({address, inst.rooms, ep.peers(), ep.dead_sources(), ep.quarantined_rooms(),
                                      ep.quarantined_pages()});
+      if (ep.has_own_monitor()) s.heartbeats_sent += ep.own_monitor_stats().heartbeats_sent;
     }
   }
   s.failure_records = core_->registry().records();
@@ -516,6 +517,12 @@ ManagerStats ManagerImpl::stats() const {
                             core_->refusals().count(static_cast<Refusal>(k)));
   s.refusals.emplace_back("foreign", prefill_ ? prefill_->foreign_messages() : 0);
   s.transport = core_->transport().stats();
+  const ControlSocket::Counters cc = core_->control().counters();
+  s.control_frames_sent = cc.frames_sent;
+  s.control_bytes_sent = cc.bytes_sent;
+  s.control_frames_received = cc.frames_received;
+  s.control_bytes_received = cc.bytes_received;
+  s.heartbeats_sent += core_->monitor().stats().heartbeats_sent;
   return s;
 }
 

@@ -54,6 +54,35 @@ TEST(ManagerMetrics, APollThatConcludesTheRoomSetsItsDoneInstant) {
   EXPECT_GT(m.latency_s(), 0);
 }
 
+// The control plane's cost (ManagerStats control_*, heartbeats_sent; docs/BENCHMARKS.md "Control
+// plane"): a room's messages are counted on both sides, and each side heartbeats its peer.
+TEST(ManagerMetrics, ControlPlaneFramesAndHeartbeatsAreCounted) {
+  auto r = make_ranks("shm", true);
+  ASSERT_TRUE(r);
+  const ManagerStats p0 = r->prefill->stats(), d0 = r->decode->stats();
+  EXPECT_GT(d0.control_frames_sent, 0u);  // its pool registration
+  EXPECT_GT(p0.control_frames_received, 0u);
+  const uint64_t room = 79;
+  const std::vector<uint64_t> src{3, 1}, dst{9, 5};
+  auto rx = r->decode->receiver(room).value();
+  auto tx = r->prefill->sender(room).value();
+  ASSERT_TRUE(rx->init(-1).ok());
+  ASSERT_TRUE(rx->send_metadata(dst, 11, {}, 32).ok());
+  ASSERT_TRUE(tx->init(2, 0, 32).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::WaitingForInput; }));
+  fill(*r->prefill, room, 0, src);
+  ASSERT_TRUE(tx->send(src, {}, true).ok());
+  ASSERT_TRUE(r->until([&] { return tx->poll() == KVPoll::Success && rx->poll() == KVPoll::Success; }));
+  // Heartbeats go out every heartbeat_interval to each watched peer.
+  ASSERT_TRUE(r->until([&] { return r->prefill->stats().heartbeats_sent > 0 && r->decode->stats().heartbeats_sent > 0; }));
+  const ManagerStats p1 = r->prefill->stats(), d1 = r->decode->stats();
+  EXPECT_GT(d1.control_frames_sent, d0.control_frames_sent);      // metadata
+  EXPECT_GT(p1.control_frames_sent, p0.control_frames_sent);      // the room's status
+  EXPECT_GT(p1.control_frames_received, p0.control_frames_received);
+  EXPECT_GT(d1.control_bytes_received, d0.control_bytes_received);
+  EXPECT_GE(p1.control_bytes_sent, p1.control_frames_sent);
+}
+
 class ManagerPair : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 TEST_P(ManagerPair, RoomEndToEndInChunksWithAnEmptyLastChunk) {

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <utility>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "kvferry/metrics.h"
@@ -42,6 +44,9 @@ struct RankMetrics::Impl {
       locked{0}, unlocked{0}, residency_warnings{0};
   std::array<std::atomic<uint64_t>, 4> stale{};  // registration, metadata, status, heartbeat
   std::atomic<uint64_t> peer_restarts{0};
+  // frames sent, bytes sent, frames received, bytes received, heartbeats sent (counters)
+  std::array<std::atomic<uint64_t>, 5> control{};
+  std::atomic<uint64_t> resident{0};
   mutable std::mutex mu;  // guards the histogram and the failure series
   std::array<uint64_t, kLatencyBuckets.size()> buckets{};  // per bucket (not cumulative)
   uint64_t latency_count = 0;
@@ -114,6 +119,30 @@ void RankMetrics::set_reclaimed_pages(uint64_t pages) {
   uint64_t cur = impl_->reclaimed.load(std::memory_order_relaxed);
   while (pages > cur && !impl_->reclaimed.compare_exchange_weak(cur, pages, std::memory_order_relaxed)) {
   }
+}
+
+namespace {
+void raise_to(std::atomic<uint64_t>& counter, uint64_t v) {
+  uint64_t cur = counter.load(std::memory_order_relaxed);
+  while (v > cur && !counter.compare_exchange_weak(cur, v, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+void RankMetrics::set_control_plane(const std::array<uint64_t, 5>& totals) {
+  for (size_t i = 0; i < totals.size(); ++i) raise_to(impl_->control[i], totals[i]);
+}
+void RankMetrics::set_process_resident_bytes(uint64_t bytes) {
+  impl_->resident.store(bytes, std::memory_order_relaxed);
+}
+
+uint64_t process_resident_bytes() {
+  // /proc/self/statm: size resident shared ... in pages (proc(5)).
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  return resident * static_cast<uint64_t>(page > 0 ? page : 4096);
 }
 
 void RankMetrics::set_pool_residency(uint64_t locked_bytes, uint64_t unlocked_bytes, uint64_t warnings) {
@@ -197,6 +226,15 @@ std::string RankMetrics::exposition() const {
   simple("kvferry_pool_residency_warnings_total", "counter",
          "Spans (own, or a peer's shared memory as mapped here) that could not be locked or pre-faulted",
          m.residency_warnings);
+  header(out, "kvferry_control_frames_total", "counter",
+         "Frames through this rank's control socket (received includes peers' heartbeats)");
+  sample(out, "kvferry_control_frames_total", c, "direction=\"sent\"", m.control[0].load());
+  sample(out, "kvferry_control_frames_total", c, "direction=\"received\"", m.control[2].load());
+  header(out, "kvferry_control_bytes_total", "counter", "Bytes of the frames through this rank's control socket");
+  sample(out, "kvferry_control_bytes_total", c, "direction=\"sent\"", m.control[1].load());
+  sample(out, "kvferry_control_bytes_total", c, "direction=\"received\"", m.control[3].load());
+  simple("kvferry_heartbeats_sent_total", "counter", "Heartbeat frames this rank sent to its peers", m.control[4]);
+  simple("process_resident_memory_bytes", "gauge", "Resident memory of this rank's process", m.resident);
   return out;
 }
 

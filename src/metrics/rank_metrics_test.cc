@@ -78,6 +78,22 @@ TEST(RankMetrics, RefusedFramesByKind) {
   EXPECT_EQ(sample(t, "kvferry_refused_frames_total{" + kLabels + ",kind=\"foreign\"}"), 0);
 }
 
+TEST(RankMetrics, ControlPlaneCountersAndResidentMemory) {
+  RankMetrics m(RankId{Role::kDecode, 0, 1, 0});
+  m.set_control_plane({10, 1000, 30, 2000, 7});
+  m.set_control_plane({9, 1001, 0, 0, 8});  // a smaller total never lowers a counter
+  m.set_process_resident_bytes(4096);
+  const std::string t = m.exposition();
+  EXPECT_NE(t.find("# TYPE kvferry_control_frames_total counter"), std::string::npos);
+  EXPECT_EQ(sample(t, "kvferry_control_frames_total{" + kLabels + ",direction=\"sent\"}"), 10);
+  EXPECT_EQ(sample(t, "kvferry_control_frames_total{" + kLabels + ",direction=\"received\"}"), 30);
+  EXPECT_EQ(sample(t, "kvferry_control_bytes_total{" + kLabels + ",direction=\"sent\"}"), 1001);
+  EXPECT_EQ(sample(t, "kvferry_control_bytes_total{" + kLabels + ",direction=\"received\"}"), 2000);
+  EXPECT_EQ(sample(t, "kvferry_heartbeats_sent_total{" + kLabels + "}"), 8);
+  EXPECT_EQ(sample(t, "process_resident_memory_bytes{" + kLabels + "}"), 4096);
+  EXPECT_GT(process_resident_bytes(), 0u);
+}
+
 TEST(RankMetrics, IncarnationCountersNeverGoBack) {
   RankMetrics m(RankId{Role::kDecode, 0, 1, 0});
   m.set_incarnation_counts({1, 2, 3, 4}, 5);
