@@ -6,6 +6,13 @@
 //   GET  /route?engine_id=E&dp_rank=D&tp_rank=R                         -> 200 PrefillRankInfo
 //                               not registered (yet)                     -> 404 {"error": "..."}
 //   GET  /route?engine_id=E&dp_rank=D                                   -> 200 [PrefillRankInfo...]
+//                               a rank that left (DELETE below), until it registers again -> 410
+//   DELETE /route?engine_id=E&dp_rank=D&tp_rank=R&incarnation=I: the rank leaves (Manager::leave)
+//                               removed                                  -> 200 {"ok":true}
+//                               not registered                           -> 404
+//                               another incarnation registered, or an entry registered from its
+//                               endpoint's own host and a DELETE from another address -> 400
+//                               (nothing changes: a stale process cannot remove its successor)
 //   GET  /health                                                        -> 200 {"ok":true,"ranks":N}
 //   POST /failure, GET /failure?room=R: the failure board (src/bootstrap/failure_board.h): the rank
 //                               that observed a room's failure posts it, a rank that learned of it
@@ -89,6 +96,9 @@ class BootstrapServer {
   // counted here and logged (a warning at most every 10 s, with the count since the last).
   uint64_t overwrites() const;
   uint64_t refused_overwrites() const;
+  // DELETE /route: entries removed, and DELETEs refused (nothing removed), so far.
+  uint64_t deregistrations() const;
+  uint64_t refused_deregistrations() const;
 
  private:
   BootstrapServer();
@@ -114,10 +124,16 @@ class BootstrapClient {
   ~BootstrapClient();
   Status register_rank(const PrefillRankInfo& info);
   // kPeerUnreachable: service not reachable; kInvalidArgument with "not registered": not yet there
-  // (callers treat that as Bootstrapping and retry until their deadline).
+  // (callers treat that as Bootstrapping and retry until their deadline); kPeerUnreachable with
+  // "left:" (HTTP 410): the rank removed its entry (deregister()) and has not registered again,
+  // which waiting will not change (callers stop at it).
   Result<PrefillRankInfo> lookup(uint32_t engine_id, uint32_t dp_rank, uint32_t tp_rank);
   Result<std::vector<PrefillRankInfo>> lookup_all(uint32_t engine_id, uint32_t dp_rank);
   Result<size_t> health();
+  // Removes the rank's entry (DELETE /route): only the entry holding `incarnation` is removed.
+  // Errors: kInvalidArgument "not registered" (nothing to remove), kInvalidArgument with the
+  // service's reason (another incarnation is registered: the entry is kept), kPeerUnreachable.
+  Status deregister(uint32_t engine_id, uint32_t dp_rank, uint32_t tp_rank, uint64_t incarnation);
   // The failure board: posts the record of a room's failure as this rank observed it (the board
   // keeps per room the record that wins by the root-cause rule).
   Status post_failure(uint64_t room, const Failure& f);

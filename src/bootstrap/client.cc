@@ -6,6 +6,8 @@
 // for ever; issue 33's attack, findings 3 and 4).
 //   no HTTP answer          -> kPeerUnreachable
 //   404                     -> kInvalidArgument "not registered: ..." (callers retry)
+//   410                     -> kPeerUnreachable "...: rank left (HTTP 410): ..." (the rank removed
+//                              its entry; permanent: refusal.h)
 //   400                     -> kInvalidArgument with the server's reason
 //   401, 403                -> kInvalidArgument "...: not authorized (HTTP 401..." (no or another
 //                              cluster secret, or clocks apart by more than the MAC's window,
@@ -140,6 +142,10 @@ struct BootstrapClient::Impl {
       if (res->status == 404) {
         return Status(ErrorCode::kInvalidArgument, server_reason(res->body));
       }
+      if (res->status == 410) {
+        return Status(ErrorCode::kPeerUnreachable,
+                      "bootstrap " + address + " answered " + what + std::string(bootstrap::kLeft) + server_reason(res->body));
+      }
       if (res->status == 401 || res->status == 403) {
         return Status(ErrorCode::kInvalidArgument,
                       "bootstrap " + address + " refused " + what + std::string(bootstrap::kNotAuthorized) +
@@ -206,6 +212,14 @@ BootstrapClient::~BootstrapClient() = default;
 Status BootstrapClient::register_rank(const PrefillRankInfo& info) {
   auto r = impl_->call("PUT", "/route", bootstrap::dump(bootstrap::rank_info_to_json(info)));
   return r.status();
+}
+
+Status BootstrapClient::deregister(uint32_t engine_id, uint32_t dp_rank, uint32_t tp_rank, uint64_t incarnation) {
+  return impl_->call("DELETE",
+                     "/route?engine_id=" + std::to_string(engine_id) + "&dp_rank=" + std::to_string(dp_rank) +
+                         "&tp_rank=" + std::to_string(tp_rank) + "&incarnation=" + std::to_string(incarnation),
+                     "")
+      .status();
 }
 
 Result<PrefillRankInfo> BootstrapClient::lookup(uint32_t engine_id, uint32_t dp_rank,

@@ -2,7 +2,9 @@
 // registered prefill ranks behind a mutex (at most kMaxRegisteredRanks), and SGLang's routes on the
 // same port (bootstrap/sglang_routes.h: a PUT /route body with "rank_ip", a GET /route with
 // "prefill_dp_rank", /register_dp_rank, /query_dp_ranks) and the failure board (POST/GET /failure,
-// bootstrap/failure_board.h). Every handler validates its input and
+// bootstrap/failure_board.h). A rank that leaves removes its entry (DELETE /route, at its own
+// incarnation); the key is remembered as departed (at most kMaxDepartedRanks keys) so a lookup of
+// it answers 410 at once instead of 404 "not yet". Every handler validates its input and
 // answers 400 with {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
 #include <fmt/format.h>
 #include <httplib.h>
@@ -36,6 +38,9 @@ constexpr size_t kMaxRegisteredRanks = 16384;
 // From one source address (one host registers its ranks; a peer filling the table from one host
 // cannot lock every other host's ranks out).
 constexpr size_t kMaxRanksPerSource = 1024;
+// Keys whose rank left (DELETE /route) remembered for their lookups' 410; past it one goes (its
+// lookups then answer 404, as for a rank never registered).
+constexpr size_t kMaxDepartedRanks = 16384;
 // One connection per worker thread (cpp-httplib). Idle or half-sent connections hold a thread until
 // a read times out (kReadTimeoutS; keep-alive connections kKeepAliveS): more threads and short
 // timeouts make a handful of them stall nothing (docs/security.md "The failure board").
@@ -55,6 +60,17 @@ void reply(httplib::Response& res, int status, const nlohmann::json& body) {
 void reply_error(httplib::Response& res, int status, const std::string& message) {
   res.status = status;
   res.set_content(bootstrap::error_body(message), kJson);
+}
+
+// A required u64 query parameter (decimal). Sets a 400 reply and returns false when missing or invalid.
+bool query_u64(const httplib::Request& req, httplib::Response& res, const char* name, uint64_t* out) {
+  const std::string v = req.has_param(name) ? req.get_param_value(name) : std::string();
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  if (v.empty() || ec != std::errc() || end != v.data() + v.size()) {
+    reply_error(res, 400, "query parameter '" + std::string(name) + "': expected an unsigned 64-bit integer");
+    return false;
+  }
+  return true;
 }
 
 // A required (or optional) u32 query parameter. Sets a 400 reply and returns false when invalid.
@@ -96,6 +112,11 @@ struct BootstrapServer::Impl {
   };
   std::map<Key, Entry> ranks;                  // guarded by mu
   std::map<std::string, size_t> per_source;    // entries by the address they came from (guarded by mu)
+  // Keys whose rank removed its entry (DELETE /route) and did not register again: the incarnation
+  // that left (past kMaxDepartedRanks the lowest key is dropped).
+  std::map<Key, uint64_t> departed;            // guarded by mu
+  uint64_t deregistrations = 0;                // entries removed (guarded by mu)
+  uint64_t refused_deregistrations = 0;        // DELETEs that removed nothing (guarded by mu)
   uint64_t overwrites = 0;          // entries replaced by a different one (guarded by mu)
   uint64_t refused_overwrites = 0;  // PUTs not applied: an older incarnation, a dead endpoint (guarded by mu)
   int64_t overwrite_line_ns = 0;    // the last overwrite warning, and how many since (guarded by mu)
@@ -270,6 +291,7 @@ struct BootstrapServer::Impl {
       }
       ranks[key] = Entry{*info, req.remote_addr, own_host};
       ++per_source[req.remote_addr];
+      departed.erase(key);  // back (a new process, or the same one registering again)
     }
     reply(res, 200, {{"ok", true}});
   }
@@ -293,6 +315,12 @@ struct BootstrapServer::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (tp) {
       auto it = ranks.find(Key{*engine, *dp, *tp});
+      if (auto gone = departed.find(Key{*engine, *dp, *tp}); it == ranks.end() && gone != departed.end()) {
+        return reply_error(res, 410,
+                           "left: engine_id " + std::to_string(*engine) + " dp_rank " + std::to_string(*dp) +
+                               " tp_rank " + std::to_string(*tp) + " removed its entry (incarnation " +
+                               std::to_string(gone->second) + "); it serves no more rooms");
+      }
       if (it == ranks.end()) {
         return reply_error(res, 404,
                            "not registered: engine_id " + std::to_string(*engine) + " dp_rank " +
@@ -307,6 +335,48 @@ struct BootstrapServer::Impl {
       all.push_back(bootstrap::rank_info_to_json(it->second.info));
     }
     reply(res, 200, all);
+  }
+
+  // DELETE /route?engine_id=E&dp_rank=D&tp_rank=R&incarnation=I: the rank leaves. Removes the
+  // entry only if it holds incarnation I (a stale process cannot remove its successor's entry) and,
+  // when it was registered from its control endpoint's own host, only if the DELETE comes from the
+  // address that registered it (as handle_put() keeps it from being replaced from elsewhere). A
+  // refused DELETE changes nothing.
+  void handle_delete(const httplib::Request& req, httplib::Response& res) {
+    std::optional<uint32_t> engine, dp, tp;
+    uint64_t incarnation = 0;
+    if (!query_u32(req, res, "engine_id", true, &engine) || !query_u32(req, res, "dp_rank", true, &dp) ||
+        !query_u32(req, res, "tp_rank", true, &tp) || !query_u64(req, res, "incarnation", &incarnation))
+      return;
+    const Key key{*engine, *dp, *tp};
+    const std::string name = "engine_id " + std::to_string(*engine) + " dp_rank " + std::to_string(*dp) +
+                             " tp_rank " + std::to_string(*tp);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = ranks.find(key);
+    if (it == ranks.end()) {
+      ++refused_deregistrations;
+      return reply_error(res, 404, "not registered: " + name);
+    }
+    const Entry& e = it->second;
+    if (e.info.incarnation != incarnation) {
+      ++refused_deregistrations;
+      return reply_error(res, 400, "incarnation " + std::to_string(incarnation) + " is not the registered " +
+                                       std::to_string(e.info.incarnation) + " of " + name + "; the entry is kept");
+    }
+    if (e.own_host && e.source != req.remote_addr) {
+      ++refused_deregistrations;
+      return reply_error(res, 400, "the entry of " + name + " was registered from " + e.source + "; a DELETE from " +
+                                       req.remote_addr + " does not remove it");
+    }
+    if (--per_source[e.source] == 0) per_source.erase(e.source);
+    log_event(LogLevel::kInfo, "bootstrap",
+              "bootstrap entry of " + name + " removed: its rank left (incarnation " + std::to_string(incarnation) + ")",
+              {.extra = {{"event", "entry_removed"}}});
+    ranks.erase(it);
+    ++deregistrations;
+    if (departed.size() >= kMaxDepartedRanks) departed.erase(departed.begin());
+    departed[key] = incarnation;
+    reply(res, 200, {{"ok", true}});
   }
 
   void handle_health(httplib::Response& res) {
@@ -343,6 +413,7 @@ struct BootstrapServer::Impl {
     });
     http.Put("/route", guarded([this](const auto& req, auto& res) { handle_put(req, res); }));
     http.Get("/route", guarded([this](const auto& req, auto& res) { handle_get(req, res); }));
+    http.Delete("/route", guarded([this](const auto& req, auto& res) { handle_delete(req, res); }));
     http.Get("/health", guarded([this](const auto&, auto& res) { handle_health(res); }));
     http.Post("/register_dp_rank", guarded([this](const auto& req, auto& res) {
       auto j = parse(req.body);
@@ -470,6 +541,16 @@ uint64_t BootstrapServer::overwrites() const {
 uint64_t BootstrapServer::refused_overwrites() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->refused_overwrites;
+}
+
+uint64_t BootstrapServer::deregistrations() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->deregistrations;
+}
+
+uint64_t BootstrapServer::refused_deregistrations() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->refused_deregistrations;
 }
 
 size_t BootstrapServer::registered() const {

@@ -52,6 +52,7 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   peers_[peer] = {peer, endpoint, 0, incarnation};
   refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
+  left_.erase(peer);
   monitor().watch(peer, endpoint);
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
   if (was_dead) on_peer_back(peer, endpoint);  // after the registration: the peer reads it first
@@ -186,7 +187,7 @@ Result<std::vector<PrefillRankInfo>> DecodeEndpoint::look_up_sources(const std::
   for (uint32_t tp : wanted) {
     Result<PrefillRankInfo> info = bootstrap.lookup(0, dp, tp);
     while (!info.ok()) {
-      if (bootstrap::not_authorized(info.status()))  // waiting will not change the secret
+      if (bootstrap::permanent(info.status()))  // waiting will not change the secret, or bring back a rank that left
         return Status{info.status().code(), fmt::format("prefill dp{} tp{}: {}", dp, tp, info.status().message())};
       if (monotonic_ns() > deadline_ns)
         return Status{ErrorCode::kBootstrapTimeout,
