@@ -307,7 +307,8 @@ struct ManagerStats {
   std::vector<PrefillInstance> prefill_instances;
   uint64_t forgotten_prefill_instances = 0;  // decode: forgotten idle, so far
   uint64_t decode_instances = 0;             // prefill: decode instances (engine_ids) known now
-  uint64_t forgotten_decode_instances = 0;   // prefill: forgotten idle, so far
+  uint64_t forgotten_decode_instances = 0;   // prefill: forgotten idle (or left), so far
+  bool leaving = false;                      // Manager::leave() was called
 };
 
 class FaultInjectingTransport;
@@ -340,6 +341,23 @@ class Manager {
   // max_prefill_instances; kInvalidArgument for a live receiver of the room, a prefill manager,
   // no address at all.
   virtual Result<std::unique_ptr<Receiver>> receiver(uint64_t room, const std::string& prefill_bootstrap = "") = 0;
+
+  // An orderly leave, its first half (docs/failure-model.md "Leaving"; the second is the
+  // destructor): the engine is being drained and removed. From this call on, sender() and
+  // receiver() are refused (kInvalidArgument "... is leaving"); rooms already handed out go on to
+  // their end as before (every byte, their failures as before). Prefill: this rank's bootstrap
+  // entry is removed (BootstrapClient::deregister at this process's incarnation; one try bounded
+  // by `timeout_ms`, made without holding the manager's lock), so a decode rank looking the
+  // instance up afterwards fails at once (kPeerUnreachable "... left") instead of waiting out its
+  // lookup_timeout_ms, while decode ranks that know the rank keep their rooms with it. Returns that
+  // removal's status (ok without a bootstrap service, and on a decode manager); the leave stands
+  // whatever it returns, and a later call tries the removal again. Then poll drained(), and destroy
+  // the manager once it is true: the destructor sends the leaving heartbeat, and the peers forget
+  // this rank without a failure and without a line above info.
+  virtual Status leave(int64_t timeout_ms = 2000) = 0;
+  // True once leave() was called and no room is live any more (every Sender/Receiver handed out
+  // was dropped and its room released: ManagerStats::live_rooms is 0).
+  virtual bool drained() const = 0;
 
   // Caller-pumped managers (progress_thread false): fds to wait on (readable: call progress()),
   // and one round of progress (control frames, transport completions, deadlines, heartbeats,

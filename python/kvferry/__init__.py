@@ -216,6 +216,17 @@ class KVManager(_kvferry.Manager):
         """Peer ranks connected (prefill: decode pools registered; decode: prefill ranks found)."""
         return super().peers()
 
+    def leave(self, timeout_ms: int = 2000) -> None:
+        """An orderly leave, first half (``Manager::leave``, docs/failure-model.md "Leaving"): no
+        new rooms from now on (room_open raises), the rooms open go on; a prefill rank removes its
+        bootstrap entry (raises if the service refused or did not answer; the leave stands).
+        Poll drained(), then close()."""
+        super().leave(int(timeout_ms))
+
+    def drained(self) -> bool:
+        """True once leave() was called and no room is open or being released: close() now."""
+        return super().drained()
+
     def take_reclaimed_rooms(self) -> list:
         """Decode: rooms closed while quarantined (``KVReceiver.quarantined()``), or closed before
         they were release-safe, whose pages, aux and state rows may be reused now (every source

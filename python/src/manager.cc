@@ -353,6 +353,28 @@ std::vector<uint64_t> Connector::take_reclaimed_rooms() {
   return m_ ? m_->take_reclaimed_rooms() : std::vector<uint64_t>{};
 }
 
+Status Connector::leave(int64_t timeout_ms) {
+  kvferry::Manager* m = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (!m_) return Status(ErrorCode::kInvalidArgument, "leave(): the manager is closed");
+    m = m_.get();
+    ++agreements_waiting_;  // close() waits for this call too
+  }
+  Status s = m->leave(timeout_ms);  // without mu_: it may wait for the bootstrap service
+  {
+    std::lock_guard lock(mu_);
+    --agreements_waiting_;
+  }
+  agreements_done_.notify_all();
+  return s;
+}
+
+bool Connector::drained() {
+  std::lock_guard lock(mu_);
+  return !m_ || (rooms_.empty() && m_->drained());
+}
+
 size_t Connector::peers() {
   std::lock_guard lock(mu_);
   return m_ ? m_->stats().peers : 0;

@@ -145,6 +145,10 @@ class Connector {
   Result<AuxRecord> aux(int64_t slot);
   size_t live_rooms();
   size_t peers();
+  // Manager::leave() and drained() (kvferry/manager.h): no new rooms, the bootstrap entry removed
+  // (prefill); drained once no room is open or being released.
+  Status leave(int64_t timeout_ms);
+  bool drained();
   // Decode: Manager::take_reclaimed_rooms() (kvferry/manager.h): rooms closed quarantined, or
   // closed before they were release-safe, whose pages may be reused now; each once.
   std::vector<uint64_t> take_reclaimed_rooms();
@@ -166,7 +170,7 @@ class Connector {
   RankId self_;
   std::mutex mu_;
   std::condition_variable agreements_done_;
-  int agreements_waiting_ = 0;  // fail_from_agreement() calls waiting without mu_ (close() waits)
+  int agreements_waiting_ = 0;  // fail_from_agreement() and leave() calls running without mu_ (close() waits)
   std::unique_ptr<kvferry::Manager> m_;
   std::map<uint64_t, Room> rooms_;
   std::map<uint64_t, TransferMetrics> closed_metrics_;  // see metrics(); oldest first in closed_order_

@@ -488,6 +488,20 @@ PYBIND11_MODULE(_kvferry, mod) {
         py::gil_scoped_release nogil;
         return m->peers();
       })
+      .def("leave", [](PyManager& p, int64_t timeout_ms) {
+        std::shared_ptr<Connector> m = p.m();
+        Status s;
+        {
+          py::gil_scoped_release nogil;
+          s = m->leave(timeout_ms);
+        }
+        check(s);
+      }, py::arg("timeout_ms") = 2000)
+      .def("drained", [](PyManager& p) {
+        std::shared_ptr<Connector> m = p.m();
+        py::gil_scoped_release nogil;
+        return m->drained();
+      })
       .def("take_reclaimed_rooms", [](PyManager& p) {
         std::shared_ptr<Connector> m = p.m();
         py::gil_scoped_release nogil;

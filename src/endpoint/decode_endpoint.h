@@ -124,6 +124,15 @@ class DecodeEndpoint {
   // Closes the control connections to every source (the endpoint is being forgotten).
   void forget_sources();
   size_t dead_sources() const { return dead_peers_.size(); }
+  // Every source left in order: each said it was leaving and was then lost (its heartbeats stopped
+  // or its process went; not on its word alone) with no room failed, and none came back. The
+  // manager then forgets the instance at once rather than after prefill_instance_idle_ms.
+  bool departed() const {
+    if (peers_.empty()) return false;
+    for (const auto& [rank, p] : peers_)
+      if (!left_.count(rank) || !dead_peers_.count(rank)) return false;
+    return true;
+  }
   // The monitor that watches this endpoint's sources (Sharing::own_monitor).
   PeerMonitor& monitor() { return own_monitor_ ? *own_monitor_ : core_.monitor(); }
   // Its own monitor's liveness figures (has_own_monitor(): counted apart from the core's).
@@ -349,6 +358,9 @@ class DecodeEndpoint {
   std::map<RankId, PrefillPeer> peers_;
   std::set<RankId> dead_peers_;
   std::set<RankId> leaving_;  // peers (of peers_) whose last heartbeat said they are leaving
+  // Peers (of dead_peers_) whose death came after they said they were leaving, with no room failed
+  // (until they register again): departed().
+  std::set<RankId> left_;
   // Restart claims not believed yet: the newest claimed incarnation of each source (keys are
   // admitted senders: the plan bounds them) and the challenge sent to its known endpoint.
   struct RestartClaim {

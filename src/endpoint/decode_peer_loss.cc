@@ -58,6 +58,7 @@ void DecodeEndpoint::on_peer_dead(const RankId& peer, const std::string& reason,
   it->second.dead_since_ns = now;
   std::sort(failed.begin(), failed.end());
   if (left && failed.empty()) {
+    left_.insert(peer);  // departed(): its instance may be forgotten at once
     log_event(LogLevel::kInfo, kComp,
               fmt::format("prefill peer {}{} left (its manager closed); no room failed", peer.str(), instance),
               {.extra = {{"peer", peer.str()}, {"event", "peer_left"}}});

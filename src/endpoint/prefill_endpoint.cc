@@ -90,15 +90,18 @@ void PrefillEndpoint::on_peer_dead(const RankId& peer, const std::string& reason
     for (uint64_t id : unopened_hook_(peer, fmt::format("{} unreachable: {}", peer.str(), reason), now))
       failed.push_back(id);
   std::sort(failed.begin(), failed.end());
-  if (left && failed.empty())
+  if (left && failed.empty()) {
+    left_.insert(peer);
     log_event(LogLevel::kInfo, kComp, fmt::format("decode peer {} left (its manager closed); no room failed", peer.str()),
               {.extra = {{"peer", peer.str()}, {"event", "peer_left"}}});
-  else
+  } else {
+    left_.erase(peer);
     log_event(LogLevel::kWarning, kComp,
               fmt::format("decode peer {} unreachable: {}; {} failed: {}", peer.str(), reason,
                           failed.size() == 1 ? "1 room" : fmt::format("{} rooms", failed.size()), room_list(failed)),
               {.code = std::string(code_name(ErrorCode::kPeerUnreachable)), .origin = peer.str(),
                .extra = {{"peer", peer.str()}, {"event", "peer_dead"}}});
+  }
   core_.transport().disconnect(it->second.peer);
   core_.control().forget(it->second.reg.control_endpoint);
   core_.monitor().mark_dead(peer);  // keep listening: a peer that answers again is reconnected

@@ -496,6 +496,10 @@ class PrefillEndpoint {
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   std::set<RankId> leaving_;  // peers (of peers_) whose last heartbeat said they are leaving
+  // Dead peers whose death came after they said they were leaving, with no room failed (until they
+  // register again): an instance whose known ranks all left is forgotten at once
+  // (forget_idle_instances).
+  std::set<RankId> left_;
   UnopenedHook unopened_hook_;
   UnopenedFailureHook unopened_failure_hook_;
   // Decode ranks whose last registration was refused, with the refusal's record (until one of

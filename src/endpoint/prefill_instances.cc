@@ -125,9 +125,20 @@ void PrefillEndpoint::touch_instance(const RankId& sender, int64_t now_ns) {
 
 void PrefillEndpoint::forget_idle_instances(int64_t now_ns) {
   const int64_t idle_ns = core_.config().decode_instance_idle_ms * 1'000'000;
+  // An instance whose ranks known here all left in order (each said it was leaving, then was lost
+  // with no room failed; never on its word alone) goes at once; any other after decode_instance_idle_ms.
+  auto left = [&](uint32_t e) {
+    bool any = false;
+    for (const auto& [rank, reg] : dead_regs_) {
+      if (rank.engine_id != e) continue;
+      if (!left_.count(rank)) return false;
+      any = true;
+    }
+    return any;
+  };
   std::vector<uint32_t> idle;
   for (const auto& [engine, inst] : instances_)
-    if (now_ns - inst.last_ns > idle_ns) idle.push_back(engine);
+    if (now_ns - inst.last_ns > idle_ns || (!left_.empty() && left(engine))) idle.push_back(engine);
   if (idle.empty()) return;
   auto busy = [&](uint32_t e) {
     for (const auto& [id, r] : rooms_)
@@ -146,8 +157,9 @@ void PrefillEndpoint::forget_idle_instances(int64_t now_ns) {
     forget_instance(e);
     ++forgotten_instances_;
     log_event(LogLevel::kDebug, kComp,
-              fmt::format("decode instance {} forgotten: no room and no frame for {} ms", e,
-                          core_.config().decode_instance_idle_ms));
+              left(e) ? fmt::format("decode instance {} forgotten: its ranks left", e)
+                      : fmt::format("decode instance {} forgotten: no room and no frame for {} ms", e,
+                                    core_.config().decode_instance_idle_ms));
   }
 }
 
@@ -180,6 +192,7 @@ void PrefillEndpoint::forget_instance(uint32_t engine) {
   std::erase_if(refused_, [&](const auto& kv) { return of(kv.first); });
   std::erase_if(told_refusal_, of);
   std::erase_if(leaving_, of);
+  std::erase_if(left_, of);
 }
 
 }  // namespace kvferry

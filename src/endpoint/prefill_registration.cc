@@ -278,6 +278,7 @@ void PrefillEndpoint::on_registration(const PoolRegistration& r) {
     // it, and a write failed here may still land there (it left this rank already), after its
     // room drained and its pages went to another room.
     dead_peers_.erase(r.sender);
+    left_.erase(r.sender);
     core_.monitor().watch(r.sender, r.control_endpoint);
     log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered again, unchanged: connection kept", r.sender.str()));
     for (auto& [id, room] : rooms_) maybe_ready(room);
@@ -300,6 +301,7 @@ void PrefillEndpoint::start_connect(const PoolRegistration& r, RemoteRegionInfo 
   connecting_[r.sender] = {r, id, monotonic_ns() + core_.config().deadlines.connect_timeout_ms * 1'000'000};
   // A working peer stays as it is until the new connect completes (check_connects()).
   if (!peers_.count(r.sender)) dead_peers_.erase(r.sender);  // its rooms wait for the connect
+  left_.erase(r.sender);  // registering again: back
   log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registering: transport connect started", r.sender.str()));
 }
 
@@ -339,6 +341,7 @@ void PrefillEndpoint::check_connects(int64_t now_ns) {
     if (auto p = pending_restarts_.find(sender); p != pending_restarts_.end() && p->second.reg.incarnation <= reg.incarnation)
       pending_restarts_.erase(p);
     dead_peers_.erase(sender);
+    left_.erase(sender);
     dead_regs_.erase(sender);
     core_.monitor().watch(sender, reg.control_endpoint);
     log_event(LogLevel::kDebug, kComp, fmt::format("decode peer {} registered ({} pages)", sender.str(), reg.num_pages));

@@ -481,21 +481,19 @@ std::vector<uint64_t> ManagerImpl::take_reclaimed_rooms() {
 ManagerStats ManagerImpl::stats() const {
   std::lock_guard lock(mu_);
   ManagerStats s;
+  s.leaving = leaving_;
+  s.live_rooms = live_rooms_locked();
   if (prefill_) {
-    s.live_rooms = prefill_->live_rooms();
     s.peers = prefill_->peers();
     s.decode_instances = prefill_->decode_instances();
     s.forgotten_decode_instances = prefill_->forgotten_decode_instances();
   }
-  for (const auto& [id, r] : rooms_)
-    if (!r.initialized) ++s.live_rooms;
   s.quarantined_rooms = quarantined_rooms_;
   if (decoding_) {
     s.reclaimed_rooms = forgotten_reclaimed_;
     s.forgotten_prefill_instances = forgotten_instances_;
     for (const auto& [address, inst] : instances_) {
       const DecodeEndpoint& ep = *inst.ep;
-      s.live_rooms += ep.live_rooms();
       s.peers += ep.peers();
       s.quarantined_pages += ep.quarantined_pages();
       s.reclaimed_rooms += ep.reclaimed_total();

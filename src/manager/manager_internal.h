@@ -42,6 +42,8 @@ class ManagerImpl final : public Manager {
   ManagerStats stats() const override;
   std::vector<uint64_t> take_reclaimed_rooms() override;
   FaultInjectingTransport* faults() override { return core_->faults(); }
+  Status leave(int64_t timeout_ms) override;  // leave.cc
+  bool drained() const override;
 
   // --- internal ---
   EndpointCore& core() { return *core_; }
@@ -190,6 +192,9 @@ class ManagerImpl final : public Manager {
   FailurePoster poster_;  // this rank's own failures to the board (housekeeping)
   std::atomic<int64_t> board_quiet_until_ns_{0};
   std::atomic<int> vain_lookups_{0};  // full waits in a row whose record never came
+  bool leaving_ = false;  // leave() was called (guarded by mu_): no new sender()/receiver()
+  uint64_t live_rooms_locked() const;  // ManagerStats::live_rooms
+  Status refuse_leaving(const char* what, uint64_t room) const;
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

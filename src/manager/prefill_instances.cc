@@ -127,11 +127,14 @@ void ManagerImpl::tick_instances(int64_t now) {
     PrefillInstance& inst = it->second;
     inst.ep->tick(now);
     const bool pinned = it->first == config_.bootstrap_address;
+    // An instance whose every source left in order (DecodeEndpoint::departed()) goes at once.
+    const bool left = inst.ep->departed();
     if (!pinned && inst.rooms == 0 && inst.idle_since_ns != 0 && inst.ep->idle() &&
-        now - inst.idle_since_ns > config_.prefill_instance_idle_ms * 1'000'000) {
+        (left || now - inst.idle_since_ns > config_.prefill_instance_idle_ms * 1'000'000)) {
       log_event(LogLevel::kDebug, "manager",
-                fmt::format("prefill instance at {} forgotten: no room for {} ms", it->first,
-                            config_.prefill_instance_idle_ms));
+                left ? fmt::format("prefill instance at {} forgotten: its ranks left", it->first)
+                     : fmt::format("prefill instance at {} forgotten: no room for {} ms", it->first,
+                                   config_.prefill_instance_idle_ms));
       forgotten_reclaimed_ += inst.ep->reclaimed_total();
       ++forgotten_instances_;
       inst.ep->forget_sources();

@@ -512,6 +512,7 @@ class ReceiverImpl final : public Receiver {
 Result<std::unique_ptr<Sender>> ManagerImpl::sender(uint64_t id) {
   std::lock_guard lock(mu_);
   if (!prefill_) return bad(fmt::format("sender(room {}) on a decode manager: senders are prefill's", id));
+  if (leaving_) return refuse_leaving("sender", id);
   auto [it, added] = rooms_.try_emplace(id);
   if (!added)
     return bad(fmt::format("room {} already has a sender on {} (or it is still being released)", id, self().str()));
@@ -525,6 +526,7 @@ Result<std::unique_ptr<Sender>> ManagerImpl::sender(uint64_t id) {
 Result<std::unique_ptr<Receiver>> ManagerImpl::receiver(uint64_t id, const std::string& prefill_bootstrap) {
   std::unique_lock lock(mu_);
   if (!decoding_) return bad(fmt::format("receiver(room {}) on a prefill manager: receivers are decode's", id));
+  if (leaving_) return refuse_leaving("receiver", id);
   auto taken = [&] {
     return bad(fmt::format("room {} already has a receiver on {} (or it is still being released)", id, self().str()));
   };
