@@ -5,6 +5,10 @@
 // stops at once instead of waiting out lookup_timeout_ms; a new registration brings it back.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <string>
 #include <vector>
@@ -105,6 +109,45 @@ TEST(BootstrapLeave, MalformedDeletesAre400AndChangeNothing) {
   }
   EXPECT_EQ(server->registered(), 1u);
   EXPECT_TRUE(c.lookup(0, 0, 0).ok());
+}
+
+// One HTTP request from source address `from` (a loopback address other than 127.0.0.1); the
+// answer's status line ("" if none).
+std::string status_line_from(const char* from, uint16_t port, const std::string& request) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in src{};
+  src.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from, &src.sin_addr);
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(port);
+  ::inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  std::string got;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&src), sizeof(src)) == 0 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&dst), sizeof(dst)) == 0 &&
+      ::send(fd, request.data(), request.size(), 0) == static_cast<ssize_t>(request.size())) {
+    char buf[512];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n > 0) got.assign(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return got.substr(0, got.find("\r\n"));
+}
+
+TEST(BootstrapLeave, AnEntryFromItsOwnHostIsRemovedFromThatAddressOnly) {
+  auto server = start_service(nullptr);
+  ASSERT_TRUE(server);
+  BootstrapClient c("127.0.0.1:" + std::to_string(server->port()), 2000, nullptr);
+  ASSERT_TRUE(c.register_rank(rank_at(0, kInc)).ok());  // tcp://127.0.0.1:...: its own host
+  const std::string del = "DELETE /route?engine_id=0&dp_rank=0&tp_rank=0&incarnation=" + std::to_string(kInc) +
+                          " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  EXPECT_EQ(status_line_from("127.0.0.2", server->port(), del), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(server->registered(), 1u);
+  EXPECT_EQ(server->refused_deregistrations(), 1u);
+  ASSERT_TRUE(c.lookup(0, 0, 0).ok());
+  EXPECT_EQ(status_line_from("127.0.0.1", server->port(), del), "HTTP/1.1 200 OK");
+  EXPECT_EQ(server->registered(), 0u);
 }
 
 TEST(BootstrapLeave, WithTheSecretADeleteWithoutTheClustersMacIsRefused) {
