@@ -8,15 +8,14 @@
 // write completed: this rank's aux row (aux_index) into the decode's row of every aux buffer, the
 // state rows (local state_indices[j] into the decode's state_indices[j] of every state buffer),
 // and kvferry's guard row (the AuxRecord: room, tokens, pages) into the decode's guard row; only
-// the lowest source of a decode rank writes it (topology.h). A
-// failure (local, or learned from a peer or from the engine's agreement) makes it Failed. If writes
-// of the room are in flight then, a non-terminal Failed status (RoomStatus::terminal false) with the
-// root cause goes to every destination at once, so decode fails the room without waiting for them;
-// once no write of the room is in flight the terminal Failed status follows, which is decode's
-// signal that its pages are no longer written ("drained").
-// Metadata or failures for a room that does not exist yet are kept (bounded, with a TTL) and
-// applied when it is added; anything for a room that was released is answered with its failure
-// and never brings it back.
+// the lowest source of a decode rank writes it (topology.h). A failure (local, or learned from a
+// peer or from the engine's agreement) makes it Failed. If writes of the room are in flight then, a
+// non-terminal Failed status (RoomStatus::terminal false) with the root cause goes to every
+// destination at once, so decode fails the room without waiting for them; once no write of the
+// room is in flight the terminal Failed status follows, which is decode's signal that its pages
+// are no longer written ("drained"). Metadata or failures for a room that does not exist yet are
+// kept (bounded, with a TTL) and applied when it is added; anything for a room that was released
+// is answered with its failure and never brings it back.
 // Thread contract: main thread only.
 #pragma once
 #include <cstdint>
@@ -496,10 +495,7 @@ class PrefillEndpoint {
   std::map<RankId, DecodePeer> peers_;
   std::set<RankId> dead_peers_;  // until they register again or answer again
   std::set<RankId> leaving_;  // peers (of peers_) whose last heartbeat said they are leaving
-  // Dead peers whose death came after they said they were leaving, with no room failed (until they
-  // register again): an instance whose known ranks all left is forgotten at once
-  // (forget_idle_instances).
-  std::set<RankId> left_;
+  std::set<RankId> left_;  // dead after leaving_, no room failed: forget_idle_instances() at once
   UnopenedHook unopened_hook_;
   UnopenedFailureHook unopened_failure_hook_;
   // Decode ranks whose last registration was refused, with the refusal's record (until one of
