@@ -351,9 +351,10 @@ class Manager {
   // instance up afterwards fails at once (kPeerUnreachable "... left") instead of waiting out its
   // lookup_timeout_ms, while decode ranks that know the rank keep their rooms with it. Returns that
   // removal's status (ok without a bootstrap service, and on a decode manager); the leave stands
-  // whatever it returns, and a later call tries the removal again. Then poll drained(), and destroy
-  // the manager once it is true: the destructor sends the leaving heartbeat, and the peers forget
-  // this rank without a failure and without a line above info.
+  // whatever it returns, and a later call tries the removal again (once it succeeded, a later call
+  // sends nothing and returns ok). Then poll drained(), and destroy the manager once it is true:
+  // the destructor sends the leaving heartbeat, and the peers forget this rank without a failure
+  // and without a line above info.
   virtual Status leave(int64_t timeout_ms = 2000) = 0;
   // True once leave() was called and no room is live any more (every Sender/Receiver handed out
   // was dropped and its room released: ManagerStats::live_rooms is 0).

@@ -33,6 +33,7 @@ Status ManagerImpl::leave(int64_t timeout_ms) {
                 fmt::format("{} leaving: no new rooms; {} rooms in flight go on", self().str(), live_rooms_locked()),
                 {.extra = {{"event", "leaving"}}});
     leaving_ = true;
+    if (deregistered_) return Status::Ok();
   }
   // Config, self and incarnation never change: read without the lock, which the DELETE does not hold.
   if (decoding_ || config_.bootstrap_address.empty()) return Status::Ok();
@@ -44,6 +45,8 @@ Status ManagerImpl::leave(int64_t timeout_ms) {
                                         config_.bootstrap_address, s.message()));
   log_event(LogLevel::kDebug, "manager",
             fmt::format("{}: bootstrap entry at {} removed", me.str(), config_.bootstrap_address));
+  std::lock_guard lock(mu_);
+  deregistered_ = true;
   return Status::Ok();
 }
 

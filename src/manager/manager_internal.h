@@ -193,6 +193,7 @@ class ManagerImpl final : public Manager {
   std::atomic<int64_t> board_quiet_until_ns_{0};
   std::atomic<int> vain_lookups_{0};  // full waits in a row whose record never came
   bool leaving_ = false;  // leave() was called (guarded by mu_): no new sender()/receiver()
+  bool deregistered_ = false;  // leave() removed the bootstrap entry (guarded by mu_)
   uint64_t live_rooms_locked() const;  // ManagerStats::live_rooms
   Status refuse_leaving(const char* what, uint64_t room) const;
   std::atomic<bool> stop_{false};

@@ -208,6 +208,8 @@ TEST(ManagerDrain, APrefillInstanceLeavesWhileServing) {
   EXPECT_TRUE(s->prefill->stats().leaving);
   EXPECT_EQ(s->server->registered(), 0u);
   EXPECT_EQ(s->server->deregistrations(), 1u);
+  ASSERT_TRUE(s->prefill->leave().ok());  // again: nothing more to remove, nothing sent
+  EXPECT_EQ(s->server->refused_deregistrations(), 0u);
   auto refused = s->prefill->sender(0x5ca1f0);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), ErrorCode::kInvalidArgument);
