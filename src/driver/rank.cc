@@ -63,7 +63,7 @@ int fail_start(const std::string& what) {
 }  // namespace
 
 int run_rank(const RankOptions& o) {
-  RankId self{o.role, 0, o.tp_rank, o.dp_rank};
+  RankId self{o.role, o.role == Role::kDecode ? o.instance : 0, o.tp_rank, o.dp_rank};
   init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
   init_rank_metrics(self);
   install_stop_handler();
@@ -115,6 +115,7 @@ int run_rank(const RankOptions& o) {
   }
 
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
+  lc.instance = o.instance;
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
   lc.follower_port = o.engine_port;
