@@ -203,6 +203,8 @@ struct InstanceFigures {
   Percentiles transfer_latency_ms;  // succeeded rooms, first send to decode success
   uint64_t faults = 0;         // injected faults of rooms here that failed them (report `faults`)
   uint64_t faults_attributed = 0;
+  // Rooms by the other role's instance (a decode instance: by prefill instance, and the reverse).
+  std::vector<uint64_t> rooms_by_peer_instance;
   std::string name() const;    // "prefill instance 1"
 };
 

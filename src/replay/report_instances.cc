@@ -30,6 +30,7 @@ void add_instance_figures(Report& rep, const ReplayResults& results, uint32_t pr
     for (uint32_t i = 0; i < n[r]; ++i) {
       figs[r][i].role = r == 0 ? Role::kPrefill : Role::kDecode;
       figs[r][i].instance = i;
+      figs[r][i].rooms_by_peer_instance.assign(n[1 - r], 0);
     }
   }
   std::map<std::string, const RequestOutcome*> by_room;
@@ -40,6 +41,8 @@ void add_instance_figures(Report& rep, const ReplayResults& results, uint32_t pr
     const bool rejected = q.decode && q.decode->rejected;
     const bool ok = !rejected && q.router_failure.empty() && q.prefill && q.decode &&
                     q.prefill->state == KVPoll::Success && q.decode->state == KVPoll::Success;
+    ++at[0]->rooms_by_peer_instance[q.decode_instance];
+    ++at[1]->rooms_by_peer_instance[q.prefill_instance];
     for (size_t r = 0; r < 2; ++r) {
       ++at[r]->rooms;
       (rejected ? at[r]->rejected : ok ? at[r]->succeeded : at[r]->failed) += 1;
@@ -81,6 +84,7 @@ std::string instances_json(const Report& rep) {
     nlohmann::ordered_json o = {{"role", std::string(role_name(f.role))},
                                 {"instance", f.instance},
                                 {"rooms", f.rooms},
+                                {"rooms_by_peer_instance", f.rooms_by_peer_instance},
                                 {"succeeded", f.succeeded},
                                 {"failed", f.failed},
                                 {"rejected", f.rejected},

@@ -324,8 +324,7 @@ class Router {
     RouterRequest q = plan_[i];
     RequestOutcome& o = res_.requests[i];
     // xPyD: the instances with the fewest outstanding requests (router_instances.h).
-    o.prefill_instance = inst_.pick(Role::kPrefill);
-    o.decode_instance = inst_.pick(Role::kDecode);
+    std::tie(o.prefill_instance, o.decode_instance) = inst_.pick();
     if (q.fault && q.fault->at.role == Role::kDecode) {  // a decode rank's engine id is its instance
       q.fault->at.engine_id = o.decode_instance;
       o.fault = q.fault;
@@ -342,8 +341,7 @@ class Router {
       Status st = send_patiently(sock_, leader, *frame, std::chrono::milliseconds(10000));
       if (!st.ok()) return {st.code(), "cannot send a request to " + leader + ": " + st.message()};
     }
-    inst_.dispatched(Role::kPrefill, o.prefill_instance);
-    inst_.dispatched(Role::kDecode, o.decode_instance);
+    inst_.dispatched(o.prefill_instance, o.decode_instance);
     log_event(LogLevel::kDebug, kComponent, "dispatched",
               LogFields{.room = plan_[i].room,
                         .extra = {{"input_tokens", std::to_string(plan_[i].input_tokens)},

@@ -7,10 +7,13 @@
 
 namespace kvferry::replay {
 
-uint32_t least_outstanding(const std::vector<uint64_t>& outstanding) {
+uint32_t least_outstanding(const std::vector<uint64_t>& outstanding, const std::vector<uint64_t>* tie) {
+  auto key = [&](uint32_t i) {
+    return std::pair{outstanding[i], tie && i < tie->size() ? (*tie)[i] : uint64_t{0}};
+  };
   uint32_t best = 0;
   for (uint32_t i = 1; i < outstanding.size(); ++i)
-    if (outstanding[i] < outstanding[best]) best = i;
+    if (key(i) < key(best)) best = i;
   return best;
 }
 
@@ -24,6 +27,7 @@ EngineInstances::EngineInstances(uint32_t prefill_instances, uint32_t prefill_dp
   for (size_t r = 0; r < 2; ++r) {
     leaders_[r].assign(n[r], std::vector<std::string>(dp_[r]));
     outstanding_[r].assign(n[r], 0);
+    if (r == 0) pair_rooms_.assign(n[0], std::vector<uint64_t>(n[1], 0));
     for (size_t k = 0; k < known[r]->size() && k < size_t(n[r]) * dp_[r]; ++k) {
       leaders_[r][k / dp_[r]][k % dp_[r]] = (*known[r])[k];
     }
