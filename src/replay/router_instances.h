@@ -48,8 +48,8 @@ class EngineInstances {
     ++pair_rooms_[prefill][decode];
   }
   void finished(Role role, uint32_t instance) {
-    auto& n = outstanding_[idx(role)][instance];
-    if (n > 0) --n;
+    auto& all = outstanding_[idx(role)];
+    if (instance < all.size() && all[instance] > 0) --all[instance];
   }
   uint64_t outstanding(Role role, uint32_t instance) const { return outstanding_[idx(role)][instance]; }
 
