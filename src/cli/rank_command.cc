@@ -68,6 +68,9 @@ void add_rank_command(CLI::App& app) {
   cmd->add_option("--peer-tp-size", opts->peer_tp_size, "ranks in the other engine (default: same)");
   cmd->add_option("--dp-rank", opts->dp_rank, "this rank's data-parallel group");
   cmd->add_option("--peer-dp-size", opts->peer_dp_size, "DP groups of the other engine");
+  cmd->add_option("--instance", opts->instance,
+                  "this engine's instance in an xPyD replay (a decode rank's engine id; default 0)")
+      ->check(CLI::Range(0, 15));
   cmd->add_option("--model", opts->model, "model geometry name");
   cmd->add_option("--models-file", opts->models_file, "model geometry file");
   cmd->add_option("--page-size", opts->page_size, "tokens per page");

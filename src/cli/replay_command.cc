@@ -34,6 +34,13 @@ void add_replay_command(CLI::App& app) {
   cmd->add_option("--decode-dp", cfg->decode_dp,
                   "decode DP groups (each --decode-tp ranks; a room goes to group room % DP)")
       ->capture_default_str();
+  cmd->add_option("--prefill-instances", cfg->prefill_instances,
+                  "prefill instances (xPyD): each its own engine (TP x DP ranks) and bootstrap service")
+      ->capture_default_str();
+  cmd->add_option("--decode-instances", cfg->decode_instances,
+                  "decode instances (xPyD): each its own engine (TP x DP ranks); the router picks the "
+                  "instances with the fewest outstanding rooms per request")
+      ->capture_default_str();
   cmd->add_option("--page-size", cfg->page_size, "tokens per KV page")->capture_default_str();
   cmd->add_option("--pool-mib", cfg->pool_mib,
                   "decode KV pool per rank in MiB (default: min(7168, (60% of MemAvailable - "

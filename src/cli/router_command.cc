@@ -26,15 +26,19 @@ void add_router_command(CLI::App& app) {
   cmd->add_option("--decode-tp", cfg->decode_tp)->required();
   cmd->add_option("--prefill-dp", cfg->prefill_dp);
   cmd->add_option("--decode-dp", cfg->decode_dp);
+  cmd->add_option("--prefill-instances", cfg->prefill_instances, "prefill instances (xPyD)");
+  cmd->add_option("--decode-instances", cfg->decode_instances, "decode instances (xPyD)");
+  cmd->add_option("--prefill-bootstrap", cfg->prefill_bootstraps,
+                  "host:port of each prefill instance's bootstrap service (with --prefill-instances > 1)");
   cmd->add_option("--port-file", cfg->port_file, "write the bound port of --endpoint here");
   cmd->add_option("--endpoint", cfg->endpoint,
                   "the router's endpoint (tcp://host:port): its PULL socket binds it and engines send to it")
       ->required();
   add_host_options(cmd, &cfg->bind_host, &cfg->advertise_host, "the --endpoint host", "the --endpoint host");
   cmd->add_option("--prefill-leader", cfg->prefill_leaders,
-                  "prefill tp0 engine endpoint per DP group (default: from their ready frames)");
+                  "prefill tp0 engine endpoint per DP group, instance-major (default: from their ready frames)");
   cmd->add_option("--decode-leader", cfg->decode_leaders,
-                  "decode tp0 engine endpoint per DP group (default: from their ready frames)");
+                  "decode tp0 engine endpoint per DP group, instance-major (default: from their ready frames)");
   cmd->add_option("--max-inflight", cfg->max_inflight);
   cmd->add_option("--results", cfg->results_path)->required();
   cmd->add_option("--log-file", *log_file);

@@ -33,7 +33,7 @@ void DecodeDriver::apply(const Decision& d) {
       r.req = d.request;
       r.pages_needed = manager_.layout().pages_for(d.request.input_tokens);
       r.created_ns = monotonic_ns();
-      auto receiver = manager_.receiver(d.room);
+      auto receiver = manager_.receiver(d.room, d.request.prefill_bootstrap);
       if (!receiver.ok()) {
         r.local_failure = KVTransferError{d.room, ErrorCode::kInternal, "receiver() refused: " + receiver.status().str(),
                                           self, false, monotonic_ns()};

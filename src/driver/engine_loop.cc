@@ -258,7 +258,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     fan_out(engine, followers);
     if (followers.size() + down.size() + 1 < cfg_.tp_size) continue;  // still starting
     if (!router_seen && outbox_.empty() && now - last_ready > 200'000'000) {
-      outbox_.push_back(encode_ready(role, cfg_.tp_size, cfg_.self.dp_rank, engine.endpoint()));
+      outbox_.push_back(encode_ready(role, cfg_.tp_size, cfg_.self.dp_rank, engine.endpoint(), cfg_.instance));
       last_ready = now;
     }
     if (outstanding) {
@@ -312,7 +312,7 @@ int EngineLoop::run_leader(ControlSocket& engine) {
       if (shutdown_sent) {
         std::vector<RankLeakStats> stats{driver_.leak_stats()};
         for (auto& [tp, st] : follower_stats) stats.push_back(st);
-        outbox_.push_back(encode_stats(role, stats, cfg_.self.dp_rank));
+        outbox_.push_back(encode_stats(role, stats, cfg_.self.dp_rank, cfg_.instance));
         for (int i = 0; i < 200 && !outbox_.empty(); ++i) {
           flush_outbox(engine);
           if (!outbox_.empty()) wait_readable(nullptr, 0, 10);

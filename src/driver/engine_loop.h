@@ -55,6 +55,7 @@ struct EngineLoopConfig {
   // (default: kDefaultHost) and advertises advertise_host (default: its bind host).
   std::string bind_host;
   std::string advertise_host;
+  uint32_t instance = 0;  // the engine's instance (xPyD replay), named in its ready and stats frames
 };
 
 class EngineLoop {

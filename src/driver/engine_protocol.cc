@@ -149,6 +149,12 @@ Result<RouterRequest> decode_request(const json& j) {
     FaultSpec spec{*k, *rank};
     q.fault = std::move(spec);
   }
+  if (auto b = j.find("bootstrap"); b != j.end()) {
+    if (!b->is_string() || b->get_ref<const std::string&>().empty() || b->get_ref<const std::string&>().size() > 255) {
+      return bad("request 'bootstrap' must be a non-empty string of at most 255 bytes");
+    }
+    q.prefill_bootstrap = b->get<std::string>();
+  }
   if (q.input_tokens == 0) return bad("input_tokens must be > 0");
   return q;
 }
@@ -274,14 +280,17 @@ std::string encode_request(const RouterRequest& r) {
   } else {
     j["fault"] = nullptr;
   }
+  if (!r.prefill_bootstrap.empty()) j["bootstrap"] = r.prefill_bootstrap;
   return dump(j);
 }
 
 std::string encode_shutdown() { return dump(json{{"type", "shutdown"}}); }
 
-std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank, const std::string& endpoint) {
+std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank, const std::string& endpoint,
+                         uint32_t instance) {
   json j{{"type", "ready"}, {"role", std::string(role_name(role))}, {"tp_size", tp_size}};
   if (dp_rank != 0) j["dp_rank"] = dp_rank;
+  if (instance != 0) j["instance"] = instance;
   if (!endpoint.empty()) j["endpoint"] = endpoint;
   return dump(j);
 }
@@ -309,7 +318,8 @@ std::string encode_result(const RoomResult& r) {
   return dump(j);
 }
 
-std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank) {
+std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank,
+                         uint32_t instance) {
   json arr = json::array();
   for (const auto& s : ranks) {
     arr.push_back({{"rank", s.rank},
@@ -322,6 +332,7 @@ std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uin
   }
   json j{{"type", "stats"}, {"role", std::string(role_name(role))}, {"ranks", arr}};
   if (dp_rank != 0) j["dp_rank"] = dp_rank;
+  if (instance != 0) j["instance"] = instance;
   return dump(j);
 }
 
@@ -355,6 +366,8 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     if (f.ready_tp_size == 0) return bad("ready tp_size must be > 0");
     if (auto dp = optional_u32(j, "dp_rank"); !dp.ok()) return dp.status();
     else f.dp_rank = *dp;
+    if (auto in = optional_u32(j, "instance"); !in.ok()) return in.status();
+    else f.instance = *in;
     if (auto e = j.find("endpoint"); e != j.end()) {
       if (!e->is_string()) return bad("ready 'endpoint' must be a string");
       f.ready_endpoint = e->get<std::string>();
@@ -369,6 +382,8 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     if (r.failed()) return bad(r.error());
     if (auto dp = optional_u32(j, "dp_rank"); !dp.ok()) return dp.status();
     else f.dp_rank = *dp;
+    if (auto in = optional_u32(j, "instance"); !in.ok()) return in.status();
+    else f.instance = *in;
     auto s = decode_stats(j);
     if (!s.ok()) return s.status();
     f.stats = std::move(s).value();

@@ -8,18 +8,21 @@
 //   RouterRequest   {"type":"request","room":"<u64 decimal>","input_tokens":N,"output_tokens":N,
 //                    "arrival_ms":N,"fault":null | {"kind":"transfer"|"decode_fail"|
 //                    "prefill_fail"|"timeout","at":"prefill/tp1"}}  (FaultSpec, never "abort")
+//                   [,"bootstrap":"host:port"]  (decode, xPyD: the bootstrap service of the prefill
+//                   instance the router chose for the room; absent: the rank's default one)
 //   {"type":"shutdown"}                      leader tells followers, every rank exits cleanly
 //   {"type":"abort","room":"<u64>"}         (decode leader only) fail the room, code aborted
 //                                            (encoded here, decoded by the engine's sync codec)
 // Leader -> router (to the router endpoint):
-//   EngineReady     {"type":"ready","role":"prefill","tp_size":N[,"dp_rank":D][,"endpoint":"tcp://.."]}
+//   EngineReady     {"type":"ready","role":"prefill","tp_size":N[,"dp_rank":D][,"endpoint":"tcp://.."]
+//                    [,"instance":I]}  (instance: the engine's instance in an xPyD replay, absent: 0)
 //                   sent by the leader of each DP group (dp_rank absent: 0); endpoint: the
 //                   leader's engine endpoint, where the router sends that group's requests
 //   RankUp          {"type":"rank_up","rank":"decode/tp1[/dpD]"}   sent by a DP group's leader when
 //                   a follower it had declared down says hello again (a restarted rank rejoined):
 //                   the group serves rooms again
 //   RoomResult      see struct below, "type":"result"
-//   EngineStats     {"type":"stats","role":..[,"dp_rank":D],"ranks":[{rank, live_rooms, records,
+//   EngineStats     {"type":"stats","role":..[,"dp_rank":D][,"instance":I],"ranks":[{rank, live_rooms, records,
 //                   pages_in_use, peers, quarantined_pages, reclaimed_pages}...]}   one per DP
 //                   group, from its leader (the last two: optional, 0 when absent)
 // (The replay's own router <-> orchestrator frames are replay/peer_death_frames.h.)
@@ -72,6 +75,9 @@ struct RouterRequest {
   uint64_t output_tokens = 0;
   uint64_t arrival_ms = 0;
   std::optional<FaultSpec> fault;
+  // Decode: the chosen prefill instance's bootstrap service ("host:port", at most 255 bytes);
+  // empty: the rank's default one (Manager::receiver()).
+  std::string prefill_bootstrap;
 };
 
 // One engine's verdict on one room, sent by its leader when every rank released the room.
@@ -197,9 +203,10 @@ struct EngineMember {
 std::string encode_request(const RouterRequest& r);
 std::string encode_shutdown();
 std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
-                         const std::string& endpoint = "");
+                         const std::string& endpoint = "", uint32_t instance = 0);
 std::string encode_result(const RoomResult& r);
-std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0);
+std::string encode_stats(Role role, const std::vector<RankLeakStats>& ranks, uint32_t dp_rank = 0,
+                         uint32_t instance = 0);
 std::string encode_abort(uint64_t room);
 std::string encode_rank_up(const RankId& rank);
 
@@ -212,6 +219,7 @@ struct RouterFrame {
   uint32_t ready_tp_size = 0;
   std::string ready_endpoint;  // ready: the leader's engine endpoint ("" when not given)
   uint32_t dp_rank = 0;        // ready, stats: the DP group of the engine that sent it
+  uint32_t instance = 0;       // ready, stats: the engine's instance (xPyD; 0 when absent)
   std::optional<std::vector<RankLeakStats>> stats;
   Role stats_role = Role::kPrefill;
   uint64_t abort_room = 0;   // abort

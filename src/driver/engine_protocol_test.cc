@@ -275,3 +275,38 @@ TEST(RouterProtocol, RejectsInconsistentResults) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+// xPyD: a request names the prefill instance's bootstrap service; ready and stats their instance.
+TEST(RouterProtocol, InstancesAndPrefillBootstrap) {
+  RouterRequest q;
+  q.room = 5;
+  q.input_tokens = 10;
+  q.prefill_bootstrap = "10.0.0.2:8998";
+  auto f = decode_router_frame(encode_request(q));
+  ASSERT_TRUE(f.ok()) << f.status().str();
+  EXPECT_EQ(f->request->prefill_bootstrap, "10.0.0.2:8998");
+  q.prefill_bootstrap.clear();
+  EXPECT_EQ(encode_request(q).find("bootstrap"), std::string::npos) << "absent when not chosen";
+  for (const char* bad : {R"("bootstrap":"")", R"("bootstrap":7)"}) {
+    std::string text = encode_request(q);
+    text.insert(text.size() - 1, std::string(",") + bad);
+    EXPECT_EQ(decode_router_frame(text).status().code(), ErrorCode::kProtocolError) << text;
+  }
+  auto r = decode_router_frame(encode_ready(Role::kDecode, 2, 1, "tcp://h:1", 3));
+  ASSERT_TRUE(r.ok()) << r.status().str();
+  EXPECT_EQ(r->instance, 3u);
+  EXPECT_EQ(r->dp_rank, 1u);
+  EXPECT_EQ(encode_ready(Role::kDecode, 2).find("instance"), std::string::npos);
+  auto s = decode_router_frame(encode_stats(Role::kPrefill, {}, 0, 2));
+  ASSERT_TRUE(s.ok()) << s.status().str();
+  EXPECT_EQ(s->instance, 2u);
+  std::string neg = encode_ready(Role::kDecode, 2);
+  neg.insert(neg.size() - 1, R"(,"instance":-1)");
+  EXPECT_EQ(decode_router_frame(neg).status().code(), ErrorCode::kProtocolError) << neg;
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -63,8 +63,11 @@ int fail_start(const std::string& what) {
 }  // namespace
 
 int run_rank(const RankOptions& o) {
-  RankId self{o.role, 0, o.tp_rank, o.dp_rank};
-  init_logging({self.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
+  RankId self{o.role, o.role == Role::kDecode ? o.instance : 0, o.tp_rank, o.dp_rank};
+  // Logged under its instance's name (xPyD): "prefill1/tp0" for prefill instance 1, whose ranks
+  // are engine 0 in the library (child_args.h rank_name()).
+  const RankId named{o.role, o.instance, o.tp_rank, o.dp_rank};
+  init_logging({named.str(), o.log_file, LogLevel::kDebug, LogLevel::kWarning});
   init_rank_metrics(self);
   install_stop_handler();
   const ListenAddress listen = make_listen_address(o.bind_host, o.advertise_host);
@@ -115,6 +118,7 @@ int run_rank(const RankOptions& o) {
   }
 
   EngineLoopConfig lc{self, o.tp_size, o.engine_endpoint, o.router_endpoint};
+  lc.instance = o.instance;
   lc.peer_timeout_ms = o.deadlines.engine_timeout_ms;
   lc.port_file = o.port_file;
   lc.follower_port = o.engine_port;

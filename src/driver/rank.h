@@ -19,7 +19,11 @@ struct RankOptions {
   uint32_t tp_size = 1;
   uint32_t peer_tp_size = 0;     // the other engine's TP size (0: same as tp_size)
   uint32_t dp_rank = 0;          // this rank's DP group (each DP group is its own TP engine)
-  uint32_t peer_dp_size = 1;     // the other engine's DP size (rooms go to DP rank dp_rank_for_room(), kvferry/routing.h)
+  uint32_t peer_dp_size = 1;
+  // The engine's instance in an xPyD replay (ready and stats frames). A decode rank's engine_id is
+  // its instance (prefill serves several decode instances by engine_id); prefill ranks stay
+  // engine 0 (each prefill instance has its own bootstrap service).
+  uint32_t instance = 0;     // the other engine's DP size (rooms go to DP rank dp_rank_for_room(), kvferry/routing.h)
   std::string model = "Llama-3.1-8B";
   std::string models_file;       // data/models.json
   uint32_t page_size = 64;       // tokens

@@ -13,8 +13,8 @@ bool RoomFaults::silent_toward(const std::vector<RankId>& peers) const {
   if (!fault_ || fault_->kind != FaultKind::kTimeout) return false;
   const Role other = self_.role == Role::kPrefill ? Role::kDecode : Role::kPrefill;
   for (const RankId& p : peers) {
-    // Fault ranks name no engine id (the replay's engines are engine 0).
-    if (fault_->at == RankId{other, 0, p.tp_rank, p.dp_rank}) return true;
+    // A decode peer's engine id is its instance (xPyD replays); prefill ranks are engine 0.
+    if (fault_->at == RankId{other, p.engine_id, p.tp_rank, p.dp_rank}) return true;
   }
   return false;
 }

@@ -29,6 +29,7 @@ json to_json(const Decision& d) {
       j["arrival_ms"] = d.request.arrival_ms;
       if (d.request.fault)
         j["fault"] = {{"kind", std::string(fault_kind_name(d.request.fault->kind))}, {"at", d.request.fault->at.str()}};
+      if (!d.request.prefill_bootstrap.empty()) j["bootstrap"] = d.request.prefill_bootstrap;
       break;
     }
     case Decision::Op::kFail:
@@ -58,6 +59,11 @@ Decision decision_from(const json& j) {
     if (j.contains("fault")) {
       d.request.fault = fault_from_names(j["fault"].at("kind").get<std::string>(), j["fault"].at("at").get<std::string>());
       if (!d.request.fault) throw std::runtime_error("bad fault");
+    }
+    if (j.contains("bootstrap")) {
+      d.request.prefill_bootstrap = j["bootstrap"].get<std::string>();
+      if (d.request.prefill_bootstrap.empty() || d.request.prefill_bootstrap.size() > 255)
+        throw std::runtime_error("bad bootstrap");
     }
   } else if (d.op == Decision::Op::kFail) {
     set_failure(d, failure_from(j, "decision"));

@@ -240,3 +240,28 @@ TEST(SyncCodec, MalformedMembersAreRejected) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+// xPyD: the chosen prefill instance's bootstrap service reaches every rank of the decode engine.
+TEST(SyncCodec, NewRoomCarriesItsPrefillBootstrap) {
+  Decision n;
+  n.op = Decision::Op::kNew;
+  n.room = 12;
+  n.request.room = 12;
+  n.request.input_tokens = 30;
+  n.request.prefill_bootstrap = "127.0.0.1:4242";
+  auto d = decode_sync_frame(encode_step(1, false, {n}));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  EXPECT_EQ(d->decisions[0].request.prefill_bootstrap, "127.0.0.1:4242");
+  n.request.prefill_bootstrap.clear();
+  d = decode_sync_frame(encode_step(2, false, {n}));
+  ASSERT_TRUE(d.ok()) << d.status().str();
+  EXPECT_TRUE(d->decisions[0].request.prefill_bootstrap.empty());
+  n.request.prefill_bootstrap = std::string(256, 'x');  // over the bound: a malformed step
+  EXPECT_EQ(decode_sync_frame(encode_step(3, false, {n})).status().code(), ErrorCode::kProtocolError);
+}
+
+}  // namespace
+}  // namespace kvferry

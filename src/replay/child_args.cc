@@ -115,35 +115,40 @@ std::string file_rank_name(const std::string& file) {
   return name;
 }
 
-std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
-  return RankId{prefill ? Role::kPrefill : Role::kDecode, 0, tp_rank, dp_rank}.str();
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank, uint32_t instance) {
+  return RankId{prefill ? Role::kPrefill : Role::kDecode, instance, tp_rank, dp_rank}.str();
 }
 
-std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank) {
-  std::string f = rank_name(prefill, tp_rank, dp_rank);
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank, uint32_t instance) {
+  std::string f = rank_name(prefill, tp_rank, dp_rank, instance);
   std::replace(f.begin(), f.end(), '/', '-');
   return f;
 }
 
-std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p) {
+std::string bootstrap_file(uint32_t instance) {
+  return instance == 0 ? std::string("bootstrap") : fmt::format("bootstrap{}", instance);
+}
+
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p, uint32_t instance) {
+  const std::string file = bootstrap_file(instance);
   std::vector<std::string> args = {c.exe,  "bootstrap", "--host", bootstrap_address(c), "--port",
                                    std::to_string(p.bootstrap), "--log-file",
-                                   logs_dir(c) + "/bootstrap.jsonl"};
+                                   logs_dir(c) + "/" + file + ".jsonl"};
   if (p.bootstrap == 0) {
     args.push_back("--port-file");
-    args.push_back(logs_dir(c) + "/bootstrap.port");
+    args.push_back(logs_dir(c) + "/" + file + ".port");
   }
   return args;
 }
 
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
-                                   uint32_t tp_rank, uint32_t dp_rank) {
+                                   uint32_t tp_rank, uint32_t dp_rank, uint32_t instance) {
   const std::string role = prefill ? "prefill" : "decode";
   const uint32_t tp = prefill ? c.prefill_tp : c.decode_tp;
   const auto& engines = prefill ? p.prefill_engines : p.decode_engines;
   const uint16_t engine_port = dp_rank < engines.size() ? engines[dp_rank] : 0;
-  const std::string file = rank_file(prefill, tp_rank, dp_rank);
-  const bool broken = c.break_rank == rank_name(prefill, tp_rank, dp_rank);
+  const std::string file = rank_file(prefill, tp_rank, dp_rank, instance);
+  const bool broken = c.break_rank == rank_name(prefill, tp_rank, dp_rank, instance);
   std::vector<std::string> args = {c.exe,
           "rank",
           "--role", role,
@@ -182,7 +187,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
     }
   }
   const auto pinned = same_port_restarts(c.fault_plan);
-  const bool restarts = std::find(pinned.begin(), pinned.end(), rank_name(prefill, tp_rank, dp_rank)) != pinned.end();
+  const bool restarts = std::find(pinned.begin(), pinned.end(), rank_name(prefill, tp_rank, dp_rank, instance)) != pinned.end();
   if ((tp_rank == 0 && engine_port == 0) || (tp_rank != 0 && restarts)) {
     args.push_back("--port-file");
     args.push_back(fmt::format("{}/{}.port", logs_dir(c), file));
@@ -192,6 +197,7 @@ std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool p
     args.push_back(control_port_file(c, file));
   }
   for (std::string& a : deadline_args(c.deadlines)) args.push_back(std::move(a));
+  if (instance != 0) args.insert(args.end(), {"--instance", std::to_string(instance)});
   if (c.metrics) {
     args.insert(args.end(), {"--metrics-port-file", fmt::format("{}/metrics/{}.port", c.out, file),
                              "--metrics-file", fmt::format("{}/metrics/{}.prom", c.out, file)});
@@ -216,6 +222,14 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--log-file", logs_dir(c) + "/router.jsonl",
           "--ready-timeout-s", num(c.ready_timeout_s),
           "--request-timeout-s", num(c.request_timeout_s)};
+  if (c.prefill_instances > 1 || c.decode_instances > 1) {  // xPyD
+    args.insert(args.end(), {"--prefill-instances", std::to_string(c.prefill_instances), "--decode-instances",
+                             std::to_string(c.decode_instances)});
+    for (uint32_t i = 0; c.prefill_instances > 1 && i < c.prefill_instances; ++i) {
+      const uint16_t port = i < p.prefill_bootstraps.size() ? p.prefill_bootstraps[i] : 0;
+      args.insert(args.end(), {"--prefill-bootstrap", host_port(bootstrap_address(c), port)});
+    }
+  }
   if (const std::string faults = effective_faults(c); !faults.empty()) {
     args.push_back("--faults");
     args.push_back(faults);

@@ -22,15 +22,24 @@ struct Ports {
   uint16_t bootstrap = 0, router = 0;
   uint16_t orchestrator = 0;  // 0: no peer deaths planned (the router gets no --orchestrator)
   // Engine endpoint of each DP group's leader, index = DP rank (missing or 0: bind any port).
+  // xPyD: the orchestrator passes each instance's own (and, for a prefill instance's ranks, its
+  // own bootstrap port in `bootstrap`; decode ranks get instance 0's as their default).
   std::vector<uint16_t> prefill_engines, decode_engines;
+  // xPyD: every prefill instance's bootstrap port (index = instance), for the router.
+  std::vector<uint16_t> prefill_bootstraps;
 };
 // A rank's name ("prefill/tp1", "decode/tp0/dp1": RankId::str(), the DP group only when not 0,
 // as in every error's origin) and its file name in DIR/logs ("prefill-tp1", "decode-tp0-dp1").
-std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
-std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank);
-std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p);
+// xPyD: instance I > 0 is the RankId's engine id ("decode1/tp0", file "decode1-tp0"): a decode
+// rank's own id; a prefill rank is engine 0 in the library (its origins read "prefill/tp0"), the
+// instance in its name is the replay's (the report names it so: report.h "Instances").
+std::string rank_name(bool prefill, uint32_t tp_rank, uint32_t dp_rank, uint32_t instance = 0);
+std::string rank_file(bool prefill, uint32_t tp_rank, uint32_t dp_rank, uint32_t instance = 0);
+// The bootstrap service of prefill instance I: file "bootstrap" (I = 0), "bootstrap1", ...
+std::string bootstrap_file(uint32_t instance);
+std::vector<std::string> bootstrap_args(const ReplayConfig& c, const Ports& p, uint32_t instance = 0);
 std::vector<std::string> rank_args(const ReplayConfig& c, const Ports& p, bool prefill,
-                                   uint32_t tp_rank, uint32_t dp_rank = 0);
+                                   uint32_t tp_rank, uint32_t dp_rank = 0, uint32_t instance = 0);
 std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p);
 
 // --hosts (hosts.h): the host a child runs on, by its file name ("bootstrap", "router",

@@ -219,3 +219,50 @@ TEST(Args, PlacementGivesEveryAddress) {
 
 }  // namespace
 }  // namespace kvferry::replay
+
+namespace kvferry::replay {
+namespace {
+
+TEST(ChildArgs, InstancesNameTheirRanksAndBootstraps) {
+  // Instance 0 is named as before instances existed; instance I > 0 as RankId's engine id.
+  EXPECT_EQ(rank_name(true, 1, 0), "prefill/tp1");
+  EXPECT_EQ(rank_name(true, 1, 0, 0), "prefill/tp1");
+  EXPECT_EQ(rank_name(true, 1, 2, 3), "prefill3/tp1/dp2");
+  EXPECT_EQ(rank_file(false, 0, 0, 1), "decode1-tp0");
+  EXPECT_EQ(file_rank_name("decode1-tp0"), "decode1/tp0");
+  EXPECT_EQ(bootstrap_file(0), "bootstrap");
+  EXPECT_EQ(bootstrap_file(2), "bootstrap2");
+
+  ReplayConfig c;
+  c.exe = "/x/kvferry";
+  c.trace = "/t.csv";
+  c.out = "/o";
+  c.prefill_instances = 2;
+  c.decode_instances = 2;
+  Ports p{.bootstrap = 2001, .router = 1004, .prefill_engines = {1002}, .decode_engines = {1003}};
+  p.prefill_bootstraps = {1001, 2001};
+  const std::string b = join(bootstrap_args(c, p, 1));
+  EXPECT_NE(b.find("--port 2001 --log-file /o/logs/bootstrap1.jsonl"), std::string::npos) << b;
+  p.bootstrap = 0;
+  EXPECT_NE(join(bootstrap_args(c, p, 1)).find("--port-file /o/logs/bootstrap1.port"), std::string::npos);
+  p.bootstrap = 1001;
+  // A decode rank of instance 1: its instance (its engine id), its own files, instance 0's
+  // bootstrap service as its default (the router names the room's prefill instance's).
+  const std::string d = join(rank_args(c, p, false, 0, 0, 1));
+  EXPECT_NE(d.find("--bootstrap 127.0.0.1:1001"), std::string::npos) << d;
+  EXPECT_NE(d.find("--log-file /o/logs/decode1-tp0.jsonl"), std::string::npos) << d;
+  EXPECT_NE(d.find("--instance 1"), std::string::npos) << d;
+  EXPECT_EQ(join(rank_args(c, p, false, 0, 0, 0)).find("--instance"), std::string::npos);
+  // The router learns every instance count and every prefill instance's bootstrap service.
+  const std::string r = join(router_args(c, p));
+  EXPECT_NE(r.find("--prefill-instances 2 --decode-instances 2 --prefill-bootstrap 127.0.0.1:1001 "
+                   "--prefill-bootstrap 127.0.0.1:2001"),
+            std::string::npos)
+      << r;
+  c.prefill_instances = 1;
+  c.decode_instances = 1;
+  EXPECT_EQ(join(router_args(c, p)).find("instances"), std::string::npos) << "1x1: the argv as before";
+}
+
+}  // namespace
+}  // namespace kvferry::replay

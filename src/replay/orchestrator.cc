@@ -21,6 +21,7 @@
 #include "kvferry/trace.h"
 #include "process/process.h"
 #include "replay/net_fault_executor.h"
+#include "replay/out_files.h"
 #include "replay/peer_death_executor.h"
 #include "replay/progress.h"
 #include "replay/report.h"
@@ -62,29 +63,8 @@ class SignalGuard {
   struct sigaction old_term_ {};
 };
 
-std::string read_file(const std::string& path, bool& ok) {
-  std::ifstream in(path, std::ios::binary);
-  ok = static_cast<bool>(in);
-  std::stringstream ss;
-  if (ok) ss << in.rdbuf();
-  return ss.str();
-}
-
-// Writes PATH.tmp, then renames it to PATH: a reader (a scraper reading metrics.json while the
-// replay runs) never sees a partial file.
-Status write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return {ErrorCode::kInternal, "cannot write " + tmp};
-    out << text << "\n";
-    if (!out.flush()) return {ErrorCode::kInternal, "cannot write " + tmp};
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) return {ErrorCode::kInternal, "cannot rename " + tmp + " to " + path + ": " + ec.message()};
-  return Status::Ok();
-}
+std::string read_file(const std::string& path, bool& ok) { return read_text_file(path, ok); }
+Status write_file(const std::string& path, const std::string& text) { return write_file_atomic(path, text); }
 
 // One child process: file name (logs/<file>.stderr) and the name users read.
 struct ChildInfo {
@@ -99,19 +79,8 @@ std::string display_name(const std::vector<ChildInfo>& kids, const std::string& 
   return file;
 }
 
-// Removes what a previous replay into the same directory left (logs are counted by glob).
-void clean_previous(const ReplayConfig& c) {
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(logs_dir(c), ec)) {
-    const auto ext = e.path().extension();
-    if (ext == ".jsonl" || ext == ".stderr" || ext == ".killed-tail" || ext == ".port" || ext == ".tmp") {
-      fs::remove(e.path(), ec);
-    }
-  }
-  fs::remove(c.out + "/report.json", ec);
-  fs::remove(c.out + "/results.json", ec);
-  fs::remove(c.out + "/results.json.progress", ec);
-}
+// The bootstrap services ("bootstrap", "bootstrap1", ...: one per prefill instance).
+bool is_bootstrap(const std::string& file) { return file.rfind("bootstrap", 0) == 0; }
 
 // One replay run after validation; owns the children.
 class Run {
@@ -132,10 +101,14 @@ class Run {
       if (int rc = setup_metrics(); rc != 0) return rc;
     }
 
-    out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}, "
+    const std::string instances =
+        c_.prefill_instances == 1 && c_.decode_instances == 1
+            ? std::string()
+            : fmt::format(" ({} prefill x {} decode instances)", c_.prefill_instances, c_.decode_instances);
+    out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}{}, "
                         "{} transport, decode pool {} MiB/rank{}\n",
                         c_.max_requests == 0 ? std::string("all") : std::to_string(c_.max_requests),
-                        c_.model, c_.prefill_tp, c_.prefill_dp, c_.decode_tp, c_.decode_dp,
+                        c_.model, c_.prefill_tp, c_.prefill_dp, c_.decode_tp, c_.decode_dp, instances,
                         c_.transport, c_.pool_mib, c_.pool_mib_auto ? " (automatic)" : "");
     if (c_.hosts) out_ << placement_text(c_);
     out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
@@ -143,37 +116,23 @@ class Run {
     // Every listening child binds port 0 and reports its port (Ports, child_args.h). The
     // bootstrap service and the router listen before any rank starts, so the ranks' first
     // registration and "ready" frame find them; each DP group's leader before its followers.
-    if (int rc = spawn("bootstrap", "bootstrap", bootstrap_args(c_, p)); rc != 0) return rc;
-    if (int rc = wait_port("bootstrap", p.bootstrap); rc != 0) return rc;
+    // xPyD: one bootstrap service per prefill instance; decode ranks default to instance 0's.
+    for (uint32_t i = 0; i < c_.prefill_instances; ++i) {
+      if (int rc = spawn(bootstrap_file(i), bootstrap_file(i), bootstrap_args(c_, p, i)); rc != 0) return rc;
+    }
+    p.prefill_bootstraps.assign(c_.prefill_instances, 0);
+    for (uint32_t i = 0; i < c_.prefill_instances; ++i) {
+      if (int rc = wait_port(bootstrap_file(i), p.prefill_bootstraps[i]); rc != 0) return rc;
+    }
+    p.bootstrap = p.prefill_bootstraps[0];
     if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
     if (int rc = wait_port("router", p.router); rc != 0) return rc;
     if (deaths_.active()) deaths_.set_router_endpoint(zmq_endpoint(router_address(c_), p.router));
     for (bool prefill : {true, false}) {
-      const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
-      const uint32_t dp = prefill ? c_.prefill_dp : c_.decode_dp;
-      auto& engines = prefill ? p.prefill_engines : p.decode_engines;
-      for (uint32_t g = 0; g < dp; ++g) {
-        if (int rc = spawn(rank_file(prefill, 0, g), rank_name(prefill, 0, g),
-                           rank_args(c_, p, prefill, 0, g));
-            rc != 0) {
-          return rc;
-        }
-      }
-      engines.assign(dp, 0);
-      for (uint32_t g = 0; g < dp; ++g) {
-        const std::string leader = rank_file(prefill, 0, g);
-        if (int rc = wait_port(leader, engines[g]); rc != 0) return rc;
-        // A restarted leader (peer death) binds the same port: its followers know only that one.
-        deaths_.set_command(leader, rank_name(prefill, 0, g), rank_args(c_, p, prefill, 0, g));
-      }
-      for (uint32_t g = 0; g < dp; ++g) {
-        for (uint32_t r = 1; r < tp; ++r) {
-          if (int rc = spawn(rank_file(prefill, r, g), rank_name(prefill, r, g),
-                             rank_args(c_, p, prefill, r, g));
-              rc != 0) {
-            return rc;
-          }
-        }
+      for (uint32_t i = 0; i < (prefill ? c_.prefill_instances : c_.decode_instances); ++i) {
+        Ports pi = p;
+        if (prefill) pi.bootstrap = p.prefill_bootstraps[i];
+        if (int rc = spawn_engine(pi, prefill, i); rc != 0) return rc;
       }
     }
     if (c_.metrics) {
@@ -204,6 +163,38 @@ class Run {
     return std::chrono::duration<double>(Clock::now() - t0_).count();
   }
 
+  // One engine instance: every DP group's leader, then (once each reported its port) their
+  // followers with it. `p`: the instance's own ports (bootstrap: a prefill instance's own).
+  int spawn_engine(Ports& p, bool prefill, uint32_t in) {
+    const uint32_t tp = prefill ? c_.prefill_tp : c_.decode_tp;
+    const uint32_t dp = prefill ? c_.prefill_dp : c_.decode_dp;
+    auto& engines = prefill ? p.prefill_engines : p.decode_engines;
+    engines.clear();
+    for (uint32_t g = 0; g < dp; ++g) {
+      if (int rc = spawn(rank_file(prefill, 0, g, in), rank_name(prefill, 0, g, in), rank_args(c_, p, prefill, 0, g, in));
+          rc != 0) {
+        return rc;
+      }
+    }
+    engines.assign(dp, 0);
+    for (uint32_t g = 0; g < dp; ++g) {
+      const std::string leader = rank_file(prefill, 0, g, in);
+      if (int rc = wait_port(leader, engines[g]); rc != 0) return rc;
+      // A restarted leader (peer death) binds the same port: its followers know only that one.
+      deaths_.set_command(leader, rank_name(prefill, 0, g, in), rank_args(c_, p, prefill, 0, g, in));
+    }
+    for (uint32_t g = 0; g < dp; ++g) {
+      for (uint32_t r = 1; r < tp; ++r) {
+        if (int rc = spawn(rank_file(prefill, r, g, in), rank_name(prefill, r, g, in),
+                           rank_args(c_, p, prefill, r, g, in));
+            rc != 0) {
+          return rc;
+        }
+      }
+    }
+    return 0;
+  }
+
   // --metrics (docs/metrics.md): every rank of every DP group binds its metrics server to port 0
   // and writes the port to DIR/metrics/<file>.port. DIR/metrics.json names every rank's port file
   // and final file before any rank starts ("port" and "url" null), and is rewritten with each
@@ -218,9 +209,11 @@ class Run {
     fs::create_directories(metrics_dir(), ec);
     if (ec) return early_error("cannot create " + metrics_dir() + ": " + ec.message(), false);
     for (bool prefill : {true, false}) {
-      for (uint32_t g = 0; g < (prefill ? c_.prefill_dp : c_.decode_dp); ++g) {
-        for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
-          metrics_ranks_.emplace_back(rank_name(prefill, r, g), rank_file(prefill, r, g));
+      for (uint32_t in = 0; in < (prefill ? c_.prefill_instances : c_.decode_instances); ++in) {
+        for (uint32_t g = 0; g < (prefill ? c_.prefill_dp : c_.decode_dp); ++g) {
+          for (uint32_t r = 0; r < (prefill ? c_.prefill_tp : c_.decode_tp); ++r) {
+            metrics_ranks_.emplace_back(rank_name(prefill, r, g, in), rank_file(prefill, r, g, in));
+          }
         }
       }
     }
@@ -405,6 +398,7 @@ class Run {
     if (results) {
       const ReplayResults done = finished_only(*results);
       Report rep = build_report(done, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp, c_.decode_tp);
+      add_instance_figures(rep, done, c_.prefill_instances, c_.decode_instances);
       rep.process_exits = process_exits_;
       auto j = nlohmann::ordered_json::parse(report_json(rep, done, c_.to_json(), elapsed_s(), msg));
       j["status"] = "partial";
@@ -435,7 +429,7 @@ class Run {
           return child_failed(e, "(the router failed)");
         }
         if (planned_exit(e)) continue;
-        if (e.ok() && e.name != "bootstrap") {
+        if (e.ok() && !is_bootstrap(e.name)) {
           // Ranks exit 0 only on the router's shutdown, which can beat the router's own exit.
           process_exits_.push_back(
               fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
@@ -470,18 +464,23 @@ class Run {
           fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
       // The bootstrap service is stopped with SIGTERM below (a kill after the grace is not its
       // fault), but it must still exit 0: a sanitizer report at exit is a non-zero code.
-      if (!e.ok() && (e.name != "bootstrap" || e.signal == 0)) {
+      if (!e.ok() && (!is_bootstrap(e.name) || e.signal == 0)) {
         process_problems_.push_back(fmt::format("{} {} after the shutdown",
                                                 display_name(kids_, e.name), e.describe()));
       }
     };
-    while (group_.running_count() > (group_.running("bootstrap") ? 1u : 0u) &&
+    auto bootstraps_running = [this] {
+      size_t n = 0;
+      for (uint32_t i = 0; i < c_.prefill_instances; ++i) n += group_.running(bootstrap_file(i)) ? 1 : 0;
+      return n;
+    };
+    while (group_.running_count() > bootstraps_running() &&
            Clock::now() < deadline && g_signal == 0) {
       for (const auto& e : group_.reap()) note(e);
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     for (const auto& k : kids_) {
-      if (k.file != "bootstrap" && group_.running(k.file)) {
+      if (!is_bootstrap(k.file) && group_.running(k.file)) {
         process_problems_.push_back(k.display + " did not exit within 30 s of the shutdown");
       }
     }
@@ -497,6 +496,7 @@ class Run {
     if (!results.ok()) return early_error(results.status().str(), false);
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp,
                               c_.decode_tp);
+    add_instance_figures(rep, *results, c_.prefill_instances, c_.decode_instances);
     if (net_) {
       add_net_fault_checks(rep, *results, net_->records(),
                            c_.hosts ? rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp)

@@ -9,6 +9,10 @@
 //   ranks      kvferry rank --role prefill|decode --tp-rank R [--dp-rank D] ... (child_args.h):
 //              dp x tp ranks per engine, each DP group its own engine (leader tp0 + followers)
 //   router     kvferry router ... --results DIR/results.json
+//   xPyD (--prefill-instances / --decode-instances): one bootstrap service per prefill instance
+//              (bootstrap, bootstrap1, ...) and every instance's ranks (prefill1-tp0, decode1-tp0,
+//              ...: child_args.h rank_file()); decode ranks default to instance 0's bootstrap, the
+//              router names the room's prefill instance's per request (router.h)
 // Each child's stdout+stderr: DIR/logs/<name>.stderr (name: bootstrap, prefill-tp0, ...,
 // prefill-tp0-dp1, ..., router; see rank_file()).
 // Supervision: any rank or the bootstrap exiting before the router finished, or a failed router,

@@ -93,6 +93,10 @@ std::string ReplayConfig::to_json() const {
                       {"timeout_s", timeout_s},
                       {"test_break_rank", break_rank},
                       {"metrics", metrics}};
+  if (prefill_instances != 1 || decode_instances != 1) {  // xPyD (absent: one of each)
+    j["prefill_instances"] = prefill_instances;
+    j["decode_instances"] = decode_instances;
+  }
   if (hosts) {  // the placement, as validated ("replay" filled in)
     j["hosts_file"] = hosts_file;
     j["hosts"] = nlohmann::ordered_json::parse(hosts->to_json());
@@ -122,8 +126,11 @@ Status validate(ReplayConfig& c) {
   if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
   if (c.prefill_dp < 1 || c.prefill_dp > 16) return invalid("--prefill-dp must be in 1..16");
   if (c.decode_dp < 1 || c.decode_dp > 16) return invalid("--decode-dp must be in 1..16");
-  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp;
-  const uint32_t decode_ranks = c.decode_tp * c.decode_dp;
+  if (c.prefill_instances < 1 || c.prefill_instances > 8) return invalid("--prefill-instances must be in 1..8");
+  if (c.decode_instances < 1 || c.decode_instances > 8) return invalid("--decode-instances must be in 1..8");
+  const bool xpyd = c.prefill_instances > 1 || c.decode_instances > 1;
+  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp * c.prefill_instances;
+  const uint32_t decode_ranks = c.decode_tp * c.decode_dp * c.decode_instances;
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
   if (!(c.prefill_ms_per_layer >= 0) || c.prefill_ms_per_layer > 10'000)
@@ -139,6 +146,18 @@ Status validate(ReplayConfig& c) {
                                  c.decode_dp);
     if (!plan.ok()) return invalid(plan.status().message());
     c.fault_plan = *plan;
+  }
+  if (xpyd) {
+    // The orchestrator's planned kills, network faults and pauses address instance 0's ranks only.
+    for (const auto& item : c.fault_plan.items) {
+      if (item.kind == "peer_death" || item.kind == "restart" || item.is_net() || item.kind == "pause")
+        return invalid(fmt::format("--faults {}: not supported with --prefill-instances {} --decode-instances {} "
+                                   "(peer deaths, restarts, network faults and pauses need one instance of each)",
+                                   item.kind, c.prefill_instances, c.decode_instances));
+    }
+    if (!c.hosts_file.empty())
+      return invalid("--hosts places one prefill and one decode instance; it cannot be given with "
+                     "--prefill-instances or --decode-instances above 1");
   }
   for (const auto& item : c.fault_plan.items)
     if (item.kind == "corrupt" && !c.integrity)

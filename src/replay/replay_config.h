@@ -22,6 +22,11 @@ struct ReplayConfig {
   uint32_t decode_tp = 1;
   uint32_t prefill_dp = 1;  // DP groups of the prefill engine, each prefill_tp ranks
   uint32_t decode_dp = 1;
+  // xPyD (--prefill-instances / --decode-instances, 1..8 each): engine instances per role, each
+  // TP x DP ranks of its own; every prefill instance has its own bootstrap service. With more than
+  // one instance of either role: no peer deaths, restarts, network faults, pauses or --hosts.
+  uint32_t prefill_instances = 1;
+  uint32_t decode_instances = 1;
   uint32_t page_size = 64;         // tokens
   uint64_t pool_mib = 0;           // decode pool per rank; 0: automatic (default_pool_mib)
   bool pool_mib_auto = false;      // set by validate() when pool_mib was chosen automatically

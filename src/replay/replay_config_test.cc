@@ -227,3 +227,53 @@ TEST(DefaultPool, RuleAndBounds) {
 
 }  // namespace
 }  // namespace kvferry::replay
+
+namespace kvferry::replay {
+namespace {
+
+class ValidateInstances : public Validate {};
+
+TEST_F(ValidateInstances, XpydOptionsAndWhatTheyRefuse) {
+  ReplayConfig c = good();
+  ASSERT_TRUE(validate(c).ok());
+  auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_FALSE(j.contains("prefill_instances")) << "one of each: the config is as before instances";
+  c = good();
+  c.prefill_instances = 3;
+  c.decode_instances = 2;
+  ASSERT_TRUE(validate(c).ok());
+  j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["prefill_instances"], 3);
+  EXPECT_EQ(j["decode_instances"], 2);
+  c = good();
+  c.prefill_instances = 0;
+  EXPECT_NE(error_of(c).find("--prefill-instances must be in 1..8"), std::string::npos);
+  c = good();
+  c.decode_instances = 9;
+  EXPECT_NE(error_of(c).find("--decode-instances must be in 1..8"), std::string::npos);
+  c = good();
+  c.decode_instances = 2;
+  c.faults = "peer_death@prefill/tp1:once";
+  EXPECT_NE(error_of(c).find("--faults peer_death: not supported with --prefill-instances 1 --decode-instances 2"),
+            std::string::npos);
+  c = good();
+  c.prefill_instances = 2;
+  c.faults = "pause@decode/tp0:500";
+  EXPECT_NE(error_of(c).find("--faults pause: not supported"), std::string::npos);
+  c = good();
+  c.prefill_instances = 2;
+  c.faults = "transfer@prefill:0.1,decode_fail@decode:0.1";  // room faults: placed per instance
+  EXPECT_TRUE(validate(c).ok());
+  c = good();
+  c.decode_instances = 2;
+  c.hosts_file = "/no/such/hosts.json";
+  EXPECT_NE(error_of(c).find("--hosts places one prefill and one decode instance"), std::string::npos);
+  // Every instance's pools count against the machine.
+  c = good();
+  c.pool_mib = 1ull << 20;  // 1 TiB per decode rank
+  c.decode_instances = 8;
+  EXPECT_NE(error_of(c).find("2 x --prefill-pool-mib 64 + 16 x --pool-mib"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -12,17 +12,26 @@
 #include "replay/fault_plan.h"
 
 namespace kvferry::replay {
+
+std::string instance_origin(const std::string& origin, const RequestOutcome& q) {
+  auto r = RankId::parse(origin);
+  if (!r || r->role != Role::kPrefill || r->engine_id != 0 || q.prefill_instance == 0) return origin;
+  r->engine_id = q.prefill_instance;
+  return r->str();
+}
+
 namespace {
 
 std::string origin_of(const RequestOutcome& q) {
   const bool pf = q.prefill && q.prefill->state == KVPoll::Failed;
   const bool df = q.decode && q.decode->state == KVPoll::Failed;
-  if (df && pf && !q.prefill->origin.empty() && !q.decode->origin.empty() &&
-      q.prefill->origin != q.decode->origin) {
-    return "prefill says " + q.prefill->origin + ", decode says " + q.decode->origin;
+  const std::string po = pf ? instance_origin(q.prefill->origin, q) : "";
+  const std::string dp = df ? instance_origin(q.decode->origin, q) : "";
+  if (df && pf && !po.empty() && !dp.empty() && po != dp) {
+    return "prefill says " + po + ", decode says " + dp;
   }
-  if (df && !q.decode->origin.empty()) return q.decode->origin;
-  if (pf && !q.prefill->origin.empty()) return q.prefill->origin;
+  if (df && !dp.empty()) return dp;
+  if (pf && !po.empty()) return po;
   if (!q.router_failure.empty()) return "router";
   return "unknown";
 }
@@ -287,7 +296,7 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
       FaultEntry f;
       f.room = room;
       f.kind = std::string(fault_kind_name(q.fault->kind));
-      f.injected_at = q.fault->at.str();
+      f.injected_at = instance_origin(q.fault->at.str(), q);
       f.expected_code = expected_code(*q.fault);
       f.error = error;
       f.outcome = outcome;
@@ -314,7 +323,7 @@ Report build_report(const ReplayResults& results, const LogScan& logs,
         if (rejected) {
           f.code = code;
           f.reason = q.decode->reason;
-          f.observed_origin = q.decode->origin;
+          f.observed_origin = instance_origin(q.decode->origin, q);
         }
         if (death >= 0) f.outcome = "failed_by_peer_death";
         rep.faults_not_applied.push_back(std::move(f));

@@ -31,6 +31,13 @@
 
 namespace kvferry::replay {
 
+// xPyD ("Instances", docs/report.md): a rank is named by its instance, "prefill1/tp0",
+// "decode1/tp0" (instance 0: no number), as its log file. A decode rank's engine id is its
+// instance, so the origins it reports already say so; every prefill instance's ranks are engine 0
+// in the library, so a prefill origin is named with the prefill instance of the room (the one the
+// router sent it to: a room touches one instance of each role). The same for a fault's rank.
+std::string instance_origin(const std::string& origin, const RequestOutcome& q);
+
 struct Percentiles {
   double p50 = 0, p90 = 0, p99 = 0, max = 0;
   uint64_t count = 0;
@@ -185,6 +192,22 @@ struct TailEntry {
   double ms = 0;
 };
 
+// One engine instance's share of an xPyD replay (report_instances.cc).
+struct InstanceFigures {
+  Role role = Role::kPrefill;
+  uint32_t instance = 0;
+  uint64_t rooms = 0, succeeded = 0, failed = 0, rejected = 0;
+  uint64_t bytes = 0;          // prefill: bytes written; decode: bytes verified
+  uint64_t bytes_mismatched = 0;  // decode
+  double gb_per_s = 0;         // bytes over the replay's transfer_seconds
+  Percentiles transfer_latency_ms;  // succeeded rooms, first send to decode success
+  uint64_t faults = 0;         // injected faults of rooms here that failed them (report `faults`)
+  uint64_t faults_attributed = 0;
+  // Rooms by the other role's instance (a decode instance: by prefill instance, and the reverse).
+  std::vector<uint64_t> rooms_by_peer_instance;
+  std::string name() const;    // "prefill instance 1"
+};
+
 struct Report {
   uint64_t total = 0, succeeded = 0, failed = 0, rejected = 0;
   uint64_t bytes_transferred = 0, bytes_verified = 0, bytes_mismatched = 0;
@@ -205,6 +228,7 @@ struct Report {
   LogScan logs;
   std::vector<std::string> process_problems;  // from the orchestrator (e.g. a rank exited non-zero)
   std::vector<std::string> process_exits;     // "prefill/tp0 (pid 12) exited with code 0", ...
+  std::vector<InstanceFigures> instances;     // xPyD only (add_instance_figures()); empty otherwise
   uint64_t faults_misattributed() const;
   uint64_t faults_not_one_line() const;  // faults whose lines_above_debug != 1
   // Problems that make `kvferry replay` exit 1 (empty: the replay is clean).
@@ -240,6 +264,15 @@ std::string report_json(const Report& report, const ReplayResults& results,
 // results were available (may be none).
 std::string partial_report_json(const std::string& config_json, double wall_s,
                                 const std::string& error);
+
+// xPyD: fills rep.instances from the results (every instance of each role, also one that got no
+// room); call after build_report(). Nothing with one instance of each role.
+void add_instance_figures(Report& rep, const ReplayResults& results, uint32_t prefill_instances,
+                          uint32_t decode_instances);
+// report.json's "instances" (an array, one object per instance, prefill first) and the summary's
+// lines for them (report_json.cc adds both when rep.instances is not empty).
+std::string instances_json(const Report& rep);
+std::string instances_text(const Report& rep);
 
 // A few human lines: requests, ok/failed/rejected, GB moved, GB/s, p50/p99, faults x/y, mismatches.
 std::string summary_text(const Report& report, double wall_s);

@@ -506,3 +506,86 @@ TEST(BuildReport, PrefillConcludedBeforeADecodeFailureIsExplicit) {
 
 }  // namespace
 }  // namespace kvferry::replay
+
+namespace kvferry::replay {
+namespace {
+
+// xPyD: prefill origins are named by the room's prefill instance (every prefill instance's ranks
+// are engine 0 in the library), decode origins by their own engine id; per-instance figures.
+TEST(BuildReport, InstancesNameOriginsAndGetTheirFigures) {
+  ReplayResults res;
+  res.dispatch_start_ns = 1;
+  res.last_result_ns = 1'000'000'001;  // 1 s
+  RequestOutcome a = success(1, 10, 2'000'010, 1000);  // p0 -> d1, 2 ms
+  a.prefill_instance = 0;
+  a.decode_instance = 1;
+  a.dispatched_ns = 5;
+  RequestOutcome b = success(2, 10, 4'000'010, 3000);  // p1 -> d0, 4 ms
+  b.prefill_instance = 1;
+  b.dispatched_ns = 5;
+  // A prefill fault in prefill instance 1: the engines say "prefill/tp0", the report names it
+  // "prefill1/tp0", as the injected rank.
+  RequestOutcome f;
+  f.room = 3;
+  f.dispatched_ns = 5;
+  f.prefill_instance = 1;
+  f.decode_instance = 1;
+  f.fault = *fault_from_names("transfer", "prefill/tp0");
+  f.prefill = failed_result(Role::kPrefill, 3, ErrorCode::kTransferError, "prefill/tp0");
+  f.decode = failed_result(Role::kDecode, 3, ErrorCode::kTransferError, "prefill/tp0");
+  // A decode fault whose origin is another decode instance than the room's: misattributed.
+  RequestOutcome g;
+  g.room = 4;
+  g.dispatched_ns = 5;
+  g.decode_instance = 1;
+  g.fault = *fault_from_names("decode_fail", "decode1/tp0");
+  g.prefill = failed_result(Role::kPrefill, 4, ErrorCode::kInjected, "decode1/tp0");
+  g.decode = failed_result(Role::kDecode, 4, ErrorCode::kInjected, "decode2/tp0");
+  for (auto* q : {&a, &b, &f, &g}) res.requests.push_back(*q);
+  EXPECT_EQ(instance_origin("prefill/tp0", f), "prefill1/tp0");
+  EXPECT_EQ(instance_origin("decode1/tp0", f), "decode1/tp0");
+  EXPECT_EQ(instance_origin("prefill/tp0", a), "prefill/tp0");
+  EXPECT_EQ(instance_origin("router", f), "router");
+
+  Report rep = build_report(res, LogScan{});
+  ASSERT_EQ(rep.faults.size(), 2u);
+  EXPECT_EQ(rep.faults[0].injected_at, "prefill1/tp0");
+  EXPECT_EQ(rep.faults[0].observed_origin, "prefill1/tp0");
+  EXPECT_TRUE(rep.faults[0].attributed());
+  EXPECT_EQ(rep.faults[1].observed_origin, "prefill says decode1/tp0, decode says decode2/tp0");
+  EXPECT_FALSE(rep.faults[1].attributed());
+  EXPECT_TRUE(rep.instances.empty()) << "figures only when asked for";
+
+  add_instance_figures(rep, res, 2, 2);
+  ASSERT_EQ(rep.instances.size(), 4u);
+  const InstanceFigures& p1 = rep.instances[1];
+  EXPECT_EQ(p1.name(), "prefill instance 1");
+  EXPECT_EQ(p1.rooms, 2u);
+  EXPECT_EQ(p1.succeeded, 1u);
+  EXPECT_EQ(p1.failed, 1u);
+  EXPECT_EQ(p1.bytes, 3000u);
+  EXPECT_EQ(p1.faults, 1u);
+  EXPECT_EQ(p1.faults_attributed, 1u);
+  EXPECT_EQ(p1.rooms_by_peer_instance, (std::vector<uint64_t>{1, 1}));
+  const InstanceFigures& d1 = rep.instances[3];
+  EXPECT_EQ(d1.role, Role::kDecode);
+  EXPECT_EQ(d1.rooms, 3u);
+  EXPECT_EQ(d1.faults, 1u);
+  EXPECT_EQ(d1.faults_attributed, 0u);
+  EXPECT_EQ(d1.transfer_latency_ms.count, 1u);
+  EXPECT_DOUBLE_EQ(d1.transfer_latency_ms.p50, 2.0);
+  EXPECT_EQ(d1.rooms_by_peer_instance, (std::vector<uint64_t>{2, 1}));
+  EXPECT_NEAR(rep.instances[0].gb_per_s, 1000 / 1e9, 1e-12);
+  const auto j = nlohmann::json::parse(report_json(rep, res, "{}", 1.0, ""));
+  ASSERT_EQ(j["instances"].size(), 4u);
+  EXPECT_EQ(j["instances"][3]["role"], "decode");
+  EXPECT_EQ(j["instances"][3]["rooms"], 3);
+  EXPECT_NE(summary_text(rep, 1.0).find("decode instance 1: 3 rooms, 1 ok, 2 failed"), std::string::npos)
+      << summary_text(rep, 1.0);
+  add_instance_figures(rep, res, 1, 1);
+  EXPECT_TRUE(rep.instances.empty());
+  EXPECT_FALSE(nlohmann::json::parse(report_json(rep, res, "{}", 1.0, "")).contains("instances"));
+}
+
+}  // namespace
+}  // namespace kvferry::replay

@@ -83,6 +83,8 @@ std::string encode_results(const ReplayResults& r) {
               {"router_failure", q.router_failure},
               {"abort_sent_ns", q.abort_sent_ns},
               {"error", q.error}};
+    if (q.prefill_instance != 0) o["prefill_instance"] = q.prefill_instance;  // xPyD only
+    if (q.decode_instance != 0) o["decode_instance"] = q.decode_instance;
     o["fault"] = q.fault ? json{{"kind", std::string(fault_kind_name(q.fault->kind))}, {"at", q.fault->at.str()}}
                          : json(nullptr);
     for (auto [key, res] : {std::pair{"prefill", &q.prefill}, std::pair{"decode", &q.decode}}) {
@@ -141,6 +143,12 @@ Result<ReplayResults> decode_results(const std::string& text) {
     // Optional (files of earlier versions lack them).
     if (o.contains("abort_sent_ns") && !get_i64(o, "abort_sent_ns", q.abort_sent_ns)) {
       return bad("request " + rs + ": bad abort_sent_ns");
+    }
+    for (auto [key, v] : {std::pair{"prefill_instance", &q.prefill_instance}, std::pair{"decode_instance", &q.decode_instance}}) {
+      uint64_t n = 0;
+      if (!o.contains(key)) continue;
+      if (!get_u64(o, key, n) || n > 1024) return bad("request " + rs + ": bad " + key);
+      *v = uint32_t(n);
     }
     if (auto e = o.find("error"); e != o.end()) {
       if (!e->is_string()) return bad("request " + rs + ": error must be a string");

@@ -8,7 +8,9 @@
 //                 "dispatched_ns":N, "fault":null|{"kind":..,"at":..},
 //                 "prefill":null|<RoomResult as in driver/engine_protocol.h>, "decode":null|<RoomResult>,
 //                 "router_failure":"" | "router: no result within 300 s",
-//                 "abort_sent_ns":N (0: no abort sent), "error":"" | final_error()}...],
+//                 "abort_sent_ns":N (0: no abort sent), "error":"" | final_error()
+//                 [,"prefill_instance":I][,"decode_instance":J]  (xPyD: the instances the router
+//                 chose; absent: 0)}...],
 //    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}}
 // Times are CLOCK_MONOTONIC ns (kvferry::monotonic_ns), comparable with the engines' times.
 // Thread contract: pure functions. Errors: kProtocolError for a malformed file.
@@ -34,6 +36,8 @@ struct RequestOutcome {
   std::optional<RoomResult> decode;
   std::string router_failure;  // set when the router gave up on the request
   int64_t abort_sent_ns = 0;   // when the router sent the room's abort (0: none sent)
+  uint32_t prefill_instance = 0;  // xPyD: the instances the router sent the request to
+  uint32_t decode_instance = 0;
   std::string error;           // final_error() when the request finished
 };
 

@@ -7,11 +7,10 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
-#include <random>
 #include <set>
+#include <tuple>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -23,6 +22,7 @@
 #include "replay/peer_death_frames.h"
 #include "replay/peer_death_schedule.h"
 #include "replay/results.h"
+#include "replay/router_instances.h"
 
 namespace kvferry::replay {
 namespace {
@@ -57,7 +57,12 @@ class Router {
  public:
   Router(const RouterConfig& c, ControlSocket& sock, std::vector<RouterRequest> plan,
          std::vector<PlannedPeerDeath> deaths)
-      : c_(c), sock_(sock), plan_(std::move(plan)), deaths_(std::move(deaths)) {
+      : c_(c),
+        inst_(c.prefill_instances, c.prefill_dp, c.decode_instances, c.decode_dp, c.prefill_leaders,
+              c.decode_leaders),
+        sock_(sock),
+        plan_(std::move(plan)),
+        deaths_(std::move(deaths)) {
     res_.requests.resize(plan_.size());
     for (size_t i = 0; i < plan_.size(); ++i) {
       const RouterRequest& q = plan_[i];
@@ -70,23 +75,23 @@ class Router {
       index_[q.room] = i;
     }
     done_.assign(plan_.size(), false);
-    leaders_[0] = c_.prefill_leaders;
-    leaders_[0].resize(std::max<uint32_t>(1, c_.prefill_dp));
-    leaders_[1] = c_.decode_leaders;
-    leaders_[1].resize(std::max<uint32_t>(1, c_.decode_dp));
   }
 
   Status wait_ready() {
-    std::set<std::pair<Role, uint32_t>> ready;
-    const size_t groups = leaders_[0].size() + leaders_[1].size();
+    std::set<std::tuple<Role, uint32_t, uint32_t>> ready;  // (role, instance, DP rank)
+    const size_t groups = inst_.groups();
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.ready_timeout_s);
     while (ready.size() < groups) {
       if (stop_requested()) return stopped();
       if (monotonic_ns() > deadline) {
         std::string missing;
         for (Role role : {Role::kPrefill, Role::kDecode}) {
-          for (uint32_t dp = 0; dp < leaders(role).size(); ++dp) {
-            if (!ready.count({role, dp})) missing += fmt::format(" {} dp{}", role_name(role), dp);
+          for (uint32_t in = 0; in < inst_.instances(role); ++in) {
+            for (uint32_t dp = 0; dp < inst_.dp(role); ++dp) {
+              if (ready.count({role, in, dp})) continue;
+              missing += in == 0 ? fmt::format(" {} dp{}", role_name(role), dp)
+                                 : fmt::format(" {} instance {} dp{}", role_name(role), in, dp);
+            }
           }
         }
         return {ErrorCode::kWaitingTimeout,
@@ -110,21 +115,22 @@ class Router {
                 fmt::format("{} engine reports tp_size {}, expected {}",
                             role_name(role), f->ready_tp_size, want)};
       }
-      if (f->dp_rank >= leaders(role).size()) {
+      if (f->dp_rank >= inst_.dp(role) || f->instance >= inst_.instances(role)) {
         return {ErrorCode::kProtocolError,
-                fmt::format("{} engine reports dp_rank {}, expected DP size {}", role_name(role),
-                            f->dp_rank, leaders(role).size())};
+                fmt::format("{} engine reports instance {} dp_rank {}, expected {} instances of DP size {}",
+                            role_name(role), f->instance, f->dp_rank, inst_.instances(role), inst_.dp(role))};
       }
-      if (!f->ready_endpoint.empty()) leaders(role)[f->dp_rank] = f->ready_endpoint;
-      if (leaders(role)[f->dp_rank].empty()) {
+      auto& group = inst_.leaders(role, f->instance);
+      if (!f->ready_endpoint.empty()) group[f->dp_rank] = f->ready_endpoint;
+      if (group[f->dp_rank].empty()) {
         return {ErrorCode::kProtocolError,
                 fmt::format("{} engine dp{} is ready but no endpoint is known for it",
                             role_name(role), f->dp_rank)};
       }
-      if (ready.insert({role, f->dp_rank}).second) {
+      if (ready.insert({role, f->instance, f->dp_rank}).second) {
         log_event(LogLevel::kInfo, kComponent,
-                  fmt::format("{} engine ready (dp {}, tp {}) at {}", role_name(role), f->dp_rank,
-                              want, leaders(role)[f->dp_rank]));
+                  fmt::format("{} engine ready (instance {}, dp {}, tp {}) at {}", role_name(role), f->instance,
+                              f->dp_rank, want, group[f->dp_rank]));
       }
     }
     // Every engine said it is ready. The router's first frames to a leader go out on a new
@@ -132,9 +138,10 @@ class Router {
     // the connection was not up by then: on a busy machine a loopback connect can take that long,
     // and the engine would never hear of its requests. So the connections come up first.
     for (Role role : {Role::kPrefill, Role::kDecode})
-      for (const std::string& leader : leaders(role))
-        if (Status st = sock_.wait_connected(leader, std::chrono::seconds(60)); !st.ok())
-          return {st.code(), fmt::format("{} engine at {}: {}", role_name(role), leader, st.message())};
+      for (uint32_t in = 0; in < inst_.instances(role); ++in)
+        for (const std::string& leader : inst_.leaders(role, in))
+          if (Status st = sock_.wait_connected(leader, std::chrono::seconds(60)); !st.ok())
+            return {st.code(), fmt::format("{} engine at {}: {}", role_name(role), leader, st.message())};
     return Status::Ok();
   }
 
@@ -187,25 +194,29 @@ class Router {
   void shutdown_and_collect_stats() {
     const std::string bye = encode_shutdown();
     for (Role role : {Role::kPrefill, Role::kDecode}) {
-      for (const auto& leader : leaders(role)) {
-        Status st = send_patiently(sock_, leader, bye, std::chrono::milliseconds(2000));
-        if (!st.ok()) {
-          log_event(LogLevel::kWarning, kComponent, "cannot send shutdown to " + leader + ": " + st.str());
+      for (uint32_t in = 0; in < inst_.instances(role); ++in) {
+        for (const auto& leader : inst_.leaders(role, in)) {
+          Status st = send_patiently(sock_, leader, bye, std::chrono::milliseconds(2000));
+          if (!st.ok()) {
+            log_event(LogLevel::kWarning, kComponent, "cannot send shutdown to " + leader + ": " + st.str());
+          }
         }
       }
     }
-    const size_t groups = leaders_[0].size() + leaders_[1].size();
+    const size_t groups = inst_.groups();
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.stats_timeout_s);
     while (stats_from_.size() < groups && monotonic_ns() < deadline) {
       auto text = sock_.recv(std::chrono::milliseconds(100));
       if (text) on_frame(*text);
     }
     for (Role role : {Role::kPrefill, Role::kDecode}) {
-      for (uint32_t dp = 0; dp < leaders(role).size(); ++dp) {
-        if (stats_from_.count({role, dp})) continue;
-        log_event(LogLevel::kWarning, kComponent,
-                  fmt::format("no stats within {} s from the {} engine dp{}", c_.stats_timeout_s,
-                              role_name(role), dp));
+      for (uint32_t in = 0; in < inst_.instances(role); ++in) {
+        for (uint32_t dp = 0; dp < inst_.dp(role); ++dp) {
+          if (stats_from_.count({role, in, dp})) continue;
+          log_event(LogLevel::kWarning, kComponent,
+                    fmt::format("no stats within {} s from the {} engine instance {} dp{}", c_.stats_timeout_s,
+                                role_name(role), in, dp));
+        }
       }
     }
   }
@@ -295,7 +306,7 @@ class Router {
       aborts_.erase(aborts_.begin());
       RequestOutcome& o = res_.requests[i];
       if (done_[i] || o.decode) continue;  // the room ended first: nothing to abort
-      Status st = sock_.send(leader_for(Role::kDecode, o.room), encode_abort(o.room));
+      Status st = sock_.send(inst_.leader_for(Role::kDecode, o.decode_instance, o.room), encode_abort(o.room));
       if (!st.ok()) {
         log_event(LogLevel::kWarning, kComponent, "abort not sent: " + st.str(), LogFields{.room = o.room});
         continue;
@@ -309,12 +320,26 @@ class Router {
 
   Status send_request(size_t i) {
     RouterRequest q = plan_[i];
+    RequestOutcome& o = res_.requests[i];
+    // xPyD: the instances with the fewest outstanding requests (router_instances.h).
+    std::tie(o.prefill_instance, o.decode_instance) = inst_.pick();
+    if (q.fault && q.fault->at.role == Role::kDecode) {  // a decode rank's engine id is its instance
+      q.fault->at.engine_id = o.decode_instance;
+      o.fault = q.fault;
+    }
     if (q.fault && q.fault->kind == FaultKind::kAbort) q.fault.reset();  // the router acts on it, not the engines
-    const std::string frame = encode_request(q);
-    for (const auto& leader : {leader_for(Role::kPrefill, q.room), leader_for(Role::kDecode, q.room)}) {
-      Status st = send_patiently(sock_, leader, frame, std::chrono::milliseconds(10000));
+    const std::string prefill_frame = encode_request(q);
+    if (o.prefill_instance < c_.prefill_bootstraps.size() && inst_.instances(Role::kPrefill) > 1) {
+      q.prefill_bootstrap = c_.prefill_bootstraps[o.prefill_instance];
+    }
+    const std::string decode_frame = encode_request(q);
+    for (const auto& [leader, frame] :
+         {std::pair{inst_.leader_for(Role::kPrefill, o.prefill_instance, q.room), &prefill_frame},
+          std::pair{inst_.leader_for(Role::kDecode, o.decode_instance, q.room), &decode_frame}}) {
+      Status st = send_patiently(sock_, leader, *frame, std::chrono::milliseconds(10000));
       if (!st.ok()) return {st.code(), "cannot send a request to " + leader + ": " + st.message()};
     }
+    inst_.dispatched(o.prefill_instance, o.decode_instance);
     log_event(LogLevel::kDebug, kComponent, "dispatched",
               LogFields{.room = plan_[i].room,
                         .extra = {{"input_tokens", std::to_string(plan_[i].input_tokens)},
@@ -333,6 +358,7 @@ class Router {
         o.error = final_error(o);
         log_event(LogLevel::kDebug, kComponent, o.error, LogFields{.room = o.room});
         done_[*it] = true;
+        finished_at_instances(o);
         ++given_up_;
         ++n;
         it = inflight_.erase(it);
@@ -357,19 +383,31 @@ class Router {
     }
     if (f->stats) {
       // One frame per DP group; the engine's list holds every group's ranks.
-      if (!stats_from_.insert({f->stats_role, f->dp_rank}).second) return 0;
+      if (f->instance >= inst_.instances(f->stats_role) || f->dp_rank >= inst_.dp(f->stats_role) ||
+          !stats_from_.insert({f->stats_role, f->instance, f->dp_rank}).second) {
+        return 0;
+      }
       auto& all = f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats;
       if (!all) all.emplace();
-      all->insert(all->end(), f->stats->begin(), f->stats->end());
+      for (RankLeakStats s : *f->stats) {
+        // Every prefill instance's ranks are engine 0: the report names them by instance
+        // ("prefill1/tp0", as their log files), the way decode ranks name themselves.
+        if (auto r = RankId::parse(s.rank); r && f->instance != 0) {
+          r->engine_id = f->instance;
+          s.rank = r->str();
+        }
+        all->push_back(std::move(s));
+      }
       return 0;
     }
     if (f->type == "ready" && f->ready_role) {
       // A leader sends "ready" again only after it restarted.
       Death* d = deaths_.current();
-      if (!f->ready_endpoint.empty() && f->dp_rank < leaders(*f->ready_role).size()) {
-        leaders(*f->ready_role)[f->dp_rank] = f->ready_endpoint;
+      if (!f->ready_endpoint.empty() && f->dp_rank < inst_.dp(*f->ready_role) &&
+          f->instance < inst_.instances(*f->ready_role)) {
+        inst_.leaders(*f->ready_role, f->instance)[f->dp_rank] = f->ready_endpoint;
       }
-      if (d && d->leader() && d->rank.role == *f->ready_role && d->rank.dp_rank == f->dp_rank &&
+      if (d && d->leader() && d->rank.role == *f->ready_role && d->rank.dp_rank == f->dp_rank && f->instance == 0 &&
           (d->state == Death::State::kKilled || d->state == Death::State::kRequested)) {
         on_leader_back(*d, monotonic_ns());  // adds what it finishes to finished_ itself
       }
@@ -414,6 +452,7 @@ class Router {
                         .origin = r.origin});
     if (!o.prefill || !o.decode) return 0;
     done_[i] = true;
+    finished_at_instances(o);
     o.error = final_error(o);
     if (!o.error.empty()) {
       log_event(LogLevel::kDebug, kComponent, o.error, LogFields{.room = r.room});
@@ -425,16 +464,16 @@ class Router {
     return 1;
   }
 
-  std::vector<std::string>& leaders(Role role) { return leaders_[role == Role::kPrefill ? 0 : 1]; }
-  // The leader of the DP group of `role`'s engine that serves `room`.
-  const std::string& leader_for(Role role, uint64_t room) {
-    auto& l = leaders(role);
-    return l[dp_rank_for_room(room, uint32_t(l.size()))];
+  // Instance 0's leaders (peer deaths: one instance per role, replay_config.h).
+  std::vector<std::string>& leaders(Role role) { return inst_.leaders(role, 0); }
+  void finished_at_instances(const RequestOutcome& o) {
+    inst_.finished(Role::kPrefill, o.prefill_instance);
+    inst_.finished(Role::kDecode, o.decode_instance);
   }
 
   const RouterConfig& c_;
-  std::vector<std::string> leaders_[2];  // [prefill, decode] engine endpoints by DP rank
-  std::set<std::pair<Role, uint32_t>> stats_from_;  // DP groups whose stats arrived
+  EngineInstances inst_;  // every instance's leaders and outstanding requests
+  std::set<std::tuple<Role, uint32_t, uint32_t>> stats_from_;  // (role, instance, DP rank) whose stats arrived
   ControlSocket& sock_;
   std::vector<RouterRequest> plan_;
   ReplayResults res_;
@@ -466,37 +505,6 @@ Status write_file_atomically(const std::string& path, const std::string& text) {
 
 }  // namespace
 
-std::vector<RouterRequest> plan_requests(const std::vector<TraceRequest>& trace, uint64_t seed,
-                                         const FaultPlan& faults, uint32_t prefill_tp,
-                                         uint32_t decode_tp, uint32_t prefill_dp,
-                                         uint32_t decode_dp) {
-  std::vector<TraceRequest> sorted = trace;
-  std::stable_sort(sorted.begin(), sorted.end(), [](const TraceRequest& a, const TraceRequest& b) {
-    return a.arrival_ms < b.arrival_ms;
-  });
-  std::mt19937_64 rng(seed);
-  std::unordered_set<uint64_t> used;
-  std::vector<RouterRequest> plan;
-  plan.reserve(sorted.size());
-  auto assigned = assign_room_faults(faults, sorted.size(), seed, prefill_tp, decode_tp);
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    RouterRequest q;
-    do {
-      q.room = rng() >> 1;  // 63 bits
-    } while (q.room == 0 || !used.insert(q.room).second);
-    q.input_tokens = sorted[i].input_tokens;
-    q.output_tokens = sorted[i].output_tokens;
-    q.arrival_ms = sorted[i].arrival_ms;
-    q.fault = std::move(assigned[i]);
-    if (q.fault) {  // the rank of the group serving the room
-      RankId& at = q.fault->at;
-      at.dp_rank = dp_rank_for_room(q.room, at.role == Role::kPrefill ? prefill_dp : decode_dp);
-    }
-    plan.push_back(std::move(q));
-  }
-  return plan;
-}
-
 int run_router(const RouterConfig& c) {
   auto trace = load_trace(c.trace_path, c.max_requests);
   if (!trace.ok()) return fail("cannot load the trace: " + trace.status().str());
@@ -509,6 +517,13 @@ int run_router(const RouterConfig& c) {
   auto deaths = faults.has_peer_death() && trace->size() >= 2
                     ? plan_peer_deaths(faults, trace->size(), c.seed, c.prefill_tp, c.decode_tp)
                     : std::vector<PlannedPeerDeath>{};
+  if (!deaths.empty() && (c.prefill_instances > 1 || c.decode_instances > 1)) {
+    return fail("peer deaths need one prefill and one decode instance");
+  }
+  if (c.prefill_instances > 1 && c.prefill_bootstraps.size() != c.prefill_instances) {
+    return fail(fmt::format("{} prefill instances need {} --prefill-bootstrap addresses, got {}",
+                            c.prefill_instances, c.prefill_instances, c.prefill_bootstraps.size()));
+  }
   if (!deaths.empty() && c.orchestrator.empty()) {
     return fail("the fault plan has peer deaths but no --orchestrator endpoint");
   }

@@ -25,6 +25,12 @@
 // Progress: while requests finish, the results so far go to `<results>.progress` (same format) at
 // most every 500 ms. SIGTERM/SIGINT: the router stops dispatching, writes the results so far to
 // the results file and exits 128+N (core/stop_request.h); the engines are not shut down by it.
+// xPyD (prefill_instances / decode_instances > 1, router_instances.h): each instance is its own
+// engine (its DP groups, its leaders); per request the router picks the prefill and the decode
+// instance with the fewest outstanding requests (ties: the lowest index), sends the request to
+// that instance's DP group leaders, the decode one naming the chosen prefill instance's bootstrap
+// service; a decode fault's rank gets the decode instance as engine id (the decode ranks' own).
+// It waits for "ready" from every leader of every instance. Peer deaths need one instance each.
 // Thread contract: run_router() runs on the calling thread until done.
 #pragma once
 #include <cstdint>
@@ -50,10 +56,15 @@ struct RouterConfig {
   uint32_t decode_tp = 1;
   uint32_t prefill_dp = 1;     // DP groups per engine: each its own leader and followers
   uint32_t decode_dp = 1;
+  uint32_t prefill_instances = 1;  // xPyD: engine instances per role
+  uint32_t decode_instances = 1;
+  // host:port of each prefill instance's bootstrap service (with prefill_instances > 1: one each),
+  // sent to the decode leader with each request.
+  std::vector<std::string> prefill_bootstraps;
   std::string endpoint;        // bind (PULL), e.g. tcp://10.0.0.1:5600; what engines send to
   std::string bind_host;       // listen here instead of endpoint's host (kvferry/net.h; "": that host)
   std::string advertise_host;  // the host to report instead of endpoint's host ("": that host)
-  // Engine endpoints of the leaders, index = DP rank. Empty (or fewer than dp): learned from the
+  // Engine endpoints of the leaders, index = instance * DP + DP rank. Empty (or fewer than dp): learned from the
   // leaders' "ready" frames, which carry the endpoint; a "ready" endpoint always wins.
   std::vector<std::string> prefill_leaders;
   std::vector<std::string> decode_leaders;
