@@ -49,11 +49,13 @@ Status DecodeEndpoint::send_registration(const RankId& peer, const std::string& 
   const PoolRegistration reg = make_registration(incarnation);
   Status s = core_.send(endpoint, reg);
   if (!s.ok()) return s;
-  peers_[peer] = {peer, endpoint, 0, incarnation};
   refused_.erase(peer);  // a new registration: a new answer
   const bool was_dead = dead_peers_.erase(peer) != 0;
   left_.erase(peer);
   monitor().watch(peer, endpoint);
+  PrefillPeer& p = peers_[peer] = {peer, endpoint, 0, incarnation};
+  p.watched_ns = monitor().last_heard_ns(peer);
+  p.registered_ns = monotonic_ns();
   log_event(LogLevel::kDebug, kComp, fmt::format("registered pool with {} at {}", peer.str(), endpoint));
   if (was_dead) on_peer_back(peer, endpoint);  // after the registration: the peer reads it first
   return Status::Ok();
@@ -467,6 +469,7 @@ void DecodeEndpoint::tick(int64_t now_ns) {
     on_peer_dead(d.peer, fmt::format("no heartbeat for {} ms", d.silent_ms));
   judge_restart_claims(now_ns);
   retry_refused(now_ns);
+  resend_unanswered(now_ns);
   challenge_unproven(core_, monitor(), revivals_, now_ns, [&](const RankId& s) {
     auto it = peers_.find(s);
     return it == peers_.end() ? nullptr : &it->second.control_endpoint;

@@ -48,6 +48,12 @@ struct PrefillPeer {
   std::string control_endpoint;
   int64_t dead_since_ns = 0;  // when it was declared dead (0: alive)
   uint64_t incarnation = 0;   // from its bootstrap entry, or its newer messages (0: not known)
+  // The registration's first contact (resend_unanswered, decode_refusal.cc): the monitor's mark
+  // when the peer was watched, and when the registration last went out. heard: a frame from the
+  // peer came since, so it has the registration.
+  int64_t watched_ns = 0;
+  int64_t registered_ns = 0;
+  bool heard = false;
 };
 
 struct ReceiverRoom {
@@ -290,6 +296,10 @@ class DecodeEndpoint {
   // Refusals for a lack of room at the source (resource_exhausted: its table of decode instances
   // was full) are not for good: the registration is sent again once due (decode_refusal.cc).
   void retry_refused(int64_t now_ns);
+  // A source not heard from since this rank registered (its heartbeats start once it accepted the
+  // registration) is sent the same registration again every kRegistrationResendNs: a first contact
+  // that took longer than the control socket's window (include/kvferry/control.h) dropped it.
+  void resend_unanswered(int64_t now_ns);
   // decode_reask.cc: asks again the sources of rooms that owe a status (lost statuses).
   void arm_reask(ReceiverRoom& r, int64_t now_ns);
   void reask(int64_t now_ns);

@@ -15,7 +15,26 @@ namespace kvferry {
 namespace {
 constexpr std::string_view kComp = "decode.endpoint";
 constexpr int64_t kRefusalRetryNs = 5'000'000'000;  // a source refused us for room: ask again after
+constexpr int64_t kRegistrationResendNs = 1'000'000'000;  // a source silent since we registered
 }  // namespace
+
+void DecodeEndpoint::resend_unanswered(int64_t now_ns) {
+  for (auto& [rank, p] : peers_) {
+    if (p.heard || dead_peers_.count(rank) || left_.count(rank) || refused_.count(rank)) continue;
+    if (monitor().last_heard_ns(rank) > p.watched_ns) {
+      p.heard = true;
+      continue;
+    }
+    if (now_ns - p.registered_ns < kRegistrationResendNs) continue;
+    p.registered_ns = now_ns;
+    // The same registration (same incarnation and pool): a source that has it already takes it as
+    // a repeat. Not watched again: the silence since the first one still counts.
+    Status s = core_.send(p.control_endpoint, make_registration(p.incarnation));
+    log_event(LogLevel::kDebug, kComp,
+              fmt::format("{} not heard from since the pool registration: sent it again ({})", rank.str(),
+                          s.ok() ? "queued" : s.str()));
+  }
+}
 
 bool DecodeEndpoint::in_plan(const RankId& r) const {
   // No bound on the DP rank: a room may name its prefill DP rank explicitly (add_room), beyond
