@@ -99,6 +99,8 @@ class BootstrapServer {
   // DELETE /route: entries removed, and DELETEs refused (nothing removed), so far.
   uint64_t deregistrations() const;
   uint64_t refused_deregistrations() const;
+  // GET /route lookups of kvferry ranks answered so far (found, not yet registered, or left).
+  uint64_t lookups() const;
 
  private:
   BootstrapServer();

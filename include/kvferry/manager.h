@@ -344,20 +344,24 @@ class Manager {
 
   // An orderly leave, its first half (docs/failure-model.md "Leaving"; the second is the
   // destructor): the engine is being drained and removed. From this call on, sender() and
-  // receiver() are refused (kInvalidArgument "... is leaving"); rooms already handed out go on to
-  // their end as before (every byte, their failures as before). Prefill: this rank's bootstrap
-  // entry is removed (BootstrapClient::deregister at this process's incarnation; one try bounded
-  // by `timeout_ms`, made without holding the manager's lock), so a decode rank looking the
-  // instance up afterwards fails at once (kPeerUnreachable "... left") instead of waiting out its
-  // lookup_timeout_ms, while decode ranks that know the rank keep their rooms with it. Returns that
-  // removal's status (ok without a bootstrap service, and on a decode manager); the leave stands
-  // whatever it returns, and a later call tries the removal again (once it succeeded, a later call
-  // sends nothing and returns ok). Then poll drained(), and destroy the manager once it is true:
-  // the destructor sends the leaving heartbeat, and the peers forget this rank without a failure
-  // and without a line above info.
+  // receiver() are refused (kInvalidArgument "... is leaving"), also a receiver() whose lookup was
+  // under way; rooms already handed out go on to their end as before (every byte, their failures
+  // as before). Prefill: metadata of a room this rank has no sender for (held, or arriving later)
+  // is answered with a terminal failure (kAborted, origin this rank, "... is leaving"), so such a
+  // room fails at decode at once; once no room is live, this rank's bootstrap entry is removed
+  // (BootstrapClient::deregister at this process's incarnation; one try bounded by `timeout_ms`,
+  // without the manager's lock): by this call when no room is live now, else by a thread of the
+  // manager when the last one ends, so a decode rank that looks the instance up for a room in
+  // flight still finds it. After the removal a lookup fails at once (kPeerUnreachable "... left")
+  // instead of waiting out lookup_timeout_ms. Returns the removal's status when this call made it
+  // (ok otherwise: no bootstrap service, a decode manager, or the removal deferred); a later call
+  // after a failed removal tries again. Then poll drained(), and destroy the manager once it is
+  // true: the destructor sends the leaving heartbeat, and the peers forget this rank without a
+  // failure and without a line above info.
   virtual Status leave(int64_t timeout_ms = 2000) = 0;
-  // True once leave() was called and no room is live any more (every Sender/Receiver handed out
-  // was dropped and its room released: ManagerStats::live_rooms is 0).
+  // True once leave() was called, no room is live any more (every Sender/Receiver handed out was
+  // dropped and its room released: ManagerStats::live_rooms is 0), no receiver() call is in its
+  // lookup, and (prefill with a bootstrap service) the removal of its entry was tried.
   virtual bool drained() const = 0;
 
   // Caller-pumped managers (progress_thread false): fds to wait on (readable: call progress()),

@@ -3,8 +3,8 @@
 // same port (bootstrap/sglang_routes.h: a PUT /route body with "rank_ip", a GET /route with
 // "prefill_dp_rank", /register_dp_rank, /query_dp_ranks) and the failure board (POST/GET /failure,
 // bootstrap/failure_board.h). A rank that leaves removes its entry (DELETE /route, at its own
-// incarnation); the key is remembered as departed (at most kMaxDepartedRanks keys) so a lookup of
-// it answers 410 at once instead of 404 "not yet". Every handler validates its input and
+// incarnation); the key is remembered as departed (at most kMaxDepartedRanks keys, the oldest
+// dropped first) so a lookup of it answers 410 at once instead of 404 "not yet". Every handler validates its input and
 // answers 400 with {"error": ...} naming the field; bodies are bounded by kMaxBodyBytes (413 beyond).
 #include <fmt/format.h>
 #include <httplib.h>
@@ -113,9 +113,18 @@ struct BootstrapServer::Impl {
   std::map<Key, Entry> ranks;                  // guarded by mu
   std::map<std::string, size_t> per_source;    // entries by the address they came from (guarded by mu)
   // Keys whose rank removed its entry (DELETE /route) and did not register again: the incarnation
-  // that left (past kMaxDepartedRanks the lowest key is dropped).
-  std::map<Key, uint64_t> departed;            // guarded by mu
+  // that left and when (a sequence number); past kMaxDepartedRanks the oldest is dropped.
+  std::map<Key, std::pair<uint64_t, uint64_t>> departed;  // guarded by mu
+  std::map<uint64_t, Key> departed_order;                 // sequence -> key (guarded by mu)
+  uint64_t departures = 0;                                // guarded by mu
+  void forget_departed(const Key& key) {
+    if (auto d = departed.find(key); d != departed.end()) {
+      departed_order.erase(d->second.second);
+      departed.erase(d);
+    }
+  }
   uint64_t deregistrations = 0;                // entries removed (guarded by mu)
+  uint64_t lookups = 0;                        // GET /route of kvferry ranks (guarded by mu)
   uint64_t refused_deregistrations = 0;        // DELETEs that removed nothing (guarded by mu)
   uint64_t overwrites = 0;          // entries replaced by a different one (guarded by mu)
   uint64_t refused_overwrites = 0;  // PUTs not applied: an older incarnation, a dead endpoint (guarded by mu)
@@ -291,7 +300,7 @@ struct BootstrapServer::Impl {
       }
       ranks[key] = Entry{*info, req.remote_addr, own_host};
       ++per_source[req.remote_addr];
-      departed.erase(key);  // back (a new process, or the same one registering again)
+      forget_departed(key);  // back (a new process, or the same one registering again)
     }
     reply(res, 200, {{"ok", true}});
   }
@@ -313,13 +322,14 @@ struct BootstrapServer::Impl {
       return;
     }
     std::lock_guard<std::mutex> lock(mu);
+    ++lookups;
     if (tp) {
       auto it = ranks.find(Key{*engine, *dp, *tp});
       if (auto gone = departed.find(Key{*engine, *dp, *tp}); it == ranks.end() && gone != departed.end()) {
         return reply_error(res, 410,
                            "left: engine_id " + std::to_string(*engine) + " dp_rank " + std::to_string(*dp) +
                                " tp_rank " + std::to_string(*tp) + " removed its entry (incarnation " +
-                               std::to_string(gone->second) + "); it serves no more rooms");
+                               std::to_string(gone->second.first) + "); it serves no more rooms");
       }
       if (it == ranks.end()) {
         return reply_error(res, 404,
@@ -374,8 +384,10 @@ struct BootstrapServer::Impl {
               {.extra = {{"event", "entry_removed"}}});
     ranks.erase(it);
     ++deregistrations;
-    if (departed.size() >= kMaxDepartedRanks) departed.erase(departed.begin());
-    departed[key] = incarnation;
+    forget_departed(key);
+    if (departed.size() >= kMaxDepartedRanks) forget_departed(departed_order.begin()->second);
+    departed[key] = {incarnation, ++departures};
+    departed_order[departures] = key;
     reply(res, 200, {{"ok", true}});
   }
 
@@ -551,6 +563,11 @@ uint64_t BootstrapServer::deregistrations() const {
 uint64_t BootstrapServer::refused_deregistrations() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->refused_deregistrations;
+}
+
+uint64_t BootstrapServer::lookups() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->lookups;
 }
 
 size_t BootstrapServer::registered() const {

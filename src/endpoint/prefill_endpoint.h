@@ -1,21 +1,19 @@
 // PrefillEndpoint: the prefill side of the manager: decode pool registrations (peers), one
 // sender per room, chunked writes, aux last, terminal status to every destination.
-//
-// Per room (KVSender semantics, SGLang-style): Bootstrapping until metadata from every expected
-// decode rank arrived, WaitingForInput until the first send(), Transferring until every chunk (the
-// last one may carry no page) and then the final batch were written and flushed, Success once the
-// Success status went out. The final batch, one transport write per destination after its last KV
-// write completed: this rank's aux row (aux_index) into the decode's row of every aux buffer, the
-// state rows (local state_indices[j] into the decode's state_indices[j] of every state buffer),
-// and kvferry's guard row (the AuxRecord: room, tokens, pages) into the decode's guard row; only
-// the lowest source of a decode rank writes it (topology.h). A failure (local, or learned from a
-// peer or from the engine's agreement) makes it Failed. If writes of the room are in flight then, a
-// non-terminal Failed status (RoomStatus::terminal false) with the root cause goes to every
-// destination at once, so decode fails the room without waiting for them; once no write of the
-// room is in flight the terminal Failed status follows, which is decode's signal that its pages
-// are no longer written ("drained"). Metadata or failures for a room that does not exist yet are
-// kept (bounded, with a TTL) and applied when it is added; anything for a room that was released
-// is answered with its failure and never brings it back.
+// Per room (KVSender semantics, SGLang-style): Bootstrapping until every expected decode rank's
+// metadata came, WaitingForInput until the first send(), Transferring until every chunk (the last
+// may carry no page) and the final batch were written and flushed, Success once its status went
+// out. The final batch, one transport write per destination after its last KV write completed: this
+// rank's aux row (aux_index) into the decode's row of every aux buffer, the state rows (local
+// state_indices[j] into the decode's state_indices[j] of every state buffer), and kvferry's guard
+// row (the AuxRecord: room, tokens, pages) into the decode's guard row; only the lowest source of a
+// decode rank writes it (topology.h). A failure (local, or learned from a peer or from the engine's
+// agreement) makes it Failed. If writes of the room are in flight then, a non-terminal Failed
+// status (RoomStatus::terminal false) with the root cause goes to every destination at once, so
+// decode fails the room without waiting for them; once no write of the room is in flight the
+// terminal Failed status follows, which is decode's signal that its pages are no longer written
+// ("drained"). Metadata or failures for a room not added yet are kept (bounded, TTL) until it is;
+// anything for a released room is answered with its failure, never revives it.
 // Thread contract: main thread only.
 #pragma once
 #include <cstdint>
@@ -251,6 +249,8 @@ class PrefillEndpoint {
   std::vector<uint64_t> take_fresh_failures() { return std::exchange(fresh_failures_, {}); }
 
   size_t live_rooms() const { return rooms_.size(); }
+  // Manager::leave(): metadata of a room without a sender, held or later, is answered Failed (aborted).
+  void leaving();
   size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
   // Decode ranks registered here: connected, or with their connect under way.
   size_t peers() const {
@@ -426,8 +426,9 @@ class PrefillEndpoint {
   // abandoned writes may still land). False: not a released room.
   bool answer_released(uint64_t room, const RankId& d);
   void answer_other_instance(const RoomMetadata& md);  // a room bound to another instance (prefill_metadata.cc)
-  RateLimit other_instance_answers_{20, 50};  // those answers; one warning line per 10 s of them
-  int64_t other_instance_line_ns_ = 0;
+  void answer_leaving(const RoomMetadata& md);  // self_leaving_: metadata of a room with no sender
+  RateLimit other_instance_answers_{20, 50};  // both answers; one warning line per 10 s of each
+  int64_t other_instance_line_ns_ = 0, leaving_line_ns_ = 0;  bool self_leaving_ = false;
   // Whether `r` is one of the decode ranks this rank writes `room` to (the plan and the room's DP
   // group say so; no peer's claim does). from_destination() counts and logs a refusal.
   bool is_destination(uint64_t room, const RankId& r) const;

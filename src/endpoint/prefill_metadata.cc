@@ -51,6 +51,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
     core_.peer_debug(kComp, "metadata for a released room ignored", room_fields(md.room));
     return;
   }
+  if (self_leaving_) return answer_leaving(md);
   auto pending = pending_meta_.find(md.room);
   if (pending != pending_meta_.end()) {
     for (const auto& [ns, m] : pending->second)
@@ -259,6 +260,37 @@ void PrefillEndpoint::maybe_ready(SenderRoom& r) {
     if (!peers_.count(d) || connecting_.count(d)) return;  // not ready (a state): its connect is under way
   r.state.advance(KVPoll::WaitingForInput);
   log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
+}
+
+void PrefillEndpoint::leaving() {
+  self_leaving_ = true;
+  std::vector<uint64_t> held;
+  for (const auto& [room, list] : pending_meta_) held.push_back(room);
+  for (uint64_t room : held)
+    for (const auto& [ns, md] : take_pending_meta(room)) answer_leaving(md);
+}
+
+// A leaving rank's answer to metadata for a room it has no sender for (the router sent the
+// request to an instance being drained): the room fails at decode at once, with this rank as its
+// origin and a reason that says so, instead of waiting for this rank's heartbeats to stop. Only a
+// rank with a registration here is answered, at the endpoint it registered; rate-limited.
+void PrefillEndpoint::answer_leaving(const RoomMetadata& md) {
+  const std::string* peer = control_endpoint_of(md.sender);
+  const int64_t now = monotonic_ns();
+  if (!peer || !other_instance_answers_.take(now)) return;
+  RoomStatus st{md.room, core_.self(), KVPoll::Failed,
+                Failure{ErrorCode::kAborted, core_.self(),
+                        "this prefill rank is leaving (Manager::leave()): it takes no new rooms",
+                        now, wall_from_monotonic(now)}};
+  st.terminal = true;
+  st.peer_incarnation = incarnation_of(md.sender);
+  (void)core_.send(*peer, st);
+  const bool line = now - leaving_line_ns_ >= 10'000'000'000 || leaving_line_ns_ == 0;
+  if (line) leaving_line_ns_ = now;
+  LogFields f = failure_log_fields(md.room, st.failure);
+  f.extra.push_back({"peer", md.sender.str()});
+  log_event(line ? LogLevel::kWarning : LogLevel::kDebug, kComp,
+            fmt::format("room {} failed for {}: {}", md.room, md.sender.str(), st.failure.reason), f);
 }
 
 }  // namespace kvferry

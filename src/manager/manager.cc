@@ -159,6 +159,7 @@ ManagerImpl::~ManagerImpl() {
   stop_ = true;
   if (core_) core_->waker().signal();
   if (thread_.joinable()) thread_.join();
+  if (leaver_.joinable()) leaver_.join();  // it removes the bootstrap entry now (bounded), leave.cc
   std::lock_guard lock(mu_);
   if (prefill_ || decoding_) log_unsettled_failures();  // rooms the engine still held: logged as known now
   prefill_.reset();
@@ -499,7 +500,7 @@ ManagerStats ManagerImpl::stats() const {
       s.reclaimed_rooms += ep.reclaimed_total();
       s.prefill_instances.push_back({address, inst.rooms, ep.peers(), ep.dead_sources(), ep.quarantined_rooms(),
                                      ep.quarantined_pages()});
-      if (ep.has_own_monitor()) s.heartbeats_sent += ep.own_monitor_stats().heartbeats_sent;
+      s.heartbeats_sent += ep.own_monitor_stats().heartbeats_sent;  // 0 without its own monitor
     }
   }
   s.failure_records = core_->registry().records();
@@ -520,7 +521,7 @@ ManagerStats ManagerImpl::stats() const {
   s.control_bytes_sent = cc.bytes_sent;
   s.control_frames_received = cc.frames_received;
   s.control_bytes_received = cc.bytes_received;
-  s.heartbeats_sent += core_->monitor().stats().heartbeats_sent;
+  s.heartbeats_sent += core_->monitor().stats().heartbeats_sent + forgotten_heartbeats_;
   return s;
 }
 

@@ -194,6 +194,14 @@ class ManagerImpl final : public Manager {
   std::atomic<int> vain_lookups_{0};  // full waits in a row whose record never came
   bool leaving_ = false;  // leave() was called (guarded by mu_): no new sender()/receiver()
   bool deregistered_ = false;  // leave() removed the bootstrap entry (guarded by mu_)
+  // Prefill (guarded by mu_): the entry's removal was started / has ended (either way). It is
+  // started by leave() when no room is live, else by leaver_ once none is (leave.cc).
+  bool deregister_started_ = false;
+  bool deregister_done_ = false;
+  uint64_t forgotten_heartbeats_ = 0;  // decode: sent by the monitors of instances forgotten (mu_)
+  uint64_t receivers_in_progress_ = 0;  // receiver() calls in a lookup, the lock released (mu_)
+  std::thread leaver_;
+  Status deregister(int64_t timeout_ms);  // the DELETE, called without mu_
   uint64_t live_rooms_locked() const;  // ManagerStats::live_rooms
   Status refuse_leaving(const char* what, uint64_t room) const;
   std::atomic<bool> stop_{false};

@@ -136,6 +136,7 @@ void ManagerImpl::tick_instances(int64_t now) {
                      : fmt::format("prefill instance at {} forgotten: no room for {} ms", it->first,
                                    config_.prefill_instance_idle_ms));
       forgotten_reclaimed_ += inst.ep->reclaimed_total();
+      forgotten_heartbeats_ += inst.ep->own_monitor_stats().heartbeats_sent;  // a counter never goes back
       ++forgotten_instances_;
       inst.ep->forget_sources();
       it = instances_.erase(it);

@@ -534,8 +534,11 @@ Result<std::unique_ptr<Receiver>> ManagerImpl::receiver(uint64_t id, const std::
   const std::string address = prefill_bootstrap.empty() ? config_.bootstrap_address : prefill_bootstrap;
   if (address.empty())
     return bad(fmt::format("receiver(room {}): no prefill bootstrap address (none given, none configured)", id));
+  ++receivers_in_progress_;  // drained() is false meanwhile
   Result<DecodeEndpoint*> ep = prefill_instance(address, lock);  // may wait for a lookup, unlocked
+  --receivers_in_progress_;
   if (!ep.ok()) return ep.status();
+  if (leaving_) return refuse_leaving("receiver", id);  // leave() came while the lookup ran
   if (rooms_.count(id)) return taken();  // another call took the room while the lookup ran
   Room& r = rooms_[id];
   r.metrics.created_ns = monotonic_ns();
