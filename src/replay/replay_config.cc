@@ -126,8 +126,8 @@ Status validate(ReplayConfig& c) {
   if (c.decode_tp < 1 || c.decode_tp > 64) return invalid("--decode-tp must be in 1..64");
   if (c.prefill_dp < 1 || c.prefill_dp > 16) return invalid("--prefill-dp must be in 1..16");
   if (c.decode_dp < 1 || c.decode_dp > 16) return invalid("--decode-dp must be in 1..16");
-  if (c.prefill_instances < 1 || c.prefill_instances > 8) return invalid("--prefill-instances must be in 1..8");
-  if (c.decode_instances < 1 || c.decode_instances > 8) return invalid("--decode-instances must be in 1..8");
+  if (c.prefill_instances < 1 || c.prefill_instances > 16) return invalid("--prefill-instances must be in 1..16");
+  if (c.decode_instances < 1 || c.decode_instances > 16) return invalid("--decode-instances must be in 1..16");
   const bool xpyd = c.prefill_instances > 1 || c.decode_instances > 1;
   const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp * c.prefill_instances;
   const uint32_t decode_ranks = c.decode_tp * c.decode_dp * c.decode_instances;

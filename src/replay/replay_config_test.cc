@@ -247,10 +247,10 @@ TEST_F(ValidateInstances, XpydOptionsAndWhatTheyRefuse) {
   EXPECT_EQ(j["decode_instances"], 2);
   c = good();
   c.prefill_instances = 0;
-  EXPECT_NE(error_of(c).find("--prefill-instances must be in 1..8"), std::string::npos);
+  EXPECT_NE(error_of(c).find("--prefill-instances must be in 1..16"), std::string::npos);
   c = good();
-  c.decode_instances = 9;
-  EXPECT_NE(error_of(c).find("--decode-instances must be in 1..8"), std::string::npos);
+  c.decode_instances = 17;
+  EXPECT_NE(error_of(c).find("--decode-instances must be in 1..16"), std::string::npos);
   c = good();
   c.decode_instances = 2;
   c.faults = "peer_death@prefill/tp1:once";
