@@ -17,9 +17,11 @@ Writes OUT/control_scale.json and prints a Markdown table.
 Usage: bench/control_scale.py [--kvferry build/kvferry] [--out out/control_scale] [--sizes 2,8,32]
 """
 import argparse
+import concurrent.futures
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -29,7 +31,7 @@ SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\} (\S+)$')
 
 
 def scrape(url):
-    with urllib.request.urlopen(url, timeout=5) as r:
+    with urllib.request.urlopen(url, timeout=60) as r:
         text = r.read().decode()
     out = {}
     for line in text.splitlines():
@@ -40,6 +42,13 @@ def scrape(url):
         extra = tuple(sorted((k, v.strip('"')) for k, v in labels.items() if k not in ('rank', 'role')))
         out[(m.group(1), extra)] = float(m.group(3))
     return out
+
+
+def scrape_all(urls):
+    """Every rank at once (threads), so the window is the same for all of them on a busy machine."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        futures = {r: pool.submit(scrape, u) for r, u in urls.items()}
+        return {r: f.result() for r, f in futures.items()}
 
 
 def total(samples, name, **labels):
@@ -72,7 +81,8 @@ def metrics_urls(out_dir, deadline):
 def run_size(args, n):
     p = d = n // 2
     out_dir = os.path.abspath(os.path.join(args.out, f'n{n}'))
-    os.makedirs(out_dir, exist_ok=True)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a stale metrics.json would name old ports
+    os.makedirs(out_dir)
     trace = os.path.join(out_dir, 'trace.jsonl')
     requests = int((args.warmup_s + args.window_s + 10) * 1000 / args.gap_ms)
     write_trace(trace, requests, args.gap_ms, args.page_size)
@@ -90,10 +100,10 @@ def run_size(args, n):
         sys.exit(f'n={n}: no metrics.json with URLs in {out_dir} (see replay.out)')
     time.sleep(args.warmup_s)
     t1 = time.monotonic()
-    first = {r: scrape(u) for r, u in urls.items()}
+    first = scrape_all(urls)
     time.sleep(args.window_s)
     t2 = time.monotonic()
-    second = {r: scrape(u) for r, u in urls.items()}
+    second = scrape_all(urls)
     rc = proc.wait()
     dt = t2 - t1
     sent = sum(total(second[r], 'kvferry_control_frames_total', direction='sent') -
@@ -145,8 +155,8 @@ def main():
     ap.add_argument('--page-size', type=int, default=16)
     ap.add_argument('--pool-mib', type=int, default=16)
     ap.add_argument('--gap-ms', type=float, default=20)
-    ap.add_argument('--warmup-s', type=float, default=8)
-    ap.add_argument('--window-s', type=float, default=10)
+    ap.add_argument('--warmup-s', type=float, default=10)
+    ap.add_argument('--window-s', type=float, default=15)
     ap.add_argument('--start-timeout-s', type=float, default=180)
     ap.add_argument('--heartbeat-interval-ms', type=float, default=100)
     args = ap.parse_args()
