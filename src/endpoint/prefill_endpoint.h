@@ -249,8 +249,8 @@ class PrefillEndpoint {
   std::vector<uint64_t> take_fresh_failures() { return std::exchange(fresh_failures_, {}); }
 
   size_t live_rooms() const { return rooms_.size(); }
-  // Manager::leave(): metadata of a room without a sender, held or later, is answered Failed (aborted).
-  void leaving();
+  // Manager::leave(): metadata of a room without a sender (`coming`: made, not init()ed), answered Failed.
+  void leaving(std::set<uint64_t> coming);
   size_t tombstones() const { return tombstones_.size(); }  // released rooms remembered (capped)
   // Decode ranks registered here: connected, or with their connect under way.
   size_t peers() const {
@@ -426,9 +426,9 @@ class PrefillEndpoint {
   // abandoned writes may still land). False: not a released room.
   bool answer_released(uint64_t room, const RankId& d);
   void answer_other_instance(const RoomMetadata& md);  // a room bound to another instance (prefill_metadata.cc)
-  void answer_leaving(const RoomMetadata& md);  // self_leaving_: metadata of a room with no sender
+  void answer_leaving(const RoomMetadata& md);  // self_leaving_: a room with no sender (nor coming_)
   RateLimit other_instance_answers_{20, 50};  // both answers; one warning line per 10 s of each
-  int64_t other_instance_line_ns_ = 0, leaving_line_ns_ = 0;  bool self_leaving_ = false;
+  int64_t other_instance_line_ns_ = 0, leaving_line_ns_ = 0;  bool self_leaving_ = false;  std::set<uint64_t> coming_;
   // Whether `r` is one of the decode ranks this rank writes `room` to (the plan and the room's DP
   // group say so; no peer's claim does). from_destination() counts and logs a refusal.
   bool is_destination(uint64_t room, const RankId& r) const;

@@ -51,7 +51,7 @@ void PrefillEndpoint::on_metadata(const RoomMetadata& md) {
     core_.peer_debug(kComp, "metadata for a released room ignored", room_fields(md.room));
     return;
   }
-  if (self_leaving_) return answer_leaving(md);
+  if (self_leaving_ && !coming_.count(md.room)) return answer_leaving(md);
   auto pending = pending_meta_.find(md.room);
   if (pending != pending_meta_.end()) {
     for (const auto& [ns, m] : pending->second)
@@ -262,10 +262,12 @@ void PrefillEndpoint::maybe_ready(SenderRoom& r) {
   log_event(LogLevel::kDebug, kComp, "metadata complete", room_fields(r.room));
 }
 
-void PrefillEndpoint::leaving() {
+void PrefillEndpoint::leaving(std::set<uint64_t> coming) {
   self_leaving_ = true;
+  coming_ = std::move(coming);
   std::vector<uint64_t> held;
-  for (const auto& [room, list] : pending_meta_) held.push_back(room);
+  for (const auto& [room, list] : pending_meta_)
+    if (!coming_.count(room)) held.push_back(room);
   for (uint64_t room : held)
     for (const auto& [ns, md] : take_pending_meta(room)) answer_leaving(md);
 }

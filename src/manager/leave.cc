@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "kvferry/bootstrap.h"
@@ -35,7 +36,12 @@ Status ManagerImpl::leave(int64_t timeout_ms) {
               fmt::format("{} leaving: no new rooms; {} rooms in flight go on", self().str(), live_rooms_locked()),
               {.extra = {{"event", "leaving"}}});
     leaving_ = true;
-    if (prefill_) prefill_->leaving();  // metadata of rooms it will never have a sender for: answered
+    if (prefill_) {  // metadata of rooms it will never have a sender for: answered
+      std::set<uint64_t> coming;  // senders made, not init()ed yet: their metadata waits for them
+      for (const auto& [id, r] : rooms_)
+        if (!r.initialized) coming.insert(id);
+      prefill_->leaving(std::move(coming));
+    }
   }
   if (decoding_ || config_.bootstrap_address.empty() || deregister_started_) return Status::Ok();
   deregister_started_ = true;

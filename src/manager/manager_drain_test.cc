@@ -108,6 +108,11 @@ TEST(ManagerDrain, ADecodeThatFindsTheInstanceAfterLeaveStillGetsItsRoom) {
   const std::vector<uint64_t> src{1, 2}, dst{7, 9};
   auto tx = s->prefill->sender(room).value();
   ASSERT_TRUE(tx->init(src.size(), 0, 32).ok());
+  // A second room whose sender was made before leave() and is init()ed only after it (SGLang's
+  // bootstrap queue): its metadata waits for it, it is not answered as a room with no sender.
+  const uint64_t room2 = room + 1;
+  const std::vector<uint64_t> src2{3}, dst2{11};
+  auto tx2 = s->prefill->sender(room2).value();
   ASSERT_TRUE(s->prefill->leave().ok());
   EXPECT_EQ(s->decode->stats().prefill_instances.size(), 0u);  // not looked up yet
   auto rx = s->decode->receiver(room, s->bootstrap);
@@ -119,9 +124,19 @@ TEST(ManagerDrain, ADecodeThatFindsTheInstanceAfterLeaveStillGetsItsRoom) {
   ASSERT_TRUE(tx->send(src, {}, true).ok());
   ASSERT_TRUE(wait_until([&] { return (*rx)->poll() == KVPoll::Success && tx->poll() == KVPoll::Success; }));
   EXPECT_EQ(mismatched(*s->decode, room, dst), 0u);
+  auto rx2 = s->decode->receiver(room2, s->bootstrap).value();
+  ASSERT_TRUE(rx2->init(-1).ok());
+  ASSERT_TRUE(rx2->send_metadata(dst2, 1, {}, 16).ok());
+  ASSERT_TRUE(tx2->init(src2.size(), 1, 16).ok());
+  ASSERT_TRUE(wait_until([&] { return tx2->poll() == KVPoll::WaitingForInput; })) << to_string(tx2->poll());
+  fill(*s->prefill, room2, 0, src2);
+  ASSERT_TRUE(tx2->send(src2, {}, true).ok());
+  ASSERT_TRUE(wait_until([&] { return rx2->poll() == KVPoll::Success && tx2->poll() == KVPoll::Success; }));
+  EXPECT_EQ(mismatched(*s->decode, room2, dst2), 0u);
   EXPECT_EQ(s->server->registered(), 1u);
   EXPECT_FALSE(s->prefill->drained());
   tx.reset();
+  tx2.reset();
   ASSERT_TRUE(wait_until([&] { return s->prefill->drained(); }));
   EXPECT_EQ(s->server->registered(), 0u);
   EXPECT_EQ(s->server->deregistrations(), 1u);
