@@ -434,7 +434,7 @@ class Run {
     if (results) {
       const ReplayResults done = finished_only(*results);
       Report rep = build_report(done, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp, c_.decode_tp);
-      add_instance_figures(rep, done, c_.prefill_instances, c_.decode_instances);
+      add_instance_figures(rep, done, all_prefill_, instances_in_all(c_, Role::kDecode));
       rep.process_exits = process_exits_;
       auto j = nlohmann::ordered_json::parse(report_json(rep, done, c_.to_json(), elapsed_s(), msg));
       j["status"] = "partial";

@@ -1,8 +1,8 @@
 // `kvferry replay --scale` (docs/report.md "Scaling while serving"): a prefill instance joins and
 // a decode instance is drained and removed while the trace is served. Checked by events only:
 //   - the replay exits 0, no room failed, report.json has no problem;
-//   - the joined prefill instance got rooms (results.json: prefill_instance 1), ready and first
-//     room recorded;
+//   - the joined prefill instance is ready, and got rooms (results.json: prefill_instance 1) once a
+//     request was dispatched after its ready (the report's rooms and first_room_ms agree);
 //   - the drained decode instance got no request dispatched after its event, left (its final
 //     stats arrived), and its ranks logged their orderly leave;
 //   - no log line above info is a peer_dead event (its peers forgot it without a failure).
@@ -35,8 +35,6 @@ TEST_F(Scale, PrefillJoinsAndDecodeLeavesWithoutAFailedRoom) {
   EXPECT_EQ(join["role"], "prefill");
   EXPECT_EQ(join["instance"], 1);
   EXPECT_TRUE(join["ready_ms"].is_number()) << join.dump();
-  EXPECT_TRUE(join["first_room_ms"].is_number()) << join.dump();
-  EXPECT_GT(join["rooms"].get<uint64_t>(), 0u);
   EXPECT_EQ(join["failed_rooms_caused"], 0);
   const json& leave = r["scale_events"][1];
   EXPECT_EQ(leave["action"], "leave");
@@ -52,14 +50,20 @@ TEST_F(Scale, PrefillJoinsAndDecodeLeavesWithoutAFailedRoom) {
   const json res = results();
   ASSERT_EQ(res["scale"].size(), 2u);
   const int64_t leave_ns = res["scale"][1]["event_ns"].get<int64_t>();
-  size_t joined_rooms = 0, decode1_before = 0;
+  const int64_t joined_ns = res["scale"][0]["ready_ns"].get<int64_t>();
+  size_t joined_rooms = 0, decode1_before = 0, after_join = 0;
   for (const auto& q : res["requests"]) {
     joined_rooms += q.value("prefill_instance", 0u) == 1 ? 1 : 0;
+    after_join += q["dispatched_ns"].get<int64_t>() > joined_ns ? 1 : 0;
     if (q.value("decode_instance", 0u) != 1) continue;
     EXPECT_LT(q["dispatched_ns"].get<int64_t>(), leave_ns) << q.dump();
     ++decode1_before;
   }
-  EXPECT_GT(joined_rooms, 0u);
+  // The first request after the join goes to it (no request yet: the least recently chosen). On a
+  // host so slow that the join was ready only after the last dispatch there is none.
+  EXPECT_EQ(after_join > 0, joined_rooms > 0) << after_join << " requests after the join";
+  EXPECT_EQ(join["rooms"].get<size_t>(), joined_rooms);
+  EXPECT_EQ(join["first_room_ms"].is_number(), joined_rooms > 0) << join.dump();
   EXPECT_GT(decode1_before, 0u) << "decode instance 1 served rooms before it left";
 
   // Every log: no peer_dead line above info; decode instance 1's ranks left in order.
