@@ -34,13 +34,21 @@ RouterScale::Event* RouterScale::find(Role role, uint32_t instance, bool join) {
   return nullptr;
 }
 
+const RouterScale::Event* RouterScale::find(Role role, uint32_t instance, bool join) const {
+  for (const Event& e : ev_)
+    if (e.plan.role == role && e.plan.instance == instance && e.plan.join == join) return &e;
+  return nullptr;
+}
+
 Status RouterScale::advance(int64_t now, const std::vector<size_t>& inflight,
                             const std::vector<RequestOutcome>& requests,
                             const std::function<Status(const std::string& leader)>& send_leave,
                             double ready_timeout_s, double leave_timeout_s) {
   for (Event& e : ev_) {
     const ScaleEvent& p = e.plan;
-    if (e.state == State::kPending && now >= e.rec.event_ns) {
+    // A leave of an instance that joins waits until it joined (its leaders are known then).
+    const Event* join = p.join ? nullptr : find(p.role, p.instance, true);
+    if (e.state == State::kPending && now >= e.rec.event_ns && !(join && join->state != State::kDone)) {
       if (p.join) {
         if (e.rec.ready_ns == 0) e.state = State::kWaiting;
       } else {

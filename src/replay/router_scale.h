@@ -3,7 +3,7 @@
 //   - join: the instance is not chosen (EngineInstances::live) until every DP group leader of it
 //     sent "ready" (the orchestrator starts it at its event time); the router then opens its
 //     connections to them and chooses it from then on.
-//   - leave: from the event on the instance is not chosen; once it has no outstanding request the
+//   - leave: from the event on (for an instance that joins: from its join on) the instance is not chosen; once it has no outstanding request the
 //     router sends {"type":"leave"} to its leaders (every rank then leaves in order: Manager::leave(),
 //     drained(), exit 0); it has left when every DP group's final stats frame arrived. It gets no
 //     shutdown later.
@@ -68,6 +68,7 @@ class RouterScale {
     std::vector<size_t> touched; // requests in flight at the event (leave) or dispatched after it
   };
   Event* find(Role role, uint32_t instance, bool join);
+  const Event* find(Role role, uint32_t instance, bool join) const;
 
   std::vector<Event> ev_;
   EngineInstances& inst_;

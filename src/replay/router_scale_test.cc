@@ -76,6 +76,30 @@ TEST(RouterScale, LeaveStopsChoiceDrainsThenSendsLeave) {
   EXPECT_EQ(rec[1].left_ns, 102 * kS + 20);
 }
 
+TEST(RouterScale, ALeaveOfAJoiningInstanceWaitsForItsJoin) {
+  EngineInstances inst{1, 1, 2, 1, {"tcp://p0"}, {"tcp://d0"}};
+  RouterScale scale{*parse_scale("t=1s:+decode,t=1.5s:-decode", 1, 1), inst};
+  std::vector<RequestOutcome> requests;
+  std::vector<std::string> left;
+  auto advance = [&](int64_t now) {
+    return scale.advance(now, {}, requests, [&](const std::string& l) {
+      left.push_back(l);
+      return Status::Ok();
+    }, 10, 10);
+  };
+  scale.start(0);
+  ASSERT_TRUE(advance(2 * kS).ok());
+  EXPECT_TRUE(left.empty()) << "decode 1 has not joined: no leaders to tell yet";
+  inst.leaders(Role::kDecode, 1)[0] = "tcp://d1";
+  ASSERT_TRUE(scale.on_ready(Role::kDecode, 1, 0));
+  scale.joined(Role::kDecode, 1, 2 * kS + 1);
+  ASSERT_TRUE(advance(2 * kS + 2).ok());
+  EXPECT_FALSE(inst.live(Role::kDecode, 1));
+  EXPECT_EQ(left, std::vector<std::string>{"tcp://d1"});
+  scale.on_stats(Role::kDecode, 1, 0, 2 * kS + 3);
+  EXPECT_TRUE(scale.settled());
+}
+
 TEST(RouterScale, AJoinNotReadyInTimeIsAnError) {
   Fixture f;
   f.scale.start(100 * kS);
