@@ -41,6 +41,10 @@ void add_replay_command(CLI::App& app) {
                   "decode instances (xPyD): each its own engine (TP x DP ranks); the router picks the "
                   "instances with the fewest outstanding rooms per request")
       ->capture_default_str();
+  cmd->add_option("--scale", cfg->scale,
+                  "instances that join and leave while serving, e.g. \"t=20s:+prefill,t=40s:-decode\" (t from "
+                  "the first dispatch; +role starts one more instance, -role drains and removes the live one with "
+                  "the highest index; docs/report.md \"Scaling while serving\")");
   cmd->add_option("--page-size", cfg->page_size, "tokens per KV page")->capture_default_str();
   cmd->add_option("--pool-mib", cfg->pool_mib,
                   "decode KV pool per rank in MiB (default: min(7168, (60% of MemAvailable - "

@@ -28,6 +28,7 @@ void add_router_command(CLI::App& app) {
   cmd->add_option("--decode-dp", cfg->decode_dp);
   cmd->add_option("--prefill-instances", cfg->prefill_instances, "prefill instances (xPyD)");
   cmd->add_option("--decode-instances", cfg->decode_instances, "decode instances (xPyD)");
+  cmd->add_option("--scale", cfg->scale, "instances that join and leave (src/replay/scale_plan.h)");
   cmd->add_option("--prefill-bootstrap", cfg->prefill_bootstraps,
                   "host:port of each prefill instance's bootstrap service (with --prefill-instances > 1)");
   cmd->add_option("--port-file", cfg->port_file, "write the bound port of --endpoint here");

@@ -249,8 +249,9 @@ int EngineLoop::run_leader(ControlSocket& engine) {
           log_event(LogLevel::kWarning, kComp, "bad router frame: " + rf.status().str());
         } else if (rf->request) {
           pending.push_back(*rf->request);
-        } else if (rf->type == "shutdown") {
+        } else if (rf->type == "shutdown" || rf->type == "leave") {
           shutdown_requested = true;
+          leaving_ = leaving_ || rf->type == "leave";
         }
       }
     }
@@ -344,7 +345,8 @@ int EngineLoop::run_leader(ControlSocket& engine) {
     ++seq;
     std::vector<EngineMember> members;
     for (const auto& [tp, ep] : followers) members.push_back({tp, ep});
-    std::string step = encode_step(seq, shutdown_requested, decisions, members_changed ? &members : nullptr);
+    std::string step =
+        encode_step(seq, shutdown_requested, decisions, members_changed ? &members : nullptr, leaving_);
     members_changed = false;
     asked.clear();
     for (auto& [tp, ep] : followers) {
@@ -460,6 +462,7 @@ int EngineLoop::run_follower(ControlSocket& engine) {
       if (!s.ok()) log_event(LogLevel::kWarning, kComp, "reply not queued: " + s.str());
       if (f->shutdown) {
         log_event(LogLevel::kDebug, kComp, "shutdown");
+        leaving_ = f->leave;
         return 0;
       }
     }

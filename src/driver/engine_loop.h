@@ -63,6 +63,8 @@ class EngineLoop {
   EngineLoop(EngineLoopConfig config, Manager& manager, EngineDriver& driver);
   // Runs until shutdown; returns the process exit code.
   int run();
+  // After run(): the shutdown was the router's "leave" (the rank then leaves in order, rank.cc).
+  bool leaving() const { return leaving_; }
 
  private:
   int run_leader(ControlSocket& engine);
@@ -88,6 +90,7 @@ class EngineLoop {
   static constexpr int64_t kEarlyFailTtlNs = 2'000'000'000;
 
   EngineLoopConfig cfg_;
+  bool leaving_ = false;
   Manager& manager_;
   EngineDriver& driver_;
   std::vector<std::string> outbox_;  // frames for the router not yet accepted

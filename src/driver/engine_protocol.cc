@@ -285,6 +285,7 @@ std::string encode_request(const RouterRequest& r) {
 }
 
 std::string encode_shutdown() { return dump(json{{"type", "shutdown"}}); }
+std::string encode_leave() { return dump(json{{"type", "leave"}}); }
 
 std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank, const std::string& endpoint,
                          uint32_t instance) {
@@ -356,7 +357,7 @@ Result<RouterFrame> decode_router_frame(const std::string& text) {
     auto q = decode_request(j);
     if (!q.ok()) return q.status();
     f.request = std::move(q).value();
-  } else if (f.type == "shutdown") {
+  } else if (f.type == "shutdown" || f.type == "leave") {
     // no fields
   } else if (f.type == "ready") {
     Reader r(j);

@@ -11,6 +11,9 @@
 //                   [,"bootstrap":"host:port"]  (decode, xPyD: the bootstrap service of the prefill
 //                   instance the router chose for the room; absent: the rank's default one)
 //   {"type":"shutdown"}                      leader tells followers, every rank exits cleanly
+//   {"type":"leave"}                         as shutdown, and every rank leaves in order first
+//                                            (Manager::leave(), drained()): the instance is removed
+//                                            while the others serve on (the replay's --scale)
 //   {"type":"abort","room":"<u64>"}         (decode leader only) fail the room, code aborted
 //                                            (encoded here, decoded by the engine's sync codec)
 // Leader -> router (to the router endpoint):
@@ -202,6 +205,7 @@ struct EngineMember {
 
 std::string encode_request(const RouterRequest& r);
 std::string encode_shutdown();
+std::string encode_leave();
 std::string encode_ready(Role role, uint32_t tp_size, uint32_t dp_rank = 0,
                          const std::string& endpoint = "", uint32_t instance = 0);
 std::string encode_result(const RoomResult& r);
@@ -212,7 +216,7 @@ std::string encode_rank_up(const RankId& rank);
 
 // A decoded router-protocol frame. Exactly one of the optionals is set for known types.
 struct RouterFrame {
-  std::string type;  // "request", "shutdown", "ready", "result", "stats", "abort", "rank_up"
+  std::string type;  // "request", "shutdown", "leave", "ready", "result", "stats", "abort", "rank_up"
   std::optional<RouterRequest> request;
   std::optional<RoomResult> result;
   std::optional<Role> ready_role;

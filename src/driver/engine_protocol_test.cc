@@ -164,6 +164,9 @@ TEST(RouterProtocol, ReadyShutdownStats) {
   auto s = decode_router_frame(encode_shutdown());
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->type, "shutdown");
+  auto lv = decode_router_frame(encode_leave());
+  ASSERT_TRUE(lv.ok());
+  EXPECT_EQ(lv->type, "leave");
 
   std::vector<RankLeakStats> ranks = {{"prefill/tp0", 1, 2, 3, 4}, {"prefill/tp1", 0, 0, 0, 1}};
   auto st = decode_router_frame(encode_stats(Role::kPrefill, ranks));

@@ -2,10 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "core/stop_request.h"
 #include "core/thread_priority.h"
@@ -60,6 +63,24 @@ int fail_start(const std::string& what) {
   flush_logging();
   return 2;
 }
+// The router's "leave" (the replay's --scale; engine_protocol.h): after the engine loop and its
+// driver ended (every room released), the rank leaves in order (kvferry/manager.h leave(),
+// drained()); the manager's destructor then sends the leaving heartbeat, and the peers forget
+// this rank without a failure.
+void leave_in_order(Manager& m, int64_t timeout_ms) {
+  if (Status st = m.leave(); !st.ok()) log_event(LogLevel::kWarning, kComp, "leave: " + st.str());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 1000));
+  while (!m.drained() && std::chrono::steady_clock::now() < deadline) {
+    m.progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (m.drained()) {
+    log_event(LogLevel::kInfo, kComp, "left in order (drained)");
+  } else {
+    log_event(LogLevel::kWarning, kComp, fmt::format("not drained within {} ms of leave(); leaving anyway", timeout_ms));
+  }
+}
+
 }  // namespace
 
 int run_rank(const RankOptions& o) {
@@ -125,6 +146,7 @@ int run_rank(const RankOptions& o) {
   lc.bind_host = o.bind_host;
   lc.advertise_host = o.advertise_host;
   int rc = 0;
+  bool leaving = false;  // the router's "leave": leave in order once the driver is gone
   // After the manager's threads started (they inherit the creator's niceness; each sets its own).
   if (const int n = loop_nice(); n < 0) (void)raise_thread_priority(0, n);
   if (o.role == Role::kPrefill) {
@@ -136,6 +158,7 @@ int run_rank(const RankOptions& o) {
     PrefillDriver driver(m, pc);
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
+    leaving = rc == 0 && loop.leaving();
     write_final_metrics(o);
   } else {
     DecodeDriver driver(m, {.tp_size = o.tp_size,
@@ -143,8 +166,10 @@ int run_rank(const RankOptions& o) {
                             .fault_timeout_ms = o.deadlines.fault_timeout_ms});
     EngineLoop loop(lc, m, driver);
     rc = loop.run();
+    leaving = rc == 0 && loop.leaving();
     write_final_metrics(o);
   }
+  if (leaving) leave_in_order(m, o.deadlines.engine_timeout_ms);
   flush_logging();
   return rc;
 }

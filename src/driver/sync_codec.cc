@@ -128,10 +128,11 @@ std::string encode_hello(uint32_t tp_rank, const std::string& endpoint) {
 }
 
 std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions,
-                        const std::vector<EngineMember>* members) {
+                        const std::vector<EngineMember>* members, bool leave) {
   json arr = json::array();
   for (const Decision& d : decisions) arr.push_back(to_json(d));
   json j{{"type", "step"}, {"seq", seq}, {"shutdown", shutdown}, {"decisions", std::move(arr)}};
+  if (leave) j["leave"] = true;
   if (members) {
     json m = json::array();
     for (const EngineMember& x : *members) m.push_back({{"tp", x.tp_rank}, {"endpoint", x.endpoint}});
@@ -179,6 +180,7 @@ Result<SyncFrame> decode_sync_frame(const std::string& text) {
     } else if (f.type == "step") {
       f.seq = j.at("seq").get<uint64_t>();
       f.shutdown = j.at("shutdown").get<bool>();
+      if (j.contains("leave")) f.leave = j.at("leave").get<bool>();
       for (const json& d : j.at("decisions")) f.decisions.push_back(decision_from(d));
       if (j.contains("members")) {
         f.has_members = true;

@@ -30,6 +30,7 @@ struct SyncFrame {
   uint64_t seq = 0;
   uint64_t room = 0;  // abort
   bool shutdown = false;
+  bool leave = false;  // step with shutdown: the router's "leave" (every rank leaves in order first)
   std::vector<Decision> decisions;
   bool has_members = false;             // step: the member list changed
   std::vector<EngineMember> members;    // step, when has_members
@@ -41,8 +42,9 @@ struct SyncFrame {
 
 std::string encode_hello(uint32_t tp_rank, const std::string& endpoint);
 // `members`: null when the list did not change since the last step.
+// `leave` (with `shutdown`): the step says "leave", sent as "leave":true (absent: false).
 std::string encode_step(uint64_t seq, bool shutdown, const std::vector<Decision>& decisions,
-                        const std::vector<EngineMember>* members = nullptr);
+                        const std::vector<EngineMember>* members = nullptr, bool leave = false);
 // The fan-out frame. Decoding rejects (kProtocolError) an unknown code, an origin that is not a
 // RankId, a negative first_seen_ns, a missing field or a field of the wrong type.
 std::string encode_fail(const SiblingFailure& f);

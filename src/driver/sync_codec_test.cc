@@ -103,6 +103,19 @@ TEST(SyncCodec, StepCarriesMembersOnlyWhenGiven) {
   EXPECT_TRUE(empty->members.empty());
 }
 
+TEST(SyncCodec, StepCarriesLeaveOnlyWhenSet) {
+  auto plain = decode_sync_frame(encode_step(4, true, {}));
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->shutdown);
+  EXPECT_FALSE(plain->leave);
+  EXPECT_EQ(encode_step(4, true, {}).find("leave"), std::string::npos);
+  auto leave = decode_sync_frame(encode_step(5, true, {}, nullptr, true));
+  ASSERT_TRUE(leave.ok());
+  EXPECT_TRUE(leave->shutdown);
+  EXPECT_TRUE(leave->leave);
+  EXPECT_FALSE(decode_sync_frame(R"({"type":"step","seq":1,"shutdown":true,"leave":"yes","decisions":[]})").ok());
+}
+
 TEST(SyncCodec, HiRoundTrips) {
   auto d = decode_sync_frame(encode_hi(3));
   ASSERT_TRUE(d.ok());

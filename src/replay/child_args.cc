@@ -222,10 +222,14 @@ std::vector<std::string> router_args(const ReplayConfig& c, const Ports& p) {
           "--log-file", logs_dir(c) + "/router.jsonl",
           "--ready-timeout-s", num(c.ready_timeout_s),
           "--request-timeout-s", num(c.request_timeout_s)};
-  if (c.prefill_instances > 1 || c.decode_instances > 1) {  // xPyD
+  // --scale: the instances there from the start, and every prefill instance's bootstrap service
+  // (a joining one's is started with the others, before the router).
+  const uint32_t all_prefill = instances_in_all(c, Role::kPrefill);
+  if (all_prefill > 1 || instances_in_all(c, Role::kDecode) > 1) {  // xPyD
     args.insert(args.end(), {"--prefill-instances", std::to_string(c.prefill_instances), "--decode-instances",
                              std::to_string(c.decode_instances)});
-    for (uint32_t i = 0; c.prefill_instances > 1 && i < c.prefill_instances; ++i) {
+    if (!c.scale.empty()) args.insert(args.end(), {"--scale", c.scale});
+    for (uint32_t i = 0; all_prefill > 1 && i < all_prefill; ++i) {
       const uint16_t port = i < p.prefill_bootstraps.size() ? p.prefill_bootstraps[i] : 0;
       args.insert(args.end(), {"--prefill-bootstrap", host_port(bootstrap_address(c), port)});
     }

@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <ostream>
 #include <sstream>
@@ -105,10 +106,11 @@ class Run {
         c_.prefill_instances == 1 && c_.decode_instances == 1
             ? std::string()
             : fmt::format(" ({} prefill x {} decode instances)", c_.prefill_instances, c_.decode_instances);
-    out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}{}, "
+    out_ << fmt::format("replay: {} requests of {} at prefill TP {} x DP {} / decode TP {} x DP {}{}{}, "
                         "{} transport, decode pool {} MiB/rank{}\n",
                         c_.max_requests == 0 ? std::string("all") : std::to_string(c_.max_requests),
                         c_.model, c_.prefill_tp, c_.prefill_dp, c_.decode_tp, c_.decode_dp, instances,
+                        c_.scale.empty() ? std::string() : ", scaling " + c_.scale,
                         c_.transport, c_.pool_mib, c_.pool_mib_auto ? " (automatic)" : "");
     if (c_.hosts) out_ << placement_text(c_);
     out_ << "replay: logs in " << logs_dir(c_) << "\n" << std::flush;
@@ -117,17 +119,19 @@ class Run {
     // bootstrap service and the router listen before any rank starts, so the ranks' first
     // registration and "ready" frame find them; each DP group's leader before its followers.
     // xPyD: one bootstrap service per prefill instance; decode ranks default to instance 0's.
-    for (uint32_t i = 0; i < c_.prefill_instances; ++i) {
+    // --scale: a joining prefill instance's too (the router names it to decode from the start).
+    for (uint32_t i = 0; i < all_prefill_; ++i) {
       if (int rc = spawn(bootstrap_file(i), bootstrap_file(i), bootstrap_args(c_, p, i)); rc != 0) return rc;
     }
-    p.prefill_bootstraps.assign(c_.prefill_instances, 0);
-    for (uint32_t i = 0; i < c_.prefill_instances; ++i) {
+    p.prefill_bootstraps.assign(all_prefill_, 0);
+    for (uint32_t i = 0; i < all_prefill_; ++i) {
       if (int rc = wait_port(bootstrap_file(i), p.prefill_bootstraps[i]); rc != 0) return rc;
     }
     p.bootstrap = p.prefill_bootstraps[0];
     if (int rc = spawn("router", "router", router_args(c_, p)); rc != 0) return rc;
     if (int rc = wait_port("router", p.router); rc != 0) return rc;
     if (deaths_.active()) deaths_.set_router_endpoint(zmq_endpoint(router_address(c_), p.router));
+    ports_ = p;
     for (bool prefill : {true, false}) {
       for (uint32_t i = 0; i < (prefill ? c_.prefill_instances : c_.decode_instances); ++i) {
         Ports pi = p;
@@ -191,6 +195,31 @@ class Run {
           return rc;
         }
       }
+    }
+    return 0;
+  }
+
+  // --scale: starts each joining instance at its event's time, which counts from the router's
+  // first dispatch (the progress file's dispatch_start_ns, same clock: one host).
+  int joins_due() {
+    if (c_.scale_events.size() == started_ns_.size() + leaves_) return 0;
+    if (dispatch_start_ns_ == 0) {
+      if (Clock::now() - last_start_poll_ < std::chrono::milliseconds(20)) return 0;
+      last_start_poll_ = Clock::now();
+      auto r = read_progress();
+      if (!r || r->dispatch_start_ns == 0) return 0;
+      dispatch_start_ns_ = r->dispatch_start_ns;
+    }
+    for (const ScaleEvent& e : c_.scale_events) {
+      if (!e.join || started_ns_.count({e.role, e.instance}) ||
+          monotonic_ns() < dispatch_start_ns_ + static_cast<int64_t>(e.t_s * 1e9)) {
+        continue;
+      }
+      out_ << fmt::format("replay: {}: starting {} instance {}\n", e.str(), role_name(e.role), e.instance) << std::flush;
+      started_ns_[{e.role, e.instance}] = monotonic_ns();
+      Ports pi = ports_;
+      if (e.role == Role::kPrefill) pi.bootstrap = ports_.prefill_bootstraps[e.instance];
+      if (int rc = spawn_engine(pi, e.role == Role::kPrefill, e.instance); rc != 0) return rc;
     }
     return 0;
   }
@@ -325,7 +354,14 @@ class Run {
         port = *got;
         return 0;
       }
-      for (const auto& e : group_.reap()) return child_failed(e, "before it was listening");
+      for (const auto& e : group_.reap()) {
+        // --scale: a leaving instance's rank exits 0 while a joining one starts.
+        if (!c_.scale_events.empty() && e.ok() && e.name != file && !is_bootstrap(e.name) && e.name != "router") {
+          process_exits_.push_back(fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
+          continue;
+        }
+        return child_failed(e, "before it was listening");
+      }
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
         return early_error(fmt::format("{} did not report a listening port within {} s ({})",
@@ -398,7 +434,7 @@ class Run {
     if (results) {
       const ReplayResults done = finished_only(*results);
       Report rep = build_report(done, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp, c_.decode_tp);
-      add_instance_figures(rep, done, c_.prefill_instances, c_.decode_instances);
+      add_instance_figures(rep, done, all_prefill_, instances_in_all(c_, Role::kDecode));
       rep.process_exits = process_exits_;
       auto j = nlohmann::ordered_json::parse(report_json(rep, done, c_.to_json(), elapsed_s(), msg));
       j["status"] = "partial";
@@ -433,12 +469,13 @@ class Run {
           // Ranks exit 0 only on the router's shutdown, which can beat the router's own exit.
           process_exits_.push_back(
               fmt::format("{} (pid {}) {}", display_name(kids_, e.name), e.pid, e.describe()));
-          continue;
+          continue;  // --scale: also a leaving instance's rank (the router's "leave")
         }
         return child_failed(e, "before the replay finished");
       }
       if (int rc = restart_due(); rc != 0) return rc;
       if (int rc = net_faults_due(); rc != 0) return rc;
+      if (int rc = joins_due(); rc != 0) return rc;
       if (c_.metrics && !all_ports_) (void)write_metrics_json();  // a restarted rank's new port
       if (g_signal != 0) return stopped_by_signal();
       if (Clock::now() > deadline) {
@@ -471,7 +508,7 @@ class Run {
     };
     auto bootstraps_running = [this] {
       size_t n = 0;
-      for (uint32_t i = 0; i < c_.prefill_instances; ++i) n += group_.running(bootstrap_file(i)) ? 1 : 0;
+      for (uint32_t i = 0; i < all_prefill_; ++i) n += group_.running(bootstrap_file(i)) ? 1 : 0;
       return n;
     };
     while (group_.running_count() > bootstraps_running() &&
@@ -496,7 +533,8 @@ class Run {
     if (!results.ok()) return early_error(results.status().str(), false);
     Report rep = build_report(*results, scan_log_files(logs_dir(c_)), deaths_.records(), c_.prefill_tp,
                               c_.decode_tp);
-    add_instance_figures(rep, *results, c_.prefill_instances, c_.decode_instances);
+    add_instance_figures(rep, *results, all_prefill_, instances_in_all(c_, Role::kDecode));
+    add_scale_events(rep, *results, started_ns_);
     if (net_) {
       add_net_fault_checks(rep, *results, net_->records(),
                            c_.hosts ? rank_hosts(*c_.hosts, c_.prefill_dp, c_.decode_dp)
@@ -536,6 +574,14 @@ class Run {
   bool bar_shown_ = false;
   std::vector<std::pair<std::string, std::string>> metrics_ranks_;  // --metrics: (name, file) per rank
   bool all_ports_ = false;  // metrics.json names every rank's metrics port
+  // --scale: every prefill instance (joining ones too), the first start's ports, each join's start.
+  const uint32_t all_prefill_ = instances_in_all(c_, Role::kPrefill);
+  Ports ports_;
+  std::map<std::pair<Role, uint32_t>, int64_t> started_ns_;
+  const size_t leaves_ = size_t(std::count_if(c_.scale_events.begin(), c_.scale_events.end(),
+                                              [](const ScaleEvent& e) { return !e.join; }));
+  int64_t dispatch_start_ns_ = 0;
+  Clock::time_point last_start_poll_{};
 };
 
 }  // namespace

@@ -93,10 +93,11 @@ std::string ReplayConfig::to_json() const {
                       {"timeout_s", timeout_s},
                       {"test_break_rank", break_rank},
                       {"metrics", metrics}};
-  if (prefill_instances != 1 || decode_instances != 1) {  // xPyD (absent: one of each)
+  if (prefill_instances != 1 || decode_instances != 1 || !scale.empty()) {  // xPyD (absent: one of each)
     j["prefill_instances"] = prefill_instances;
     j["decode_instances"] = decode_instances;
   }
+  if (!scale.empty()) j["scale"] = scale;
   if (hosts) {  // the placement, as validated ("replay" filled in)
     j["hosts_file"] = hosts_file;
     j["hosts"] = nlohmann::ordered_json::parse(hosts->to_json());
@@ -128,9 +129,18 @@ Status validate(ReplayConfig& c) {
   if (c.decode_dp < 1 || c.decode_dp > 16) return invalid("--decode-dp must be in 1..16");
   if (c.prefill_instances < 1 || c.prefill_instances > 16) return invalid("--prefill-instances must be in 1..16");
   if (c.decode_instances < 1 || c.decode_instances > 16) return invalid("--decode-instances must be in 1..16");
-  const bool xpyd = c.prefill_instances > 1 || c.decode_instances > 1;
-  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp * c.prefill_instances;
-  const uint32_t decode_ranks = c.decode_tp * c.decode_dp * c.decode_instances;
+  {
+    auto events = parse_scale(c.scale, c.prefill_instances, c.decode_instances);
+    if (!events.ok()) return invalid(events.status().message());
+    c.scale_events = std::move(*events);
+  }
+  if (!c.scale_events.empty() && c.metrics) {
+    return invalid("--scale cannot be given with --metrics (metrics.json names the ranks there from the start)");
+  }
+  const uint32_t all_prefill = instances_in_all(c, Role::kPrefill), all_decode = instances_in_all(c, Role::kDecode);
+  const bool xpyd = all_prefill > 1 || all_decode > 1;
+  const uint32_t prefill_ranks = c.prefill_tp * c.prefill_dp * all_prefill;
+  const uint32_t decode_ranks = c.decode_tp * c.decode_dp * all_decode;
   if (c.page_size == 0) return invalid("--page-size must be > 0 tokens");
   if (c.chunk_tokens == 0) return invalid("--chunk-tokens must be > 0");
   if (!(c.prefill_ms_per_layer >= 0) || c.prefill_ms_per_layer > 10'000)
@@ -152,9 +162,12 @@ Status validate(ReplayConfig& c) {
     for (const auto& item : c.fault_plan.items) {
       if (item.kind == "peer_death" || item.kind == "restart" || item.is_net() || item.kind == "pause")
         return invalid(fmt::format("--faults {}: not supported with --prefill-instances {} --decode-instances {} "
-                                   "(peer deaths, restarts, network faults and pauses need one instance of each)",
-                                   item.kind, c.prefill_instances, c.decode_instances));
+                                   "{}(peer deaths, restarts, network faults and pauses need one instance of each)",
+                                   item.kind, c.prefill_instances, c.decode_instances,
+                                   c.scale.empty() ? "" : "--scale " + c.scale + " "));
     }
+    if (!c.hosts_file.empty() && !c.scale.empty())
+      return invalid("--scale starts and removes instances on this host only; it cannot be given with --hosts");
     if (!c.hosts_file.empty())
       return invalid("--hosts places one prefill and one decode instance; it cannot be given with "
                      "--prefill-instances or --decode-instances above 1");
@@ -250,6 +263,10 @@ Status validate(ReplayConfig& c) {
   c.out = fs::absolute(c.out, ec).lexically_normal().string();
   if (!c.out.empty() && c.out.back() == '/') c.out.pop_back();
   return Status::Ok();
+}
+
+uint32_t instances_in_all(const ReplayConfig& c, Role role) {
+  return total_instances(c.scale_events, role, role == Role::kPrefill ? c.prefill_instances : c.decode_instances);
 }
 
 std::string effective_faults(const ReplayConfig& c) {

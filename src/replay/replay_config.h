@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kvferry/deadlines.h"
 #include "kvferry/error.h"
 #include "replay/fault_plan.h"
 #include "replay/hosts.h"
+#include "replay/scale_plan.h"
 
 namespace kvferry::replay {
 
@@ -27,6 +29,11 @@ struct ReplayConfig {
   // one instance of either role: no peer deaths, restarts, network faults, pauses or --hosts.
   uint32_t prefill_instances = 1;
   uint32_t decode_instances = 1;
+  // --scale (scale_plan.h): instances that join and leave while the trace is served; the two
+  // counts above are the ones there from the start. Not with --hosts, --metrics, peer deaths,
+  // restarts, network faults or pauses. scale_events: set by validate().
+  std::string scale;
+  std::vector<ScaleEvent> scale_events;
   uint32_t page_size = 64;         // tokens
   uint64_t pool_mib = 0;           // decode pool per rank; 0: automatic (default_pool_mib)
   bool pool_mib_auto = false;      // set by validate() when pool_mib was chosen automatically
@@ -86,6 +93,9 @@ uint64_t default_pool_mib(uint64_t mem_available_bytes, uint32_t prefill_ranks,
 // all pools together fit in MemTotal; fills defaults (models_file, pool_mib, exe) and makes `out`
 // absolute. kInvalidArgument with a message for the user.
 Status validate(ReplayConfig& config);
+
+// The instances of `role` started in all: the initial ones and (--scale) every join.
+uint32_t instances_in_all(const ReplayConfig& c, Role role);
 
 // The fault plan as passed to the router: `faults` if given, else fault_rate_plan(fault_rate).
 std::string effective_faults(const ReplayConfig& c);

@@ -275,5 +275,37 @@ TEST_F(ValidateInstances, XpydOptionsAndWhatTheyRefuse) {
   EXPECT_NE(error_of(c).find("2 x --prefill-pool-mib 64 + 16 x --pool-mib"), std::string::npos);
 }
 
+TEST_F(ValidateInstances, ScaleAndWhatItRefuses) {
+  ReplayConfig c = good();
+  c.scale = "t=4s:-decode,t=2s:+decode";
+  ASSERT_TRUE(validate(c).ok());
+  ASSERT_EQ(c.scale_events.size(), 2u);
+  EXPECT_EQ(c.scale_events[0].instance, 1u);
+  EXPECT_EQ(instances_in_all(c, Role::kDecode), 2u);
+  EXPECT_EQ(instances_in_all(c, Role::kPrefill), 1u);
+  auto j = nlohmann::json::parse(c.to_json());
+  EXPECT_EQ(j["scale"], "t=4s:-decode,t=2s:+decode");
+  EXPECT_EQ(j["decode_instances"], 1);
+  c = good();
+  c.scale = "t=1s:-prefill";
+  EXPECT_NE(error_of(c).find("last live prefill instance"), std::string::npos);
+  c = good();
+  c.scale = "t=1s:+prefill";
+  c.metrics = true;
+  EXPECT_NE(error_of(c).find("--scale cannot be given with --metrics"), std::string::npos);
+  c = good();
+  c.scale = "t=1s:+prefill";
+  c.hosts_file = "/no/such/hosts.json";
+  EXPECT_NE(error_of(c).find("--scale starts and removes instances on this host only"), std::string::npos);
+  c = good();
+  c.scale = "t=1s:+decode";
+  c.faults = "peer_death@prefill/tp1:once";
+  EXPECT_NE(error_of(c).find("--scale t=1s:+decode"), std::string::npos);
+  c = good();
+  c.scale = "t=1s:+decode";
+  c.faults = "link_down@a:100";
+  EXPECT_NE(error_of(c).find("not supported"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvferry::replay

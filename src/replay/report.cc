@@ -149,6 +149,7 @@ std::vector<std::string> Report::problems() const {
   }
   restart_problems(*this, p);
   net_fault_problems(*this, p);
+  scale_problems(*this, p);
   p.insert(p.end(), process_problems.begin(), process_problems.end());
   return p;
 }

@@ -24,6 +24,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "replay/log_scan.h"
@@ -208,6 +209,17 @@ struct InstanceFigures {
   std::string name() const;    // "prefill instance 1"
 };
 
+// One planned join or leave (--scale) as the report gives it (report_scale.cc). Times in ms;
+// -1 where it does not apply or did not happen.
+struct ScaleEventFigures {
+  ScaleRecord rec;           // the router's record (results.h)
+  double ready_ms = -1;      // join: the orchestrator's start of the instance -> its ready
+  double first_room_ms = -1; // join: the orchestrator's start -> its first request dispatched
+  double drained_ms = -1;    // leave: the event -> every DP group's final stats (its ranks exit)
+  uint64_t peer_dead_lines = 0;  // leave: peer_dead lines above debug naming its ranks after the event
+  std::string name() const;  // "t=2s +prefill instance 1"
+};
+
 struct Report {
   uint64_t total = 0, succeeded = 0, failed = 0, rejected = 0;
   uint64_t bytes_transferred = 0, bytes_verified = 0, bytes_mismatched = 0;
@@ -229,6 +241,7 @@ struct Report {
   std::vector<std::string> process_problems;  // from the orchestrator (e.g. a rank exited non-zero)
   std::vector<std::string> process_exits;     // "prefill/tp0 (pid 12) exited with code 0", ...
   std::vector<InstanceFigures> instances;     // xPyD only (add_instance_figures()); empty otherwise
+  std::vector<ScaleEventFigures> scale_events;  // --scale only (add_scale_events())
   uint64_t faults_misattributed() const;
   uint64_t faults_not_one_line() const;  // faults whose lines_above_debug != 1
   // Problems that make `kvferry replay` exit 1 (empty: the replay is clean).
@@ -273,6 +286,16 @@ void add_instance_figures(Report& rep, const ReplayResults& results, uint32_t pr
 // lines for them (report_json.cc adds both when rep.instances is not empty).
 std::string instances_json(const Report& rep);
 std::string instances_text(const Report& rep);
+
+// --scale: fills rep.scale_events from results.scale; `started_ns`: when the orchestrator started
+// each joining instance ((role, instance) -> monotonic ns). Problems (scale_problems()): a join
+// never ready, a leave that did not end, a room of the leaving instance after its event, a failed
+// room caused by an event, a peer_dead line above debug about a leaving instance's rank.
+void add_scale_events(Report& rep, const ReplayResults& results,
+                      const std::map<std::pair<Role, uint32_t>, int64_t>& started_ns);
+void scale_problems(const Report& rep, std::vector<std::string>& p);
+std::string scale_events_json(const Report& rep);  // report.json's "scale_events" (an array)
+std::string scale_events_text(const Report& rep);  // the summary's lines
 
 // A few human lines: requests, ok/failed/rejected, GB moved, GB/s, p50/p99, faults x/y, mismatches.
 std::string summary_text(const Report& report, double wall_s);

@@ -208,6 +208,7 @@ std::string report_json(const Report& r, const ReplayResults& results,
       {"problems", problems},
   };
   if (!r.instances.empty()) j["instances"] = json::parse(instances_json(r));  // xPyD only
+  if (!r.scale_events.empty()) j["scale_events"] = json::parse(scale_events_json(r));  // --scale only
   return dump(j);
 }
 
@@ -231,6 +232,7 @@ std::string summary_text(const Report& r, double wall_s) {
   s += fmt::format("transfer latency p50 {:.1f} ms, p99 {:.1f} ms\n", r.transfer_latency_ms.p50,
                    r.transfer_latency_ms.p99);
   if (!r.instances.empty()) s += "instances:\n" + instances_text(r);
+  if (!r.scale_events.empty()) s += "scale events:\n" + scale_events_text(r);
   if (r.transfer_tail_ms.count > 0)
     s += fmt::format("transfer tail (last layer's compute -> decode Success) p50 {:.1f} ms, p99 {:.1f} ms\n",
                      r.transfer_tail_ms.p50, r.transfer_tail_ms.p99);

@@ -106,6 +106,17 @@ std::string encode_results(const ReplayResults& r) {
               {"stats",
                {{"prefill", stats_json(r.prefill_stats, Role::kPrefill)},
                 {"decode", stats_json(r.decode_stats, Role::kDecode)}}}};
+  if (!r.scale.empty()) {
+    json sc = json::array();
+    for (const ScaleRecord& e : r.scale) {
+      sc.push_back({{"t_s", e.t_s}, {"join", e.join}, {"role", std::string(role_name(e.role))},
+                    {"instance", e.instance}, {"event_ns", e.event_ns}, {"ready_ns", e.ready_ns},
+                    {"first_room_ns", e.first_room_ns}, {"in_flight_at_event", e.in_flight_at_event},
+                    {"leave_sent_ns", e.leave_sent_ns}, {"left_ns", e.left_ns}, {"rooms", e.rooms},
+                    {"failed_rooms_caused", e.failed_rooms_caused}});
+    }
+    out["scale"] = std::move(sc);
+  }
   return out.dump(1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -179,6 +190,31 @@ Result<ReplayResults> decode_results(const std::string& text) {
   auto ds = stats_from(*stats, "decode");
   if (!ds.ok()) return ds.status();
   r.decode_stats = *ds;
+  if (auto sc = j.find("scale"); sc != j.end()) {
+    if (!sc->is_array() || sc->size() > 64) return bad("'scale' must be an array of at most 64 entries");
+    for (const json& o : *sc) {
+      ScaleRecord e;
+      uint64_t instance = 0;
+      auto t = o.is_object() ? o.find("t_s") : o.end();
+      auto join = o.is_object() ? o.find("join") : o.end();
+      auto role = o.is_object() ? o.find("role") : o.end();
+      if (t == o.end() || !t->is_number() || join == o.end() || !join->is_boolean() || role == o.end() ||
+          !role->is_string() || !get_u64(o, "instance", instance) || instance > 1024 ||
+          !get_i64(o, "event_ns", e.event_ns) || !get_i64(o, "ready_ns", e.ready_ns) ||
+          !get_i64(o, "first_room_ns", e.first_room_ns) || !get_u64(o, "in_flight_at_event", e.in_flight_at_event) ||
+          !get_i64(o, "leave_sent_ns", e.leave_sent_ns) || !get_i64(o, "left_ns", e.left_ns) ||
+          !get_u64(o, "rooms", e.rooms) || !get_u64(o, "failed_rooms_caused", e.failed_rooms_caused)) {
+        return bad("bad scale entry");
+      }
+      const std::string rn = role->get<std::string>();
+      if (rn != "prefill" && rn != "decode") return bad("bad scale role '" + rn + "'");
+      e.t_s = t->get<double>();
+      e.join = join->get<bool>();
+      e.role = rn == "prefill" ? Role::kPrefill : Role::kDecode;
+      e.instance = uint32_t(instance);
+      r.scale.push_back(e);
+    }
+  }
   return r;
 }
 

@@ -11,7 +11,8 @@
 //                 "abort_sent_ns":N (0: no abort sent), "error":"" | final_error()
 //                 [,"prefill_instance":I][,"decode_instance":J]  (xPyD: the instances the router
 //                 chose; absent: 0)}...],
-//    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}}
+//    "stats":{"prefill":null|[RankLeakStats...], "decode":null|[RankLeakStats...]}
+//    [,"scale":[ScaleRecord as JSON, field names as below...]]}  (--scale only)
 // Times are CLOCK_MONOTONIC ns (kvferry::monotonic_ns), comparable with the engines' times.
 // Thread contract: pure functions. Errors: kProtocolError for a malformed file.
 #pragma once
@@ -48,6 +49,23 @@ struct RequestOutcome {
 // A request the router gave up on: "room R failed: internal at router: <router_failure>".
 std::string final_error(const RequestOutcome& q);
 
+// One planned join or leave (--scale, scale_plan.h) as the router carried it out. Times: monotonic
+// ns, 0 when it did not happen.
+struct ScaleRecord {
+  double t_s = 0;
+  bool join = false;
+  Role role = Role::kPrefill;
+  uint32_t instance = 0;
+  int64_t event_ns = 0;          // the event's time (the router's dispatch start + t_s)
+  int64_t ready_ns = 0;          // join: every DP group leader of the instance sent "ready"
+  int64_t first_room_ns = 0;     // join: the first request dispatched to it
+  uint64_t in_flight_at_event = 0;  // leave: its outstanding requests at the event
+  int64_t leave_sent_ns = 0;     // leave: the last of them finished; "leave" sent to its leaders
+  int64_t left_ns = 0;           // leave: every DP group's final stats arrived (its ranks exit)
+  uint64_t rooms = 0;            // requests dispatched to the instance after the event
+  uint64_t failed_rooms_caused = 0;  // of those and (leave) the ones in flight at the event: failed
+};
+
 struct ReplayResults {
   int64_t dispatch_start_ns = 0;  // router's time zero (both engines ready)
   int64_t dispatch_end_ns = 0;    // last request sent
@@ -55,6 +73,7 @@ struct ReplayResults {
   std::vector<RequestOutcome> requests;
   std::optional<std::vector<RankLeakStats>> prefill_stats;
   std::optional<std::vector<RankLeakStats>> decode_stats;
+  std::vector<ScaleRecord> scale;  // --scale: one per event, by time
 };
 
 std::string encode_results(const ReplayResults& r);

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <tuple>
@@ -19,10 +17,12 @@
 #include "kvferry/log.h"
 #include "kvferry/port_file.h"
 #include "kvferry/routing.h"
+#include "replay/out_files.h"
 #include "replay/peer_death_frames.h"
 #include "replay/peer_death_schedule.h"
 #include "replay/results.h"
 #include "replay/router_instances.h"
+#include "replay/router_scale.h"
 
 namespace kvferry::replay {
 namespace {
@@ -38,7 +38,6 @@ int fail(const std::string& msg) {
 
 int64_t seconds_ns(double s) { return static_cast<int64_t>(s * 1e9); }
 
-Status write_file_atomically(const std::string& path, const std::string& text);
 // Stopped by SIGTERM/SIGINT (core/stop_request.h).
 Status stopped() { return {ErrorCode::kAborted, fmt::format("stopped by signal {}", stop_signal())}; }
 
@@ -55,11 +54,14 @@ Status send_patiently(ControlSocket& sock, const std::string& dest, const std::s
 
 class Router {
  public:
+  // `c`: every instance (--scale: the joining ones too); `initial`: the ones there from the start.
   Router(const RouterConfig& c, ControlSocket& sock, std::vector<RouterRequest> plan,
-         std::vector<PlannedPeerDeath> deaths)
+         std::vector<PlannedPeerDeath> deaths, std::vector<ScaleEvent> scale, std::pair<uint32_t, uint32_t> initial)
       : c_(c),
         inst_(c.prefill_instances, c.prefill_dp, c.decode_instances, c.decode_dp, c.prefill_leaders,
               c.decode_leaders),
+        scale_(std::move(scale), inst_),
+        initial_{initial.first, initial.second},
         sock_(sock),
         plan_(std::move(plan)),
         deaths_(std::move(deaths)) {
@@ -79,14 +81,14 @@ class Router {
 
   Status wait_ready() {
     std::set<std::tuple<Role, uint32_t, uint32_t>> ready;  // (role, instance, DP rank)
-    const size_t groups = inst_.groups();
+    const size_t groups = size_t(initial_[0]) * inst_.dp(Role::kPrefill) + size_t(initial_[1]) * inst_.dp(Role::kDecode);
     const int64_t deadline = monotonic_ns() + seconds_ns(c_.ready_timeout_s);
     while (ready.size() < groups) {
       if (stop_requested()) return stopped();
       if (monotonic_ns() > deadline) {
         std::string missing;
         for (Role role : {Role::kPrefill, Role::kDecode}) {
-          for (uint32_t in = 0; in < inst_.instances(role); ++in) {
+          for (uint32_t in = 0; in < initial(role); ++in) {
             for (uint32_t dp = 0; dp < inst_.dp(role); ++dp) {
               if (ready.count({role, in, dp})) continue;
               missing += in == 0 ? fmt::format(" {} dp{}", role_name(role), dp)
@@ -115,7 +117,7 @@ class Router {
                 fmt::format("{} engine reports tp_size {}, expected {}",
                             role_name(role), f->ready_tp_size, want)};
       }
-      if (f->dp_rank >= inst_.dp(role) || f->instance >= inst_.instances(role)) {
+      if (f->dp_rank >= inst_.dp(role) || f->instance >= initial(role)) {
         return {ErrorCode::kProtocolError,
                 fmt::format("{} engine reports instance {} dp_rank {}, expected {} instances of DP size {}",
                             role_name(role), f->instance, f->dp_rank, inst_.instances(role), inst_.dp(role))};
@@ -138,21 +140,28 @@ class Router {
     // the connection was not up by then: on a busy machine a loopback connect can take that long,
     // and the engine would never hear of its requests. So the connections come up first.
     for (Role role : {Role::kPrefill, Role::kDecode})
-      for (uint32_t in = 0; in < inst_.instances(role); ++in)
-        for (const std::string& leader : inst_.leaders(role, in))
-          if (Status st = sock_.wait_connected(leader, std::chrono::seconds(60)); !st.ok())
-            return {st.code(), fmt::format("{} engine at {}: {}", role_name(role), leader, st.message())};
+      for (uint32_t in = 0; in < initial(role); ++in)
+        if (Status st = connect(role, in); !st.ok()) return st;
+    return Status::Ok();
+  }
+
+  Status connect(Role role, uint32_t in) {
+    for (const std::string& leader : inst_.leaders(role, in))
+      if (Status st = sock_.wait_connected(leader, std::chrono::seconds(60)); !st.ok())
+        return {st.code(), fmt::format("{} engine at {}: {}", role_name(role), leader, st.message())};
     return Status::Ok();
   }
 
   Status dispatch_all() {
     const int64_t start = monotonic_ns();
     res_.dispatch_start_ns = start;
+    scale_.start(start);
     const size_t max_inflight = std::max<uint32_t>(1, c_.max_inflight);
-    while (finished_ < plan_.size() || !deaths_.settled(finished_, plan_.size())) {
+    while (finished_ < plan_.size() || !deaths_.settled(finished_, plan_.size()) || !scale_.settled()) {
       int64_t now = monotonic_ns();
       int64_t next_due = -1;
       if (Status st = advance_deaths(now); !st.ok()) return st;
+      if (Status st = advance_scale(now); !st.ok()) return st;
       while (!deaths_.paused() && next_ < plan_.size() && inflight_.size() < max_inflight &&
              !kill_due()) {
         const int64_t due = start + static_cast<int64_t>(double(plan_[next_].arrival_ms) *
@@ -195,6 +204,7 @@ class Router {
     const std::string bye = encode_shutdown();
     for (Role role : {Role::kPrefill, Role::kDecode}) {
       for (uint32_t in = 0; in < inst_.instances(role); ++in) {
+        if (scale_.left(role, in)) continue;  // gone (--scale): its stats came when it left
         for (const auto& leader : inst_.leaders(role, in)) {
           Status st = send_patiently(sock_, leader, bye, std::chrono::milliseconds(2000));
           if (!st.ok()) {
@@ -221,7 +231,10 @@ class Router {
     }
   }
 
-  const ReplayResults& results() const { return res_; }
+  const ReplayResults& results() {
+    if (scale_.active()) res_.scale = scale_.records(res_.requests);
+    return res_;
+  }
 
   // `<results>.progress`: the results so far (same format), at most every 500 ms while something
   // finished; `kvferry replay` reads it for its progress display.
@@ -230,7 +243,7 @@ class Router {
     if (now - progress_ns_ < 500'000'000) return;
     progress_ns_ = now;
     progress_finished_ = finished_;
-    (void)write_file_atomically(c_.results_path + ".progress", encode_results(res_));
+    (void)write_file_atomic(c_.results_path + ".progress", encode_results(res_));
   }
 
  private:
@@ -290,6 +303,19 @@ class Router {
                           role_name(role), d.rank.str(), synthesized));
   }
 
+  // --- scaling (router_scale.h) ---------------------------------------------------------------
+
+  uint32_t initial(Role role) const { return initial_[role == Role::kPrefill ? 0 : 1]; }
+  Status advance_scale(int64_t now) {
+    if (!scale_.active()) return Status::Ok();
+    return scale_.advance(
+        now, inflight_, res_.requests,
+        [this](const std::string& leader) {
+          return send_patiently(sock_, leader, encode_leave(), std::chrono::milliseconds(2000));
+        },
+        c_.ready_timeout_s, c_.request_timeout_s);
+  }
+
   // --- aborts --------------------------------------------------------------------------------
 
   void schedule_abort(size_t i, int64_t now) {
@@ -340,6 +366,7 @@ class Router {
       if (!st.ok()) return {st.code(), "cannot send a request to " + leader + ": " + st.message()};
     }
     inst_.dispatched(o.prefill_instance, o.decode_instance);
+    scale_.on_dispatch(i, o.prefill_instance, o.decode_instance, monotonic_ns());
     log_event(LogLevel::kDebug, kComponent, "dispatched",
               LogFields{.room = plan_[i].room,
                         .extra = {{"input_tokens", std::to_string(plan_[i].input_tokens)},
@@ -387,6 +414,7 @@ class Router {
           !stats_from_.insert({f->stats_role, f->instance, f->dp_rank}).second) {
         return 0;
       }
+      scale_.on_stats(f->stats_role, f->instance, f->dp_rank, monotonic_ns());
       auto& all = f->stats_role == Role::kPrefill ? res_.prefill_stats : res_.decode_stats;
       if (!all) all.emplace();
       for (RankLeakStats s : *f->stats) {
@@ -406,6 +434,13 @@ class Router {
       if (!f->ready_endpoint.empty() && f->dp_rank < inst_.dp(*f->ready_role) &&
           f->instance < inst_.instances(*f->ready_role)) {
         inst_.leaders(*f->ready_role, f->instance)[f->dp_rank] = f->ready_endpoint;
+        if (scale_.on_ready(*f->ready_role, f->instance, f->dp_rank)) {  // a joining instance is up
+          if (Status st = connect(*f->ready_role, f->instance); !st.ok()) {
+            log_event(LogLevel::kWarning, kComponent, "joining instance: " + st.str());
+          } else {
+            scale_.joined(*f->ready_role, f->instance, monotonic_ns());
+          }
+        }
       }
       if (d && d->leader() && d->rank.role == *f->ready_role && d->rank.dp_rank == f->dp_rank && f->instance == 0 &&
           (d->state == Death::State::kKilled || d->state == Death::State::kRequested)) {
@@ -473,6 +508,8 @@ class Router {
 
   const RouterConfig& c_;
   EngineInstances inst_;  // every instance's leaders and outstanding requests
+  RouterScale scale_;     // --scale: joins and leaves
+  uint32_t initial_[2];   // instances there from the start: prefill, decode
   std::set<std::tuple<Role, uint32_t, uint32_t>> stats_from_;  // (role, instance, DP rank) whose stats arrived
   ControlSocket& sock_;
   std::vector<RouterRequest> plan_;
@@ -489,23 +526,16 @@ class Router {
   size_t progress_finished_ = 0;
 };
 
-Status write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) return {ErrorCode::kInternal, "cannot write " + tmp};
-    out << text;
-    if (!out.flush()) return {ErrorCode::kInternal, "cannot write " + tmp};
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return {ErrorCode::kInternal, "cannot rename " + tmp + " to " + path};
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-int run_router(const RouterConfig& c) {
+int run_router(const RouterConfig& given) {
+  // --scale: the router knows every instance from the start; the joining ones are not live yet.
+  auto scale = parse_scale(given.scale, given.prefill_instances, given.decode_instances);
+  if (!scale.ok()) return fail(scale.status().message());
+  const std::pair<uint32_t, uint32_t> initial{given.prefill_instances, given.decode_instances};
+  RouterConfig c = given;
+  c.prefill_instances = total_instances(*scale, Role::kPrefill, initial.first);
+  c.decode_instances = total_instances(*scale, Role::kDecode, initial.second);
   auto trace = load_trace(c.trace_path, c.max_requests);
   if (!trace.ok()) return fail("cannot load the trace: " + trace.status().str());
   FaultPlan faults = fault_rate_plan(c.fault_rate);
@@ -539,21 +569,21 @@ int run_router(const RouterConfig& c) {
   Router router(c, **sock,
                 plan_requests(*trace, c.seed, faults, c.prefill_tp, c.decode_tp, c.prefill_dp,
                               c.decode_dp),
-                std::move(deaths));
+                std::move(deaths), std::move(*scale), initial);
   log_event(LogLevel::kInfo, kComponent,
             fmt::format("router up on {}: {} requests, faults '{}', waiting for both engines",
                         (*sock)->endpoint(), trace->size(), faults.str()));
   Status st = router.wait_ready();
   if (st.ok()) st = router.dispatch_all();
   if (!st.ok() && stop_requested()) {  // what finished so far, for the partial report
-    Status w = write_file_atomically(c.results_path, encode_results(router.results()));
+    Status w = write_file_atomic(c.results_path, encode_results(router.results()));
     log_event(LogLevel::kInfo, kComponent, st.message() + (w.ok() ? "; results so far written" : "; " + w.str()));
     flush_logging();
     return 128 + stop_signal();
   }
   if (!st.ok()) return fail(st.str());
   router.shutdown_and_collect_stats();
-  st = write_file_atomically(c.results_path, encode_results(router.results()));
+  st = write_file_atomic(c.results_path, encode_results(router.results()));
   if (!st.ok()) return fail(st.str());
   log_event(LogLevel::kInfo, kComponent, "results written to " + c.results_path);
   flush_logging();

@@ -27,7 +27,7 @@
 // the results file and exits 128+N (core/stop_request.h); the engines are not shut down by it.
 // xPyD (prefill_instances / decode_instances > 1, router_instances.h): each instance is its own
 // engine (its DP groups, its leaders); per request the router picks the prefill and the decode
-// instance with the fewest outstanding requests (ties: the lowest index), sends the request to
+// instance with the fewest outstanding requests (ties: router_instances.h), sends the request to
 // that instance's DP group leaders, the decode one naming the chosen prefill instance's bootstrap
 // service; a decode fault's rank gets the decode instance as engine id (the decode ranks' own).
 // It waits for "ready" from every leader of every instance. Peer deaths need one instance each.
@@ -61,6 +61,10 @@ struct RouterConfig {
   // host:port of each prefill instance's bootstrap service (with prefill_instances > 1: one each),
   // sent to the decode leader with each request.
   std::vector<std::string> prefill_bootstraps;
+  // --scale (scale_plan.h, router_scale.h): instances that join and leave; prefill_instances and
+  // decode_instances are the ones there from the start, prefill_bootstraps names every prefill
+  // instance's bootstrap service, the joining ones' too.
+  std::string scale;
   std::string endpoint;        // bind (PULL), e.g. tcp://10.0.0.1:5600; what engines send to
   std::string bind_host;       // listen here instead of endpoint's host (kvferry/net.h; "": that host)
   std::string advertise_host;  // the host to report instead of endpoint's host ("": that host)

@@ -2,6 +2,7 @@
 #include "replay/router_instances.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "kvferry/routing.h"
 
@@ -27,11 +28,25 @@ EngineInstances::EngineInstances(uint32_t prefill_instances, uint32_t prefill_dp
   for (size_t r = 0; r < 2; ++r) {
     leaders_[r].assign(n[r], std::vector<std::string>(dp_[r]));
     outstanding_[r].assign(n[r], 0);
+    live_[r].assign(n[r], true);
     if (r == 0) pair_rooms_.assign(n[0], std::vector<uint64_t>(n[1], 0));
+    if (r == 0) prefill_last_.assign(n[0], 0);
     for (size_t k = 0; k < known[r]->size() && k < size_t(n[r]) * dp_[r]; ++k) {
       leaders_[r][k / dp_[r]][k % dp_[r]] = (*known[r])[k];
     }
   }
+}
+
+std::pair<uint32_t, uint32_t> EngineInstances::pick() const {
+  // A not-live instance counts as infinitely loaded.
+  auto masked = [this](size_t r) {
+    std::vector<uint64_t> v = outstanding_[r];
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!live_[r][i]) v[i] = UINT64_MAX;
+    return v;
+  };
+  const uint32_t p = least_outstanding(masked(0), &prefill_last_);
+  return {p, least_outstanding(masked(1), &pair_rooms_[p])};
 }
 
 size_t EngineInstances::groups() const {

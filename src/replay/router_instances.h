@@ -1,7 +1,10 @@
 // The replay router's engine instances (xPyD, router.h): the leader endpoint of every DP group
 // of every prefill and decode instance, and the choice of instances per request: the instance of
-// each role with the fewest outstanding requests (dispatched, not finished), ties to the lowest
-// index; for the decode instance, among the least outstanding, the one that served the chosen
+// each role with the fewest outstanding requests (dispatched, not finished); for the prefill
+// instance, among the least outstanding, the one chosen least recently comes first (so that an
+// instance that joined (--scale) gets rooms on a lightly loaded replay, where the outstanding
+// counts are mostly equal), then the lowest index, among the live ones (--scale: not yet joined or leaving ones are not chosen); for the
+// decode instance, among the least outstanding, the one that served the chosen
 // prefill instance the fewest rooms so far comes first (so that every decode instance serves
 // rooms of every prefill instance: with the lowest index alone, equal loads would pair prefill i
 // with decode i for good), then the lowest index. With one instance per role everything is
@@ -37,15 +40,18 @@ class EngineInstances {
   // The leader of the DP group of `instance` that serves `room` (kvferry/routing.h).
   const std::string& leader_for(Role role, uint32_t instance, uint64_t room);
 
-  // The instances the next request goes to (least_outstanding()): {prefill, decode}.
-  std::pair<uint32_t, uint32_t> pick() const {
-    const uint32_t p = least_outstanding(outstanding_[0]);
-    return {p, least_outstanding(outstanding_[1], &pair_rooms_[p])};
-  }
+  // The live instances the next request goes to (least_outstanding()): {prefill, decode}.
+  std::pair<uint32_t, uint32_t> pick() const;
+  // Whether the router may choose an instance (--scale, scale_plan.h): every instance is live
+  // from the start, except one that joins later (live from its ready) and one that is leaving
+  // (not live from its event on). pick() needs one live instance of each role.
+  bool live(Role role, uint32_t instance) const { return live_[idx(role)][instance]; }
+  void set_live(Role role, uint32_t instance, bool live) { live_[idx(role)][instance] = live; }
   void dispatched(uint32_t prefill, uint32_t decode) {
     ++outstanding_[0][prefill];
     ++outstanding_[1][decode];
     ++pair_rooms_[prefill][decode];
+    prefill_last_[prefill] = ++dispatches_;
   }
   void finished(Role role, uint32_t instance) {
     auto& all = outstanding_[idx(role)];
@@ -57,7 +63,10 @@ class EngineInstances {
   static size_t idx(Role role) { return role == Role::kPrefill ? 0 : 1; }
   std::vector<std::vector<std::string>> leaders_[2];  // [role][instance][dp]
   std::vector<uint64_t> outstanding_[2];              // [role][instance]
+  std::vector<bool> live_[2];                         // [role][instance]
   std::vector<std::vector<uint64_t>> pair_rooms_;     // [prefill][decode]: requests dispatched
+  std::vector<uint64_t> prefill_last_;                // [prefill]: its last request's number (0: none)
+  uint64_t dispatches_ = 0;
   uint32_t dp_[2] = {1, 1};
 };
 

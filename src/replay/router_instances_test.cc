@@ -58,3 +58,49 @@ TEST(EngineInstances, LeadersByInstanceAndGroup) {
 
 }  // namespace
 }  // namespace kvferry::replay
+
+namespace kvferry::replay {
+namespace {
+
+TEST(EngineInstances, PicksOnlyLiveInstances) {
+  EngineInstances in(3, 1, 2, 1, {}, {});
+  in.set_live(Role::kPrefill, 0, false);
+  in.set_live(Role::kDecode, 0, false);
+  for (int i = 0; i < 6; ++i) {
+    auto [p, d] = in.pick();
+    EXPECT_NE(p, 0u);
+    EXPECT_EQ(d, 1u);
+    in.dispatched(p, d);
+  }
+  EXPECT_EQ(in.outstanding(Role::kPrefill, 1), 3u);
+  EXPECT_EQ(in.outstanding(Role::kPrefill, 2), 3u);
+  in.set_live(Role::kPrefill, 0, true);
+  EXPECT_EQ(in.pick().first, 0u);  // live again and the least loaded
+}
+
+TEST(EngineInstances, AJoinedPrefillGetsRoomsUnderLightLoad) {
+  // Every request finishes before the next: the outstanding counts are always equal, and the
+  // least recently chosen prefill instance comes first (the lowest index alone would starve 1).
+  EngineInstances in(2, 1, 1, 1, {}, {});
+  in.set_live(Role::kPrefill, 1, false);
+  for (int i = 0; i < 3; ++i) {
+    auto [p, d] = in.pick();
+    EXPECT_EQ(p, 0u);
+    in.dispatched(p, d);
+    in.finished(Role::kPrefill, p);
+    in.finished(Role::kDecode, d);
+  }
+  in.set_live(Role::kPrefill, 1, true);  // joined
+  std::vector<uint32_t> chosen;
+  for (int i = 0; i < 4; ++i) {
+    auto [p, d] = in.pick();
+    chosen.push_back(p);
+    in.dispatched(p, d);
+    in.finished(Role::kPrefill, p);
+    in.finished(Role::kDecode, d);
+  }
+  EXPECT_EQ(chosen, (std::vector<uint32_t>{1, 0, 1, 0}));
+}
+
+}  // namespace
+}  // namespace kvferry::replay
