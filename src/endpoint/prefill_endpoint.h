@@ -427,6 +427,7 @@ class PrefillEndpoint {
   bool answer_released(uint64_t room, const RankId& d);
   void answer_other_instance(const RoomMetadata& md);  // a room bound to another instance (prefill_metadata.cc)
   void answer_leaving(const RoomMetadata& md);  // self_leaving_: a room with no sender (nor coming_)
+  void answer_refused_metadata(const RoomMetadata& md, ErrorCode code, const std::string& reason, int64_t& line_ns);
   RateLimit other_instance_answers_{20, 50};  // both answers; one warning line per 10 s of each
   int64_t other_instance_line_ns_ = 0, leaving_line_ns_ = 0;  bool self_leaving_ = false;  std::set<uint64_t> coming_;
   // Whether `r` is one of the decode ranks this rank writes `room` to (the plan and the room's DP
@@ -589,8 +590,7 @@ class PrefillEndpoint {
   std::unordered_map<uint64_t, AbandonedRoom> abandoned_;
   std::deque<uint64_t> abandoned_order_;  // release order, for the cap
   std::vector<ChunkDone> abandoned_chunks_;
-  uint64_t abandoned_writes_ = 0;
-  uint64_t abandoned_completed_ = 0;
+  uint64_t abandoned_writes_ = 0, abandoned_completed_ = 0;
   std::unordered_map<uint64_t, Tombstone> tombstones_;
   std::deque<TombstoneRef> ok_fifo_;      // rooms released without a failure
   std::deque<TombstoneRef> failed_fifo_;  // rooms released with a failure cause

@@ -108,20 +108,28 @@ std::vector<std::pair<int64_t, RoomMetadata>> PrefillEndpoint::take_pending_meta
 void PrefillEndpoint::answer_other_instance(const RoomMetadata& md) {
   const std::optional<uint32_t> bound = bound_engine(md.room);
   if (!bound || *bound == md.sender.engine_id || !in_plan(md.sender)) return;
+  answer_refused_metadata(md, ErrorCode::kInvalidArgument,
+                          fmt::format("room {} is decode instance {}'s here: two decode instances were given one "
+                                      "room id",
+                                      md.room, *bound),
+                          other_instance_line_ns_);
+}
+
+// Metadata this rank will never serve (answer_other_instance, answer_leaving): a terminal Failed
+// status with this rank as origin, sent only to a rank registered here, at the endpoint it
+// registered (rate-limited); this rank's line, at most one per 10 s per kind (`line_ns`).
+void PrefillEndpoint::answer_refused_metadata(const RoomMetadata& md, ErrorCode code, const std::string& reason,
+                                              int64_t& line_ns) {
   const std::string* peer = control_endpoint_of(md.sender);
   const int64_t now = monotonic_ns();
   if (!peer || !other_instance_answers_.take(now)) return;
   RoomStatus st{md.room, core_.self(), KVPoll::Failed,
-                Failure{ErrorCode::kInvalidArgument, core_.self(),
-                        fmt::format("room {} is decode instance {}'s here: two decode instances were given one room id",
-                                    md.room, *bound),
-                        now, wall_from_monotonic(now)}};
+                Failure{code, core_.self(), reason, now, wall_from_monotonic(now)}};
   st.terminal = true;
   st.peer_incarnation = incarnation_of(md.sender);
   (void)core_.send(*peer, st);
-  // This rank is the failure's origin: its line, at most one per 10 s (a peer may repeat it).
-  const bool line = now - other_instance_line_ns_ >= 10'000'000'000 || other_instance_line_ns_ == 0;
-  if (line) other_instance_line_ns_ = now;
+  const bool line = now - line_ns >= 10'000'000'000 || line_ns == 0;
+  if (line) line_ns = now;
   LogFields f = failure_log_fields(md.room, st.failure);
   f.extra.push_back({"peer", md.sender.str()});
   log_event(line ? LogLevel::kWarning : LogLevel::kDebug, kComp,
@@ -274,25 +282,10 @@ void PrefillEndpoint::leaving(std::set<uint64_t> coming) {
 
 // A leaving rank's answer to metadata for a room it has no sender for (the router sent the
 // request to an instance being drained): the room fails at decode at once, with this rank as its
-// origin and a reason that says so, instead of waiting for this rank's heartbeats to stop. Only a
-// rank with a registration here is answered, at the endpoint it registered; rate-limited.
+// origin and a reason that says so, instead of waiting for this rank's heartbeats to stop.
 void PrefillEndpoint::answer_leaving(const RoomMetadata& md) {
-  const std::string* peer = control_endpoint_of(md.sender);
-  const int64_t now = monotonic_ns();
-  if (!peer || !other_instance_answers_.take(now)) return;
-  RoomStatus st{md.room, core_.self(), KVPoll::Failed,
-                Failure{ErrorCode::kAborted, core_.self(),
-                        "this prefill rank is leaving (Manager::leave()): it takes no new rooms",
-                        now, wall_from_monotonic(now)}};
-  st.terminal = true;
-  st.peer_incarnation = incarnation_of(md.sender);
-  (void)core_.send(*peer, st);
-  const bool line = now - leaving_line_ns_ >= 10'000'000'000 || leaving_line_ns_ == 0;
-  if (line) leaving_line_ns_ = now;
-  LogFields f = failure_log_fields(md.room, st.failure);
-  f.extra.push_back({"peer", md.sender.str()});
-  log_event(line ? LogLevel::kWarning : LogLevel::kDebug, kComp,
-            fmt::format("room {} failed for {}: {}", md.room, md.sender.str(), st.failure.reason), f);
+  answer_refused_metadata(md, ErrorCode::kAborted,
+                          "this prefill rank is leaving (Manager::leave()): it takes no new rooms", leaving_line_ns_);
 }
 
 }  // namespace kvferry
