@@ -42,7 +42,7 @@ void PrefillDriver::apply(const Decision& d) {
         return;
       }
       r.handle = std::move(*sender);
-      r.peers = r.handle->peers();
+      r.peers = r.handle->peers();  // engine 0's ranks until the room's decode instance is known
       const RoomFaults faults(d.request.fault, self);
       if (faults.fail_here()) {  // fails here, before any byte is sent
         r.handle->fail(ErrorCode::kInjected, "injected prefill failure (replay fault plan)");
@@ -50,12 +50,11 @@ void PrefillDriver::apply(const Decision& d) {
       }
       if (faults.fail_transfer() && manager_.faults())  // the rank is built with the decorator
         manager_.faults()->fail_room(d.room, ErrorCode::kTransferError, "injected transfer error (replay fault plan)");
-      for (size_t i = 0; i < r.peers.size(); ++i)  // a room's chunks go to its peers in this order
-        if (faults.corrupt_toward(r.peers[i]) && manager_.faults()) manager_.faults()->corrupt_next_write(d.room, i);
       if (faults.peers_silent())  // our decode peer stays silent: bootstrap timeout here
         r.fault_deadline_ns = monotonic_ns() + cfg_.fault_timeout_ms * 1'000'000;
-      // A destination must time out waiting for us: stay silent.
-      r.silent = faults.silent_toward(r.peers);
+      // Faults toward a destination (corrupt, stay silent) are placed at kStart: only once the
+      // room's metadata came is its decode instance (xPyD), so its ranks' engine_id, known.
+      r.fault = d.request.fault;
       return;
     }
     case Decision::Op::kStart: {
@@ -64,6 +63,14 @@ void PrefillDriver::apply(const Decision& d) {
       Room& r = it->second;
       r.started = true;
       if (!r.handle) return;
+      {
+        r.peers = r.handle->peers();  // the room's decode instance's ranks now
+        const RoomFaults faults(r.fault, manager_.self());
+        for (size_t i = 0; i < r.peers.size(); ++i)  // a room's chunks go to its peers in this order
+          if (faults.corrupt_toward(r.peers[i]) && manager_.faults()) manager_.faults()->corrupt_next_write(d.room, i);
+        // A destination must time out waiting for us: stay silent.
+        r.silent = faults.silent_toward(r.peers);
+      }
       // SGLang's order: init() once the engine agreed every rank is WaitingForInput. A room whose
       // heads go to no decode rank still sends its chunks: it concludes on the last, writing nothing.
       Status s = r.handle->init(r.total_pages, 0, r.req.input_tokens);

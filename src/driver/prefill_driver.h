@@ -72,6 +72,7 @@ class PrefillDriver : public EngineDriver {
     uint64_t total_pages = 0;
     bool started = false;
     bool silent = false;  // replay timeout fault: never send, so the decode peer times out
+    std::optional<FaultSpec> fault;  // the request's fault (placed toward a destination at kStart)
     int64_t fault_deadline_ns = 0;  // replay timeout fault here: bootstrap_timeout at this time
     uint64_t next_page = 0;
     uint32_t chunks_out = 0;     // filling or writing

@@ -157,6 +157,18 @@ Status validate(ReplayConfig& c) {
     if (!plan.ok()) return invalid(plan.status().message());
     c.fault_plan = *plan;
   }
+  if (all_decode > 1) {
+    // A prefill rank learns a room's decode instance from its metadata or renewal; a decode rank
+    // that stays silent (timeout at prefill) never sends either, so with several decode instances
+    // the prefill's timeout has no decode rank to tell, and the decode room waits for ever.
+    for (const auto& item : c.fault_plan.items) {
+      if (item.kind == "timeout" && (item.place.empty() || item.place.rfind("prefill", 0) == 0))
+        return invalid(fmt::format("--faults {}: timeout at a prefill rank is not supported with more than one "
+                                   "decode instance (a prefill rank cannot tell a decode instance it never heard "
+                                   "from; use timeout@decode)",
+                                   item.kind));
+    }
+  }
   if (xpyd) {
     // The orchestrator's planned kills, network faults and pauses address instance 0's ranks only.
     for (const auto& item : c.fault_plan.items) {

@@ -249,6 +249,13 @@ TEST_F(ValidateInstances, XpydOptionsAndWhatTheyRefuse) {
   c.prefill_instances = 0;
   EXPECT_NE(error_of(c).find("--prefill-instances must be in 1..16"), std::string::npos);
   c = good();
+  c.decode_instances = 2;
+  c.faults = "timeout@prefill:0.1";
+  EXPECT_NE(error_of(c).find("timeout at a prefill rank is not supported with more than one decode instance"),
+            std::string::npos);
+  c.faults = "timeout@decode:0.1";
+  EXPECT_TRUE(validate(c).ok()) << "timeout at a decode rank works with several decode instances";
+  c = good();
   c.decode_instances = 17;
   EXPECT_NE(error_of(c).find("--decode-instances must be in 1..16"), std::string::npos);
   c = good();

@@ -119,5 +119,34 @@ TEST_F(Xpyd, RoomsSpreadOverEveryInstancePairAndFaultsKeepTheirOrigin) {
   expect_no_leaks(r);
 }
 
+// Faults toward a decode rank of any instance (issue 34's attack on xPyD, finding 3): a prefill
+// rank places `corrupt` (a flipped byte toward that destination) and `timeout@decode` (it stays
+// silent toward it) once the room's metadata named its decode instance. Before, it placed them at
+// sender() time, when only engine 0's ranks are known: every such fault aimed at decode instance 1
+// was "not applied" and the run still said 100 % attributed.
+TEST_F(Xpyd, FaultsTowardEveryDecodeInstanceAreApplied) {
+  const size_t kRequests = 40;
+  const fs::path trace = write_trace(kRequests, 5, {400, 700});
+  const CliRun run = replay({"--trace", trace.string(), "--model", "Llama-3.1-8B", "--prefill-instances", "2",
+                             "--decode-instances", "2", "--page-size", "16", "--pool-mib", "256",
+                             "--prefill-pool-mib", "64", "--max-inflight", "8", "--integrity", "--faults",
+                             "corrupt@decode:0.2,timeout@decode:0.15", "--fault-timeout-ms", "1000", "--seed", "5"});
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const json r = report();
+  EXPECT_TRUE(r["problems"].empty()) << r["problems"].dump();
+  EXPECT_TRUE(r["faults_not_applied"].empty()) << r["faults_not_applied"].dump();
+  std::set<std::pair<std::string, uint32_t>> kinds_by_instance;
+  for (const auto& f : r["faults"]) {
+    EXPECT_EQ(f["observed_origin"], f["injected_at"]) << f.dump();
+    const auto rank = kvferry::RankId::parse(f["injected_at"].get<std::string>());
+    ASSERT_TRUE(rank.has_value()) << f.dump();
+    kinds_by_instance.insert({f["kind"].get<std::string>(), rank->engine_id});
+  }
+  for (const char* kind : {"corrupt", "timeout"})
+    for (uint32_t d : {0u, 1u})
+      EXPECT_TRUE(kinds_by_instance.count({kind, d})) << kind << " at decode instance " << d << ": " << r["faults"].dump();
+  expect_no_leaks(r);
+}
+
 }  // namespace
 }  // namespace kvferry_itest
